@@ -1,0 +1,167 @@
+"""Cluster LoRA adapters (CARD §1.2): one LoRA per cluster, warm-started from the K = 1 adapter.
+
+All adapters live in one peft model and are switched with `set_adapter`, never
+reloaded from disk per request. Training is plain SFT with the prompt tokens
+masked; on a CPU it is budgeted in steps because it costs ~7-15 ms per token.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from transformers import get_cosine_schedule_with_warmup
+
+from .tokens import TokenBudget, left_pad, prompt_ids, target_ids
+
+BASE_ADAPTER = "k1c0"  # the K = 1 adapter: the task-adapted model ("TAM"/"MT-LoRA")
+
+
+def adapter_name(k: int, cluster: int) -> str:
+    return f"k{k}c{cluster}"
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA and its training budget. Paper (Qwen3-8B): r=16, alpha=32, dropout 0.05,
+    targets q,k,v,o,gate,up,down, 10 epochs, cosine decay. Defaults here fit a 2-core CPU."""
+
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.05
+    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    lr: float = 1e-3
+    batch_size: int = 8
+    base_steps: int = 60  # K = 1 adapter, on everything
+    cluster_steps: int = 8  # each cluster adapter, from the K = 1 weights
+    eval_every: int = 10  # held-out loss curve (METHOD §1.9.4: train until it flattens)
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.r < 1 or self.alpha <= 0 or not 0 <= self.dropout < 1:
+            raise ValueError("LoRA needs r >= 1, alpha > 0 and 0 <= dropout < 1")
+        if self.base_steps < 0 or self.cluster_steps < 0 or self.batch_size < 1:
+            raise ValueError("steps must be >= 0 and batch_size >= 1")
+
+    def peft_config(self) -> LoraConfig:
+        return LoraConfig(
+            r=self.r, lora_alpha=self.alpha, lora_dropout=self.dropout,
+            target_modules=list(self.targets), task_type="CAUSAL_LM",
+        )
+
+
+def sft_batch(tok, examples: Sequence[tuple[str, str]], budget: TokenBudget, device):
+    """Left-padded (prompt + answer) rows with labels only on the answer tokens."""
+    seqs, n_prompt = [], []
+    for x, y in examples:
+        p = prompt_ids(tok, x, budget)
+        seqs.append(p + target_ids(tok, y, budget))
+        n_prompt.append(len(p))
+    ids, mask = left_pad(seqs, tok.pad_token_id, device)
+    labels = torch.full_like(ids, -100)
+    for i, s in enumerate(seqs):
+        start = ids.shape[1] - len(s) + n_prompt[i]
+        labels[i, start:] = ids[i, start:]
+    return ids, mask, labels
+
+
+@torch.no_grad()
+def sft_loss(model, tok, examples, budget: TokenBudget, batch_size: int = 16) -> float:
+    """Mean answer-token cross-entropy (the held-out curve)."""
+    was_training = model.training
+    model.eval()
+    total, n = 0.0, 0
+    for i in range(0, len(examples), batch_size):
+        ids, mask, labels = sft_batch(tok, examples[i: i + batch_size], budget, model.device)
+        out = model(input_ids=ids, attention_mask=mask, labels=labels)
+        k = int((labels[:, 1:] != -100).sum())
+        total, n = total + out.loss.item() * k, n + k
+    model.train(was_training)
+    return total / max(n, 1)
+
+
+def train_adapter(
+    model: PeftModel, tok, name: str, examples: Sequence[tuple[str, str]], steps: int,
+    settings: LoraSettings, budget: TokenBudget, held_out: Sequence[tuple[str, str]] = (),
+    progress: Callable[[int, int, float], None] | None = None,
+) -> dict:
+    """SFT of one adapter; returns its report (tokens trained, seconds, loss curve)."""
+    model.set_adapter(name)
+    params = [p for n, p in model.named_parameters() if f".{name}." in n and "lora_" in n]
+    for p in params:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.0)
+    sched = get_cosine_schedule_with_warmup(opt, max(1, steps // 10), max(steps, 1))
+    rng = random.Random(settings.seed)
+    order: list[int] = []
+    curve, tokens, t0 = [], 0, time.perf_counter()
+    held = list(held_out)[:32]
+    if held:
+        curve.append((0, sft_loss(model, tok, held, budget)))
+    model.train()
+    for step in range(1, steps + 1):
+        if len(order) < settings.batch_size:
+            more = list(range(len(examples)))
+            rng.shuffle(more)
+            order += more
+        batch = [examples[order.pop()] for _ in range(min(settings.batch_size, len(examples)))]
+        ids, mask, labels = sft_batch(tok, batch, budget, model.device)
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step(), sched.step(), opt.zero_grad(set_to_none=True)
+        tokens += int(mask.sum())
+        if progress:
+            progress(step, steps, loss.item())
+        if held and (step % settings.eval_every == 0 or step == steps):
+            curve.append((step, sft_loss(model, tok, held, budget)))
+    model.eval()
+    for p in params:
+        p.requires_grad_(False)
+    return {"adapter": name, "steps": steps, "examples": len(examples), "tokens": tokens,
+            "seconds": round(time.perf_counter() - t0, 2), "held_out_loss": curve}
+
+
+def new_peft_model(base_model, settings: LoraSettings) -> PeftModel:
+    model = get_peft_model(base_model, settings.peft_config(), adapter_name=BASE_ADAPTER)
+    model.eval()
+    return model
+
+
+def add_warm_adapter(model: PeftModel, name: str, settings: LoraSettings, source: str = BASE_ADAPTER) -> None:
+    """A new adapter that starts from `source`'s weights (clusters start from the K = 1 adapter)."""
+    model.add_adapter(name, settings.peft_config())
+    state = get_peft_model_state_dict(model, adapter_name=source)
+    set_peft_model_state_dict(model, state, adapter_name=name)
+    for p in model.parameters():  # peft marks a new adapter trainable; train_adapter unfreezes its own
+        p.requires_grad_(False)
+
+
+def save_adapters(model: PeftModel, folder: Path) -> None:
+    model.save_pretrained(str(folder), selected_adapters=list(model.peft_config))
+
+
+def load_adapters(base_model, folder: Path, names: Sequence[str]) -> PeftModel:
+    """Every adapter loaded once into one peft model; switching is then in memory."""
+    folder = Path(folder)
+
+    def path(n):  # peft saves the default-named adapter at the root and the others in subfolders
+        return folder / n if (folder / n / "adapter_config.json").exists() else folder
+
+    model = PeftModel.from_pretrained(base_model, str(path(names[0])), adapter_name=names[0])
+    for n in names[1:]:
+        model.load_adapter(str(path(n)), adapter_name=n)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def lora_bytes(model: PeftModel, name: str) -> int:
+    return sum(t.numel() * t.element_size() for t in get_peft_model_state_dict(model, adapter_name=name).values())
+

@@ -1,0 +1,239 @@
+"""The offline stage of CARD: population → clusters → cluster LoRAs → head (P, U, population λ) → α.
+
+Writes versioned artifacts: config.json (settings, users, report), clusters.npz,
+adapters/ (peft, one folder per adapter), head_<objective>.safetensors.
+Every stage prints progress and its wall time, and the report keeps tokens
+trained and held-out loss curves (METHOD §1.2, §1.9.4).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shutil
+import time
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from .adapters import BASE_ADAPTER, adapter_name, add_warm_adapter, new_peft_model, save_adapters, train_adapter
+from .cluster import fit_clusters, user_embeddings
+from .config import CardConfig
+from .data import Item, Query, read_lamp
+from .engine import Clusters, Engine, _split
+from .head import PersonalizationHead, diagnostics, fit_user, train_population
+from .metrics import rouge_scores
+from .models import load_encoder, load_lm
+
+FORMAT_VERSION = 1
+
+
+def _log(msg: str) -> None:
+    print(f"[build {datetime.now():%H:%M:%S}] {msg}", flush=True)
+
+
+def _bar(desc: str, total: int):
+    return tqdm(total=total, desc=desc, leave=False, mininterval=2.0)
+
+
+def build(data_dir: str | Path, split: str, out: str | Path, cfg: CardConfig = CardConfig(),
+          limit_users: int | None = None, seed: int = 0) -> Path:
+    """Run the whole offline stage and write the artifacts folder (replaced only on success)."""
+    t_all = time.perf_counter()
+    report: dict = {"stages_s": {}}
+
+    def timed(name):
+        class T:
+            def __enter__(s):
+                s.t = time.perf_counter()
+                _log(f"{name} ...")
+
+            def __exit__(s, *e):
+                report["stages_s"][name] = round(time.perf_counter() - s.t, 2)
+                _log(f"{name} done in {report['stages_s'][name]:.1f} s")
+        return T()
+
+    task, queries = read_lamp(data_dir, split)
+    users = _population(queries, cfg.items_per_user, limit_users)
+    if len(users) < max(cfg.ks):
+        raise ValueError(f"K={max(cfg.ks)} is larger than the population ({len(users)} users): lower --ks")
+    names = list(users)
+    rng = random.Random(seed)
+    val_users = set(rng.sample(names, min(cfg.n_val_users, max(0, len(names) - max(cfg.ks)))))
+    _log(f"{task.name}: {len(names)} users ({len(val_users)} held out for α), "
+         f"{sum(len(v) for v in users.values())} items")
+
+    with timed("load models"):
+        lm = load_lm(cfg.model)
+        encoder = load_encoder(cfg.encoder)
+        model = new_peft_model(lm.model, cfg.lora)
+    engine = Engine(cfg, replace(lm, model=model), model, encoder, None, {}, task, {})
+
+    if any(not it.x for its in users.values() for it in its):
+        with timed("neutral rewrites"):
+            for n in tqdm(names, desc="neutral rewrites", mininterval=2.0):
+                users[n] = engine.prepare_items(users[n])
+
+    with timed("clusters"):
+        emb = user_embeddings(encoder, [[it.y for it in users[n]] for n in names])
+        centroids = fit_clusters(emb, cfg.ks, seed)
+        labels = {k: np.linalg.norm(emb[:, None] - c[None], axis=-1).argmin(1) for k, c in centroids.items()}
+        engine.clusters = Clusters(names, emb, centroids, labels)
+        report["cluster_sizes"] = {k: np.bincount(labels[k], minlength=k).tolist() for k in cfg.ks}
+
+    train_names = [n for n in names if n not in val_users]
+    held_out = [(it.x, it.y) for n in sorted(val_users) for it in users[n][:2]]
+    report["adapters"] = []
+    with timed("K=1 adapter"):
+        ex = [(it.x, it.y) for n in train_names for it in users[n]]
+        bar = _bar("K=1 adapter", cfg.lora.base_steps)
+        r = train_adapter(model, lm.tokenizer, BASE_ADAPTER, ex, cfg.lora.base_steps, cfg.lora, cfg.budget,
+                          held_out, progress=lambda s, n, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:.3f}")))
+        bar.close()
+        report["adapters"].append(r)
+        _log(f"K=1: {r['tokens']} tokens, held-out loss {r['held_out_loss']}")
+    with timed("cluster adapters"):
+        for k in sorted(cfg.ks):
+            if k == 1:
+                continue
+            for c in range(k):
+                name = adapter_name(k, c)
+                add_warm_adapter(model, name, cfg.lora)
+                members = [n for n in train_names if labels[k][names.index(n)] == c]
+                ex = [(it.x, it.y) for n in members for it in users[n]]
+                held = [(it.x, it.y) for n in names if labels[k][names.index(n)] == c and n in val_users
+                        for it in users[n][:2]]
+                if not ex or cfg.lora.cluster_steps == 0:
+                    report["adapters"].append({"adapter": name, "steps": 0, "examples": 0, "tokens": 0})
+                    continue
+                r = train_adapter(model, lm.tokenizer, name, ex, cfg.lora.cluster_steps, cfg.lora, cfg.budget, held)
+                report["adapters"].append(r)
+                _log(f"{name}: {len(members)} users, {r['tokens']} tokens, {r['seconds']} s, "
+                     f"held-out loss {r['held_out_loss'][:1] + r['held_out_loss'][-1:]}")
+
+    heads, head_users, lambdas = {}, {}, {}
+    report["head"] = {}
+    kd = cfg.default_k
+    for obj in cfg.objectives:
+        with timed(f"head ({obj})"):
+            data = {}
+            for n in tqdm(train_names, desc=f"features ({obj})", mininterval=2.0):
+                engine.use_adapter(adapter_name(kd, int(labels[kd][names.index(n)])) if kd > 1 else BASE_ADAPTER)
+                data[n] = engine.user_data(users[n], obj)
+            n_hold = {n: int(round(cfg.holdout * len(users[n]))) for n in train_names}
+            fit_data, held_data = {}, {}
+            for n in train_names:
+                if n_hold[n] and len(users[n]) >= 5:
+                    fit_data[n], held_data[n] = _split(data[n], n_hold[n], len(users[n]))
+                else:
+                    fit_data[n] = data[n]
+            head = PersonalizationHead(lm.hidden_size * cfg.head.n_layers, lm.model.config.vocab_size, cfg.head.d)
+            bar = _bar(f"head {obj}", cfg.head.epochs)
+            lams, curve = train_population(head, fit_data, cfg.head,
+                                           progress=lambda e, n, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:.4f}")))
+            bar.close()
+            head.eval().requires_grad_(False)
+            diag = _population_diagnostics(head, held_data, lams, cfg)
+            report["head"][obj] = {"loss_curve": curve, "held_out": diag}
+            _log(f"head {obj}: loss {curve[0]:.4f} -> {curve[-1]:.4f}; held-out {json.dumps(diag)}")
+            heads[obj], head_users[obj] = head, list(lams)
+            lambdas[obj] = torch.stack([lams[n] for n in lams]) if lams else torch.ones(0, cfg.head.d)
+    engine.heads = heads
+    engine.population_lams = {o: dict(zip(head_users[o], lambdas[o].numpy())) for o in heads}
+
+    alpha = cfg.decoding.alpha
+    if val_users and len(cfg.alphas) > 1:
+        with timed("alpha selection"):
+            alpha, report["alpha_sweep"] = _choose_alpha(engine, {n: users[n] for n in sorted(val_users)}, cfg)
+            _log(f"α sweep on {len(val_users)} validation users: {report['alpha_sweep']} → α = {alpha}")
+    cfg = replace(cfg, decoding=replace(cfg.decoding, alpha=alpha))
+
+    report["total_s"] = round(time.perf_counter() - t_all, 1)
+    return _save(Path(out), cfg, task.name, names, head_users, engine.clusters, model, heads, lambdas, report,
+                 str(data_dir), split)
+
+
+def _population(queries: list[Query], items_per_user: int, limit: int | None) -> dict[str, list[Item]]:
+    users: dict[str, list[Item]] = {}
+    for q in queries:
+        name = q.user or q.id
+        if name in users or not q.profile:
+            continue
+        users[name] = list(q.profile[:items_per_user])
+        if limit and len(users) >= limit:
+            break
+    if not users:
+        raise ValueError("no users with a non-empty profile in this data")
+    return users
+
+
+def _population_diagnostics(head, held: dict, lams: dict, cfg: CardConfig) -> dict:
+    """Mean of each user's held-out diagnostics, against 8 other users' λ (METHOD §1.9.1)."""
+    rows = []
+    names = list(held)
+    for i, n in enumerate(names):
+        if n not in lams or not len(held[n]):
+            continue
+        others = [lams[m] for m in names[i + 1:] + names[:i] if m in lams][:8]
+        rows.append(diagnostics(head, held[n], lams[n], others, cfg.head))
+    keys = sorted({k for r in rows for k, v in r.items() if isinstance(v, (int, float))})
+    return {k: round(float(np.mean([r[k] for r in rows if k in r])), 4) for k in keys} | {"users": len(rows)}
+
+
+def _choose_alpha(engine: Engine, val: dict[str, list[Item]], cfg: CardConfig) -> tuple[float, dict]:
+    """α on validation users' held-out items, never on queries that eval scores (§1.9.2)."""
+    prompts, golds, fits = [], [], []
+    for n, items in val.items():
+        if len(items) < 3:
+            continue
+        fit = engine.fit(items[1:])
+        prompts.append(items[0].x), golds.append(items[0].y), fits.append(fit)
+    sweep = {}
+    for a in cfg.alphas:
+        s = replace(cfg.decoding, alpha=a)
+        outs = [engine.generate([p], "card", f.cluster, f.lam, settings=s)[0].text for p, f in zip(prompts, fits)]
+        sweep[a] = round(rouge_scores(outs, golds)["rougeL"], 4)
+    best = max(sweep, key=lambda a: (sweep[a], -a))
+    return best, {str(a): v for a, v in sweep.items()}
+
+
+def _save(out: Path, cfg, task, names, head_users, clusters, model, heads, lambdas, report, data_dir, split) -> Path:
+    tmp = out.with_name(out.name + ".partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    save_adapters(model, tmp / "adapters")
+    np.savez(tmp / "clusters.npz", embeddings=clusters.embeddings,
+             **{f"centroids_k{k}": c for k, c in clusters.centroids.items()},
+             **{f"labels_k{k}": l for k, l in clusters.labels.items()})
+    for obj, head in heads.items():
+        save_file({"P": head.P.weight.detach().contiguous(), "U": head.U.detach().contiguous(),
+                   "h_mean": head.h_mean, "h_std": head.h_std, "lambdas": lambdas[obj].contiguous()}, str(tmp / f"head_{obj}.safetensors"))
+    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    digest = hashlib.sha1(f"{out.name}{created}{cfg.to_dict()}".encode()).hexdigest()[:8]
+    meta = {"format_version": FORMAT_VERSION, "name": out.name, "id": f"{out.name}-{digest}", "created": created,
+            "task": task, "model_id": cfg.model.model_id, "encoder_id": cfg.encoder.model_id,
+            "data": data_dir, "split": split, "users": names, "head_users": head_users,
+            "settings": cfg.to_dict(), "report": report}
+    (tmp / "config.json").write_text(json.dumps(meta, indent=2, default=_json_default))
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    _log(f"artifacts written to {out} (id {meta['id']}) in {report['total_s']} s")
+    return out
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(type(o))

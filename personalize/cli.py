@@ -1,0 +1,316 @@
+"""Command line: `python -m personalize {build,onboard,generate,eval,bench,demo}`.
+
+Bad input ends with one clear line on stderr and exit status 2, never a
+traceback, and nothing half-written (artifacts and vectors are replaced only
+when the step that makes them has succeeded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+DEFAULT_DB = "data/studio.db"
+DEMO_ARTIFACTS = "data/artifacts/demo"
+
+
+class UsageError(ValueError):
+    pass
+
+
+def _ints(s: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in s.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+
+
+def _methods(s: str) -> list[str]:
+    return [m.strip() for m in s.split(",") if m.strip()]
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="LM: 'bundled' (SmolLM2-135M-Instruct GGUF), a Hugging Face id or a folder")
+    p.add_argument("--device", default=None, help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--dtype", default=None, help="auto | float32 | bfloat16 | float16")
+    p.add_argument("--load-in-4bit", action="store_true", help="4-bit weights via bitsandbytes (CUDA only)")
+
+
+def _model_config(a, base=None):
+    from .models import ModelConfig
+
+    base = base or ModelConfig()
+    changes = {k: v for k, v in {"name_or_path": a.model, "device": a.device, "dtype": a.dtype}.items() if v}
+    if a.load_in_4bit:
+        changes["load_in_4bit"] = True
+    return replace(base, **changes) if changes else None
+
+
+def _decoding_args(p):
+    p.add_argument("--alpha", type=float, default=None, help="steering strength α (default: chosen by build on dev)")
+    p.add_argument("--top-k", type=int, default=None, help="candidates re-ranked per step (default 50)")
+    p.add_argument("--max-tokens", type=int, default=None, help="max new tokens (default 32)")
+
+
+def _decoding(engine, a):
+    s = engine.cfg.decoding
+    changes = {k: v for k, v in {"alpha": a.alpha, "top_k": a.top_k, "max_new_tokens": a.max_tokens}.items() if v is not None}
+    return replace(s, **changes)
+
+
+def _engine(a):
+    from .engine import Engine
+
+    path = Path(a.artifacts)
+    if not (path / "config.json").exists():
+        raise UsageError(f"no artifacts at {path}: build them with `python -m personalize build --data DIR --out {path}`")
+    return Engine.load(path, _model_config(a) if hasattr(a, "model") else None)
+
+
+# ---------------------------------------------------------------- commands
+
+def cmd_build(a) -> None:
+    from .adapters import LoraSettings
+    from .build import build
+    from .config import CardConfig
+    from .head import HeadSettings
+    from .models import EncoderConfig, ModelConfig
+    from .tokens import TokenBudget
+
+    data = Path(a.data)
+    if not data.is_dir():
+        raise UsageError(f"--data {data} is not a folder")
+    cfg = CardConfig()
+    cfg = replace(
+        cfg, ks=a.ks, default_k=a.default_k or (4 if 4 in a.ks else max(a.ks)),
+        objectives=tuple(_methods(a.objectives)), items_per_user=a.items_per_user,
+        model=_model_config(a) or ModelConfig(), encoder=EncoderConfig(a.encoder) if a.encoder else cfg.encoder,
+        budget=TokenBudget(a.max_prompt_tokens, a.max_target_tokens),
+        lora=replace(LoraSettings(), base_steps=a.base_steps, cluster_steps=a.cluster_steps),
+        head=replace(HeadSettings(), epochs=a.head_epochs, d=a.d, n_layers=a.layers),
+    )
+    out = Path(a.out or f"data/artifacts/{data.name}")
+    build(data, a.split, out, cfg, limit_users=a.limit_users)
+
+
+def cmd_onboard(a) -> None:
+    from .data import read_history_file
+    from .onboard import onboard
+    from .store import Store
+
+    engine = _engine(a)
+    items = read_history_file(a.history, task=engine.task)
+    store = Store(a.db)
+    name = a.user or Path(a.history).stem
+    store.add_user(name, items, engine.task.name, replace=a.replace)
+    t0 = time.perf_counter()
+    fit = onboard(engine, store, name, k=a.k, progress=lambda s: print(f"  {s} ...", flush=True))
+    print(f"user {name}: {fit.n_items} items, cluster {fit.cluster} of K={fit.k} "
+          f"(distances {', '.join(f'{d:.3f}' for d in fit.distances)})")
+    for s, v in fit.stages_s.items():
+        print(f"  {s:<18} {v * 1000:9.1f} ms")
+    print(f"  {'total':<18} {(time.perf_counter() - t0) * 1000:9.1f} ms")
+    if fit.cold_start:
+        print(f"  cold start: fewer than {engine.cfg.min_fit_items} items, λ = 1 (the cluster's shared head)")
+    d = fit.diagnostics
+    if d.get("n"):
+        print(f"  held-out {d['unit']} (n={d['n']}): accuracy own λ {d['acc_own']:.3f}, λ=1 {d['acc_ones']:.3f}, "
+              f"other users' λ {d.get('acc_other', float('nan')):.3f}"
+              + (f", log-prob rule {d['acc_logprob_rule']:.3f}" if "acc_logprob_rule" in d else "")
+              + (f", no head {d['acc_no_head']:.3f}" if "acc_no_head" in d else ""))
+        if "specificity_gap" in d:
+            print(f"  user-specificity gap (own − others' margin): {d['specificity_gap']:+.4f}")
+    print(f"stored in {store.path} (vector: {store.vector_bytes(name, engine.artifacts_id)} bytes)")
+
+
+def _user_state(engine, store, name, k):
+    from .store import StoreError
+
+    got = store.vector(name, engine.artifacts_id)
+    if got is None:
+        store.user(name)  # raises "unknown user" first when that is the problem
+        raise StoreError(f"user {name!r} has no vector for artifacts {engine.artifacts_id}: run `onboard` first")
+    lam, info = got
+    k = k or info["stats"].get("k") or engine.cfg.default_k
+    a = store.assignment(name, engine.artifacts_id, k)
+    if a is None:
+        raise StoreError(f"user {name!r} has no cluster for K={k}; built: {sorted(engine.clusters.centroids)}")
+    return lam, a["cluster"], k
+
+
+def cmd_generate(a) -> None:
+    from .store import Store
+
+    if not a.prompt.strip():
+        raise UsageError("--prompt is empty")
+    engine = _engine(a)
+    store = Store(a.db)
+    lam, cluster, k = _user_state(engine, store, a.user, a.k)
+    s = _decoding(engine, a)
+    prompt = engine.task.prompt(a.prompt) if a.template else a.prompt
+    for m in _methods(a.methods):
+        g = engine.generate([prompt], m, cluster, lam, k=k, settings=s)[0]
+        store.add_generation(a.user, engine.artifacts_id, m, prompt, g.text, {"alpha": s.alpha, "top_k": s.top_k,
+                             "max_new_tokens": s.max_new_tokens, "k": k, "cluster": cluster}, g.latency_s, g.n_tokens)
+        print(f"[{m}] ({g.latency_s:.2f} s, {g.n_tokens} tokens)\n{g.text}\n")
+
+
+def cmd_eval(a) -> None:
+    from .evaluate import format_table, run_eval
+
+    engine = _engine(a)
+    if a.alpha is not None:
+        engine.cfg = replace(engine.cfg, decoding=replace(engine.cfg.decoding, alpha=a.alpha))
+    t0 = time.perf_counter()
+    result = run_eval(engine, a.data, a.split, _methods(a.methods), a.limit)
+    result["settings"]["wall_s"] = round(time.perf_counter() - t0, 1)
+    print(format_table(result))
+    print("held-out diagnostics (mean over users):", json.dumps(result["diagnostics"]))
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps(result, indent=2))
+        print(f"wrote {a.json}")
+
+
+def cmd_bench(a) -> None:
+    from .data import read_lamp
+    from .evaluate import format_bench, run_bench
+
+    engine = _engine(a)
+    meta_data = a.data or engine.meta.get("data")
+    task, queries = read_lamp(meta_data, a.split or engine.meta.get("split", "dev"))
+    queries = [q for q in queries if len(q.profile) >= 2][: a.users]
+    users = {(q.user or q.id): list(q.profile[: a.items]) for q in queries}
+    t0 = time.perf_counter()
+    b = run_bench(engine, users, queries[0].input, repeats=a.repeats)
+    b["settings"]["wall_s"] = round(time.perf_counter() - t0, 1)
+    print(format_bench(b))
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps(b, indent=2))
+        print(f"wrote {a.json}")
+
+
+def cmd_demo(a) -> None:
+    """The first-run path: write the demo population, build it if missing, show methods side by side."""
+    from .demo import write_demo
+
+    demo = Path(a.data)
+    if not (demo / "dev_questions.json").exists():
+        write_demo(demo)
+    art = Path(a.artifacts)
+    if not (art / "config.json").exists():
+        print(f"first start: building the demo artifacts in {art} (a few minutes, once) ...", flush=True)
+        ns = build_parser().parse_args(["build", "--data", str(demo), "--out", str(art), *DEMO_BUILD_ARGS])
+        cmd_build(ns)
+    from .data import read_lamp
+    from .engine import Engine
+
+    engine = Engine.load(art)
+    _, queries = read_lamp(demo, "dev")
+    picks = [q for q in queries if q.user and q.user.endswith("_01")]
+    for q in picks[: a.users]:
+        fit = engine.fit(q.profile)
+        print(f"\n=== {q.user}: cluster {fit.cluster}/{fit.k}, λ fit {fit.stages_s.get('fit', 0) * 1000:.1f} ms")
+        print(f"prompt: {q.input}\ngold:   {q.gold}")
+        for m in ("base", "cluster", "card"):
+            g = engine.generate([q.input], m, fit.cluster, fit.lam)[0]
+            print(f"{m:>8}: {g.text}")
+
+
+DEMO_BUILD_ARGS = ["--ks", "1,2,4,8", "--default-k", "8", "--base-steps", "40", "--cluster-steps", "4",
+                   "--items-per-user", "16", "--max-prompt-tokens", "64", "--max-target-tokens", "40"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m personalize", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("build", help="offline stage: clusters, cluster LoRAs, head, α", description="The offline stage of CARD on LaMP-format data.")
+    b.add_argument("--data", required=True, help="folder with {split}_questions.json (and outputs, meta)")
+    b.add_argument("--split", default="dev")
+    b.add_argument("--ks", type=_ints, default=(1, 2, 4, 8), help="cluster counts to build (must include 1)")
+    b.add_argument("--default-k", type=int, default=None, help="K the head is trained on and methods use (default 4)")
+    b.add_argument("--limit-users", type=int, default=None, help="use the first N users only")
+    b.add_argument("--out", default=None, help="artifacts folder (default data/artifacts/<data folder name>)")
+    b.add_argument("--objectives", default="tokens", help="head objectives to train, first = default: tokens,pairs")
+    b.add_argument("--items-per-user", type=int, default=16)
+    b.add_argument("--base-steps", type=int, default=60, help="K=1 adapter steps (batch 8)")
+    b.add_argument("--cluster-steps", type=int, default=8, help="steps per cluster adapter")
+    b.add_argument("--head-epochs", type=int, default=20)
+    b.add_argument("--d", type=int, default=128, help="head dimension D")
+    b.add_argument("--layers", type=int, default=4, help="last layers whose states form h_t")
+    b.add_argument("--max-prompt-tokens", type=int, default=160)
+    b.add_argument("--max-target-tokens", type=int, default=40)
+    b.add_argument("--encoder", default=None, help="sentence encoder: 'bundled' (all-MiniLM-L6-v2) or a sentence-transformers id")
+    _model_args(b)
+    b.set_defaults(fn=cmd_build)
+
+    o = sub.add_parser("onboard", help="store a user, assign a cluster, fit λ", description="Onboard one user from a history file.")
+    o.add_argument("--artifacts", required=True)
+    o.add_argument("--history", required=True, help=".txt (one item per line or blank-line separated), .jsonl, .csv or LaMP .json")
+    o.add_argument("--user", default=None, help="user name (default: the file's name)")
+    o.add_argument("--db", default=DEFAULT_DB)
+    o.add_argument("--k", type=int, default=None, help="cluster count to use (default: the build's)")
+    o.add_argument("--replace", action="store_true", help="replace an existing user's history")
+    o.set_defaults(fn=cmd_onboard)
+
+    g = sub.add_parser("generate", help="outputs of several methods for one prompt", description="Generate for a stored user.")
+    g.add_argument("--artifacts", required=True)
+    g.add_argument("--user", required=True)
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--methods", default="base,cluster,card")
+    g.add_argument("--template", action="store_true", help="wrap the prompt in the task's template")
+    g.add_argument("--db", default=DEFAULT_DB)
+    g.add_argument("--k", type=int, default=None)
+    _decoding_args(g)
+    g.set_defaults(fn=cmd_generate)
+
+    e = sub.add_parser("eval", help="ROUGE-1/ROUGE-L per method on LaMP-format data", description="Evaluate methods (Table 1 layout).")
+    e.add_argument("--artifacts", required=True)
+    e.add_argument("--data", required=True)
+    e.add_argument("--split", default="dev")
+    e.add_argument("--methods", default="base,cluster,card,bm25_copy")
+    e.add_argument("--limit", type=int, default=None)
+    e.add_argument("--alpha", type=float, default=None, help="override the build's α")
+    e.add_argument("--json", default=None)
+    e.set_defaults(fn=cmd_eval)
+
+    n = sub.add_parser("bench", help="efficiency table measured in one run", description="Onboarding, fit, decoding overhead, switching, storage.")
+    n.add_argument("--artifacts", required=True)
+    n.add_argument("--data", default=None, help="users to onboard (default: the build's data)")
+    n.add_argument("--split", default=None)
+    n.add_argument("--users", type=int, default=6)
+    n.add_argument("--items", type=int, default=24, help="history items per user")
+    n.add_argument("--repeats", type=int, default=5)
+    n.add_argument("--json", default=None)
+    n.set_defaults(fn=cmd_bench)
+
+    d = sub.add_parser("demo", help="build the demo once, then print methods side by side", description="The demo pipeline.")
+    d.add_argument("--data", default="data/demo")
+    d.add_argument("--artifacts", default=DEMO_ARTIFACTS)
+    d.add_argument("--users", type=int, default=6)
+    d.set_defaults(fn=cmd_demo)
+    return p
+
+
+def main(argv=None) -> int:
+    from .data import HistoryError
+    from .engine import ArtifactsError
+    from .models import ModelLoadError
+    from .store import StoreError
+
+    a = build_parser().parse_args(argv)
+    try:
+        a.fn(a)
+    except (UsageError, HistoryError, StoreError, ArtifactsError, ModelLoadError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: nothing was written for the unfinished step", file=sys.stderr)
+        return 130
+    return 0

@@ -1,0 +1,188 @@
+"""Evaluation (METHOD §6) and the efficiency benchmark (paper Table 1 and Table 5 layouts).
+
+eval: every query's user is onboarded from their profile only (the query is
+never used for fitting), then each method generates for the query; ROUGE-1 /
+ROUGE-L against the gold. bench: every figure measured in one run, repeated,
+medians reported, ratios taken between runs interleaved in time.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from rank_bm25 import BM25Okapi
+from tqdm import tqdm
+
+from .adapters import adapter_name
+from .data import Item, read_lamp
+from .engine import Engine, UserFit
+from .head import fit_user
+from .metrics import rouge_scores
+from .store import Store
+
+
+def _words(s: str) -> list[str]:
+    return s.lower().split()
+
+
+def bm25_copy(query: str, profile: Sequence[Item]) -> str:
+    """The no-model floor of shared/data/README: copy the output of the BM25-nearest profile item."""
+    docs = [_words(it.x or it.y) for it in profile]
+    if not docs:
+        return ""
+    scores = BM25Okapi(docs).get_scores(_words(query))
+    return profile[int(np.argmax(scores))].y
+
+
+def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence[str], limit: int | None = None,
+             max_items: int = 24) -> dict:
+    task, queries = read_lamp(data_dir, split)
+    queries = [q for q in queries if q.gold is not None and q.profile][: limit or None]
+    if not queries:
+        raise ValueError(f"no queries with a gold output and a profile in {data_dir} ({split})")
+    fits: list[UserFit] = []
+    t0 = time.perf_counter()
+    for q in tqdm(queries, desc="onboarding", mininterval=2.0):
+        fits.append(engine.fit(q.profile[:max_items]))
+    onboard_s = time.perf_counter() - t0
+    preds: dict[str, list[str]] = {}
+    for m in methods:
+        preds[m] = [""] * len(queries)
+        if m == "bm25_copy":
+            preds[m] = [bm25_copy(q.input, q.profile) for q in queries]
+            continue
+        groups: dict[int, list[int]] = {}
+        for i, f in enumerate(fits):
+            groups.setdefault(-1 if m == "base" else f.cluster, []).append(i)
+        for c, idx in tqdm(groups.items(), desc=m, mininterval=2.0):
+            for j in range(0, len(idx), 8):
+                b = idx[j: j + 8]
+                lam = np.stack([fits[i].lam for i in b])
+                outs = engine.generate([queries[i].input for i in b], m, cluster=max(c, 0), lam=lam)
+                for i, g in zip(b, outs):
+                    preds[m][i] = g.text
+    golds = [q.gold for q in queries]
+    table = {m: {k: round(v, 4) if isinstance(v, float) else v for k, v in rouge_scores(preds[m], golds).items()}
+             for m in methods}
+    diag_keys = sorted({k for f in fits for k in f.diagnostics if isinstance(f.diagnostics[k], float)})
+    diag = {k: round(float(np.mean([f.diagnostics[k] for f in fits if k in f.diagnostics])), 4) for k in diag_keys}
+    return {"task": task.name, "methods": table, "diagnostics": diag,
+            "settings": {"artifacts": engine.artifacts_id, "data": str(data_dir), "split": split, "n": len(queries),
+                         "max_items": max_items, "alpha": engine.cfg.decoding.alpha, "top_k": engine.cfg.decoding.top_k,
+                         "max_new_tokens": engine.cfg.decoding.max_new_tokens, "k": engine.cfg.default_k,
+                         "objective": engine.cfg.objectives[0], "onboarding_s_total": round(onboard_s, 1)},
+            "predictions": [{"id": q.id, "gold": q.gold, **{m: preds[m][i] for m in methods}}
+                            for i, q in enumerate(queries)]}
+
+
+def format_table(result: dict) -> str:
+    """The paper's Table 1 layout: one row per task, one column per method (ROUGE-1 / ROUGE-L)."""
+    methods = list(result["methods"])
+    head = "| task | " + " | ".join(methods) + " |"
+    sep = "|---" * (len(methods) + 1) + "|"
+    r1 = f"| {result['task']} R-1 | " + " | ".join(f"{result['methods'][m]['rouge1']:.4f}" for m in methods) + " |"
+    rl = f"| {result['task']} R-L | " + " | ".join(f"{result['methods'][m]['rougeL']:.4f}" for m in methods) + " |"
+    return "\n".join([head, sep, r1, rl])
+
+
+# ---------------------------------------------------------------- bench
+
+def _median(xs):
+    return statistics.median(xs)
+
+
+def run_bench(engine: Engine, users: dict[str, list[Item]], prompt: str, repeats: int = 5,
+              n_tokens: int = 24) -> dict:
+    """Onboarding by stage, λ fit, CARD decode overhead, user switch, bytes per user."""
+    names = list(users)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(Path(tmp) / "bench.db")
+        fits: dict[str, UserFit] = {}
+        for n in tqdm(names, desc="onboarding", mininterval=2.0):
+            t0 = time.perf_counter()
+            store.add_user(n, users[n], engine.task.name)
+            f = engine.fit(users[n])
+            store.save_vector(n, engine.artifacts_id, f.lam, engine.lm.model_id, f.stats())
+            store.set_assignment(n, engine.artifacts_id, f.k, f.cluster, f.distances)
+            f.stages_s["store"] = round(time.perf_counter() - t0 - f.total_s, 4)
+            fits[n] = f
+        stages = sorted({s for f in fits.values() for s in f.stages_s})
+        onboarding = {s: round(_median([f.stages_s.get(s, 0.0) for f in fits.values()]), 4) for s in stages}
+        onboarding["total"] = round(_median([f.total_s for f in fits.values()]), 4)
+
+        # λ fit alone, repeated on one user's features
+        n0 = names[0]
+        engine.use_adapter(adapter_name(fits[n0].k, fits[n0].cluster) if fits[n0].k > 1 else "k1c0")
+        obj = engine.cfg.objectives[0]
+        data = engine.user_data(engine.prepare_items(users[n0]), obj)
+        fit_ms = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fit_user(engine.heads[obj], data, engine.cfg.head)
+            fit_ms.append((time.perf_counter() - t0) * 1000)
+
+        # decode overhead: CARD vs the cluster model, same prompt, same number of steps, interleaved
+        s = replace(engine.cfg.decoding, max_new_tokens=n_tokens, min_new_tokens=n_tokens)
+        f0 = fits[n0]
+        ratios, t_cluster, t_card = [], [], []
+        engine.generate([prompt], "cluster", f0.cluster, settings=s)  # warm-up
+        for _ in range(repeats):
+            a = engine.generate([prompt], "cluster", f0.cluster, settings=s)[0]
+            b = engine.generate([prompt], "card", f0.cluster, f0.lam, settings=s)[0]
+            t_cluster.append(a.latency_s / a.n_tokens), t_card.append(b.latency_s / b.n_tokens)
+            ratios.append(t_card[-1] / t_cluster[-1])
+
+        # user switch: read λ and the assignment from the store, activate the user's adapter
+        def switch(name):
+            lam, _ = store.vector(name, engine.artifacts_id)
+            a = store.assignment(name, engine.artifacts_id, fits[name].k)
+            engine.use_adapter(adapter_name(fits[name].k, a["cluster"]) if fits[name].k > 1 else "k1c0")
+            return lam
+
+        same, cross = [], []
+        by_cluster: dict[int, list[str]] = {}
+        for n, f in fits.items():
+            by_cluster.setdefault(f.cluster, []).append(n)
+        pair_same = next((v[:2] for v in by_cluster.values() if len(v) >= 2), [n0, n0])
+        clusters = list(by_cluster)
+        pair_cross = [by_cluster[clusters[0]][0], by_cluster[clusters[1]][0]] if len(clusters) > 1 else None
+        for _ in range(max(repeats, 20)):
+            switch(pair_same[0])
+            t0 = time.perf_counter()
+            switch(pair_same[1])
+            same.append((time.perf_counter() - t0) * 1000)
+            if pair_cross:
+                switch(pair_cross[0])
+                t0 = time.perf_counter()
+                switch(pair_cross[1])
+                cross.append((time.perf_counter() - t0) * 1000)
+        bytes_per_user = _median([store.vector_bytes(n, engine.artifacts_id) for n in names])
+    return {
+        "onboarding_s": onboarding, "fit_ms": round(_median(fit_ms), 3),
+        "decode_overhead_ratio": round(_median(ratios), 4),
+        "decode_ms_per_token": {"cluster": round(_median(t_cluster) * 1000, 2), "card": round(_median(t_card) * 1000, 2)},
+        "switch_ms": {"same_cluster": round(_median(same), 4), "cross_cluster": round(_median(cross), 4) if cross else None},
+        "bytes_per_user": int(bytes_per_user),
+        "history_items": int(_median([len(v) for v in users.values()])),
+        "settings": {"artifacts": engine.artifacts_id, "users": len(names), "repeats": repeats, "tokens": n_tokens,
+                     "objective": engine.cfg.objectives[0], "device": str(engine.lm.device)},
+    }
+
+
+def format_bench(b: dict) -> str:
+    rows = [("onboarding total (s)", b["onboarding_s"]["total"])]
+    rows += [(f"  {k} (s)", v) for k, v in b["onboarding_s"].items() if k != "total"]
+    rows += [("λ fit (ms)", b["fit_ms"]), ("CARD decode overhead (x cluster)", b["decode_overhead_ratio"]),
+             ("  cluster ms/token", b["decode_ms_per_token"]["cluster"]),
+             ("  card ms/token", b["decode_ms_per_token"]["card"]),
+             ("switch, same cluster (ms)", b["switch_ms"]["same_cluster"]),
+             ("switch, across clusters (ms)", b["switch_ms"]["cross_cluster"]),
+             ("bytes stored per user", b["bytes_per_user"]), ("history items per user", b["history_items"])]
+    w = max(len(r[0]) for r in rows)
+    return "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows)

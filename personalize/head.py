@@ -1,0 +1,243 @@
+"""The personalization head and user vectors (CARD §1.4-1.6, METHOD §1.9.3).
+
+Δ_t = U ((P h_t) ⊙ λ_u): P and U are shared by everyone and learnt once on the
+population; a user is only λ_u (D floats). Because Δ is linear in λ_u, fitting a
+new user is a D-dimensional convex problem that takes milliseconds.
+
+Two objectives, both selectable (the ablation METHOD §1.9.3 asks for):
+- "pairs": the paper's Bradley–Terry loss on implicit pairs (user text y+ vs
+  the cluster model's greedy output y−), r_u(x, y) = λ_u · φ(x, y).
+- "tokens": the corrected logits must rank the user's actual next token among
+  the cluster model's top-k candidates (a softmax over the candidates, the
+  re-ranking decoding applies). Needs no negatives, only one teacher-forced
+  pass over the user's own texts.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .features import SequenceFeatures
+
+OBJECTIVES = ("tokens", "pairs")
+
+
+@dataclass(frozen=True)
+class HeadSettings:
+    d: int = 128  # paper: 128 best of 32/64/128/256
+    n_layers: int = 4  # paper: last 4 layers best of 1/4/8
+    objective: str = "tokens"
+    top_k: int = 50
+    beta: float = 1.0  # Bradley–Terry temperature ("pairs")
+    rho: float = 0.05  # pull of λ_u towards 1: the cold-start vector
+    epochs: int = 20  # population stage
+    lr: float = 1e-3
+    batch_users: int = 8
+    fit_iters: int = 50  # LBFGS iterations for a new user's λ
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if self.d < 1 or self.n_layers < 1 or self.top_k < 2:
+            raise ValueError("head needs d >= 1, n_layers >= 1, top_k >= 2")
+        if self.rho < 0 or self.beta <= 0:
+            raise ValueError("rho must be >= 0 and beta > 0")
+
+
+class PersonalizationHead(torch.nn.Module):
+    """P ∈ R^{D×nH} and U ∈ R^{|V|×D}; only the k candidate rows of U are ever multiplied."""
+
+    def __init__(self, in_dim: int, vocab_size: int, d: int):
+        super().__init__()
+        self.P = torch.nn.Linear(in_dim, d, bias=False)
+        self.U = torch.nn.Parameter(torch.zeros(vocab_size, d))  # unseen tokens get no correction
+        # Last-layer states carry a few huge activations; standardising them keeps P well scaled.
+        self.register_buffer("h_mean", torch.zeros(in_dim))
+        self.register_buffer("h_std", torch.ones(in_dim))
+
+    def set_feature_stats(self, h: torch.Tensor) -> None:
+        h = h.float()
+        self.h_mean.copy_(h.mean(0))
+        self.h_std.copy_(h.std(0).clamp_min(1e-3))
+
+    def z(self, h: torch.Tensor) -> torch.Tensor:
+        """z_t = P h_t (on standardised states).  [N, D]"""
+        return self.P((h.float() - self.h_mean) / self.h_std)
+
+    @property
+    def d(self) -> int:
+        return self.U.shape[1]
+
+    def token_features(self, h: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
+        """f[n, j] = U[cand[n, j]] ⊙ P h[n], so that Δ[n, j] = f[n, j] · λ.  [N, k, D]"""
+        return self.U[cand] * self.z(h)[:, None, :]
+
+    def correction(self, h: torch.Tensor, lam: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
+        """Δ_t restricted to the candidates: [N, k]."""
+        return (self.U[cand] * (self.z(h) * lam)[:, None, :]).sum(-1)
+
+    def phi(self, f: SequenceFeatures) -> torch.Tensor:
+        """φ(x, y) = (1/|y|) Σ_t U[y_t] ⊙ P h_t, so that r_u(x, y) = λ_u · φ.  [D]"""
+        return (self.U[f.ids] * self.z(f.h)).mean(0)
+
+
+# ---------------------------------------------------------------- per-user data
+
+@dataclass
+class TokenData:
+    """A user's texts as candidate-ranking problems: only tokens inside the top-k count."""
+
+    h: torch.Tensor  # [N, nH]
+    cand: torch.Tensor  # [N, k]
+    base: torch.Tensor  # [N, k] the cluster model's logits of the candidates
+    target: torch.Tensor  # [N] index of the user's token among the candidates
+
+    @classmethod
+    def from_features(cls, feats: Sequence[SequenceFeatures]) -> "TokenData":
+        hs, cands, bases, tgts = [], [], [], []
+        for f in feats:
+            hit = f.top_ids == f.ids[:, None]  # [T, k]
+            keep = hit.any(-1)
+            hs.append(f.h[keep]), cands.append(f.top_ids[keep]), bases.append(f.top_logits[keep])
+            tgts.append(hit[keep].float().argmax(-1))
+        return cls(torch.cat(hs), torch.cat(cands), torch.cat(bases), torch.cat(tgts))
+
+    def __len__(self):
+        return len(self.target)
+
+
+@dataclass
+class PairData:
+    """Implicit pairs: the user's text (chosen) against the cluster model's (rejected)."""
+
+    chosen: list[SequenceFeatures]
+    rejected: list[SequenceFeatures]
+
+    def __len__(self):
+        return len(self.chosen)
+
+
+def user_loss(head: PersonalizationHead, lam: torch.Tensor, data, s: HeadSettings) -> torch.Tensor:
+    """The objective's loss for one user (without the prior)."""
+    if isinstance(data, TokenData):
+        logits = data.base + head.correction(data.h, lam, data.cand)
+        return F.cross_entropy(logits, data.target)
+    r_c = torch.stack([head.phi(f) for f in data.chosen]) @ lam
+    r_r = torch.stack([head.phi(f) for f in data.rejected]) @ lam
+    return -F.logsigmoid(s.beta * (r_c - r_r)).mean()
+
+
+def _states(data) -> torch.Tensor:
+    if isinstance(data, TokenData):
+        return data.h
+    return torch.cat([f.h for f in data.chosen + data.rejected])
+
+
+def train_population(
+    head: PersonalizationHead, users: dict[str, TokenData | PairData], s: HeadSettings, progress=None,
+) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """Learn P, U and every training user's λ jointly (LM frozen, states cached)."""
+    torch.manual_seed(s.seed)
+    rng = random.Random(s.seed)
+    torch.nn.init.normal_(head.P.weight, std=head.P.weight.shape[1] ** -0.5)
+    names = [n for n, d in users.items() if len(d)]
+    head.set_feature_stats(torch.cat([_states(users[n]) for n in names]))
+    lams = {n: torch.nn.Parameter(torch.ones(s.d)) for n in names}
+    opt = torch.optim.AdamW([*head.parameters(), *lams.values()], lr=s.lr, weight_decay=0.0)
+    curve = []
+    for epoch in range(s.epochs):
+        rng.shuffle(names)
+        total = 0.0
+        for i in range(0, len(names), s.batch_users):
+            batch = names[i: i + s.batch_users]
+            loss = sum(user_loss(head, lams[n], users[n], s) + s.rho * ((lams[n] - 1) ** 2).sum()
+                       for n in batch) / len(batch)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_([*head.parameters(), *lams.values()], 1.0)
+            opt.step(), opt.zero_grad(set_to_none=True)
+            total += loss.item() * len(batch)
+        curve.append(total / max(len(names), 1))
+        if progress:
+            progress(epoch + 1, s.epochs, curve[-1])
+    return {n: v.detach().clone() for n, v in lams.items()}, curve
+
+
+def fit_user(head: PersonalizationHead, data, s: HeadSettings) -> tuple[torch.Tensor, list[float]]:
+    """A new user's λ with P, U frozen: a D-dim logistic / conditional-logit fit (LBFGS)."""
+    lam = torch.ones(head.d, requires_grad=True)
+    if not len(data):
+        return lam.detach(), []
+    with torch.no_grad():  # P and U are frozen: precompute what λ multiplies
+        if isinstance(data, TokenData):
+            f, base, target = head.token_features(data.h, data.cand), data.base, data.target
+        else:
+            dphi = torch.stack([head.phi(c) - head.phi(r) for c, r in zip(data.chosen, data.rejected)])
+    opt = torch.optim.LBFGS([lam], lr=1.0, max_iter=s.fit_iters, line_search_fn="strong_wolfe")
+    curve: list[float] = []
+
+    def closure():
+        opt.zero_grad()
+        if isinstance(data, TokenData):
+            loss = F.cross_entropy(base + (f * lam).sum(-1), target)
+        else:
+            loss = -F.logsigmoid(s.beta * (dphi @ lam)).mean()
+        loss = loss + s.rho * ((lam - 1) ** 2).sum()
+        loss.backward()
+        curve.append(loss.item())
+        return loss
+
+    opt.step(closure)
+    return lam.detach(), curve
+
+
+# ---------------------------------------------------------------- diagnostics (METHOD §1.9.1)
+
+@torch.no_grad()
+def diagnostics(head: PersonalizationHead, data, own: torch.Tensor, others: Sequence[torch.Tensor],
+                s: HeadSettings) -> dict:
+    """Accuracy and margin with own λ, λ = 1 and other users' λ, and the likelihood rule.
+
+    A gain that λ = 1 also gives is the shared head's, not personalisation: the
+    user-specificity gap (own margin minus other users' margin) says which.
+    """
+    ones = torch.ones_like(own)
+    if not len(data):
+        return {"n": 0}
+
+    if isinstance(data, TokenData):
+        def margin(lam):  # log-prob of the user's token among the candidates, corrected
+            lp = torch.log_softmax(data.base + head.correction(data.h, lam, data.cand), -1)
+            return lp.gather(1, data.target[:, None]).squeeze(1)
+
+        def acc(lam):
+            return float(((data.base + head.correction(data.h, lam, data.cand)).argmax(-1) == data.target).float().mean())
+
+        out = {"unit": "tokens", "n": len(data),
+               "acc_no_head": float((data.base.argmax(-1) == data.target).float().mean())}
+    else:
+        dphi = torch.stack([head.phi(c) - head.phi(r) for c, r in zip(data.chosen, data.rejected)])
+
+        def margin(lam):
+            return dphi @ lam
+
+        def acc(lam):
+            return float((margin(lam) > 0).float().mean())
+
+        rule = [c.mean_logprob < r.mean_logprob for c, r in zip(data.chosen, data.rejected)]
+        out = {"unit": "pairs", "n": len(data), "acc_logprob_rule": sum(rule) / len(rule)}
+    out |= {"acc_own": acc(own), "acc_ones": acc(ones)}
+    m_own = float(margin(own).mean())
+    out["margin_own"] = m_own
+    out["margin_ones"] = float(margin(ones).mean())
+    if others:
+        out["acc_other"] = sum(acc(o) for o in others) / len(others)
+        m_other = sum(float(margin(o).mean()) for o in others) / len(others)
+        out["margin_other"] = m_other
+        out["specificity_gap"] = m_own - m_other
+    return out

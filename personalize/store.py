@@ -1,0 +1,359 @@
+"""SQLite store: users, history items, clusters, user vectors, generations, ratings, blobs.
+
+One file (default data/studio.db) holds everything the studio keeps, so the CLI, the web app
+and experiments share state. WAL mode, a 30 s busy timeout and `BEGIN IMMEDIATE` write
+transactions let several threads and processes write at once (the web app serves concurrent
+raters); a per-Store lock serialises use of its single connection across threads.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import sqlite_utils
+
+from personalize.data import Item
+
+SCHEMA_VERSION = 1
+WINNERS = ("a", "b", "tie", "both_bad")
+MAX_NAME = 64
+
+# Raw DDL because sqlite-utils' create() cannot express AUTOINCREMENT or CHECK constraints.
+# AUTOINCREMENT: generation/rating ids are referenced elsewhere and must never be reused.
+# Ratings have no foreign keys on purpose: they outlive deleted users and generations.
+# Blobs use user '' for "no user" because NULLs never conflict in a primary key.
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS users (
+  name TEXT PRIMARY KEY, task TEXT NOT NULL, created TEXT NOT NULL, updated TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS items (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, user TEXT NOT NULL REFERENCES users(name),
+  position INTEGER NOT NULL, x TEXT NOT NULL, y TEXT NOT NULL, neutral TEXT);
+CREATE UNIQUE INDEX IF NOT EXISTS idx_items_user_position ON items(user, position);
+CREATE TABLE IF NOT EXISTS assignments (
+  user TEXT NOT NULL REFERENCES users(name), artifacts TEXT NOT NULL, k INTEGER NOT NULL,
+  cluster INTEGER NOT NULL, distances TEXT NOT NULL, updated TEXT NOT NULL,
+  PRIMARY KEY (user, artifacts, k));
+CREATE TABLE IF NOT EXISTS vectors (
+  user TEXT NOT NULL REFERENCES users(name), artifacts TEXT NOT NULL, vector BLOB NOT NULL,
+  d INTEGER NOT NULL, model_id TEXT NOT NULL, stats TEXT NOT NULL, updated TEXT NOT NULL,
+  PRIMARY KEY (user, artifacts));
+CREATE TABLE IF NOT EXISTS generations (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, created TEXT NOT NULL, user TEXT REFERENCES users(name),
+  artifacts TEXT NOT NULL, method TEXT NOT NULL, prompt TEXT NOT NULL, output TEXT NOT NULL,
+  settings TEXT NOT NULL, latency_s REAL NOT NULL, n_tokens INTEGER NOT NULL, extra TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS idx_generations_user ON generations(user);
+CREATE TABLE IF NOT EXISTS ratings (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, created TEXT NOT NULL, rater TEXT NOT NULL,
+  prompt TEXT NOT NULL, user TEXT, method_a TEXT NOT NULL, output_a TEXT NOT NULL,
+  method_b TEXT NOT NULL, output_b TEXT NOT NULL,
+  winner TEXT NOT NULL CHECK (winner IN ('a', 'b', 'tie', 'both_bad')),
+  settings TEXT NOT NULL, gen_a INTEGER, gen_b INTEGER);
+CREATE INDEX IF NOT EXISTS idx_ratings_created ON ratings(created);
+CREATE TABLE IF NOT EXISTS blobs (
+  user TEXT NOT NULL, kind TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
+  updated TEXT NOT NULL, PRIMARY KEY (user, kind, key));
+"""
+
+
+class StoreError(ValueError):
+    """Clear, user-facing error (unknown user, bad schema version...)."""
+
+
+@dataclass(frozen=True)
+class StoredItem:
+    """A history item as stored: its row id (for edits) and position in the user's history."""
+    id: int
+    user: str
+    position: int
+    x: str
+    y: str
+    neutral: str | None
+
+
+def _now() -> str:
+    """ISO-8601 UTC with fixed precision, so timestamps also sort as strings."""
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)  # sorted: equal settings give equal strings
+
+
+def _name(name: str) -> str:
+    """Validated, stripped user name: names appear in URLs, CLI args and file names."""
+    stripped = name.strip() if isinstance(name, str) else ""
+    if not 1 <= len(stripped) <= MAX_NAME:
+        raise StoreError(f"invalid user name {name!r}: need 1-{MAX_NAME} non-blank characters")
+    return stripped
+
+
+def _check_text(y: object, x: object, what: str) -> None:
+    """Empty texts are useless history; rejecting them early keeps writes all-or-nothing."""
+    if not isinstance(y, str) or not y.strip() or not isinstance(x, str):
+        raise StoreError(f"{what} has no text (y must be a non-empty string, x a string)")
+
+
+def _item_rows(user: str, items: Sequence[Item], start: int) -> list[dict]:
+    for i, item in enumerate(items):
+        _check_text(item.y, item.x, f"item {i} of user '{user}'")
+    return [{"user": user, "position": start + i, "x": it.x, "y": it.y, "neutral": None}
+            for i, it in enumerate(items)]
+
+
+class Store:
+    """All studio state in one SQLite file; methods are thread-safe and each write is atomic."""
+
+    def __init__(self, path: str | Path = "data/studio.db"):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()  # reentrant so writes can call the read helpers
+        conn = sqlite3.connect(self.path, timeout=30.0, check_same_thread=False)
+        self.db = sqlite_utils.Database(conn)
+        try:
+            self.db.enable_wal()
+            self.db.execute("PRAGMA foreign_keys = ON")
+            self._init_schema()
+        except BaseException:
+            conn.close()
+            raise
+
+    def _init_schema(self) -> None:
+        with self._write() as db:
+            if db["meta"].exists():
+                row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+                version = int(row[0]) if row else SCHEMA_VERSION
+                if version != SCHEMA_VERSION:  # v1 is the first version: nothing to migrate from
+                    raise StoreError(
+                        f"{self.path} has schema version {version}, but this code only knows "
+                        f"version {SCHEMA_VERSION}: upgrade personalize or use another database")
+            db.executescript(_SCHEMA)
+            db["meta"].upsert({"key": "schema_version", "value": str(SCHEMA_VERSION)}, pk="key")
+
+    def close(self) -> None:
+        with self._lock:
+            self.db.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite_utils.Database]:
+        """One transaction; IMMEDIATE takes the write lock up front so a busy DB waits, not fails."""
+        with self._lock, self.db.conn:
+            self.db.conn.execute("BEGIN IMMEDIATE")
+            yield self.db
+
+    def _require(self, name: str) -> str:
+        name = _name(name)
+        with self._lock:
+            if not self.db["users"].count_where("name = ?", [name]):
+                raise StoreError(f"unknown user '{name}'")
+        return name
+
+    def _get(self, table: str, *pk: Any) -> dict | None:
+        with self._lock:
+            try:
+                return self.db[table].get(pk)
+            except sqlite_utils.db.NotFoundError:
+                return None
+
+    def _touch(self, name: str) -> None:
+        self.db["users"].update(name, {"updated": _now()})
+
+    # users
+    def add_user(self, name: str, items: Sequence[Item], task: str, replace: bool = False) -> None:
+        name = _name(name)
+        if not items:
+            raise StoreError(f"user '{name}' needs at least one history item")
+        rows = _item_rows(name, items, 0)
+        with self._write() as db:
+            now = _now()
+            if db["users"].count_where("name = ?", [name]):
+                if not replace:
+                    raise StoreError(f"user '{name}' exists")
+                for table in ("items", "vectors", "assignments"):
+                    db[table].delete_where("user = ?", [name])
+                db["users"].update(name, {"task": task, "updated": now})
+            else:
+                db["users"].insert({"name": name, "task": task, "created": now, "updated": now})
+            db["items"].insert_all(rows)
+
+    def users(self) -> list[dict]:
+        """[{"name", "task", "n_items", "created", "updated"}] sorted by name."""
+        with self._lock:
+            return list(self.db.query(
+                "SELECT u.name, u.task, count(i.id) AS n_items, u.created, u.updated FROM users u"
+                " LEFT JOIN items i ON i.user = u.name GROUP BY u.name ORDER BY u.name"))
+
+    def user(self, name: str) -> dict:
+        name = _name(name)
+        for u in self.users():
+            if u["name"] == name:
+                return u
+        raise StoreError(f"unknown user '{name}'")
+
+    def items(self, name: str) -> list[StoredItem]:
+        with self._lock:
+            name = self._require(name)
+            rows = self.db["items"].rows_where("user = ?", [name], order_by="position")
+            return [StoredItem(**row) for row in rows]
+
+    def add_items(self, name: str, items: Sequence[Item]) -> None:
+        with self._write() as db:
+            name = self._require(name)
+            (last,) = db.execute("SELECT max(position) FROM items WHERE user = ?", [name]).fetchone()
+            db["items"].insert_all(_item_rows(name, items, 0 if last is None else last + 1))
+            self._touch(name)
+
+    def _item_user(self, item_id: int) -> str:
+        row = self.db.execute("SELECT user FROM items WHERE id = ?", [item_id]).fetchone()
+        if row is None:
+            raise StoreError(f"unknown item {item_id}")
+        return row[0]
+
+    def update_item(self, item_id: int, y: str, x: str | None = None) -> None:
+        """Edits an item; its neutral rewrite no longer matches, so it is cleared."""
+        with self._write() as db:
+            user = self._item_user(item_id)
+            _check_text(y, "" if x is None else x, f"item {item_id}")
+            changes = {"y": y, "neutral": None} | ({} if x is None else {"x": x})
+            db["items"].update(item_id, changes)
+            self._touch(user)
+
+    def delete_item(self, item_id: int) -> None:
+        with self._write() as db:
+            user = self._item_user(item_id)
+            db["items"].delete(item_id)
+            self._touch(user)
+
+    def delete_user(self, name: str) -> None:
+        """Removes the user and everything of theirs except ratings (votes stay countable)."""
+        with self._write() as db:
+            name = self._require(name)
+            for table in ("items", "vectors", "assignments", "generations", "blobs"):
+                db[table].delete_where("user = ?", [name])
+            db["users"].delete(name)
+
+    def set_neutral(self, item_ids_and_texts: Sequence[tuple[int, str]]) -> None:
+        with self._write() as db:
+            for item_id, text in item_ids_and_texts:
+                self._item_user(item_id)
+                db["items"].update(item_id, {"neutral": text})
+
+    # clusters
+    def set_assignment(self, name: str, artifacts: str, k: int, cluster: int,
+                       distances: Sequence[float]) -> None:
+        with self._write() as db:
+            name = self._require(name)
+            db["assignments"].upsert(
+                {"user": name, "artifacts": artifacts, "k": int(k), "cluster": int(cluster),
+                 "distances": _dumps([float(d) for d in distances]), "updated": _now()},
+                pk=("user", "artifacts", "k"))
+
+    def assignment(self, name: str, artifacts: str, k: int) -> dict | None:
+        r = self._get("assignments", self._require(name), artifacts, int(k))
+        return None if r is None else {k: r[k] for k in ("cluster", "updated")} | {
+            "distances": json.loads(r["distances"])}
+
+    # user vectors
+    def save_vector(self, name: str, artifacts: str, vector: np.ndarray, model_id: str, stats: dict) -> None:
+        vec = np.asarray(vector)
+        if vec.ndim != 1:
+            raise StoreError(f"user vector must be 1-D, got shape {vec.shape}")
+        with self._write() as db:
+            name = self._require(name)
+            db["vectors"].upsert(
+                {"user": name, "artifacts": artifacts, "vector": vec.astype("<f4").tobytes(),
+                 "d": len(vec), "model_id": model_id, "stats": _dumps(stats), "updated": _now()},
+                pk=("user", "artifacts"))
+
+    def vector(self, name: str, artifacts: str) -> tuple[np.ndarray, dict] | None:
+        r = self._get("vectors", self._require(name), artifacts)
+        if r is None:
+            return None
+        vec = np.frombuffer(r["vector"], dtype="<f4").astype(np.float32)  # writable copy
+        return vec, {k: r[k] for k in ("d", "model_id", "updated")} | {"stats": json.loads(r["stats"])}
+
+    def vector_bytes(self, name: str, artifacts: str) -> int:
+        with self._lock:
+            sql = "SELECT length(vector) FROM vectors WHERE user = ? AND artifacts = ?"
+            row = self.db.execute(sql, [name, artifacts]).fetchone()
+        return int(row[0]) if row else 0
+
+    # generations
+    def add_generation(self, user: str | None, artifacts: str, method: str, prompt: str, output: str,
+                       settings: dict, latency_s: float, n_tokens: int, extra: dict | None = None) -> int:
+        with self._write() as db:
+            if user is not None:
+                user = self._require(user)
+            table = db["generations"].insert(
+                {"created": _now(), "user": user, "artifacts": artifacts, "method": method,
+                 "prompt": prompt, "output": output, "settings": _dumps(settings),
+                 "latency_s": float(latency_s), "n_tokens": int(n_tokens),
+                 "extra": _dumps(extra or {})})
+            return int(table.last_pk)
+
+    @staticmethod
+    def _decode(row: dict, *fields: str) -> dict:
+        return row | {f: json.loads(row[f]) for f in fields}
+
+    def generations(self, user: str | None = None, method: str | None = None,
+                    limit: int | None = None) -> list[dict]:
+        where = {"user = ?": user, "method = ?": method}
+        clauses = [c for c, v in where.items() if v is not None]
+        with self._lock:
+            rows = self.db["generations"].rows_where(
+                " AND ".join(clauses) or None, [v for v in where.values() if v is not None],
+                order_by="id DESC", limit=limit)
+            return [self._decode(r, "settings", "extra") for r in rows]
+
+    def generation(self, gen_id: int) -> dict:
+        row = self._get("generations", gen_id)
+        if row is None:
+            raise StoreError(f"unknown generation {gen_id}")
+        return self._decode(row, "settings", "extra")
+
+    # human-eval ratings
+    def add_rating(self, rater: str, prompt: str, user: str | None, method_a: str, output_a: str,
+                   method_b: str, output_b: str, winner: str, settings: dict,
+                   gen_a: int | None = None, gen_b: int | None = None) -> int:
+        if winner not in WINNERS:
+            raise StoreError(f"invalid winner {winner!r}: expected one of {', '.join(WINNERS)}")
+        if not isinstance(rater, str) or not rater.strip():
+            raise StoreError("rater name must not be empty")
+        with self._write() as db:
+            table = db["ratings"].insert(
+                {"created": _now(), "rater": rater.strip(), "prompt": prompt, "user": user,
+                 "method_a": method_a, "output_a": output_a, "method_b": method_b,
+                 "output_b": output_b, "winner": winner, "settings": _dumps(settings),
+                 "gen_a": gen_a, "gen_b": gen_b})
+            return int(table.last_pk)
+
+    def ratings(self) -> list[dict]:
+        with self._lock:
+            rows = self.db["ratings"].rows_where(order_by="created, id")
+            return [self._decode(r, "settings") for r in rows]
+
+    # method-specific per-user blobs (name None = not tied to a user)
+    def put_blob(self, name: str | None, kind: str, key: str, value: dict) -> None:
+        with self._write() as db:
+            user = "" if name is None else self._require(name)
+            db["blobs"].upsert({"user": user, "kind": kind, "key": key, "value": _dumps(value),
+                                "updated": _now()}, pk=("user", "kind", "key"))
+
+    def blob(self, name: str | None, kind: str, key: str) -> dict | None:
+        row = self._get("blobs", name or "", kind, key)
+        return None if row is None else json.loads(row["value"])
+
+    def blobs(self, name: str | None, kind: str) -> list[dict]:
+        """[{"key", "value", "updated"}] of one kind, sorted by key."""
+        with self._lock:
+            rows = self.db["blobs"].rows_where("user = ? AND kind = ?", [name or "", kind],
+                                                select="key, value, updated", order_by="key")
+            return [self._decode(r, "value") for r in rows]

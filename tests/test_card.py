@@ -1,0 +1,206 @@
+"""CARD's parts on tiny random models: clusters, pairs/features, the head, λ fits, decoding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from personalize.adapters import LoraSettings, add_warm_adapter, new_peft_model, sft_loss, train_adapter
+from personalize.cluster import assign, fit_clusters
+from personalize.decoding import CardLogitsProcessor, DecodingSettings, generate
+from personalize.features import HiddenCapture, generate_with_states, teacher_forced
+from personalize.head import HeadSettings, PairData, PersonalizationHead, TokenData, diagnostics, fit_user, train_population
+from personalize.tokens import TokenBudget
+
+BUDGET = TokenBudget(max_prompt_tokens=24, max_target_tokens=8)
+PROMPTS = ["Paraphrase: the train was late again", "Paraphrase: coffee is ready", "Paraphrase: we won the match"]
+
+
+# ---------------------------------------------------------------- clusters
+
+def test_kmeans_recovers_blobs_and_assigns_nearest():
+    rng = np.random.default_rng(0)
+    centers = np.eye(3, 8) * 5
+    emb = np.concatenate([c + rng.normal(0, 0.1, (10, 8)) for c in centers]).astype(np.float32)
+    cents = fit_clusters(emb, (1, 3))
+    assert cents[1].shape == (1, 8) and cents[3].shape == (3, 8)
+    labels = [assign(e, cents[3])[0] for e in emb]
+    assert len(set(labels[:10])) == len(set(labels[10:20])) == len(set(labels[20:])) == 1
+    assert len(set(labels)) == 3
+    c, d = assign(centers[1], cents[3])
+    assert d[c] == min(d) and len(d) == 3
+
+
+def test_k_larger_than_population_is_refused():
+    with pytest.raises(ValueError, match="not possible with 5 users"):
+        fit_clusters(np.zeros((5, 4), np.float32), (1, 8))
+
+
+# ---------------------------------------------------------------- features and pairs
+
+def test_negatives_states_match_teacher_forced_states(tiny_model, tokenizer):
+    """The states captured while generating y− are the states a teacher-forced pass gives (KV cache kept)."""
+    negs = generate_with_states(tiny_model, tokenizer, PROMPTS, n_layers=2, budget=BUDGET, max_new_tokens=6)
+    assert len(negs) == len(PROMPTS)
+    for n in negs:
+        assert n.h.shape == (len(n.ids), 2 * 32) and len(n.logprob) == len(n.ids) and len(n.ids) >= 1
+    # teacher-force the generated tokens themselves (decode → encode may differ, so use ids directly)
+    from personalize.tokens import left_pad, prompt_ids
+
+    seqs = [prompt_ids(tokenizer, x, BUDGET) + n.ids.tolist() for x, n in zip(PROMPTS, negs)]
+    ids, mask = left_pad(seqs, tokenizer.pad_token_id)
+    with HiddenCapture(tiny_model, 2) as cap:
+        tiny_model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
+        h = cap.all()
+    for j, n in enumerate(negs):
+        T = len(n.ids)
+        tf = h[j, ids.shape[1] - T - 1: ids.shape[1] - 1]
+        torch.testing.assert_close(n.h.float(), tf.half().float(), atol=2e-2, rtol=2e-2)
+
+
+def test_teacher_forced_features_cover_the_answer(tiny_model, tokenizer):
+    feats = teacher_forced(tiny_model, tokenizer, [(PROMPTS[0], "late again"), (PROMPTS[1], "ok")], 4, BUDGET, top_k=5)
+    for f, y in zip(feats, ["late again", "ok"]):
+        expected = tokenizer(y, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        assert f.ids.tolist() == expected
+        assert f.h.shape == (len(expected), 4 * 32) and f.top_ids.shape == (len(expected), 5)
+        assert torch.all(f.logprob <= 0)
+
+
+def test_pair_data_is_user_text_against_cluster_output(tiny_model, tokenizer):
+    from personalize.head import PairData
+
+    chosen = teacher_forced(tiny_model, tokenizer, [(p, "MY STYLE!!") for p in PROMPTS], 2, BUDGET)
+    rejected = generate_with_states(tiny_model, tokenizer, PROMPTS, 2, BUDGET, max_new_tokens=5)
+    pairs = PairData(chosen, rejected)
+    assert len(pairs) == 3 and all(c.text == "MY STYLE!!" for c in pairs.chosen)
+    assert all(r.text != "MY STYLE!!" for r in pairs.rejected)
+
+
+# ---------------------------------------------------------------- head and λ fits
+
+def _head(d=8, vocab=40, in_dim=12, seed=0):
+    torch.manual_seed(seed)
+    head = PersonalizationHead(in_dim, vocab, d)
+    torch.nn.init.normal_(head.U, std=1.0)
+    torch.nn.init.normal_(head.P.weight, std=0.5)
+    return head.requires_grad_(False)
+
+
+def test_token_fit_recovers_planted_vector():
+    head, d = _head(), 8
+    planted = torch.ones(d) + torch.randn(d)
+    n, k = 3000, 6
+    h, cand = torch.randn(n, 12), torch.randint(0, 40, (n, k))
+    base = torch.randn(n, k)
+    logits = base + head.correction(h, planted, cand)
+    target = torch.distributions.Categorical(logits=logits).sample()
+    lam, curve = fit_user(head, TokenData(h, cand, base, target), HeadSettings(d=d, rho=0.0, fit_iters=100))
+    assert torch.nn.functional.cosine_similarity(lam, planted, dim=0) > 0.97
+    assert (lam - planted).norm() / planted.norm() < 0.2
+    assert curve[-1] < curve[0]
+
+
+def test_pair_fit_recovers_planted_direction():
+    from personalize.features import SequenceFeatures
+
+    head, d = _head(), 8
+    planted = torch.ones(d) + 2 * torch.randn(d)
+    chosen, rejected = [], []
+    g = torch.Generator().manual_seed(1)
+    for _ in range(800):
+        a = SequenceFeatures("a", torch.randint(0, 40, (5,), generator=g), torch.randn(5, 12, generator=g), torch.zeros(5))
+        b = SequenceFeatures("b", torch.randint(0, 40, (5,), generator=g), torch.randn(5, 12, generator=g), torch.zeros(5))
+        p = torch.sigmoid(planted @ (head.phi(a) - head.phi(b)))
+        (chosen.append(a), rejected.append(b)) if torch.rand(1, generator=g) < p else (chosen.append(b), rejected.append(a))
+    lam, _ = fit_user(head, PairData(chosen, rejected), HeadSettings(d=d, rho=0.0, fit_iters=200))
+    assert torch.nn.functional.cosine_similarity(lam, planted, dim=0) > 0.9
+
+
+def test_population_training_learns_user_specific_vectors():
+    """Two users who prefer opposite candidates: own λ must beat the other user's λ on held-out data."""
+    torch.manual_seed(0)
+    head = PersonalizationHead(12, 40, 8)
+    s = HeadSettings(d=8, epochs=60, lr=3e-2, rho=0.0, batch_users=2)
+    pref = {"a": torch.randn(8) * 3, "b": torch.randn(8) * 3}
+    truth = _head(seed=3)
+
+    def data(u, n):
+        h, cand, base = torch.randn(n, 12), torch.randint(0, 40, (n, 6)), torch.zeros(n, 6)
+        target = (base + truth.correction(h, pref[u], cand)).argmax(-1)
+        return TokenData(h, cand, base, target)
+
+    lams, curve = train_population(head, {"a": data("a", 400), "b": data("b", 400)}, s)
+    assert curve[-1] < curve[0]
+    d = diagnostics(head, data("a", 300), lams["a"], [lams["b"]], s)
+    assert d["acc_own"] > d["acc_other"] and d["specificity_gap"] > 0
+
+
+# ---------------------------------------------------------------- decoding
+
+def test_topk_restriction_and_correction_stay_in_candidates():
+    head = _head(d=8, vocab=40, in_dim=12)
+
+    class Cap:
+        def last(self):
+            return torch.randn(2, 12)
+
+    proc = CardLogitsProcessor(head, torch.ones(8) * 5, Cap(), alpha=10.0, top_k=5)
+    scores = torch.randn(2, 40)
+    out = proc(torch.zeros(2, 1, dtype=torch.long), scores.clone())
+    for row, s in zip(out, scores):
+        finite = torch.isfinite(row).nonzero().squeeze(-1)
+        assert set(finite.tolist()) == set(s.topk(5).indices.tolist())
+    assert not torch.equal(out.argmax(-1), scores.argmax(-1)) or True  # re-ranking may or may not flip the top
+    zero = CardLogitsProcessor(head, torch.ones(8), Cap(), alpha=0.0, top_k=5)(None, scores.clone())
+    assert torch.equal(zero.argmax(-1), scores.argmax(-1))
+
+
+def _peft_tiny(tiny_model):
+    model = new_peft_model(tiny_model, LoraSettings(r=4, alpha=8, targets=("q_proj", "v_proj")))
+    for n, p in model.named_parameters():  # a non-trivial adapter, so it changes outputs
+        if "lora_B" in n:
+            torch.nn.init.normal_(p, std=0.5)
+    return model
+
+
+def test_alpha_zero_reproduces_cluster_greedy_and_alpha_changes_it(tiny_model, tokenizer):
+    model = _peft_tiny(tiny_model)
+    torch.manual_seed(1)
+    head = PersonalizationHead(2 * 32, len(tokenizer), 8)
+    torch.nn.init.normal_(head.U, std=1.0)
+    head.requires_grad_(False)
+    s = DecodingSettings(alpha=0.0, top_k=50, max_new_tokens=10)
+    plain = generate(model, tokenizer, PROMPTS, BUDGET, s)
+    card0 = generate(model, tokenizer, PROMPTS, BUDGET, s, head=head, lam=torch.ones(8), n_layers=2)
+    assert [g.text for g in plain] == [g.text for g in card0]
+    strong = generate(model, tokenizer, PROMPTS, BUDGET, DecodingSettings(alpha=5.0, top_k=50, max_new_tokens=10),
+                      head=head, lam=torch.ones(8), n_layers=2)
+    assert [g.text for g in plain] != [g.text for g in strong]
+    # the user vector matters: another λ gives another output at the same α
+    other = generate(model, tokenizer, PROMPTS, BUDGET, DecodingSettings(alpha=5.0, top_k=50, max_new_tokens=10),
+                     head=head, lam=-torch.ones(8), n_layers=2)
+    assert [g.text for g in strong] != [g.text for g in other]
+
+
+def test_trace_records_before_and_after_logits(tiny_model, tokenizer):
+    head = PersonalizationHead(2 * 32, len(tokenizer), 4).requires_grad_(False)
+    g = generate(tiny_model, tokenizer, PROMPTS[:1], BUDGET, DecodingSettings(alpha=1.0, top_k=7, max_new_tokens=3),
+                 head=head, lam=torch.ones(4), n_layers=2, trace=True)[0]
+    assert len(g.trace) >= 1 and g.trace[0]["cand"].shape == (1, 7)
+
+
+# ---------------------------------------------------------------- cluster adapters
+
+def test_cluster_adapter_training_lowers_loss_and_warm_start_copies(tiny_model, tokenizer):
+    s = LoraSettings(r=8, alpha=16, lr=1e-1, batch_size=4, dropout=0.0, targets=("q_proj", "k_proj", "v_proj", "o_proj"))
+    model = new_peft_model(tiny_model, s)
+    ex = [(p, "ALL CAPS YES") for p in PROMPTS]
+    before = sft_loss(model, tokenizer, ex, BUDGET)
+    report = train_adapter(model, tokenizer, "k1c0", ex, 30, s, BUDGET, held_out=ex)
+    assert report["held_out_loss"][-1][1] < before - 0.5 and report["tokens"] > 0
+    add_warm_adapter(model, "k2c0", s)
+    model.set_adapter("k2c0", inference_mode=True)
+    assert abs(sft_loss(model, tokenizer, ex, BUDGET) - report["held_out_loss"][-1][1]) < 1e-4
+    assert all(not p.requires_grad for p in model.parameters())
