@@ -87,7 +87,7 @@ def cmd_build(a) -> None:
     cfg = CardConfig()
     cfg = replace(
         cfg, ks=a.ks, default_k=a.default_k or (4 if 4 in a.ks else max(a.ks)),
-        objectives=tuple(_methods(a.objectives)), items_per_user=a.items_per_user,
+        objectives=tuple(_methods(a.objectives)), items_per_user=a.items_per_user, n_val_users=a.val_users,
         model=_model_config(a) or ModelConfig(), encoder=EncoderConfig(a.encoder) if a.encoder else cfg.encoder,
         budget=TokenBudget(a.max_prompt_tokens, a.max_target_tokens),
         lora=replace(LoraSettings(), base_steps=a.base_steps, cluster_steps=a.cluster_steps),
@@ -102,8 +102,13 @@ def cmd_onboard(a) -> None:
     from .onboard import onboard
     from .store import Store
 
+    from .data import TASKS
+    from .engine import artifacts_meta
+
+    if not (Path(a.artifacts) / "config.json").exists():
+        raise UsageError(f"no artifacts at {a.artifacts}: build them with `python -m personalize build`")
+    items = read_history_file(a.history, task=TASKS[artifacts_meta(Path(a.artifacts))["task"]])
     engine = _engine(a)
-    items = read_history_file(a.history, task=engine.task)
     store = Store(a.db)
     name = a.user or Path(a.history).stem
     store.add_user(name, items, engine.task.name, replace=a.replace)
@@ -239,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default=None, help="artifacts folder (default data/artifacts/<data folder name>)")
     b.add_argument("--objectives", default="tokens", help="head objectives to train, first = default: tokens,pairs")
     b.add_argument("--items-per-user", type=int, default=16)
+    b.add_argument("--val-users", type=int, default=6, help="users held out of training to choose α on")
     b.add_argument("--base-steps", type=int, default=60, help="K=1 adapter steps (batch 8)")
     b.add_argument("--cluster-steps", type=int, default=8, help="steps per cluster adapter")
     b.add_argument("--head-epochs", type=int, default=20)

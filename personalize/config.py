@@ -32,7 +32,7 @@ class CardConfig:
     items_per_user: int = 16  # newest items of each population user used by the build
     holdout: float = 0.2  # share of each user's items kept out of fits, for diagnostics
     n_val_users: int = 6  # population users held out of the head, to choose α on
-    alphas: tuple[float, ...] = (0.0, 0.5, 1.0, 2.0)
+    alphas: tuple[float, ...] = (0.0, 0.5, 1.0, 2.0, 4.0)
     min_fit_items: int = 2  # fewer items: cold start, λ = 1
 
     def __post_init__(self):

@@ -34,9 +34,10 @@ class HeadSettings:
     objective: str = "tokens"
     top_k: int = 50
     beta: float = 1.0  # Bradley–Terry temperature ("pairs")
-    rho: float = 0.05  # pull of λ_u towards 1: the cold-start vector
+    rho: float = 0.01  # pull of λ_u towards 1: the cold-start vector
     epochs: int = 20  # population stage
     lr: float = 1e-3
+    lambda_lr_scale: float = 30.0  # population λ's learning rate, relative to P and U's
     batch_users: int = 8
     fit_iters: int = 50  # LBFGS iterations for a new user's λ
     seed: int = 0
@@ -149,7 +150,9 @@ def train_population(
     names = [n for n, d in users.items() if len(d)]
     head.set_feature_stats(torch.cat([_states(users[n]) for n in names]))
     lams = {n: torch.nn.Parameter(torch.ones(s.d)) for n in names}
-    opt = torch.optim.AdamW([*head.parameters(), *lams.values()], lr=s.lr, weight_decay=0.0)
+    # λ gets a larger step: each λ_u sees only its own user's few examples per epoch
+    opt = torch.optim.AdamW([{"params": list(head.parameters())},
+                             {"params": list(lams.values()), "lr": s.lr * s.lambda_lr_scale}], lr=s.lr, weight_decay=0.0)
     curve = []
     for epoch in range(s.epochs):
         rng.shuffle(names)

@@ -1,0 +1,136 @@
+"""The CLI as a user runs it: --help everywhere, clear errors with exit 2, and one end-to-end run
+on the bundled SmolLM2 model (build → onboard → generate → eval → bench) on a small demo population."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from personalize.demo import write_demo
+from personalize.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMANDS = ["build", "onboard", "generate", "eval", "bench", "demo"]
+
+
+def cli(*args, check=None, timeout=1200):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "personalize", *map(str, args)], capture_output=True, text=True,
+                       cwd=ROOT, env=env, timeout=timeout)
+    if check is not None:
+        assert r.returncode == check, f"exit {r.returncode}\nstdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
+    return r
+
+
+def test_help_of_every_command():
+    r = cli("--help", check=0)
+    for c in COMMANDS:
+        assert c in r.stdout
+        assert "usage:" in cli(c, "--help", check=0).stdout
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("demo")
+    write_demo(d, n_users_per_style=2, n_items=6)
+    return d
+
+
+def test_k_larger_than_population_fails_before_any_work(demo_dir, tmp_path):
+    r = cli("build", "--data", demo_dir, "--ks", "1,50", "--default-k", "1", "--out", tmp_path / "a", check=2)
+    assert "larger than the population" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "a").exists()
+
+
+def test_unloadable_model_id_is_a_clear_error(demo_dir, tmp_path):
+    r = cli("build", "--data", demo_dir, "--ks", "1", "--default-k", "1", "--model", "no-such-org/no-such-model",
+            "--out", tmp_path / "a", check=2)
+    assert "could not load model 'no-such-org/no-such-model'" in r.stderr
+    assert not (tmp_path / "a").exists() and not (tmp_path / "a.partial").exists()
+
+
+def test_missing_artifacts_and_data(tmp_path):
+    r = cli("onboard", "--artifacts", tmp_path / "none", "--history", tmp_path / "h.txt", check=2)
+    assert "no artifacts" in r.stderr
+    r = cli("build", "--data", tmp_path / "nowhere", check=2)
+    assert "not a folder" in r.stderr
+
+
+def test_four_bit_on_cpu_is_refused(demo_dir, tmp_path):
+    r = cli("build", "--data", demo_dir, "--ks", "1", "--default-k", "1", "--load-in-4bit", "--device", "cpu",
+            "--out", tmp_path / "a", check=2)
+    assert "needs a CUDA GPU" in r.stderr
+
+
+@pytest.fixture(scope="module")
+def artifacts(demo_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("art") / "demo"
+    cli("build", "--data", demo_dir, "--ks", "1,2", "--default-k", "2", "--limit-users", "8", "--val-users", "2",
+        "--base-steps", "2", "--cluster-steps", "1", "--items-per-user", "5", "--head-epochs", "2",
+        "--max-prompt-tokens", "32", "--max-target-tokens", "16", "--out", out, check=0)
+    return out
+
+
+def test_end_to_end_on_the_bundled_model(artifacts, demo_dir, tmp_path):
+    meta = json.loads((artifacts / "config.json").read_text())
+    assert meta["model_id"].startswith("bundled:") and meta["task"] == "tweets"
+    for f in ["clusters.npz", "head_tokens.safetensors", "adapters/k1c0/adapter_config.json",
+              "adapters/k2c1/adapter_config.json"]:
+        assert (artifacts / f).exists(), f
+    assert meta["report"]["adapters"][0]["tokens"] > 0
+
+    db = tmp_path / "studio.db"
+    hist = tmp_path / "mine.txt"
+    hist.write_text("\n".join(f"omg the {w} was SO good today!!! 🔥🔥" for w in
+                              ["coffee", "train", "concert", "pizza", "run", "book", "match", "movie"]))
+    r = cli("onboard", "--artifacts", artifacts, "--history", hist, "--user", "ana", "--db", db, check=0)
+    assert "user ana: 8 items, cluster" in r.stdout and "fit" in r.stdout
+    store = Store(db)
+    assert len(store.items("ana")) == 8 and all(i.neutral for i in store.items("ana"))
+    lam, info = store.vector("ana", meta["id"])
+    assert lam.shape == (128,) and store.vector_bytes("ana", meta["id"]) == 512
+    assert store.assignment("ana", meta["id"], 2) is not None
+
+    # onboarding the same name again without --replace is refused, and the stored user is intact
+    r = cli("onboard", "--artifacts", artifacts, "--history", hist, "--user", "ana", "--db", db, check=2)
+    assert "exists" in r.stderr and len(Store(db).items("ana")) == 8
+
+    r = cli("generate", "--artifacts", artifacts, "--user", "ana", "--prompt", "I liked the new cafe.", "--template",
+            "--methods", "base,cluster,card", "--alpha", "0", "--max-tokens", "12", "--db", db, check=0)
+    outs = [block.split("\n", 1)[1].strip() for block in r.stdout.strip().split("\n\n")]
+    assert r.stdout.count("[") >= 3 and outs[1] == outs[2]  # α = 0: CARD is the cluster model
+    assert len(Store(db).generations(user="ana")) == 3
+
+    r = cli("generate", "--artifacts", artifacts, "--user", "nobody", "--prompt", "x", "--db", db, check=2)
+    assert "unknown user 'nobody'" in r.stderr
+
+    out_json = tmp_path / "eval.json"
+    r = cli("eval", "--artifacts", artifacts, "--data", demo_dir, "--limit", "3", "--methods", "base,cluster,card,bm25_copy",
+            "--json", out_json, check=0)
+    res = json.loads(out_json.read_text())
+    assert set(res["methods"]) == {"base", "cluster", "card", "bm25_copy"}
+    assert all(0 <= v["rougeL"] <= 1 and v["n"] == 3 for v in res["methods"].values())
+    assert "R-L" in r.stdout
+
+    bench_json = tmp_path / "bench.json"
+    cli("bench", "--artifacts", artifacts, "--users", "3", "--items", "6", "--repeats", "2", "--json", bench_json, check=0)
+    b = json.loads(bench_json.read_text())
+    assert b["bytes_per_user"] == 512 and b["fit_ms"] > 0 and b["decode_overhead_ratio"] > 0
+    assert {"same_cluster", "cross_cluster"} <= set(b["switch_ms"]) and b["onboarding_s"]["total"] > 0
+
+
+def test_bad_history_files_are_refused_and_nothing_is_written(artifacts, tmp_path):
+    db = tmp_path / "studio.db"
+    cases = {"empty.txt": b"", "bin.txt": b"\x00\x01\x02binary", "bad.jsonl": b'{"text": "ok"}\n{not json\n'}
+    for name, content in cases.items():
+        (tmp_path / name).write_bytes(content)
+        r = cli("onboard", "--artifacts", artifacts, "--history", tmp_path / name, "--user", "u", "--db", db, check=2)
+        assert r.stderr.startswith("error:") and "Traceback" not in r.stderr
+    r = cli("onboard", "--artifacts", artifacts, "--history", tmp_path / "missing.txt", "--db", db, check=2)
+    assert "not found" in r.stderr
+    assert not db.exists() or Store(db).users() == []
