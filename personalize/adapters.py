@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 from transformers import get_cosine_schedule_with_warmup
 
@@ -55,6 +56,17 @@ class LoraSettings:
         )
 
 
+def answer_loss(model, ids, mask, labels, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy on the answer tokens, with the LM head run only over the answer columns
+    (left padding puts every answer at the right edge; the prompt's logits are never needed)."""
+    answer_cols = int((labels != -100).any(0).nonzero().min()) if (labels != -100).any() else ids.shape[1] - 1
+    keep = ids.shape[1] - answer_cols + 1
+    logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=keep).logits[:, :-1].float()
+    target = labels[:, ids.shape[1] - keep + 1:]
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100,
+                           reduction=reduction)
+
+
 def sft_batch(tok, examples: Sequence[tuple[str, str]], budget: TokenBudget, device):
     """Left-padded (prompt + answer) rows with labels only on the answer tokens."""
     seqs, n_prompt = [], []
@@ -78,9 +90,8 @@ def sft_loss(model, tok, examples, budget: TokenBudget, batch_size: int = 16) ->
     total, n = 0.0, 0
     for i in range(0, len(examples), batch_size):
         ids, mask, labels = sft_batch(tok, examples[i: i + batch_size], budget, model.device)
-        out = model(input_ids=ids, attention_mask=mask, labels=labels)
-        k = int((labels[:, 1:] != -100).sum())
-        total, n = total + out.loss.item() * k, n + k
+        total += answer_loss(model, ids, mask, labels, reduction="sum").item()
+        n += int((labels != -100).sum())
     model.train(was_training)
     return total / max(n, 1)
 
@@ -111,7 +122,7 @@ def train_adapter(
             order += more
         batch = [examples[order.pop()] for _ in range(min(settings.batch_size, len(examples)))]
         ids, mask, labels = sft_batch(tok, batch, budget, model.device)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss = answer_loss(model, ids, mask, labels)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step(), sched.step(), opt.zero_grad(set_to_none=True)

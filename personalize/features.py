@@ -97,18 +97,21 @@ def teacher_forced(
         prompts = [prompt_ids(tok, x, budget) for x, _ in chunk]
         targets = [target_ids(tok, y, budget) for _, y in chunk]
         ids, mask = left_pad([p + t for p, t in zip(prompts, targets)], tok.pad_token_id, model.device)
+        keep = max(len(t) for t in targets) + 1  # left padding: every answer sits in the last columns
         with HiddenCapture(model, n_layers) as cap:
-            logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
+                           logits_to_keep=keep).logits  # the LM head only where answers are predicted
             h = cap.all()
         logp = torch.log_softmax(logits.float(), -1)
         width = ids.shape[1]
         for j, ((_, y), t) in enumerate(zip(chunk, targets)):
             pos = torch.arange(width - len(t) - 1, width - 1, device=ids.device)  # states that predict t
+            lpos = pos - (width - keep)
             tgt = torch.tensor(t, device=ids.device)
             f = SequenceFeatures(text=y, ids=tgt.cpu(), h=h[j, pos].half().cpu(),
-                                 logprob=logp[j, pos, tgt].cpu())
+                                 logprob=logp[j, lpos, tgt].cpu())
             if top_k:
-                vals, idx = logits[j, pos].float().topk(top_k, dim=-1)
+                vals, idx = logits[j, lpos].float().topk(top_k, dim=-1)
                 f.top_ids, f.top_logits = idx.cpu(), vals.cpu()
             out.append(f)
     return out

@@ -1,0 +1,107 @@
+"""Comparison methods (METHOD §2, §3, §5): RAG, PAG, EXACT and COPE, all in one shape.
+
+Every method is a module with a frozen `XConfig` (validated where it is built)
+and an `XMethod(engine, store=None, cfg=XConfig())` with `prepare(user) -> dict`
+(per-user onboarding or indexing; timings and info) and
+`generate(user, prompts, settings) -> list[Generation]`, so the app, eval and
+bench treat them alike (the peft-tuners pattern of STYLE.md). What a method
+chose for an output (retrieved items, attributes) is in `Generation.trace`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from ..data import Item, Task
+from ..tokens import TokenBudget
+
+
+@dataclass
+class UserContext:
+    """One user as the methods see them: history with prompts filled, cluster and λ from onboarding."""
+
+    name: str
+    items: list[Item]  # every x filled (free-form items: the task template of the neutral rewrite, §1.8)
+    cluster: int = 0
+    k: int = 1
+    lam: np.ndarray | None = None
+    templated: frozenset[int] = field(default_factory=frozenset)  # items whose x was built from a rewrite
+
+    def __post_init__(self):
+        if any(not it.x for it in self.items):
+            raise ValueError(f"user {self.name!r}: every item needs its prompt x (run the neutral rewrites first)")
+        if self.k < 1 or not 0 <= self.cluster < self.k:
+            raise ValueError(f"cluster must be in 0..k-1, got cluster={self.cluster}, k={self.k}")
+
+    @classmethod
+    def from_store(cls, store, name: str, task: Task, cluster: int = 0, k: int = 1,
+                   lam: np.ndarray | None = None) -> "UserContext":
+        """The stored history with prompts filled from the stored neutral rewrites (onboard writes them)."""
+        items, templated = [], set()
+        for i, s in enumerate(store.items(name)):
+            if not s.x and not s.neutral:
+                raise ValueError(f"item {s.id} of user {name!r} has no prompt and no neutral rewrite: onboard first")
+            if not s.x:
+                templated.add(i)
+            items.append(Item(y=s.y, x=s.x or task.prompt(s.neutral), id=str(s.id)))
+        return cls(name, items, cluster, k, lam, frozenset(templated))
+
+
+# ------------------------------------------------------------ helpers shared by the methods
+
+def clip(tok, text: str, n_tokens: int) -> str:
+    """`text` cut to its first n_tokens tokens, the way tokens.prompt_ids cuts a prompt."""
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    return text if len(ids) <= n_tokens else tok.decode(ids[:n_tokens]).strip()
+
+
+def n_tokens(tok, text: str) -> int:
+    return len(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def task_input(task: Task, x: str) -> str:
+    """The content of a prompt without the task's fixed instruction (it would match every item)."""
+    p = task.prefix
+    return x[len(p):].strip() if p and x.startswith(p) else x
+
+
+def words(text: str) -> list[str]:
+    """Lowercase word tokens (BM25's tokenisation)."""
+    return re.findall(r"\w+", text.lower())
+
+
+def widened(budget: TokenBudget, extra: int) -> TokenBudget:
+    """The prompt budget plus the tokens a method adds, so prompt_ids never cuts the task input away."""
+    return dataclasses.replace(budget, max_prompt_tokens=budget.max_prompt_tokens + extra)
+
+
+def fingerprint(texts: Sequence[str]) -> str:
+    return hashlib.sha1("\x1f".join(texts).encode()).hexdigest()[:16]
+
+
+# ------------------------------------------------------------ registry (imported last: the modules use the above)
+
+from .cope import CopeConfig, CopeMethod  # noqa: E402
+from .exact import ExactConfig, ExactMethod  # noqa: E402
+from .pag import PagConfig, PagMethod  # noqa: E402
+from .rag import RagConfig, RagMethod  # noqa: E402
+
+METHODS: dict[str, type] = {"rag": RagMethod, "pag": PagMethod, "exact": ExactMethod, "cope": CopeMethod}
+
+
+def get_method(name: str, engine, store=None, **cfg):
+    """The method `name` on this engine; keyword arguments are its config's fields."""
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; choose from {sorted(METHODS)}")
+    cls = METHODS[name]
+    return cls(engine, store, cls.config_class(**cfg))
+
+
+__all__ = ["UserContext", "METHODS", "get_method", "RagConfig", "RagMethod", "PagConfig", "PagMethod",
+           "ExactConfig", "ExactMethod", "CopeConfig", "CopeMethod"]

@@ -1,0 +1,244 @@
+"""EXACT (seeds/004, METHOD §2): greedy attribute sets per preference pair, retrieved by prompt similarity.
+
+Offline, each pair (x, y_w, y_l) gets the k = 3 attributes of the library
+(seeds/004 Table 4) chosen greedily: each step adds the a maximising
+log π(y_w | x, A∪{a}) − log π(y_l | x, A∪{a}), all candidates of a step (of
+every pair) scored in one teacher-forced pass. The memory keeps, per distinct
+prompt, the best-scoring set (store blobs of kind "exact_memory", key = the
+prompt). Online, the new prompt's nearest memory prompt (cosine of encoder
+embeddings) lends its attributes, appended as a line "Attributes: a1, a2, a3"
+(seeds/004 §4.1), and the base model decodes. The chosen set is returned in
+Generation.trace = [{"attributes", "retrieved_prompt", "similarity"}].
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..decoding import DecodingSettings, Generation, generate
+from ..features import teacher_forced
+from . import UserContext, clip, task_input, widened
+
+# seeds/004 Table 4 (42 attributes, from Drift); the descriptions are ours, for the app's "why" view.
+ATTRIBUTES: dict[str, str] = {
+    "Base": "no particular steer: the model's default answer",
+    "Formal": "formal register, complete sentences, no colloquialisms",
+    "Concise": "short and to the point, no filler",
+    "Vivid": "concrete, colourful imagery and word choice",
+    "Modest": "humble, understated claims",
+    "Engineer": "technical precision, an engineer's level of detail",
+    "Persuasive": "argues to win the reader over",
+    "Emotion": "feelings expressed openly",
+    "Humor": "playful, witty, funny",
+    "Energy": "lively, upbeat, enthusiastic",
+    "Code": "code, commands and identifiers where they fit",
+    "Easy": "plain words any reader follows",
+    "Direct": "says the point plainly, without hedging",
+    "Social": "friendly and conversational, addresses people",
+    "Western": "Western cultural references and norms",
+    "Eastern": "Eastern cultural references and norms",
+    "Respect": "polite and respectful",
+    "Internet Slang": "online slang, abbreviations and emoji",
+    "Proverb": "sayings and proverbs",
+    "Critical": "questions claims and points out flaws",
+    "Vague": "general, non-committal wording",
+    "Creative": "original, imaginative phrasing",
+    "Analytic": "logical, step-by-step reasoning",
+    "Empathetic": "acknowledges the reader's feelings",
+    "Sycophant": "flatters and agrees with the reader",
+    "Old-fashioned": "traditional, dated wording and values",
+    "Meritocratic": "values effort, skill and achievement",
+    "Myopic": "looks only at the immediate, short term",
+    "Principled": "guided by firm moral principles",
+    "Hedonist": "values pleasure and enjoyment",
+    "Utilitarian": "weighs outcomes: the greatest good",
+    "Realist": "pragmatic, sees things as they are",
+    "Pessimistic": "expects the worst",
+    "Storyteller": "narrates, tells anecdotes",
+    "Flexible": "open to alternatives, adaptable",
+    "Spontaneous": "impulsive, off the cuff",
+    "Collectivist": "puts the group and community first",
+    "Individualistic": "puts personal freedom first",
+    "Exclamatory": "exclamations!",
+    "Conspiracy": "suspects hidden agendas",
+    "Tech Industry Priority": "favours the tech industry's view and priorities",
+    "Eco-friendly": "cares about the environment",
+}
+MEMORY_KIND = "exact_memory"
+ATTR_TOKENS = 48  # room for the attribute line past the prompt budget
+
+Row = tuple[str, str, str, tuple[str, ...]]  # (x, y_w, y_l, attribute set)
+ScoreFn = Callable[[Sequence[Row]], np.ndarray]
+
+
+@dataclass(frozen=True)
+class ExactConfig:
+    k: int = 3  # attributes per prompt (seeds/004 default)
+    library: tuple[str, ...] = tuple(ATTRIBUTES)
+    max_pairs: int = 32  # history pairs scored at onboarding (newest first); ratings always count
+    batch_size: int = 32  # sequences per forward in the scoring pass (memory, not semantics)
+
+    def __post_init__(self):
+        if not 1 <= self.k <= len(self.library):
+            raise ValueError(f"k must be in 1..{len(self.library)}, got {self.k}")
+        if len(set(self.library)) != len(self.library) or any("," in a for a in self.library):
+            raise ValueError("library attributes must be distinct and contain no commas")
+        if self.max_pairs < 1 or self.batch_size < 2:
+            raise ValueError("max_pairs must be >= 1 and batch_size >= 2")
+
+
+def attributed(x: str, attrs: Sequence[str]) -> str:
+    """seeds/004 §4.1: the prompt, then a line "Attributes:" with the comma-separated set."""
+    return f"{x}\nAttributes: {', '.join(attrs)}" if attrs else x
+
+
+class ExactMethod:
+    name = "exact"
+    config_class = ExactConfig
+
+    def __init__(self, engine, store=None, cfg: ExactConfig = ExactConfig(), score_fn: ScoreFn | None = None):
+        self.engine, self.store, self.cfg = engine, store, cfg
+        self.score_fn: ScoreFn = score_fn or self.lm_margins  # injectable: tests plant their own scorer
+        self._memory: dict[str, dict[str, dict]] = {}  # user -> prompt -> entry (the store's copy when present)
+        self._vectors: dict[str, np.ndarray] = {}  # prompt content -> unit embedding
+
+    # ------------------------------------------------------------ scoring and greedy selection
+    def lm_margins(self, rows: Sequence[Row]) -> np.ndarray:
+        """log π(y_w | x, A) − log π(y_l | x, A) under the base model, every row in one teacher-forced pass."""
+        e, budget = self.engine, self.engine.cfg.budget
+        examples = []
+        for x, yw, yl, attrs in rows:
+            p = attributed(clip(e.tok, x, budget.max_prompt_tokens), attrs)
+            examples += [(p, yw), (p, yl)]
+        e.use_adapter(None)
+        feats = teacher_forced(e.model, e.tok, examples, 1, widened(budget, ATTR_TOKENS), batch_size=self.cfg.batch_size)
+        lp = np.array([float(f.logprob.sum()) for f in feats])
+        return lp[0::2] - lp[1::2]
+
+    def select(self, pairs: Sequence[tuple[str, str, str]]) -> list[dict]:
+        """Greedy k-attribute set per pair, in lockstep: step t scores every pair's candidates in one call."""
+        chosen: list[list[str]] = [[] for _ in pairs]
+        best = np.zeros(len(pairs))
+        base = np.asarray(self.score_fn([(x, yw, yl, ()) for x, yw, yl in pairs]), dtype=float)
+        for _ in range(self.cfg.k):
+            rows, owner = [], []
+            for j, (x, yw, yl) in enumerate(pairs):
+                for a in self.cfg.library:
+                    if a not in chosen[j]:
+                        rows.append((x, yw, yl, (*chosen[j], a)))
+                        owner.append(j)
+            scores = np.asarray(self.score_fn(rows), dtype=float)
+            owner = np.asarray(owner)
+            for j in range(len(pairs)):
+                idx = np.flatnonzero(owner == j)
+                top = idx[int(np.argmax(scores[idx]))]  # first maximum: library order breaks ties
+                chosen[j].append(rows[top][3][-1])
+                best[j] = scores[top]
+        return [{"prompt": x, "attributes": c, "score": float(s), "base_score": float(b)}
+                for (x, _, _), c, s, b in zip(pairs, chosen, best, base)]
+
+    # ------------------------------------------------------------ pairs
+    def history_pairs(self, user: UserContext) -> list[tuple[str, str, str]]:
+        """(x, the user's text, the base model's output for x): the app's own pairs."""
+        items = user.items[: self.cfg.max_pairs]
+        if not items:
+            return []
+        self.engine.use_adapter(None)
+        outs = generate(self.engine.model, self.engine.tok, [it.x for it in items], self.engine.cfg.budget,
+                        DecodingSettings(max_new_tokens=self.engine.cfg.budget.max_target_tokens))
+        return [(it.x, it.y, g.text) for it, g in zip(items, outs) if g.text.strip() != it.y.strip()]
+
+    def rating_pairs(self, name: str) -> list[tuple[str, str, str]]:
+        """(prompt, preferred, other) from this user's decided ratings; ties and both_bad say nothing."""
+        if self.store is None:
+            return []
+        out = []
+        for r in self.store.ratings():
+            if r["user"] != name or r["winner"] not in ("a", "b"):
+                continue
+            win, lose = (r["output_a"], r["output_b"]) if r["winner"] == "a" else (r["output_b"], r["output_a"])
+            if win.strip() != lose.strip():
+                out.append((r["prompt"], win, lose))
+        return out
+
+    # ------------------------------------------------------------ memory
+    def memory(self, name: str) -> dict[str, dict]:
+        """prompt -> {"prompt", "attributes", "score", "base_score", "source"}; the store is the truth."""
+        if self.store is not None:
+            self._memory[name] = {b["key"]: b["value"] for b in self.store.blobs(name, MEMORY_KIND)}
+        return self._memory.setdefault(name, {})
+
+    def _merge(self, name: str, entries: list[dict], source: str) -> int:
+        """Adds entries, keeping per prompt the best-scoring set (seeds/004 §4.1); returns how many changed."""
+        mem, changed = self.memory(name), 0
+        for e in entries:
+            old = mem.get(e["prompt"])
+            if old is None or e["score"] > old["score"]:
+                entry = e | {"source": source}
+                mem[e["prompt"]] = entry
+                if self.store is not None:
+                    self.store.put_blob(name, MEMORY_KIND, e["prompt"], entry)
+                changed += 1
+        return changed
+
+    def prepare(self, user: UserContext) -> dict:
+        """Builds the memory from the history pairs and this user's ratings."""
+        t0 = time.perf_counter()
+        hist = self.history_pairs(user)
+        t1 = time.perf_counter()
+        rated = self.rating_pairs(user.name)
+        if not hist and not rated:
+            raise ValueError(f"{self.name} needs at least one preference pair for user {user.name!r}: "
+                             "a history item or a decided rating")
+        entries = self.select(hist + rated)
+        changed = self._merge(user.name, entries[: len(hist)], "history")
+        changed += self._merge(user.name, entries[len(hist):], "rating")
+        t2 = time.perf_counter()
+        return {"method": self.name, "n_pairs": len(entries), "n_rating_pairs": len(rated),
+                "memory": len(self.memory(user.name)), "changed": changed,
+                "negatives_s": round(t1 - t0, 4), "select_s": round(t2 - t1, 4)}
+
+    def add_feedback(self, user: UserContext, prompt: str, preferred: str, other: str) -> dict:
+        """One new pair (e.g. a rating in the app) into the memory, without a rebuild; returns its entry."""
+        if preferred.strip() == other.strip():
+            raise ValueError("preferred and other output are the same text: no preference to learn")
+        entry = self.select([(prompt, preferred, other)])[0]
+        self._merge(user.name, [entry], "feedback")
+        return self.memory(user.name)[prompt]
+
+    # ------------------------------------------------------------ retrieval and generation
+    def _embed(self, texts: list[str]) -> np.ndarray:
+        todo = [t for t in dict.fromkeys(texts) if t not in self._vectors]
+        if todo:
+            vecs = self.engine.encoder.encode(todo, convert_to_numpy=True, normalize_embeddings=True)
+            self._vectors |= dict(zip(todo, np.asarray(vecs, dtype=np.float32)))
+        return np.stack([self._vectors[t] for t in texts])
+
+    def retrieve(self, user: UserContext, prompts: list[str]) -> list[tuple[dict, float]]:
+        """(memory entry, cosine) of each prompt's nearest memory prompt (compared without the task instruction)."""
+        mem = self.memory(user.name)
+        if not mem:
+            self.prepare(user)
+            mem = self.memory(user.name)
+        entries = list(mem.values())
+        keys = self._embed([task_input(self.engine.task, e["prompt"]) for e in entries])
+        query = self._embed([task_input(self.engine.task, p) for p in prompts])
+        sims = query @ keys.T
+        return [(entries[int(i)], float(row[i])) for row, i in zip(sims, sims.argmax(1))]
+
+    def generate(self, user: UserContext, prompts: list[str], settings: DecodingSettings) -> list[Generation]:
+        """Base-model decoding with the retrieved attributes appended to each prompt."""
+        hits = self.retrieve(user, prompts)
+        budget = self.engine.cfg.budget
+        built = [attributed(clip(self.engine.tok, p, budget.max_prompt_tokens), e["attributes"])
+                 for p, (e, _) in zip(prompts, hits)]
+        self.engine.use_adapter(None)
+        outs = generate(self.engine.model, self.engine.tok, built, widened(budget, ATTR_TOKENS), settings)
+        for g, (e, sim) in zip(outs, hits):
+            g.trace = [{"attributes": list(e["attributes"]), "retrieved_prompt": e["prompt"],
+                        "similarity": round(sim, 4)}]
+        return outs

@@ -1,0 +1,173 @@
+"""OPPU baseline (METHOD §5; "One PEFT Per User"): one LoRA per user, SFT on that user's history.
+
+Each user's adapter starts from the K = 1 adapter (the task-adapted model,
+`k1c0`) and is trained with the same masked-prompt SFT as the cluster
+adapters (adapters.train_adapter), so OPPU differs from the cluster model
+only in whose data the last adapter saw. The adapter is saved under
+`<folder>/<safe user name>/` (peft format, plus `oppu.json` with the training
+report and a fingerprint of the history it was trained on) and loaded on
+demand; at most `max_in_memory` user adapters stay in the peft model, the
+least recently used is deleted first.
+
+Short histories: with fewer than `min_items` items there is nothing to fit
+without memorising one text, so such a user gets the documented fallback,
+the K = 1 model (`prepare` says `cold_start: True`); no adapter is trained.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import time
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..adapters import BASE_ADAPTER, add_warm_adapter, lora_bytes, sft_loss, train_adapter
+from ..decoding import DecodingSettings, Generation, generate
+from . import UserContext, fingerprint
+
+META = "oppu.json"
+
+
+@dataclass(frozen=True)
+class OppuConfig:
+    epochs: float = 10.0  # passes over the user's history (the OPPU and CARD papers train 10 epochs)
+    max_steps: int = 40  # cap on optimiser steps per user (CPU budget); steps = ceil(epochs·n / batch)
+    lr: float | None = None  # None: the build's LoRA learning rate (engine.cfg.lora.lr)
+    batch_size: int | None = None  # None: the build's LoRA batch size
+    min_items: int = 2  # fewer items: no adapter, the K = 1 model (cold start)
+    max_in_memory: int = 4  # user adapters kept in the peft model at once
+    folder: str | None = None  # None: data/oppu/<artifacts id>
+    report_loss: bool = True  # SFT loss on the user's history before/after training (one extra pass each)
+
+    def __post_init__(self):
+        if self.epochs <= 0 or self.max_steps < 1:
+            raise ValueError(f"epochs must be > 0 and max_steps >= 1, got {self.epochs}, {self.max_steps}")
+        if (self.lr is not None and self.lr <= 0) or (self.batch_size is not None and self.batch_size < 1):
+            raise ValueError("lr must be > 0 and batch_size >= 1 when given")
+        if self.min_items < 1 or self.max_in_memory < 1:
+            raise ValueError(f"min_items and max_in_memory must be >= 1, got {self.min_items}, {self.max_in_memory}")
+
+
+def adapter_id(name: str) -> str:
+    """A peft adapter and folder name for a user: [A-Za-z0-9_] only (peft names become module keys,
+    which may not contain '.'), plus a hash so that different names never collide."""
+    clean = re.sub(r"[^A-Za-z0-9_]", "_", name)[:40]
+    return f"u_{clean}_{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+
+
+def _history_key(user) -> str:
+    return fingerprint([t for it in user.items for t in (it.x, it.y)])
+
+
+class OppuMethod:
+    name = "oppu"
+    config_class = OppuConfig
+
+    def __init__(self, engine, store=None, cfg: OppuConfig = OppuConfig()):
+        self.engine, self.store, self.cfg = engine, store, cfg
+        self.folder = Path(cfg.folder) if cfg.folder else Path("data") / "oppu" / str(engine.artifacts_id)
+        self._loaded: OrderedDict[str, None] = OrderedDict()  # user adapters in the peft model, oldest first
+
+    # ------------------------------------------------------------ onboarding
+    def prepare(self, user: UserContext) -> dict:
+        """Trains, saves and loads the user's adapter; returns its report (time, tokens, bytes, loss)."""
+        t0 = time.perf_counter()
+        if len(user.items) < self.cfg.min_items:
+            info = {"method": self.name, "n_items": len(user.items), "cold_start": True, "adapter": BASE_ADAPTER,
+                    "reason": f"{len(user.items)} item(s) < min_items={self.cfg.min_items}: the K = 1 model is used",
+                    "prepare_s": round(time.perf_counter() - t0, 4)}
+            self._record(user, info)
+            return info
+        eng, ada = self.engine, adapter_id(user.name)
+        examples = [(it.x, it.y) for it in user.items]
+        lora = eng.cfg.lora
+        settings = replace(lora, lr=self.cfg.lr or lora.lr, batch_size=self.cfg.batch_size or lora.batch_size)
+        steps = min(self.cfg.max_steps, max(1, math.ceil(self.cfg.epochs * len(examples) / settings.batch_size)))
+        if ada in eng.model.peft_config:  # re-onboarding: start again from the K = 1 weights
+            self._unload(ada)
+        self._make_room(keep=None)
+        loss_before = None
+        if self.cfg.report_loss:
+            eng.use_adapter(BASE_ADAPTER)
+            loss_before = sft_loss(eng.model, eng.tok, examples, eng.cfg.budget)
+        add_warm_adapter(eng.model, ada, settings, source=BASE_ADAPTER)
+        self._loaded[ada] = None
+        eng.use_adapter(ada)  # through the engine, so its record of the active adapter stays true
+        report = train_adapter(eng.model, eng.tok, ada, examples, steps, settings, eng.cfg.budget)
+        loss_after = sft_loss(eng.model, eng.tok, examples, eng.cfg.budget) if self.cfg.report_loss else None
+        path = self.folder / ada
+        eng.model.save_pretrained(str(self.folder), selected_adapters=[ada])  # peft writes <folder>/<ada>/
+        info = {"method": self.name, "n_items": len(examples), "cold_start": False, "adapter": ada, "path": str(path),
+                "steps": steps, "tokens": report["tokens"], "train_s": report["seconds"],
+                "lora_bytes": lora_bytes(eng.model, ada),
+                "loss_before": loss_before, "loss_after": loss_after, "history": _history_key(user)}
+        (path / META).write_text(json.dumps(info, indent=2))
+        info["disk_bytes"] = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+        info["prepare_s"] = round(time.perf_counter() - t0, 4)
+        self._record(user, info)
+        return info
+
+    def _record(self, user, info: dict) -> None:
+        """The report as a store blob (kind "oppu", key = artifacts id); users not in the store are skipped."""
+        if self.store is None:
+            return
+        from ..store import StoreError
+
+        try:
+            self.store.put_blob(user.name, self.name, str(self.engine.artifacts_id), info)
+        except StoreError:
+            pass  # e.g. evaluation users that were never added to the store
+
+    # ------------------------------------------------------------ adapters in memory
+    def activate(self, user: UserContext) -> str:
+        """Makes the user's adapter the active one (loaded from disk if needed); returns its name.
+        Cold-start users (and users never prepared, with a short history) get the K = 1 adapter."""
+        if len(user.items) < self.cfg.min_items:
+            self.engine.use_adapter(BASE_ADAPTER)
+            return BASE_ADAPTER
+        ada = adapter_id(user.name)
+        if ada in self._loaded and ada in self.engine.model.peft_config:
+            self._loaded.move_to_end(ada)
+        else:
+            path = self.folder / ada
+            if not (path / "adapter_config.json").exists():
+                raise ValueError(f"no OPPU adapter for user {user.name!r} at {path}: run prepare(user) first")
+            meta = json.loads((path / META).read_text()) if (path / META).exists() else {}
+            if meta.get("history") not in (None, _history_key(user)):
+                warnings.warn(f"user {user.name!r}: history changed since the OPPU adapter was trained; "
+                              "run prepare(user) again to retrain it", stacklevel=2)
+            self._make_room(keep=ada)
+            self.engine.model.load_adapter(str(path), adapter_name=ada)
+            for p in self.engine.model.parameters():
+                p.requires_grad_(False)
+            self._loaded[ada] = None
+        self.engine.use_adapter(ada)
+        return ada
+
+    def _make_room(self, keep: str | None) -> None:
+        """Deletes the least recently used user adapters until one more fits."""
+        while len(self._loaded) >= self.cfg.max_in_memory:
+            victim = next((a for a in self._loaded if a != keep), None)
+            if victim is None:
+                return
+            self._unload(victim)
+
+    def _unload(self, ada: str) -> None:
+        self.engine.use_adapter(BASE_ADAPTER)  # never delete the active adapter under the engine
+        if ada in self.engine.model.peft_config:
+            self.engine.model.delete_adapter(ada)
+        self._loaded.pop(ada, None)
+
+    # ------------------------------------------------------------ generation
+    def generate(self, user: UserContext, prompts: list[str], settings: DecodingSettings) -> list[Generation]:
+        """Greedy (or sampled) decoding with the user's own adapter; trace = [{"adapter": name}]."""
+        ada = self.activate(user)
+        outs = generate(self.engine.model, self.engine.tok, list(prompts), self.engine.cfg.budget, settings)
+        for g in outs:
+            g.trace = [{"adapter": ada}]
+        return outs

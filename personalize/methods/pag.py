@@ -1,0 +1,92 @@
+"""PAG baseline (METHOD §5): RAG plus a one-sentence profile of the user's writing, generated once by the LM.
+
+The summary costs one generation per user, so it is made at onboarding, stored
+(blob kind "pag_summary", key "summary") and reused by every later query and
+process; it is made again only when the history or the LM changes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ..decoding import DecodingSettings, Generation, generate
+from . import UserContext, clip, fingerprint, n_tokens
+from .rag import SLACK, RagConfig, RagMethod
+
+SUMMARY_INSTRUCTION = "Describe the writing style of this author in one sentence:"
+SUMMARY_KIND, SUMMARY_KEY = "pag_summary", "summary"
+
+
+@dataclass(frozen=True)
+class PagConfig(RagConfig):
+    summary_tokens: int = 48  # the summary's length, generated and placed in the prompt
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.summary_tokens < 4:
+            raise ValueError(f"summary_tokens must be >= 4, got {self.summary_tokens}")
+
+
+class PagMethod(RagMethod):
+    name = "pag"
+    config_class = PagConfig
+
+    def __init__(self, engine, store=None, cfg: PagConfig = PagConfig()):
+        super().__init__(engine, store, cfg)
+        self._summaries: dict[str, dict] = {}  # in-memory copy (the only copy when there is no store)
+
+    def prepare(self, user: UserContext) -> dict:
+        info = super().prepare(user)
+        t0 = time.perf_counter()
+        value, made = self.summary(user)
+        return info | {"summary": value["summary"], "summary_generated": made,
+                       "summary_s": round(time.perf_counter() - t0, 4)}
+
+    def summary(self, user: UserContext) -> tuple[dict, bool]:
+        """The stored summary when it matches this history and LM, else a new one; (value, newly made)."""
+        if not user.items:
+            raise ValueError(f"{self.name} needs at least one history item for user {user.name!r}")
+        key = fingerprint([it.y for it in user.items] + [self.engine.lm.model_id])
+        value = self._summaries.get(user.name)
+        if (value is None or value["history"] != key) and self.store is not None:
+            value = self.store.blob(user.name, SUMMARY_KIND, SUMMARY_KEY)
+        if value is not None and value.get("history") == key:
+            self._summaries[user.name] = value
+            return value, False
+        value = {"summary": self._summarize([it.y for it in user.items]), "history": key,
+                 "model_id": self.engine.lm.model_id, "n_items": len(user.items)}
+        if self.store is not None:
+            self.store.put_blob(user.name, SUMMARY_KIND, SUMMARY_KEY, value)
+        self._summaries[user.name] = value
+        return value, True
+
+    def summary_prompt(self, texts: list[str]) -> str:
+        """The instruction and as many of the user's texts (newest first) as fit the prompt budget."""
+        tok, budget = self.engine.tok, self.engine.cfg.budget
+        lines, used = [SUMMARY_INSTRUCTION], n_tokens(tok, SUMMARY_INSTRUCTION)
+        for t in texts:
+            line = "- " + clip(tok, t, budget.max_target_tokens)
+            cost = n_tokens(tok, line) + 1
+            if used + cost > budget.max_prompt_tokens - 4 and len(lines) > 1:
+                break
+            lines.append(line)
+            used += cost
+        return "\n".join(lines)
+
+    def _summarize(self, texts: list[str]) -> str:
+        self.engine.use_adapter(None)
+        g = generate(self.engine.model, self.engine.tok, [self.summary_prompt(texts)], self.engine.cfg.budget,
+                     DecodingSettings(max_new_tokens=self.cfg.summary_tokens))[0]
+        return g.text
+
+    @property
+    def extra_tokens(self) -> int:
+        return super().extra_tokens + self.cfg.summary_tokens + SLACK
+
+    def generate(self, user: UserContext, prompts: list[str], settings: DecodingSettings) -> list[Generation]:
+        """RAG's prompt after a line with the summary; trace adds {"summary": ...}."""
+        summary = self.summary(user)[0]["summary"]
+        prefix = f"About this author: {clip(self.engine.tok, summary, self.cfg.summary_tokens)}" if summary else ""
+        built = [self.build_prompt(user, p, prefix=prefix) for p in prompts]
+        return self._decode(user, built, self.extra_tokens, settings, info={"summary": summary})
