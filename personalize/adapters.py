@@ -151,6 +151,7 @@ def add_warm_adapter(model: PeftModel, name: str, settings: LoraSettings, source
     set_peft_model_state_dict(model, state, adapter_name=name)
     for p in model.parameters():  # peft marks a new adapter trainable; train_adapter unfreezes its own
         p.requires_grad_(False)
+    model.eval()  # a new adapter's dropout starts in training mode
 
 
 def save_adapters(model: PeftModel, folder: Path) -> None:

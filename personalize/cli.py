@@ -157,8 +157,19 @@ def cmd_generate(a) -> None:
     lam, cluster, k = _user_state(engine, store, a.user, a.k)
     s = _decoding(engine, a)
     prompt = engine.task.prompt(a.prompt) if a.template else a.prompt
-    for m in _methods(a.methods):
-        g = engine.generate([prompt], m, cluster, lam, k=k, settings=s)[0]
+    from .engine import CORE_METHODS
+    from .methods import METHODS, UserContext, get_method
+
+    methods = _methods(a.methods)
+    unknown = [m for m in methods if m not in (*CORE_METHODS, *METHODS)]
+    if unknown:
+        raise UsageError(f"unknown methods {unknown}; choose from {[*CORE_METHODS, *METHODS]}")
+    for m in methods:
+        if m in METHODS:
+            user = UserContext.from_store(store, a.user, engine.task, cluster, k, lam)
+            g = get_method(m, engine, store).generate(user, [prompt], s)[0]
+        else:
+            g = engine.generate([prompt], m, cluster, lam, k=k, settings=s)[0]
         store.add_generation(a.user, engine.artifacts_id, m, prompt, g.text, {"alpha": s.alpha, "top_k": s.top_k,
                              "max_new_tokens": s.max_new_tokens, "k": k, "cluster": cluster}, g.latency_s, g.n_tokens)
         print(f"[{m}] ({g.latency_s:.2f} s, {g.n_tokens} tokens)\n{g.text}\n")
@@ -269,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--artifacts", required=True)
     g.add_argument("--user", required=True)
     g.add_argument("--prompt", required=True)
-    g.add_argument("--methods", default="base,cluster,card")
+    g.add_argument("--methods", default="base,cluster,card", help="any of base, cluster, card, rag, pag, exact, cope")
     g.add_argument("--template", action="store_true", help="wrap the prompt in the task's template")
     g.add_argument("--db", default=DEFAULT_DB)
     g.add_argument("--k", type=int, default=None)
@@ -280,7 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--artifacts", required=True)
     e.add_argument("--data", required=True)
     e.add_argument("--split", default="dev")
-    e.add_argument("--methods", default="base,cluster,card,bm25_copy")
+    e.add_argument("--methods", default="base,cluster,card,bm25_copy",
+                   help="any of base, cluster, card, bm25_copy (the no-model floor), rag, pag, exact, cope")
     e.add_argument("--limit", type=int, default=None)
     e.add_argument("--alpha", type=float, default=None, help="override the build's α")
     e.add_argument("--json", default=None)

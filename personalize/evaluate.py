@@ -21,8 +21,9 @@ from tqdm import tqdm
 
 from .adapters import adapter_name
 from .data import Item, read_lamp
-from .engine import Engine, UserFit
+from .engine import CORE_METHODS, Engine, UserFit
 from .head import fit_user
+from .methods import METHODS, UserContext, get_method
 from .metrics import rouge_scores
 from .store import Store
 
@@ -46,16 +47,28 @@ def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence
     queries = [q for q in queries if q.gold is not None and q.profile][: limit or None]
     if not queries:
         raise ValueError(f"no queries with a gold output and a profile in {data_dir} ({split})")
+    unknown = [m for m in methods if m not in (*CORE_METHODS, "bm25_copy", *METHODS)]
+    if unknown:
+        raise ValueError(f"unknown methods {unknown}; choose from {[*CORE_METHODS, 'bm25_copy', *METHODS]}")
     fits: list[UserFit] = []
+    profiles: list[list[Item]] = []
     t0 = time.perf_counter()
     for q in tqdm(queries, desc="onboarding", mininterval=2.0):
-        fits.append(engine.fit(q.profile[:max_items]))
+        profiles.append(engine.prepare_items(q.profile[:max_items]))
+        fits.append(engine.fit(profiles[-1]))
     onboard_s = time.perf_counter() - t0
     preds: dict[str, list[str]] = {}
     for m in methods:
         preds[m] = [""] * len(queries)
         if m == "bm25_copy":
             preds[m] = [bm25_copy(q.input, q.profile) for q in queries]
+            continue
+        if m in METHODS:
+            with tempfile.TemporaryDirectory() as tmp:
+                method = get_method(m, engine, Store(Path(tmp) / "eval.db"))
+                for i, q in enumerate(tqdm(queries, desc=m, mininterval=2.0)):
+                    user = UserContext(q.user or q.id, profiles[i], fits[i].cluster, fits[i].k, fits[i].lam)
+                    preds[m][i] = method.generate(user, [q.input], engine.cfg.decoding)[0].text
             continue
         groups: dict[int, list[int]] = {}
         for i, f in enumerate(fits):

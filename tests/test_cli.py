@@ -101,19 +101,19 @@ def test_end_to_end_on_the_bundled_model(artifacts, demo_dir, tmp_path):
     assert "exists" in r.stderr and len(Store(db).items("ana")) == 8
 
     r = cli("generate", "--artifacts", artifacts, "--user", "ana", "--prompt", "I liked the new cafe.", "--template",
-            "--methods", "base,cluster,card", "--alpha", "0", "--max-tokens", "12", "--db", db, check=0)
+            "--methods", "base,cluster,card,rag,cope", "--alpha", "0", "--max-tokens", "12", "--db", db, check=0)
     outs = [block.split("\n", 1)[1].strip() for block in r.stdout.strip().split("\n\n")]
     assert r.stdout.count("[") >= 3 and outs[1] == outs[2]  # α = 0: CARD is the cluster model
-    assert len(Store(db).generations(user="ana")) == 3
+    assert {g["method"] for g in Store(db).generations(user="ana")} == {"base", "cluster", "card", "rag", "cope"}
 
     r = cli("generate", "--artifacts", artifacts, "--user", "nobody", "--prompt", "x", "--db", db, check=2)
     assert "unknown user 'nobody'" in r.stderr
 
     out_json = tmp_path / "eval.json"
-    r = cli("eval", "--artifacts", artifacts, "--data", demo_dir, "--limit", "3", "--methods", "base,cluster,card,bm25_copy",
+    r = cli("eval", "--artifacts", artifacts, "--data", demo_dir, "--limit", "3", "--methods", "base,cluster,card,bm25_copy,rag",
             "--json", out_json, check=0)
     res = json.loads(out_json.read_text())
-    assert set(res["methods"]) == {"base", "cluster", "card", "bm25_copy"}
+    assert set(res["methods"]) == {"base", "cluster", "card", "bm25_copy", "rag"}
     assert all(0 <= v["rougeL"] <= 1 and v["n"] == 3 for v in res["methods"].values())
     assert "R-L" in r.stdout
 

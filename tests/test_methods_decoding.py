@@ -36,6 +36,7 @@ def engine(tiny_model, tokenizer):
         for n, p in model.named_parameters():
             if "lora_B" in n and f".{name}." in n:
                 p.data.normal_(0, 0.5, generator=g)
+    model.eval()  # add_adapter creates its LoRA dropout in training mode
     cfg = CardConfig(budget=BUDGET, ks=(1, 2), default_k=2, decoding=SETTINGS)
     lm = LM(model=model, tokenizer=tokenizer, model_id="tiny", device=torch.device("cpu"))
     return Engine(cfg, lm, model, None, None, {}, TASKS["tweets"], {})

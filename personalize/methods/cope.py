@@ -94,9 +94,12 @@ class CopeMethod:
     @torch.no_grad()
     def generate(self, user: UserContext, prompts: list[str], settings: DecodingSettings,
                  trace: bool = False) -> list[Generation]:
-        """Greedy COPE decoding; with trace, Generation.trace = per step {"head", "token", "user_logprob", "base_logprob"}."""
+        """Greedy COPE decoding. With trace, Generation.trace holds one dict per step:
+        {"head": V_head ids, "token", "user_logprob", "base_logprob"} (the app's "why" view, the tests' check)."""
         e, n = self.engine, len(prompts)
         user_ad, base_ad = self.adapters(user)
+        if not prompts:
+            return []
         e.use_adapter(user_ad)  # adapters on; each row then runs the adapter adapter_names gives it
         ids, mask = left_pad([prompt_ids(e.tok, x, e.cfg.budget) for x in prompts], e.tok.pad_token_id, e.model.device)
         proc = CopeLogitsProcessor(self.cfg.alpha, self.cfg.tau, n)
@@ -118,7 +121,8 @@ class CopeMethod:
             k = row.index(eos) + 1 if eos in row else len(row)
             steps = None
             if trace:
-                steps = [{"head": s["head"][j], "token": int(s["token"][j]), "user_logprob": float(s["user_logprob"][j]),
-                          "base_logprob": float(s["base_logprob"][j])} for s in proc.trace[:k]]
+                steps = [{"head": s["head"][j], "token": int(s["token"][j]),
+                          "user_logprob": float(s["user_logprob"][j]), "base_logprob": float(s["base_logprob"][j])}
+                         for s in proc.trace[:k]]
             results.append(Generation(decode(e.tok, row[:k]), k, dt / n, steps))
         return results

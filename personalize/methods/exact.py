@@ -115,7 +115,8 @@ class ExactMethod:
             p = attributed(clip(e.tok, x, budget.max_prompt_tokens), attrs)
             examples += [(p, yw), (p, yl)]
         e.use_adapter(None)
-        feats = teacher_forced(e.model, e.tok, examples, 1, widened(budget, ATTR_TOKENS), batch_size=self.cfg.batch_size)
+        feats = teacher_forced(e.model, e.tok, examples, 1, widened(budget, ATTR_TOKENS),
+                               batch_size=self.cfg.batch_size)
         lp = np.array([float(f.logprob.sum()) for f in feats])
         return lp[0::2] - lp[1::2]
 
@@ -232,6 +233,8 @@ class ExactMethod:
 
     def generate(self, user: UserContext, prompts: list[str], settings: DecodingSettings) -> list[Generation]:
         """Base-model decoding with the retrieved attributes appended to each prompt."""
+        if not prompts:
+            return []
         hits = self.retrieve(user, prompts)
         budget = self.engine.cfg.budget
         built = [attributed(clip(self.engine.tok, p, budget.max_prompt_tokens), e["attributes"])

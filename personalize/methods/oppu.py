@@ -131,9 +131,7 @@ class OppuMethod:
             self.engine.use_adapter(BASE_ADAPTER)
             return BASE_ADAPTER
         ada = adapter_id(user.name)
-        if ada in self._loaded and ada in self.engine.model.peft_config:
-            self._loaded.move_to_end(ada)
-        else:
+        if ada not in self.engine.model.peft_config:
             path = self.folder / ada
             if not (path / "adapter_config.json").exists():
                 raise ValueError(f"no OPPU adapter for user {user.name!r} at {path}: run prepare(user) first")
@@ -145,7 +143,8 @@ class OppuMethod:
             self.engine.model.load_adapter(str(path), adapter_name=ada)
             for p in self.engine.model.parameters():
                 p.requires_grad_(False)
-            self._loaded[ada] = None
+        self._loaded[ada] = None
+        self._loaded.move_to_end(ada)
         self.engine.use_adapter(ada)
         return ada
 

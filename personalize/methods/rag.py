@@ -112,6 +112,8 @@ class RagMethod:
         return self._decode(user, built, self.extra_tokens, settings)
 
     def _decode(self, user, built, extra: int, settings, info: dict | None = None) -> list[Generation]:
+        if not built:
+            return []
         self.engine.use_adapter(None)
         outs = generate(self.engine.model, self.engine.tok, [b for b, _ in built],
                         widened(self.engine.cfg.budget, extra), settings)
