@@ -1,4 +1,4 @@
-"""Comparison methods (METHOD §2, §3, §5): RAG, PAG, EXACT and COPE, all in one shape.
+"""Comparison methods (METHOD §2-§5): RAG, PAG, EXACT, COPE, OPPU and Profile-to-PEFT, all in one shape.
 
 Every method is a module with a frozen `XConfig` (validated where it is built)
 and an `XMethod(engine, store=None, cfg=XConfig())` with `prepare(user) -> dict`
@@ -89,10 +89,13 @@ def fingerprint(texts: Sequence[str]) -> str:
 
 from .cope import CopeConfig, CopeMethod  # noqa: E402
 from .exact import ExactConfig, ExactMethod  # noqa: E402
+from .oppu import OppuConfig, OppuMethod  # noqa: E402
+from .p2p import P2PConfig, P2PMethod  # noqa: E402
 from .pag import PagConfig, PagMethod  # noqa: E402
 from .rag import RagConfig, RagMethod  # noqa: E402
 
-METHODS: dict[str, type] = {"rag": RagMethod, "pag": PagMethod, "exact": ExactMethod, "cope": CopeMethod}
+METHODS: dict[str, type] = {"rag": RagMethod, "pag": PagMethod, "exact": ExactMethod, "cope": CopeMethod,
+                            "oppu": OppuMethod, "p2p": P2PMethod}
 
 
 def get_method(name: str, engine, store=None, **cfg):
@@ -104,4 +107,4 @@ def get_method(name: str, engine, store=None, **cfg):
 
 
 __all__ = ["UserContext", "METHODS", "get_method", "RagConfig", "RagMethod", "PagConfig", "PagMethod",
-           "ExactConfig", "ExactMethod", "CopeConfig", "CopeMethod"]
+           "ExactConfig", "ExactMethod", "CopeConfig", "CopeMethod", "OppuConfig", "OppuMethod", "P2PConfig", "P2PMethod"]
