@@ -114,7 +114,7 @@ def test_cope_needs_no_history(engine, n_items):
 
 
 def test_registry_has_every_method_in_the_same_shape():
-    assert set(METHODS) == {"rag", "pag", "exact", "cope"}
+    assert set(METHODS) == {"rag", "pag", "exact", "cope", "oppu", "p2p"}
     for cls in METHODS.values():
         assert callable(cls.prepare) and callable(cls.generate) and isinstance(cls.name, str)
         assert cls.config_class.__dataclass_params__.frozen
