@@ -135,7 +135,7 @@ def build(data_dir: str | Path, split: str, out: str | Path, cfg: CardConfig = C
                     fit_data[n] = data[n]
             head = PersonalizationHead(lm.hidden_size * cfg.head.n_layers, lm.model.config.vocab_size, cfg.head.d)
             bar = _bar(f"head {obj}", cfg.head.epochs)
-            lams, curve = train_population(head, fit_data, cfg.head,
+            lams, curve = train_population(head, fit_data, cfg.head, held_out=held_data,
                                            progress=lambda e, n, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:.4f}")))
             bar.close()
             head.eval().requires_grad_(False)

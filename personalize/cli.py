@@ -91,7 +91,7 @@ def cmd_build(a) -> None:
         model=_model_config(a) or ModelConfig(), encoder=EncoderConfig(a.encoder) if a.encoder else cfg.encoder,
         budget=TokenBudget(a.max_prompt_tokens, a.max_target_tokens),
         lora=replace(LoraSettings(), base_steps=a.base_steps, cluster_steps=a.cluster_steps),
-        head=replace(HeadSettings(), epochs=a.head_epochs, d=a.d, n_layers=a.layers),
+        head=replace(HeadSettings(), epochs=a.head_epochs, d=a.d, n_layers=a.layers, patience=a.head_patience),
     )
     out = Path(a.out or f"data/artifacts/{data.name}")
     build(data, a.split, out, cfg, limit_users=a.limit_users)
@@ -226,7 +226,10 @@ def cmd_demo(a) -> None:
     from .data import read_lamp
     from .engine import Engine
 
+    t0 = time.perf_counter()
     engine = Engine.load(art)
+    print(f"ready in {time.perf_counter() - t0:.1f} s: {engine.artifacts_id} "
+          f"({len(engine.model.peft_config)} adapters, K = {sorted(engine.clusters.centroids)})", flush=True)
     _, queries = read_lamp(demo, "dev")
     picks = [q for q in queries if q.user and q.user.endswith("_01")]
     for q in picks[: a.users]:
@@ -259,6 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--base-steps", type=int, default=60, help="K=1 adapter steps (batch 8)")
     b.add_argument("--cluster-steps", type=int, default=8, help="steps per cluster adapter")
     b.add_argument("--head-epochs", type=int, default=20)
+    b.add_argument("--head-patience", type=int, default=0,
+                   help="early stopping on held-out users' items: epochs without improvement (0 = off)")
     b.add_argument("--d", type=int, default=128, help="head dimension D")
     b.add_argument("--layers", type=int, default=4, help="last layers whose states form h_t")
     b.add_argument("--max-prompt-tokens", type=int, default=160)

@@ -36,6 +36,7 @@ class HeadSettings:
     beta: float = 1.0  # Bradley–Terry temperature ("pairs")
     rho: float = 0.01  # pull of λ_u towards 1: the cold-start vector
     epochs: int = 20  # population stage
+    patience: int = 0  # > 0: stop when held-out loss has not improved for this many epochs (keeps the best)
     lr: float = 1e-3
     lambda_lr_scale: float = 30.0  # population λ's learning rate, relative to P and U's
     batch_users: int = 8
@@ -142,8 +143,14 @@ def _states(data) -> torch.Tensor:
 
 def train_population(
     head: PersonalizationHead, users: dict[str, TokenData | PairData], s: HeadSettings, progress=None,
+    held_out: dict[str, TokenData | PairData] | None = None,
 ) -> tuple[dict[str, torch.Tensor], list[float]]:
-    """Learn P, U and every training user's λ jointly (LM frozen, states cached)."""
+    """Learn P, U and every training user's λ jointly (LM frozen, states cached).
+
+    With `s.patience` > 0 and held-out data, training stops once the held-out loss
+    (each user's own λ) has not improved for `patience` epochs, and the best epoch's
+    P, U and λ are kept: U has |V|·D parameters and overfits a small population.
+    """
     torch.manual_seed(s.seed)
     rng = random.Random(s.seed)
     torch.nn.init.normal_(head.P.weight, std=head.P.weight.shape[1] ** -0.5)
@@ -153,7 +160,8 @@ def train_population(
     # λ gets a larger step: each λ_u sees only its own user's few examples per epoch
     opt = torch.optim.AdamW([{"params": list(head.parameters())},
                              {"params": list(lams.values()), "lr": s.lr * s.lambda_lr_scale}], lr=s.lr, weight_decay=0.0)
-    curve = []
+    held = {n: d for n, d in (held_out or {}).items() if n in lams and len(d)}
+    curve, best, since_best = [], (float("inf"), None), 0
     for epoch in range(s.epochs):
         rng.shuffle(names)
         total = 0.0
@@ -168,6 +176,17 @@ def train_population(
         curve.append(total / max(len(names), 1))
         if progress:
             progress(epoch + 1, s.epochs, curve[-1])
+        if s.patience and held:
+            with torch.no_grad():
+                h_loss = sum(float(user_loss(head, lams[n], d, s)) for n, d in held.items()) / len(held)
+            if h_loss < best[0]:
+                state = {k: v.clone() for k, v in head.state_dict().items()}
+                best, since_best = (h_loss, (state, {n: v.detach().clone() for n, v in lams.items()})), 0
+            elif (since_best := since_best + 1) >= s.patience:
+                break
+    if best[1] is not None:
+        head.load_state_dict(best[1][0])
+        return best[1][1], curve
     return {n: v.detach().clone() for n, v in lams.items()}, curve
 
 

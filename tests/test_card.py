@@ -204,3 +204,26 @@ def test_cluster_adapter_training_lowers_loss_and_warm_start_copies(tiny_model, 
     model.set_adapter("k2c0", inference_mode=True)
     assert abs(sft_loss(model, tokenizer, ex, BUDGET) - report["held_out_loss"][-1][1]) < 1e-4
     assert all(not p.requires_grad for p in model.parameters())
+
+
+def test_early_stopping_keeps_the_best_epoch_on_held_out_users():
+    """Pure-noise targets: the head can only overfit, so held-out loss rises and training stops early."""
+    torch.manual_seed(0)
+
+    def noise(n):
+        return TokenData(torch.randn(n, 12), torch.randint(0, 40, (n, 6)), torch.zeros(n, 6), torch.randint(0, 6, (n,)))
+
+    train = {u: noise(60) for u in "abcd"}
+    held = {u: noise(60) for u in "abcd"}
+    s = HeadSettings(d=8, epochs=40, lr=5e-2, batch_users=4, patience=2)
+    head = PersonalizationHead(12, 40, 8)
+    lams, curve = train_population(head, train, s, held_out=held)
+    assert len(curve) < s.epochs  # stopped early
+    from personalize.head import user_loss
+    with torch.no_grad():
+        kept = sum(float(user_loss(head, lams[u], held[u], s)) for u in held) / len(held)
+    full = PersonalizationHead(12, 40, 8)
+    lams_full, _ = train_population(full, train, HeadSettings(d=8, epochs=40, lr=5e-2, batch_users=4))
+    with torch.no_grad():
+        last = sum(float(user_loss(full, lams_full[u], held[u], s)) for u in held) / len(held)
+    assert kept < last
