@@ -24,15 +24,12 @@ from tqdm import tqdm
 
 from .adapters import BASE_ADAPTER, adapter_name, add_warm_adapter, new_peft_model, save_adapters, train_adapter
 from .cluster import fit_clusters, user_embeddings
-from .config import CardConfig
+from .config import FORMAT_VERSION, CardConfig
 from .data import Item, Query, read_lamp
 from .engine import Clusters, Engine, _split
 from .head import PersonalizationHead, diagnostics, fit_user, train_population
 from .metrics import rouge_scores
 from .models import load_encoder, load_lm
-
-FORMAT_VERSION = 1
-
 
 def _log(msg: str) -> None:
     print(f"[build {datetime.now():%H:%M:%S}] {msg}", flush=True)

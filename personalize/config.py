@@ -17,6 +17,8 @@ from .head import OBJECTIVES, HeadSettings
 from .models import EncoderConfig, ModelConfig
 from .tokens import TokenBudget
 
+FORMAT_VERSION = 1  # of the artifacts folder; Engine.load refuses newer ones
+
 
 @dataclass(frozen=True)
 class CardConfig:

@@ -17,10 +17,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from . import __version__
 from .adapters import BASE_ADAPTER, adapter_name, load_adapters
 from .cluster import assign, user_embeddings
-from .config import CardConfig
+from .config import FORMAT_VERSION, CardConfig
 from .data import Item, Task, TASKS
 from .decoding import DecodingSettings, Generation, generate
 from .features import generate_with_states, teacher_forced
@@ -85,7 +84,10 @@ class Engine:
         folder = Path(folder)
         if not (folder / "config.json").exists():
             raise ArtifactsError(f"no CARD artifacts at {folder}: run `python -m personalize build` first")
-        meta = json.loads((folder / "config.json").read_text())
+        meta = artifacts_meta(folder)
+        if meta.get("format_version", 0) > FORMAT_VERSION:
+            raise ArtifactsError(f"artifacts at {folder} have format {meta['format_version']}, newer than this code "
+                                 f"reads ({FORMAT_VERSION}): upgrade personalize or rebuild them")
         cfg = CardConfig.from_dict(meta["settings"])
         if model is not None:
             cfg = replace(cfg, model=model)
@@ -238,7 +240,8 @@ def _split(data, n_hold: int, n_items: int):
 
 
 def artifacts_meta(folder: Path) -> dict:
-    return json.loads((Path(folder) / "config.json").read_text())
+    try:
+        return json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ArtifactsError(f"unreadable artifacts config {Path(folder) / 'config.json'}: {e}") from None
 
-
-VERSION = __version__
