@@ -227,3 +227,16 @@ def test_early_stopping_keeps_the_best_epoch_on_held_out_users():
     with torch.no_grad():
         last = sum(float(user_loss(full, lams_full[u], held[u], s)) for u in held) / len(held)
     assert kept < last
+
+
+def test_newer_or_broken_artifacts_are_refused_before_loading_models(tmp_path):
+    from personalize.engine import ArtifactsError, Engine
+
+    (tmp_path / "config.json").write_text('{"format_version": 99, "settings": {}}')
+    with pytest.raises(ArtifactsError, match="newer than this code"):
+        Engine.load(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ArtifactsError, match="unreadable"):
+        Engine.load(tmp_path)
+    with pytest.raises(ArtifactsError, match="run `python -m personalize build`"):
+        Engine.load(tmp_path / "missing")
