@@ -51,6 +51,8 @@ class CardLogitsProcessor(LogitsProcessor):
     @torch.no_grad()
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         vals, cand = scores.topk(min(self.top_k, scores.shape[-1]), dim=-1)
+        if self.alpha == 0 and self.trace is None:  # the cluster model's top-k, exactly, whatever the head holds
+            return torch.full_like(scores, float("-inf")).scatter(-1, cand, vals)
         delta = self.head.correction(self.capture.last().to(self.lam.device), self.lam, cand.to(self.lam.device))
         delta = delta.to(vals.dtype).to(vals.device)
         if self.standardize:

@@ -65,8 +65,9 @@ class PersonalizationHead(torch.nn.Module):
 
     def set_feature_stats(self, h: torch.Tensor) -> None:
         h = h.float()
-        self.h_mean.copy_(h.mean(0))
-        self.h_std.copy_(h.std(0).clamp_min(1e-3))
+        self.h_mean.copy_(h.mean(0) if len(h) else torch.zeros_like(self.h_mean))
+        # fewer than two states (a tiny population, or no user token among the candidates) have no spread
+        self.h_std.copy_(h.std(0).clamp_min(1e-3) if len(h) > 1 else torch.ones_like(self.h_std))
 
     def z(self, h: torch.Tensor) -> torch.Tensor:
         """z_t = P h_t (on standardised states).  [N, D]"""

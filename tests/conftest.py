@@ -44,3 +44,37 @@ def tiny_model(tokenizer):
     for p in model.parameters():
         p.requires_grad_(False)
     return model
+
+
+@pytest.fixture(scope="session")
+def tiny_artifacts(tokenizer, tmp_path_factory):
+    """CARD artifacts built by the real `build` on a small demo population, with a tiny random Llama saved
+    as a local model folder (the path a user's own checkpoint takes): seconds instead of minutes."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from personalize.adapters import LoraSettings
+    from personalize.build import build
+    from personalize.config import CardConfig
+    from personalize.decoding import DecodingSettings
+    from personalize.demo import write_demo
+    from personalize.head import HeadSettings
+    from personalize.models import ModelConfig
+    from personalize.tokens import TokenBudget
+
+    root = tmp_path_factory.mktemp("tiny")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                      tie_word_embeddings=True, initializer_range=0.3)
+    LlamaForCausalLM(cfg).save_pretrained(root / "lm")
+    tokenizer.save_pretrained(root / "lm")
+    demo = write_demo(root / "demo", n_users_per_style=2, n_items=10)
+    card = CardConfig(model=ModelConfig(str(root / "lm"), device="cpu"), ks=(1, 2, 4), default_k=2,
+                      budget=TokenBudget(32, 12), items_per_user=8, n_val_users=2,
+                      lora=LoraSettings(r=4, alpha=8, targets=("q_proj", "v_proj"), batch_size=4, base_steps=2,
+                                        cluster_steps=1),
+                      head=HeadSettings(d=16, epochs=2), decoding=DecodingSettings(max_new_tokens=6),
+                      alphas=(0.0, 1.0))
+    out = build(demo, "dev", root / "artifacts", card, p2p=None)
+    return {"artifacts": out, "demo": demo, "root": root}

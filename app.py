@@ -1,0 +1,638 @@
+"""The personalization studio, a Gradio app over personalize.studio.Studio.
+
+    python app.py [--host 127.0.0.1] [--port 7860] [--db data/studio.db] [--artifacts data/artifacts/demo]
+
+Tabs: My writing, My cluster, Fit my style, Compare, Why, Rate, Leaderboard, Export, Explore.
+Every handler calls one Studio method; what it shows and collects is in the SQLite store.
+Expected problems (bad input, unknown user, a stale vote) are answered in the tab's
+status line and change nothing else; model work runs in Gradio's queue with a progress bar.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import ipaddress
+import os
+import sys
+import time
+from pathlib import Path
+
+import gradio as gr
+import plotly.graph_objects as go
+
+from personalize.arena import StalePair
+from personalize.data import TASKS, HistoryError
+from personalize.engine import ArtifactsError
+from personalize.export import export_predictions, export_table
+from personalize.studio import ALL_METHODS, DEFAULT_METHODS, Studio, StudioConfig
+from personalize.store import StoreError
+
+EXPECTED = (HistoryError, StoreError, StalePair, ArtifactsError, ValueError, FileNotFoundError)
+VOTES = {"vote-a": ("a", "A is better"), "vote-b": ("b", "B is better"), "vote-tie": ("tie", "Tie"),
+         "vote-bad": ("both_bad", "Both are bad")}
+CSS = ".method-out {min-height: 6em} #vote-status {font-size: 1.05em}"
+
+
+def _err(e: Exception) -> str:
+    return f"⚠️ {e}"
+
+
+def guarded(n_outputs: int, status_index: int = 0):
+    """Expected errors become the status line; every other output keeps its value (gr.skip)."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def inner(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except EXPECTED as e:
+                out = [gr.skip()] * n_outputs
+                out[status_index] = _err(e)
+                return tuple(out) if n_outputs > 1 else out[0]
+        return inner
+    return wrap
+
+
+def _need_user(name: str | None) -> str:
+    if not name or not name.strip():
+        raise ValueError("enter a user name first (top of the page)")
+    return name.strip()
+
+
+# ---------------------------------------------------------------- figures
+
+def cluster_figure(m: dict) -> go.Figure:
+    fig = go.Figure()
+    for c in sorted(set(m["labels"])):
+        idx = [i for i, lab in enumerate(m["labels"]) if lab == c]
+        fig.add_scatter(x=[m["xy"][i][0] for i in idx], y=[m["xy"][i][1] if len(m["xy"][i]) > 1 else 0 for i in idx],
+                        mode="markers", name=f"cluster {c}", text=[m["users"][i] for i in idx], marker={"size": 8})
+    cx = m["centroids"]
+    fig.add_scatter(x=[p[0] for p in cx], y=[p[1] if len(p) > 1 else 0 for p in cx], mode="markers+text",
+                    name="centroids", text=[str(i) for i in range(len(cx))], textposition="top center",
+                    marker={"symbol": "x", "size": 12, "color": "black"})
+    if "user" in m:
+        u = m["user"]
+        fig.add_scatter(x=[u["xy"][0]], y=[u["xy"][1] if len(u["xy"]) > 1 else 0], mode="markers+text",
+                        name=u["name"], text=[u["name"]], textposition="bottom center",
+                        marker={"symbol": "star", "size": 20, "color": "gold", "line": {"width": 1, "color": "black"}})
+    fig.update_layout(title=f"Population (PCA of user embeddings), K = {m['k']}", height=460,
+                      margin={"l": 10, "r": 10, "t": 40, "b": 10})
+    return fig
+
+
+def loss_figure(curve: list[float]) -> go.Figure:
+    fig = go.Figure(go.Scatter(y=curve, mode="lines+markers"))
+    fig.update_layout(title="λ fit: loss per LBFGS iteration", xaxis_title="iteration", yaxis_title="loss", height=320)
+    return fig
+
+
+def step_figure(step: dict) -> go.Figure:
+    toks = [repr(c["token"]) for c in step["candidates"]]
+    fig = go.Figure([go.Bar(name="before (cluster model)", x=toks, y=[c["before"] for c in step["candidates"]]),
+                     go.Bar(name="after (α·Δ added)", x=toks, y=[c["after"] for c in step["candidates"]])])
+    fig.update_layout(barmode="group", title="Top candidates' logits at this step", height=380)
+    return fig
+
+
+def leaderboard_figures(lb: dict) -> tuple[go.Figure, go.Figure]:
+    rows = lb["methods"]
+    bt = go.Figure(go.Scatter(
+        x=[r["method"] for r in rows], y=[r["strength"] for r in rows], mode="markers",
+        error_y={"type": "data", "symmetric": False, "array": [r["upper"] - r["strength"] for r in rows],
+                 "arrayminus": [r["strength"] - r["lower"] for r in rows]}, marker={"size": 12}))
+    bt.update_layout(title=f"Bradley–Terry strength (Elo scale), 95% bootstrap intervals, {lb['n_votes']} votes",
+                     height=380)
+    names = [r["method"] for r in rows]
+    z = [[lb["win_rate"][a][b] for b in names] for a in names]
+    heat = go.Figure(go.Heatmap(z=z, x=names, y=names, zmin=0, zmax=1, colorscale="RdBu",
+                                text=[[("" if v is None else f"{v:.2f}") for v in row] for row in z],
+                                texttemplate="%{text}"))
+    heat.update_layout(title="Win rate of row vs column (ties = ½)", height=380)
+    return bt, heat
+
+
+def explore_figures(res: dict) -> tuple[go.Figure, go.Figure]:
+    a = res["alpha"]
+    fa = go.Figure()
+    fa.add_scatter(x=[r["alpha"] for r in a], y=[r["rougeL"] for r in a], name="ROUGE-L", mode="lines+markers")
+    fa.add_scatter(x=[r["alpha"] for r in a], y=[r["length"] for r in a], name="words", mode="lines+markers",
+                   yaxis="y2")
+    fa.update_layout(title="CARD vs steering strength α (α = 0: the cluster model)", xaxis_title="α",
+                     yaxis={"title": "ROUGE-L"}, yaxis2={"title": "words", "overlaying": "y", "side": "right"},
+                     height=380)
+    fk = go.Figure()
+    for m in ("cluster", "card"):
+        rows = [r for r in res["k"] if r["method"] == m]
+        fk.add_scatter(x=[r["k"] for r in rows], y=[r["rougeL"] for r in rows], name=f"{m} ROUGE-L",
+                       mode="lines+markers")
+        fk.add_scatter(x=[r["k"] for r in rows], y=[r["length"] for r in rows], name=f"{m} words",
+                       mode="lines+markers", yaxis="y2", line={"dash": "dot"})
+    fk.update_layout(title="Cluster count K", xaxis_title="K", yaxis={"title": "ROUGE-L"},
+                     yaxis2={"title": "words", "overlaying": "y", "side": "right"}, height=380)
+    return fa, fk
+
+
+# ---------------------------------------------------------------- the app
+
+def build_app(studio: Studio) -> gr.Blocks:
+    s0 = studio.engine.cfg.decoding
+    ks = studio.ks
+    task_names = sorted(TASKS)
+
+    with gr.Blocks(title="Personalization studio", analytics_enabled=False) as app:
+        gr.Markdown(f"# Personalization studio\nCARD (cluster LoRA + user vector) next to the base model, EXACT, "
+                    f"RAG, PAG, COPE, OPPU and Profile-to-PEFT. Artifacts `{studio.engine.artifacts_id}` "
+                    f"(task {studio.task.name}, model {studio.engine.lm.model_id}, K ∈ {ks}).")
+        with gr.Row():
+            user = gr.Textbox(label="User name", placeholder="e.g. ana", elem_id="user-name", scale=2)
+            stored = gr.Dropdown(choices=[u["name"] for u in studio.store.users()], label="…or open a stored user",
+                                 value=None, elem_id="stored-users", scale=2)
+        user_k = gr.State(studio.engine.cfg.default_k)
+
+        # ------------------------------------------------ My writing
+        with gr.Tab("My writing", id="writing"):
+            with gr.Row():
+                task = gr.Dropdown(task_names, value=studio.task.name, label="Task", elem_id="task")
+                demo_user = gr.Dropdown(sorted(studio.demo_users), label="Demo user", value=None, elem_id="demo-user")
+                load_demo = gr.Button("Load demo user", elem_id="load-demo")
+            history = gr.Textbox(lines=10, max_lines=20, label="Your writing history (one item per line, or blocks "
+                                 "separated by a blank line)", elem_id="history")
+            upload = gr.File(label="…or upload .txt / .jsonl / .csv / LaMP questions .json",
+                             file_types=[".txt", ".jsonl", ".csv", ".json"], elem_id="upload")
+            save = gr.Button("Save history", variant="primary", elem_id="save-history")
+            writing_status = gr.Markdown(elem_id="writing-status")
+            items = gr.Dataframe(headers=["id", "#", "text", "neutral rewrite"], interactive=False, label="Stored items",
+                                 elem_id="items")
+            with gr.Row():
+                item_id = gr.Number(label="Item id", precision=0, elem_id="item-id")
+                item_text = gr.Textbox(label="New text", elem_id="item-text", scale=3)
+                edit = gr.Button("Update item", elem_id="update-item")
+                delete = gr.Button("Delete item", variant="stop", elem_id="delete-item")
+
+        # ------------------------------------------------ My cluster
+        with gr.Tab("My cluster", id="cluster"):
+            k_slider = gr.Slider(min(ks), max(ks), value=studio.engine.cfg.default_k, step=1,
+                                 label=f"Cluster count K (snaps to a built value: {', '.join(map(str, ks))})",
+                                 elem_id="k-slider")
+            cluster_status = gr.Markdown(elem_id="cluster-status")
+            cluster_examples = gr.Markdown(elem_id="cluster-examples")
+            cluster_plot = gr.Plot(elem_id="cluster-plot")
+
+        # ------------------------------------------------ Fit my style
+        with gr.Tab("Fit my style", id="fit"):
+            gr.Markdown("Fits your user vector λ (128 numbers) on your history: neutral rewrites of pasted items, "
+                        "one teacher-forced pass of your cluster's model, then a logistic fit of milliseconds.")
+            fit_btn = gr.Button("Fit my style", variant="primary", elem_id="fit-button")
+            fit_status = gr.Markdown(elem_id="fit-status")
+            fit_plot = gr.Plot(elem_id="fit-plot")
+
+        # ------------------------------------------------ Compare
+        with gr.Tab("Compare", id="compare"):
+            with gr.Row():
+                prompt = gr.Textbox(label="Prompt", lines=2, elem_id="prompt", scale=3)
+                use_template = gr.Checkbox(value=True, label=f"wrap in the {studio.task.name} task template",
+                                           elem_id="use-template")
+            with gr.Row():
+                item_pick = gr.Dropdown([], label="…or a history item as the prompt (its text is the reference)",
+                                        value=None, elem_id="item-pick", scale=3)
+                reference = gr.Markdown(elem_id="reference")
+            methods = gr.CheckboxGroup(list(ALL_METHODS), value=list(DEFAULT_METHODS), label="Methods",
+                                       elem_id="methods")
+            with gr.Row():
+                alpha = gr.Slider(0, 4, value=s0.alpha, step=0.1, label="Strength α (0 = the cluster model)",
+                                  elem_id="alpha")
+                top_k = gr.Slider(1, 200, value=s0.top_k, step=1, label="Top-k candidates", elem_id="top-k")
+                max_tokens = gr.Slider(4, 128, value=s0.max_new_tokens, step=1, label="Max new tokens",
+                                       elem_id="max-tokens")
+            compare_btn = gr.Button("Generate", variant="primary", elem_id="compare-button")
+            compare_status = gr.Markdown(elem_id="compare-status")
+            outs = {}
+            with gr.Row(equal_height=True):
+                for m in ALL_METHODS:
+                    with gr.Column(min_width=180):
+                        outs[m] = gr.Markdown(f"**{m}**", elem_id=f"out-{m}", elem_classes="method-out",
+                                              visible=m in DEFAULT_METHODS)
+
+        # ------------------------------------------------ Why
+        with gr.Tab("Why", id="why"):
+            gr.Markdown("CARD token by token for the Compare prompt and settings: tokens the user vector changed "
+                        "are marked *changed* (the cluster model would have picked another one).")
+            why_btn = gr.Button("Explain CARD's output", variant="primary", elem_id="why-button")
+            why_status = gr.Markdown(elem_id="why-status")
+            why_tokens = gr.HighlightedText(label="CARD output", color_map={"changed": "orange", "kept": "lightgray"},
+                                            show_legend=True, elem_id="why-tokens")
+            why_step = gr.Slider(0, 1, value=0, step=1, label="Step", elem_id="why-step")
+            why_plot = gr.Plot(elem_id="why-plot")
+            why_state = gr.State({})
+
+        # ------------------------------------------------ Rate
+        with gr.Tab("Rate", id="rate"):
+            gr.Markdown("Blind comparison: two methods drawn at random, in random order, names hidden until you vote.")
+            with gr.Row():
+                rater = gr.Textbox(label="Rater id", elem_id="rater")
+                rate_prompt = gr.Textbox(label="Prompt (empty: the Compare prompt)", elem_id="rate-prompt", scale=3)
+            rate_methods = gr.CheckboxGroup(list(ALL_METHODS), value=list(DEFAULT_METHODS),
+                                            label="Methods to draw from", elem_id="rate-methods")
+            new_pair = gr.Button("New pair", variant="primary", elem_id="new-pair")
+            with gr.Row(equal_height=True):
+                out_a = gr.Markdown("**A**", elem_id="out-a", elem_classes="method-out")
+                out_b = gr.Markdown("**B**", elem_id="out-b", elem_classes="method-out")
+            with gr.Row():
+                vote_btns = {eid: gr.Button(label, elem_id=eid) for eid, (_, label) in VOTES.items()}
+            vote_status = gr.Markdown(elem_id="vote-status")
+            pair_id = gr.State(None)
+
+        # ------------------------------------------------ Leaderboard
+        with gr.Tab("Leaderboard", id="leaderboard") as lb_tab:
+            lb_refresh = gr.Button("Refresh", elem_id="lb-refresh")
+            lb_status = gr.Markdown(elem_id="lb-status")
+            lb_table = gr.Dataframe(headers=["method", "strength", "lower", "upper", "votes", "wins", "losses", "ties"],
+                                    interactive=False, elem_id="lb-table")
+            with gr.Row():
+                lb_plot = gr.Plot(elem_id="lb-plot")
+                lb_heat = gr.Plot(elem_id="lb-heat")
+
+        # ------------------------------------------------ Export
+        with gr.Tab("Export", id="export"):
+            with gr.Row():
+                exp_buttons = {(t, f): gr.Button(f"{t} as {f.upper()}", elem_id=f"export-{t}-{f}")
+                               for t in ("votes", "generations") for f in ("jsonl", "csv")}
+            with gr.Row():
+                pred_method = gr.Dropdown(list(ALL_METHODS), value="card", label="Method", elem_id="pred-method")
+                pred_btn = gr.Button("Generations as LaMP predictions", elem_id="export-predictions")
+            export_status = gr.Markdown(elem_id="export-status")
+            export_file = gr.File(label="Download", elem_id="export-file", interactive=False)
+
+        # ------------------------------------------------ Explore
+        with gr.Tab("Explore", id="explore"):
+            gr.Markdown("Sweeps α and K for the user: λ is refitted without the held-out items (nothing stored), "
+                        "then CARD and the cluster model generate for their prompts; ROUGE-L against your own texts.")
+            with gr.Row():
+                alphas = gr.Textbox("0, 0.5, 1, 2, 4", label="α values", elem_id="alphas")
+                n_hold = gr.Slider(1, 12, value=4, step=1, label="Held-out items", elem_id="n-holdout")
+            explore_btn = gr.Button("Run sweep", variant="primary", elem_id="explore-button")
+            explore_status = gr.Markdown(elem_id="explore-status")
+            with gr.Row():
+                explore_alpha = gr.Plot(elem_id="explore-alpha")
+                explore_k = gr.Plot(elem_id="explore-k")
+            explore_table = gr.Dataframe(headers=["sweep", "value", "method", "ROUGE-L", "words"], interactive=False,
+                                         elem_id="explore-table")
+
+        # ================================================ handlers
+        def item_rows(name):
+            return [[s.id, s.position, s.y, s.neutral or ""] for s in studio.store.items(name)]
+
+        def item_choices(name):
+            return gr.update(choices=[(f"#{s.position}: {s.y[:80]}", s.id) for s in studio.store.items(name)],
+                             value=None)
+
+        def load_demo_fn(demo, name):
+            if not demo:
+                raise ValueError("pick a demo user first")
+            return studio.demo_history(demo), (name or demo), ""
+
+        load_demo.click(guarded(3, 2)(load_demo_fn), [demo_user, user], [history, user, writing_status])
+
+        @guarded(4)
+        def save_fn(name, text, file, task_name, demo):
+            name = _need_user(name)
+            if file:
+                parsed = studio.parse(file=file)
+            elif demo and text.strip() == studio.demo_history(demo).strip():
+                parsed = studio.demo_items(demo)  # the demo user's prompts come along with their texts
+            else:
+                parsed = studio.parse(text=text)
+            res = studio.save_history(name, parsed, task_name)
+            note = "" if task_name == studio.task.name else (
+                f" These artifacts were built for **{studio.task.name}**; prompts use that task's template.")
+            msg = (f"Saved **{len(parsed)}** items for **{res['name']}**; cluster at K = {studio.engine.cfg.default_k}: "
+                   f"**{res['clusters'][studio.engine.cfg.default_k]}**. Next: *Fit my style*.{note}")
+            return msg, item_rows(res["name"]), gr.update(choices=[u["name"] for u in studio.store.users()]), \
+                item_choices(res["name"])
+
+        save.click(save_fn, [user, history, upload, task, demo_user], [writing_status, items, stored, item_pick])
+
+        @guarded(3)
+        def edit_fn(name, iid, text):
+            name = _need_user(name)
+            if iid is None:
+                raise ValueError("enter the id of the item to change (first column of the table)")
+            if int(iid) not in {s.id for s in studio.store.items(name)}:
+                raise ValueError(f"item {int(iid)} is not one of {name}'s items")
+            studio.store.update_item(int(iid), text)
+            return f"Item {int(iid)} updated. Refit to use it.", item_rows(name), item_choices(name)
+
+        @guarded(3)
+        def delete_fn(name, iid):
+            name = _need_user(name)
+            if iid is None or int(iid) not in {s.id for s in studio.store.items(name)}:
+                raise ValueError("enter the id of one of this user's items")
+            if len(studio.store.items(name)) <= 1:
+                raise ValueError("this is the user's last item: a user needs at least one")
+            studio.store.delete_item(int(iid))
+            return f"Item {int(iid)} deleted. Refit to forget it.", item_rows(name), item_choices(name)
+
+        edit.click(edit_fn, [user, item_id, item_text], [writing_status, items, item_pick])
+        delete.click(delete_fn, [user, item_id], [writing_status, items, item_pick])
+
+        @guarded(5)
+        def open_user(name):
+            if not name:
+                return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            u = studio.store.user(name)
+            return (f"Opened **{u['name']}** ({u['n_items']} items, task {u['task']}).", name, item_rows(name),
+                    item_choices(name), u["task"])
+
+        stored.change(open_user, [stored], [writing_status, user, items, item_pick, task])
+
+        # My cluster
+        @guarded(5)
+        def cluster_fn(name, k):
+            k = studio.snap_k(k)
+            m = studio.population_map(name.strip() if name and name.strip() else None, k)
+            if not name or not name.strip():
+                return "Enter a user name and save a history to see where you fall.", "", cluster_figure(m), k, k
+            st = studio.user_state(_need_user(name), k)
+            table = "\n".join(f"| {c} | {d:.4f} |{' ← you' if c == st.cluster else ''}"
+                              for c, d in enumerate(st.distances))
+            ex = studio.cluster_examples(k, st.cluster)
+            examples = ("**Texts from your cluster:**\n" + "\n".join(f"- *{u}*: {t}" for u, t in ex)) if ex else ""
+            status = (f"**{st.name}** is in cluster **{st.cluster}** of K = {k}.\n\n| cluster | distance |\n|---|---|\n"
+                      f"{table}")
+            return status, examples, cluster_figure(m), k, k
+
+        cluster_outputs = [cluster_status, cluster_examples, cluster_plot, user_k, k_slider]
+        k_slider.release(cluster_fn, [user, k_slider], cluster_outputs)
+        save.click(cluster_fn, [user, k_slider], cluster_outputs)
+        stored.change(cluster_fn, [stored, k_slider], cluster_outputs)
+
+        # Fit
+        def fit_fn(name, k, progress=gr.Progress()):
+            try:
+                name = _need_user(name)
+                stages = ["assign", "neutral rewrites", "negatives", "features", "fit"]
+                progress(0, desc="starting")
+                t0 = time.perf_counter()
+                fit = studio.fit(name, k, progress=lambda st: progress(
+                    (stages.index(st) if st in stages else 0) / len(stages), desc=st))
+                total = time.perf_counter() - t0
+            except EXPECTED as e:
+                return _err(e) + " (the stored vector, if any, is unchanged)", gr.skip()
+            lines = [f"Fitted **{name}** in **{total:.2f} s** ({fit.n_items} items, cluster {fit.cluster} of "
+                     f"K = {fit.k}, objective {fit.objective}).", "", "| stage | seconds |", "|---|---|"]
+            lines += [f"| {s} | {v:.3f} |" for s, v in fit.stages_s.items()]
+            d = fit.diagnostics
+            if fit.cold_start:
+                lines.append(f"\n**Cold start**: fewer than {studio.engine.cfg.min_fit_items} items, so λ = 1 "
+                             "(your cluster's shared head). Add more writing and refit.")
+            elif d.get("n"):
+                lines.append(f"\nHeld-out accuracy ({d['unit']}, n = {d['n']}): own λ **{d['acc_own']:.3f}**, "
+                             f"λ = 1 {d['acc_ones']:.3f}, other users' λ {d.get('acc_other', float('nan')):.3f}"
+                             + (f", no head {d['acc_no_head']:.3f}" if "acc_no_head" in d else "")
+                             + (f"; user-specificity gap {d['specificity_gap']:+.4f}" if "specificity_gap" in d else ""))
+            else:
+                lines.append("\n(Too few items to hold some out for an accuracy figure.)")
+            vec = studio.store.vector_bytes(name, studio.engine.artifacts_id)
+            lines.append(f"\nStored: {vec} bytes.")
+            return "\n".join(lines), (loss_figure(fit.loss_curve) if fit.loss_curve else None)
+
+        fit_btn.click(fit_fn, [user, user_k], [fit_status, fit_plot], concurrency_id="model")
+
+        # Compare
+        def resolve_prompt(text, templated, item):
+            if item is not None and (not text or not text.strip()):
+                st = next((s for s in studio.store.items_by_id([int(item)])), None)
+                if st is None:
+                    raise ValueError("that history item no longer exists")
+                return st.x or studio.task.prompt(st.neutral or st.y), st.y
+            text = studio.check_prompt(text)
+            return (studio.task.prompt(text) if templated else text), None
+
+        def pick_item(item):
+            if item is None:
+                return ""
+            st = next(iter(studio.store.items_by_id([int(item)])), None)
+            return "" if st is None else f"**Reference (your text):** {st.y}"
+
+        item_pick.change(pick_item, [item_pick], [reference])
+
+        def fmt(o) -> str:
+            if o.error:
+                return f"**{o.method}**\n\n⚠️ {o.error}"
+            extra = ""
+            tr = (o.info.get("trace") or [{}])[0] if o.info else {}
+            if "attributes" in tr:
+                extra = f"\n\n*attributes:* {', '.join(tr['attributes'])}"
+            elif "retrieved" in tr:
+                extra = f"\n\n*retrieved items:* {', '.join(map(str, tr['retrieved']))}"
+            return (f"**{o.method}** · {o.latency_s:.2f} s · {o.n_tokens} tok · {o.tokens_per_s:.1f} tok/s\n\n"
+                    f"{o.text or '*(empty output)*'}{extra}")
+
+        def compare_fn(name, text, templated, item, chosen, a, k_, mt, k):
+            hidden = {m: gr.update(visible=m in (chosen or [])) for m in ALL_METHODS}
+            try:
+                name = _need_user(name)
+                if not chosen:
+                    raise ValueError("choose at least one method")
+                full, _ = resolve_prompt(text, templated, item)
+                s = studio.settings(a, k_, mt)
+                state = studio.user_state(name, k)
+            except EXPECTED as e:
+                yield (_err(e), *hidden.values())
+                return
+            note = "" if state.fitted else " (not fitted yet: CARD uses λ = 1, your cluster's shared head)"
+            pending = {m: gr.update(value=f"**{m}**\n\n*waiting…*", visible=True) for m in chosen}
+            yield (f"Generating {len(chosen)} methods for **{name}**, cluster {state.cluster} of K = {state.k}{note}…",
+                   *[pending.get(m, hidden[m]) for m in ALL_METHODS])
+            done = {}
+            for o in studio.compare(name, full, chosen, s, k):
+                done[o.method] = gr.update(value=fmt(o), visible=True)
+                yield (f"{len(done)}/{len(chosen)} done{note}.",
+                       *[done.get(m, pending.get(m, hidden[m])) for m in ALL_METHODS])
+            yield (f"Done: {len(chosen)} methods for **{name}**{note}. Prompt: `{full[:200]}`",
+                   *[done.get(m, hidden[m]) for m in ALL_METHODS])
+
+        compare_btn.click(compare_fn, [user, prompt, use_template, item_pick, methods, alpha, top_k, max_tokens, user_k],
+                          [compare_status, *outs.values()], concurrency_id="model")
+
+        # Why
+        def why_fn(name, text, templated, item, a, k_, mt, k):
+            try:
+                name = _need_user(name)
+                full, _ = resolve_prompt(text, templated, item)
+                res = studio.why(name, full, studio.settings(a, k_, mt), k)
+            except EXPECTED as e:
+                return _err(e), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            steps = res["steps"]
+            changed = sum(st["changed"] for st in steps)
+            tokens = [(st["token"], "changed" if st["changed"] else "kept") for st in steps]
+            status = (f"α = {res['alpha']}, cluster {res['cluster']} of K = {res['k']}"
+                      f"{'' if res['fitted'] else ', λ = 1 (not fitted)'}: the user vector changed **{changed}** of "
+                      f"{len(steps)} tokens. Output: {res['text']}")
+            first = next((i for i, st in enumerate(steps) if st["changed"]), 0)
+            return (status, tokens, gr.update(maximum=max(len(steps) - 1, 1), value=first),
+                    step_figure(steps[first]) if steps else None, res)
+
+        why_btn.click(why_fn, [user, prompt, use_template, item_pick, alpha, top_k, max_tokens, user_k],
+                      [why_status, why_tokens, why_step, why_plot, why_state], concurrency_id="model")
+
+        def why_step_fn(i, res):
+            steps = (res or {}).get("steps") or []
+            if not steps:
+                return gr.skip()
+            return step_figure(steps[min(int(i), len(steps) - 1)])
+
+        why_step.release(why_step_fn, [why_step, why_state], [why_plot])
+
+        # Rate
+        def new_pair_fn(name, rater_id, text, chosen, cmp_text, templated, a, k_, mt, k):
+            try:
+                name = _need_user(name)
+                if not rater_id or not rater_id.strip():
+                    raise ValueError("enter a rater id first")
+                src = text if text and text.strip() else cmp_text
+                full = studio.check_prompt(src)
+                full = studio.task.prompt(full) if templated and not full.startswith(studio.task.prefix) else full
+                pair = studio.new_pair(name, full, chosen or [], studio.settings(a, k_, mt), k)
+            except EXPECTED as e:
+                return _err(e), gr.skip(), gr.skip(), None
+            return (f"Prompt: `{pair.prompt[:300]}` — which output fits **{name}**'s style better?",
+                    f"**A**\n\n{pair.outputs[0] or '*(empty)*'}", f"**B**\n\n{pair.outputs[1] or '*(empty)*'}", pair.id)
+
+        new_pair.click(new_pair_fn, [user, rater, rate_prompt, rate_methods, prompt, use_template, alpha, top_k,
+                                     max_tokens, user_k], [vote_status, out_a, out_b, pair_id], concurrency_id="model")
+
+        def vote_fn(winner):
+            def fn(pid, rater_id):
+                try:
+                    pair, rid = studio.vote(pid, winner, rater_id or "")
+                except EXPECTED as e:
+                    return _err(e), gr.skip()
+                label = {"a": "A", "b": "B", "tie": "tie", "both_bad": "both bad"}[winner]
+                return (f"Vote #{rid} stored ({label}). **A was {pair.methods[0]}, B was {pair.methods[1]}.** "
+                        "Draw a new pair to go on.", None)
+            return fn
+
+        for eid, btn in vote_btns.items():
+            btn.click(vote_fn(VOTES[eid][0]), [pair_id, rater], [vote_status, pair_id], concurrency_limit=None)
+
+        # Leaderboard
+        def lb_fn():
+            lb = studio.leaderboard()
+            if not lb["methods"]:
+                return "No votes yet: cast some in *Rate*.", [], None, None
+            bt, heat = leaderboard_figures(lb)
+            rows = [[r[c] for c in ("method", "strength", "lower", "upper", "votes", "wins", "losses", "ties")]
+                    for r in lb["methods"]]
+            return f"{lb['n_votes']} votes between {len(rows)} methods.", rows, bt, heat
+
+        lb_refresh.click(lb_fn, None, [lb_status, lb_table, lb_plot, lb_heat], concurrency_limit=None)
+        lb_tab.select(lb_fn, None, [lb_status, lb_table, lb_plot, lb_heat], concurrency_limit=None)
+
+        # Export
+        folder = Path(studio.cfg.export_dir)
+
+        def export_fn(table, fmt):
+            @guarded(2)
+            def fn():
+                path = export_table(studio.store, table, fmt, folder / time.strftime("%Y%m%d-%H%M%S"))
+                n = sum(1 for _ in open(path, encoding="utf-8")) - (1 if fmt == "csv" else 0)
+                return f"Exported {table} ({n} rows) to `{path}`.", str(path)
+            return fn
+
+        for (t, f), btn in exp_buttons.items():
+            btn.click(export_fn(t, f), None, [export_status, export_file], concurrency_limit=None)
+
+        @guarded(2)
+        def pred_fn(method):
+            path = export_predictions(studio.store, TASKS[studio.task.name].lamp_name, method,
+                                      folder / time.strftime("%Y%m%d-%H%M%S"))
+            return f"Exported {method}'s generations as LaMP predictions to `{path}`.", str(path)
+
+        pred_btn.click(pred_fn, [pred_method], [export_status, export_file], concurrency_limit=None)
+
+        # Explore
+        def explore_fn(name, alpha_text, n, a, k_, mt, progress=gr.Progress()):
+            try:
+                name = _need_user(name)
+                try:
+                    values = [float(v) for v in alpha_text.replace(";", ",").split(",") if v.strip()]
+                except ValueError:
+                    raise ValueError(f"α values must be numbers separated by commas, got {alpha_text!r}") from None
+                if len(values) > 12:
+                    raise ValueError("at most 12 α values per sweep")
+                progress(0, desc="fitting λ without the held-out items")
+                res = studio.explore(name, values, int(n), studio.settings(a, k_, mt),
+                                     progress=lambda f, d: progress(f, desc=d))
+            except EXPECTED as e:
+                return _err(e), gr.skip(), gr.skip(), gr.skip()
+            fa, fk = explore_figures(res)
+            rows = [["α", r["alpha"], "card", r["rougeL"], r["length"]] for r in res["alpha"]]
+            rows += [["K", r["k"], r["method"], r["rougeL"], r["length"]] for r in res["k"]]
+            best = max(res["alpha"], key=lambda r: r["rougeL"])
+            return (f"Held out {len(res['golds'])} items, λ fitted on {res['n_fit']}. Best α here: "
+                    f"**{best['alpha']}** (ROUGE-L {best['rougeL']:.3f}); few items, so read it as a hint.",
+                    fa, fk, rows)
+
+        explore_btn.click(explore_fn, [user, alphas, n_hold, alpha, top_k, max_tokens],
+                          [explore_status, explore_alpha, explore_k, explore_table], concurrency_id="model")
+
+        app.load(lambda: gr.update(choices=[u["name"] for u in studio.store.users()]), None, [stored])
+    app.queue(default_concurrency_limit=1)
+    return app
+
+
+# ---------------------------------------------------------------- start-up
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_auth(value: str | None) -> tuple[str, str] | None:
+    if not value:
+        return None
+    user, sep, password = value.partition(":")
+    if not sep or not user or not password:
+        raise SystemExit("error: --auth must be USER:PASSWORD")
+    return user, password
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="The personalization studio (Gradio).")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--db", default="data/studio.db")
+    p.add_argument("--artifacts", default="data/artifacts/demo", help="CARD artifacts (the demo is built if missing)")
+    p.add_argument("--demo-data", default="data/demo")
+    p.add_argument("--auth", default=os.environ.get("STUDIO_AUTH"),
+                   help="USER:PASSWORD (or env STUDIO_AUTH); required when --host is not a loopback address")
+    a = p.parse_args(argv)
+    auth = parse_auth(a.auth)
+    if not _loopback(a.host) and auth is None:
+        print(f"error: --host {a.host} shares the studio beyond this machine; give --auth USER:PASSWORD",
+              file=sys.stderr)
+        return 2
+    from personalize.cli import DEMO_ARTIFACTS, ensure_demo
+
+    t0 = time.perf_counter()
+    try:
+        if Path(a.artifacts).resolve() == Path(DEMO_ARTIFACTS).resolve():
+            ensure_demo(Path(a.demo_data), Path(a.artifacts))
+        studio = Studio.load(StudioConfig(artifacts=a.artifacts, db=a.db, demo_data=a.demo_data))
+    except EXPECTED as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    app = build_app(studio)
+    print(f"ready in {time.perf_counter() - t0:.1f} s: http://{a.host}:{a.port}", flush=True)
+    app.launch(server_name=a.host, server_port=a.port, auth=auth, share=False, css=CSS, show_error=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

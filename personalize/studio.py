@@ -1,0 +1,395 @@
+"""The studio: every operation of the web app on one loaded engine and one store, with no UI code.
+
+app.py only lays out widgets and calls these methods, so the behaviour (what is
+stored, what an error says, what a sweep measures) is tested without a browser.
+One lock serialises use of the model: the engine switches adapters in place, so
+two requests must never decode at once; store reads and votes do not take it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from .arena import Arena, BlindPair
+from .data import TASKS, HistoryError, Item, parse_history, read_history_file, read_lamp
+from .decoding import DecodingSettings, Generation
+from .engine import CORE_METHODS, Engine, UserFit
+from .leaderboard import LeaderboardConfig, leaderboard
+from .methods import METHODS, UserContext, get_method
+from .metrics import rouge_scores
+from .onboard import onboard, prepared_items, store_assignments
+from .store import Store, StoreError
+
+# Columns of the Compare tab, in order; every name the methods registry knows.
+ALL_METHODS = ("base", "cluster", "card", "exact", "rag", "pag", "cope", "oppu", "p2p")
+# What Compare and Rate start with: the methods that need no per-user training.
+DEFAULT_METHODS = ("base", "cluster", "card", "exact", "rag", "cope")
+
+
+@dataclass(frozen=True)
+class StudioConfig:
+    artifacts: str = "data/artifacts/demo"
+    db: str = "data/studio.db"
+    demo_data: str = "data/demo"  # LaMP folder whose users the "demo user" picker offers
+    export_dir: str = "data/exports"
+    max_history_chars: int = 2_000_000  # a paste or upload larger than this is refused, not truncated
+    max_items: int = 500
+    max_prompt_chars: int = 20_000
+
+    def __post_init__(self):
+        if self.max_history_chars < 1 or self.max_items < 1 or self.max_prompt_chars < 1:
+            raise ValueError("history, item and prompt limits must be >= 1")
+
+
+@dataclass
+class UserState:
+    """Where a user stands under the loaded artifacts: cluster at K, and λ if fitted (else λ = 1)."""
+
+    name: str
+    k: int
+    cluster: int
+    distances: list[float]
+    lam: np.ndarray | None
+    fit_stats: dict = field(default_factory=dict)
+
+    @property
+    def fitted(self) -> bool:
+        return self.lam is not None
+
+
+@dataclass
+class MethodOutput:
+    method: str
+    text: str = ""
+    latency_s: float = 0.0
+    n_tokens: int = 0
+    gen_id: int | None = None
+    info: dict = field(default_factory=dict)  # what the method chose (EXACT's attributes, RAG's items)
+    error: str | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.n_tokens / self.latency_s if self.latency_s > 0 else 0.0
+
+
+def _jsonable(trace) -> dict:
+    """A method's trace, kept in the store only when it is plain JSON (CARD's tensors are not)."""
+    if not trace:
+        return {}
+    try:
+        json.dumps(trace)
+    except TypeError:
+        return {}
+    return {"trace": trace}
+
+
+class Studio:
+    def __init__(self, engine: Engine, store: Store, cfg: StudioConfig = StudioConfig(),
+                 demo_users: dict[str, list[Item]] | None = None, population: dict[str, list[str]] | None = None):
+        self.engine, self.store, self.cfg = engine, store, cfg
+        self.arena = Arena(store)
+        self.demo_users = demo_users or {}
+        self.population = population or {}
+        self.model_lock = threading.RLock()
+        self._methods: dict[str, object] = {}
+        self._feedback = ThreadPoolExecutor(max_workers=1, thread_name_prefix="exact-feedback")
+        self.feedback_log: list[dict] = []
+
+    @classmethod
+    def load(cls, cfg: StudioConfig = StudioConfig(), engine: Engine | None = None) -> "Studio":
+        engine = engine or Engine.load(cfg.artifacts)
+        store = Store(cfg.db)
+        population = _population_texts(engine)
+        demo = Path(cfg.demo_data)
+        demo_users = _lamp_users(demo) if (demo / "dev_questions.json").exists() else {}
+        return cls(engine, store, cfg, demo_users, population)
+
+    # ------------------------------------------------------------ facts about the loaded artifacts
+    @property
+    def ks(self) -> list[int]:
+        return sorted(self.engine.clusters.centroids)
+
+    @property
+    def task(self):
+        return self.engine.task
+
+    def snap_k(self, k: float | int | None) -> int:
+        """The built K nearest to a slider value (ties: the smaller)."""
+        if k is None:
+            return self.engine.cfg.default_k
+        return min(self.ks, key=lambda b: (abs(b - float(k)), b))
+
+    # ------------------------------------------------------------ My writing
+    def parse(self, text: str | None = None, file: str | None = None) -> list[Item]:
+        """Items from a paste or an uploaded file; HistoryError says what is wrong with either."""
+        if file:
+            return read_history_file(file, task=self.task, max_bytes=self.cfg.max_history_chars)
+        if not text or not text.strip():
+            raise HistoryError("the history is empty: paste some texts you wrote (one per line), or upload a file")
+        return parse_history(text, max_items=self.cfg.max_items, max_chars=self.cfg.max_history_chars)
+
+    def save_history(self, name: str, items: Sequence[Item], task: str, replace_existing: bool = True) -> dict:
+        """Stores the history under `name` (replacing theirs: vector and clusters go with it) and assigns
+        clusters at once (embedding only: seconds); the fit is a separate, explicit step."""
+        if task not in TASKS:
+            raise ValueError(f"unknown task {task!r}; choose from {sorted(TASKS)}")
+        self.store.add_user(name, items, task, replace=replace_existing)
+        name = self.store.user(name)["name"]
+        clusters = self.assign_all(name)
+        return {"name": name, "n_items": len(items), "clusters": clusters}
+
+    def demo_history(self, user: str) -> str:
+        if user not in self.demo_users:
+            raise ValueError(f"unknown demo user {user!r}")
+        return "\n".join(it.y for it in self.demo_users[user])
+
+    def demo_items(self, user: str) -> list[Item]:
+        if user not in self.demo_users:
+            raise ValueError(f"unknown demo user {user!r}")
+        return list(self.demo_users[user])
+
+    def assign_all(self, name: str) -> dict[int, int]:
+        texts = [Item(y=s.y) for s in self.store.items(name)]
+        return store_assignments(self.engine, self.store, name, self.engine.embed(texts))
+
+    # ------------------------------------------------------------ My cluster
+    def user_state(self, name: str, k: int | None = None) -> UserState:
+        k = self.snap_k(k)
+        a = self.store.assignment(name, self.engine.artifacts_id, k)
+        if a is None:  # stored before these artifacts were loaded
+            self.assign_all(name)
+            a = self.store.assignment(name, self.engine.artifacts_id, k)
+        got = self.store.vector(name, self.engine.artifacts_id)
+        lam, stats = (got[0], got[1]["stats"]) if got else (None, {})
+        return UserState(self.store.user(name)["name"], k, a["cluster"], a["distances"], lam, stats)
+
+    def cluster_examples(self, k: int, cluster: int, n: int = 4) -> list[tuple[str, str]]:
+        """(population user, one of their texts) for up to n users of the cluster."""
+        users, labels = self.engine.clusters.users, self.engine.clusters.labels[k]
+        out = []
+        for u, c in zip(users, labels):
+            if int(c) == cluster and self.population.get(u):
+                out.append((u, self.population[u][0]))
+            if len(out) >= n:
+                break
+        return out
+
+    def population_map(self, name: str | None, k: int) -> dict:
+        """2-D PCA of the population's user embeddings (and the user's), with cluster labels at K."""
+        from sklearn.decomposition import PCA
+
+        emb = self.engine.clusters.embeddings
+        pca = PCA(n_components=min(2, *emb.shape)).fit(emb)
+        xy = pca.transform(emb)
+        out = {"users": list(self.engine.clusters.users), "xy": xy.tolist(),
+               "labels": [int(c) for c in self.engine.clusters.labels[k]],
+               "centroids": pca.transform(self.engine.clusters.centroids[k]).tolist(), "k": k}
+        if name:
+            mine = self.engine.embed([Item(y=s.y) for s in self.store.items(name)])
+            out["user"] = {"name": name, "xy": pca.transform(mine[None])[0].tolist()}
+        return out
+
+    # ------------------------------------------------------------ Fit my style
+    def fit(self, name: str, k: int | None = None, progress: Callable[[str], None] | None = None) -> UserFit:
+        """Onboards the user (§1.6); the stored vector is replaced only if the whole fit succeeds."""
+        with self.model_lock:
+            return onboard(self.engine, self.store, name, k=self.snap_k(k), progress=progress)
+
+    # ------------------------------------------------------------ Compare
+    def method(self, name: str):
+        if name not in self._methods:
+            self._methods[name] = get_method(name, self.engine, self.store)
+        return self._methods[name]
+
+    def check_prompt(self, prompt: str | None) -> str:
+        if not prompt or not prompt.strip():
+            raise ValueError("the prompt is empty: type a prompt or pick a history item")
+        if len(prompt) > self.cfg.max_prompt_chars:
+            raise ValueError(f"the prompt has {len(prompt):,} characters; the limit is {self.cfg.max_prompt_chars:,}")
+        return prompt.strip()
+
+    def settings(self, alpha: float | None = None, top_k: int | None = None,
+                 max_new_tokens: int | None = None) -> DecodingSettings:
+        s = self.engine.cfg.decoding
+        changes = {k: v for k, v in {"alpha": alpha, "top_k": None if top_k is None else int(top_k),
+                                     "max_new_tokens": None if max_new_tokens is None else int(max_new_tokens)}.items()
+                   if v is not None}
+        return replace(s, **changes)
+
+    def _decode(self, method: str, state: UserState, prompt: str, s: DecodingSettings) -> Generation:
+        if method in CORE_METHODS:
+            return self.engine.generate([prompt], method, state.cluster, state.lam, k=state.k, settings=s)[0]
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}; choose from {ALL_METHODS}")
+        prepared_items(self.engine, self.store, state.name)  # fills missing neutral rewrites, once
+        user = UserContext.from_store(self.store, state.name, self.task, state.cluster, state.k, state.lam)
+        return self.method(method).generate(user, [prompt], s)[0]
+
+    def run_method(self, method: str, state: UserState, prompt: str, s: DecodingSettings) -> MethodOutput:
+        """One method's output, stored as a generation; a method that cannot run says why instead."""
+        try:
+            with self.model_lock:
+                g = self._decode(method, state, prompt, s)
+        except (ValueError, StoreError, FileNotFoundError, RuntimeError) as e:
+            return MethodOutput(method, error=str(e))
+        info = _jsonable(g.trace)
+        settings = {"alpha": s.alpha, "top_k": s.top_k, "max_new_tokens": s.max_new_tokens, "k": state.k,
+                    "cluster": state.cluster, "fitted": state.fitted}
+        gid = self.store.add_generation(state.name, self.engine.artifacts_id, method, prompt, g.text, settings,
+                                        g.latency_s, g.n_tokens, info)
+        return MethodOutput(method, g.text, g.latency_s, g.n_tokens, gid, info)
+
+    def compare(self, name: str, prompt: str, methods: Sequence[str], s: DecodingSettings,
+                k: int | None = None) -> Iterator[MethodOutput]:
+        """Each chosen method's output as soon as it is ready (the app streams them column by column)."""
+        prompt = self.check_prompt(prompt)
+        unknown = [m for m in methods if m not in ALL_METHODS]
+        if unknown or not methods:
+            raise ValueError(f"choose methods among {', '.join(ALL_METHODS)}" + (f" (unknown: {unknown})" if unknown else ""))
+        state = self.user_state(name, k)
+        for m in methods:
+            yield self.run_method(m, state, prompt, s)
+
+    # ------------------------------------------------------------ Why
+    def why(self, name: str, prompt: str, s: DecodingSettings, k: int | None = None) -> dict:
+        """CARD's decoding step by step: the token chosen, the cluster model's choice, and the top candidates'
+        logits before and after the correction."""
+        prompt = self.check_prompt(prompt)
+        state = self.user_state(name, k)
+        with self.model_lock:
+            g = self.engine.generate([prompt], "card", state.cluster, state.lam, k=state.k, settings=s, trace=True)[0]
+        tok, steps = self.engine.tok, []
+        for st in (g.trace or [])[: g.n_tokens]:
+            cand, before, after = st["cand"][0], st["before"][0], st["after"][0]
+            order = after.argsort(descending=True)
+            chosen, cluster_choice = int(cand[order[0]]), int(cand[before.argmax()])
+            steps.append({"token": tok.decode([chosen]), "token_id": chosen, "changed": chosen != cluster_choice,
+                          "cluster_token": tok.decode([cluster_choice]),
+                          "candidates": [{"token": tok.decode([int(cand[j])]), "before": float(before[j]),
+                                          "after": float(after[j])} for j in order[:10].tolist()]})
+        return {"text": g.text, "steps": steps, "alpha": s.alpha, "fitted": state.fitted, "cluster": state.cluster,
+                "k": state.k}
+
+    # ------------------------------------------------------------ Rate
+    def new_pair(self, name: str, prompt: str, methods: Sequence[str], s: DecodingSettings,
+                 k: int | None = None) -> BlindPair:
+        """Two methods at random, each output generated now (or reused when this prompt and these settings
+        were already generated for the user), shown in random order."""
+        prompt = self.check_prompt(prompt)
+        state = self.user_state(name, k)
+        a, b = self.arena.draw(methods)
+        outs = [self._reuse(state, m, prompt, s) or self.run_method(m, state, prompt, s) for m in (a, b)]
+        failed = [o for o in outs if o.error]
+        if failed:
+            raise ValueError(f"{failed[0].method} could not run: {failed[0].error}")
+        settings = {"alpha": s.alpha, "top_k": s.top_k, "max_new_tokens": s.max_new_tokens, "k": state.k,
+                    "cluster": state.cluster, "fitted": state.fitted, "artifacts": self.engine.artifacts_id}
+        return self.arena.open(state.name, prompt, (a, b), (outs[0].text, outs[1].text),
+                               (outs[0].gen_id, outs[1].gen_id), settings)
+
+    def _reuse(self, state: UserState, method: str, prompt: str, s: DecodingSettings) -> MethodOutput | None:
+        want = {"alpha": s.alpha, "top_k": s.top_k, "max_new_tokens": s.max_new_tokens, "k": state.k,
+                "cluster": state.cluster, "fitted": state.fitted}
+        for g in self.store.generations(user=state.name, method=method, limit=50):
+            if g["prompt"] == prompt and g["settings"] == want and g["artifacts"] == self.engine.artifacts_id:
+                return MethodOutput(method, g["output"], g["latency_s"], g["n_tokens"], g["id"], g["extra"])
+        return None
+
+    def vote(self, pair_id: str | None, winner: str, rater: str) -> tuple[BlindPair, int]:
+        """Stores the vote; a decided vote also becomes an EXACT preference pair, in the background."""
+        pair, rid = self.arena.vote(pair_id, winner, rater)
+        if winner in ("a", "b") and pair.user and pair.outputs[0].strip() != pair.outputs[1].strip():
+            win, lose = pair.outputs if winner == "a" else pair.outputs[::-1]
+            self._feedback.submit(self._exact_feedback, pair.user, pair.prompt, win, lose)
+        return pair, rid
+
+    def _exact_feedback(self, name: str, prompt: str, preferred: str, other: str) -> None:
+        try:
+            with self.model_lock:
+                prepared_items(self.engine, self.store, name)
+                user = UserContext.from_store(self.store, name, self.task)
+                entry = self.method("exact").add_feedback(user, prompt, preferred, other)
+            self.feedback_log.append({"user": name, "prompt": prompt, "attributes": entry["attributes"]})
+        except Exception as e:  # a deleted user or a failed scoring pass must not break voting
+            self.feedback_log.append({"user": name, "prompt": prompt, "error": str(e)})
+
+    def wait_feedback(self) -> None:
+        """Blocks until queued EXACT updates are done (tests, shutdown)."""
+        self._feedback.submit(lambda: None).result()
+
+    def leaderboard(self, cfg: LeaderboardConfig = LeaderboardConfig()) -> dict:
+        return leaderboard(self.store.ratings(), cfg)
+
+    # ------------------------------------------------------------ Explore
+    def explore(self, name: str, alphas: Sequence[float], n_holdout: int = 4, s: DecodingSettings | None = None,
+                progress: Callable[[float, str], None] | None = None) -> dict:
+        """α and K sweeps against the user's own held-out items: λ is refitted without them (not stored), then
+        CARD (and the cluster model, for K) generates for their prompts; ROUGE-L and output length per point."""
+        s = s or self.engine.cfg.decoding
+        if not alphas or any(a < 0 for a in alphas):
+            raise ValueError("give one or more α values >= 0")
+        with self.model_lock:
+            items = prepared_items(self.engine, self.store, name)
+            if len(items) < n_holdout + self.engine.cfg.min_fit_items:
+                raise ValueError(f"explore needs at least {n_holdout + self.engine.cfg.min_fit_items} history items "
+                                 f"({n_holdout} held out, the rest to fit λ); {name!r} has {len(items)}")
+            held, rest = items[:n_holdout], items[n_holdout:]
+            prompts, golds = [it.x for it in held], [it.y for it in held]
+            total, done = len(alphas) + 2 * len(self.ks) + 1, 0
+
+            def tick(what):
+                nonlocal done
+                done += 1
+                if progress:
+                    progress(done / total, what)
+
+            fit = self.engine.fit(rest)
+            tick("fit λ on the other items")
+            emb = self.engine.embed(rest)
+
+            def score(method, k, cluster, alpha):
+                outs = self.engine.generate(prompts, method, cluster, fit.lam, k=k, settings=replace(s, alpha=alpha))
+                texts = [g.text for g in outs]
+                return {"rougeL": round(rouge_scores(texts, golds)["rougeL"], 4),
+                        "length": round(float(np.mean([len(t.split()) for t in texts])), 2), "outputs": texts}
+
+            alpha_rows = []
+            for a in alphas:
+                alpha_rows.append({"alpha": float(a), **score("card", fit.k, fit.cluster, float(a))})
+                tick(f"α = {a}")
+            k_rows = []
+            for k in self.ks:
+                c, _ = self.engine.assign(emb, k)
+                for m in ("cluster", "card"):
+                    k_rows.append({"k": k, "method": m, "cluster": c, **score(m, k, c, s.alpha)})
+                    tick(f"K = {k} ({m})")
+        return {"alpha": alpha_rows, "k": k_rows, "golds": golds, "prompts": prompts, "n_fit": len(rest),
+                "default_alpha": s.alpha}
+
+
+def _lamp_users(folder: Path) -> dict[str, list[Item]]:
+    try:
+        _, queries = read_lamp(folder, "dev")
+    except (HistoryError, OSError, ValueError):
+        return {}
+    return {(q.user or q.id): list(q.profile) for q in queries}
+
+
+def _population_texts(engine: Engine) -> dict[str, list[str]]:
+    """The build's users' texts, for cluster examples; empty when the build's data is not on this machine."""
+    data = engine.meta.get("data")
+    if not data or not Path(data).is_dir():
+        return {}
+    try:
+        _, queries = read_lamp(data, engine.meta.get("split", "dev"))
+    except (HistoryError, OSError, ValueError):
+        return {}
+    return {(q.user or q.id): [it.y for it in q.profile] for q in queries}
