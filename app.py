@@ -311,7 +311,8 @@ def build_app(studio: Studio) -> gr.Blocks:
             return msg, item_rows(res["name"]), gr.update(choices=[u["name"] for u in studio.store.users()]), \
                 item_choices(res["name"])
 
-        save.click(save_fn, [user, history, upload, task, demo_user], [writing_status, items, stored, item_pick])
+        save.click(save_fn, [user, history, upload, task, demo_user], [writing_status, items, stored, item_pick],
+                   api_name="save_history")
 
         @guarded(3)
         def edit_fn(name, iid, text):
@@ -397,7 +398,7 @@ def build_app(studio: Studio) -> gr.Blocks:
             lines.append(f"\nStored: {vec} bytes.")
             return "\n".join(lines), (loss_figure(fit.loss_curve) if fit.loss_curve else None)
 
-        fit_btn.click(fit_fn, [user, user_k], [fit_status, fit_plot], concurrency_id="model")
+        fit_btn.click(fit_fn, [user, user_k], [fit_status, fit_plot], concurrency_id="model", api_name="fit")
 
         # Compare
         def resolve_prompt(text, templated, item):
@@ -454,7 +455,7 @@ def build_app(studio: Studio) -> gr.Blocks:
                    *[done.get(m, hidden[m]) for m in ALL_METHODS])
 
         compare_btn.click(compare_fn, [user, prompt, use_template, item_pick, methods, alpha, top_k, max_tokens, user_k],
-                          [compare_status, *outs.values()], concurrency_id="model")
+                          [compare_status, *outs.values()], concurrency_id="model", api_name="compare")
 
         # Why
         def why_fn(name, text, templated, item, a, k_, mt, k):
@@ -501,7 +502,8 @@ def build_app(studio: Studio) -> gr.Blocks:
                     f"**A**\n\n{pair.outputs[0] or '*(empty)*'}", f"**B**\n\n{pair.outputs[1] or '*(empty)*'}", pair.id)
 
         new_pair.click(new_pair_fn, [user, rater, rate_prompt, rate_methods, prompt, use_template, alpha, top_k,
-                                     max_tokens, user_k], [vote_status, out_a, out_b, pair_id], concurrency_id="model")
+                                     max_tokens, user_k], [vote_status, out_a, out_b, pair_id], concurrency_id="model",
+                       api_name="new_pair")
 
         def vote_fn(winner):
             def fn(pid, rater_id):
@@ -515,7 +517,8 @@ def build_app(studio: Studio) -> gr.Blocks:
             return fn
 
         for eid, btn in vote_btns.items():
-            btn.click(vote_fn(VOTES[eid][0]), [pair_id, rater], [vote_status, pair_id], concurrency_limit=None)
+            btn.click(vote_fn(VOTES[eid][0]), [pair_id, rater], [vote_status, pair_id], concurrency_limit=None,
+                      api_name=eid.replace("-", "_"))
 
         # Leaderboard
         def lb_fn():
