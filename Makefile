@@ -1,11 +1,13 @@
 # Two commands do all the set-up on a fresh machine:
-#   make run    start the studio on the embedded default model (builds the demo on first start)
-#   make test   run the test suite
+#   make run    start the studio (Gradio, http://127.0.0.1:7860) on the embedded default model;
+#               the first start builds the demo artifacts (minutes, with progress)
+#   make test   run the test suite (installs Debian's chromium + chromedriver for the browser test if missing)
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup run test bench clean
+.PHONY: setup browser run test clean
 
 $(BIN)/.installed: requirements.txt
 	$(PY) -m venv $(VENV)
@@ -15,11 +17,15 @@ $(BIN)/.installed: requirements.txt
 
 setup: $(BIN)/.installed
 
-run: setup
-	$(BIN)/python -m personalize demo
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium chromium-driver)
 
-test: setup
+run: setup
+	$(BIN)/python app.py $(ARGS)
+
+test: setup browser
 	$(BIN)/python -m pytest -q tests
 
 clean:
-	rm -rf data/artifacts data/demo data/models data/studio.db*
+	rm -rf data/artifacts data/demo data/models data/studio.db* data/exports

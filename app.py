@@ -171,7 +171,7 @@ def build_app(studio: Studio) -> gr.Blocks:
                 delete = gr.Button("Delete item", variant="stop", elem_id="delete-item")
 
         # ------------------------------------------------ My cluster
-        with gr.Tab("My cluster", id="cluster"):
+        with gr.Tab("My cluster", id="cluster") as cluster_tab:
             k_slider = gr.Slider(min(ks), max(ks), value=studio.engine.cfg.default_k, step=1,
                                  label=f"Cluster count K (snaps to a built value: {', '.join(map(str, ks))})",
                                  elem_id="k-slider")
@@ -311,7 +311,7 @@ def build_app(studio: Studio) -> gr.Blocks:
             return msg, item_rows(res["name"]), gr.update(choices=[u["name"] for u in studio.store.users()]), \
                 item_choices(res["name"])
 
-        save.click(save_fn, [user, history, upload, task, demo_user], [writing_status, items, stored, item_pick],
+        save_event = save.click(save_fn, [user, history, upload, task, demo_user], [writing_status, items, stored, item_pick],
                    api_name="save_history")
 
         @guarded(3)
@@ -365,7 +365,8 @@ def build_app(studio: Studio) -> gr.Blocks:
 
         cluster_outputs = [cluster_status, cluster_examples, cluster_plot, user_k, k_slider]
         k_slider.release(cluster_fn, [user, k_slider], cluster_outputs)
-        save.click(cluster_fn, [user, k_slider], cluster_outputs)
+        save_event.then(cluster_fn, [user, k_slider], cluster_outputs)
+        cluster_tab.select(cluster_fn, [user, k_slider], cluster_outputs)
         stored.change(cluster_fn, [stored, k_slider], cluster_outputs)
 
         # Fit
@@ -539,8 +540,7 @@ def build_app(studio: Studio) -> gr.Blocks:
         def export_fn(table, fmt):
             @guarded(2)
             def fn():
-                path = export_table(studio.store, table, fmt, folder / time.strftime("%Y%m%d-%H%M%S"))
-                n = sum(1 for _ in open(path, encoding="utf-8")) - (1 if fmt == "csv" else 0)
+                path, n = export_table(studio.store, table, fmt, folder / time.strftime("%Y%m%d-%H%M%S"))
                 return f"Exported {table} ({n} rows) to `{path}`.", str(path)
             return fn
 

@@ -59,12 +59,13 @@ def write(path: str | Path, text: str) -> Path:
     return path
 
 
-def export_table(store: Store, table: str, fmt: str, folder: str | Path) -> Path:
+def export_table(store: Store, table: str, fmt: str, folder: str | Path) -> tuple[Path, int]:
+    """Writes `table` as folder/<table>.<fmt>; returns the path and the number of records."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose from {FORMATS}")
     records = rows(store, table)
     text = to_jsonl(records) if fmt == "jsonl" else to_csv(records)
-    return write(Path(folder) / f"{table}.{fmt}", text)
+    return write(Path(folder) / f"{table}.{fmt}", text), len(records)
 
 
 def export_predictions(store: Store, task: str, method: str, folder: str | Path) -> Path:

@@ -258,5 +258,13 @@ def test_browser_path_paste_cluster_fit_compare_vote_leaderboard_export(server, 
         exported = p.until_text("export-status", "Exported", "⚠️")
         assert f"Exported votes ({n_votes} rows)" in exported
         p.shot("8-export")
+
+        p.tab("Explore")
+        p.type("alphas", "0, 2")
+        p.click("explore-button")
+        res = p.until_text("explore-status", "Held out", "⚠️")
+        assert "λ fitted on" in res, res
+        p.el("#explore-alpha .js-plotly-plot")
+        p.shot("9-explore")
     finally:
         driver.quit()

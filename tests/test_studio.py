@@ -115,10 +115,11 @@ def test_exports_round_trip(store, tmp_path):
                              {"question_id": "q7"})
     store.add_generation("ann", "art", "base", "p2", "o2", {}, 0.1, 2)
     store.add_rating("r", "p", "ann", "card", "x", "base", "y", "a", {"alpha": 1}, g, None)
-    path = export_table(store, "votes", "jsonl", tmp_path / "ex")
+    path, n = export_table(store, "votes", "jsonl", tmp_path / "ex")
+    assert n == 1
     (vote,) = [json.loads(line) for line in path.read_text().splitlines()]
     assert vote["winner"] == "a" and vote["gen_a"] == g
-    rows = list(csv.DictReader(io.StringIO(export_table(store, "generations", "csv", tmp_path / "ex").read_text())))
+    rows = list(csv.DictReader(io.StringIO(export_table(store, "generations", "csv", tmp_path / "ex")[0].read_text())))
     assert [r["method"] for r in rows] == ["card", "base"] and rows[0]["output"] == 'out "quoted"'
     assert json.loads(rows[0]["settings"]) == {"alpha": 1}
     preds = json.loads(export_predictions(store, "TweetParaphrasing", "card", tmp_path / "ex").read_text())
