@@ -1,7 +1,9 @@
-"""The offline stage of CARD: population → clusters → cluster LoRAs → head (P, U, population λ) → α.
+"""The offline stage of CARD: population → clusters → cluster LoRAs → head (P, U, population λ) → α,
+then the Profile-to-PEFT hypernetwork on the same users (a comparison method that also needs training).
 
 Writes versioned artifacts: config.json (settings, users, report), clusters.npz,
-adapters/ (peft, one folder per adapter), head_<objective>.safetensors.
+adapters/ (peft, one folder per adapter), head_<objective>.safetensors, p2p/ (the
+hypernetwork, absent when skipped; P2PMethod finds it there).
 Every stage prints progress and its wall time, and the report keeps tokens
 trained and held-out loss curves (METHOD §1.2, §1.9.4).
 """
@@ -28,8 +30,12 @@ from .config import FORMAT_VERSION, CardConfig
 from .data import Item, Query, read_lamp
 from .engine import Clusters, Engine, _split
 from .head import PersonalizationHead, diagnostics, fit_user, train_population
+from .methods import p2p as p2p_mod
+from .methods.p2p import P2PConfig, train_p2p
 from .metrics import rouge_scores
 from .models import load_encoder, load_lm
+
+P2P_STEPS = 20  # build's default hypernetwork steps: a CPU budget (the paper trains 20k steps on a GPU)
 
 def _log(msg: str) -> None:
     print(f"[build {datetime.now():%H:%M:%S}] {msg}", flush=True)
@@ -40,8 +46,10 @@ def _bar(desc: str, total: int):
 
 
 def build(data_dir: str | Path, split: str, out: str | Path, cfg: CardConfig = CardConfig(),
-          limit_users: int | None = None, seed: int = 0) -> Path:
-    """Run the whole offline stage and write the artifacts folder (replaced only on success)."""
+          limit_users: int | None = None, seed: int = 0,
+          p2p: P2PConfig | None = P2PConfig(steps=P2P_STEPS)) -> Path:
+    """Run the whole offline stage and write the artifacts folder (replaced only on success).
+    p2p: the hypernetwork's training settings (budget and base adapter: the build's); None skips it."""
     t_all = time.perf_counter()
     report: dict = {"stages_s": {}}
 
@@ -151,9 +159,35 @@ def build(data_dir: str | Path, split: str, out: str | Path, cfg: CardConfig = C
             _log(f"α sweep on {len(val_users)} validation users: {report['alpha_sweep']} → α = {alpha}")
     cfg = replace(cfg, decoding=replace(cfg.decoding, alpha=alpha))
 
+    hyper = None
+    if p2p is None:
+        report["p2p"] = {"skipped": "--skip-p2p"}
+        _log("P2P hypernetwork skipped (--skip-p2p)")
+    elif not any(len(users[n]) >= 2 for n in train_names):
+        report["p2p"] = {"skipped": "no training user has 2 items (a profile and a target)"}
+        _log(f"P2P hypernetwork skipped: {report['p2p']['skipped']}")
+    else:
+        with timed("p2p hypernetwork"):
+            hyper, report["p2p"] = _train_p2p(engine, users, train_names, sorted(val_users), p2p, seed)
+
     report["total_s"] = round(time.perf_counter() - t_all, 1)
     return _save(Path(out), cfg, task.name, names, head_users, engine.clusters, model, heads, lambdas, report,
-                 str(data_dir), split)
+                 str(data_dir), split, hyper)
+
+
+def _train_p2p(engine: Engine, users: dict[str, list[Item]], train_names: list[str], val_names: list[str],
+               p2p: P2PConfig, seed: int):
+    """f_θ on the adapters' training users, on top of the K = 1 adapter; the α users give its held-out curve."""
+    p2p = replace(p2p, base_adapter=BASE_ADAPTER, budget=None, seed=seed, folder=None)
+    bar = _bar("p2p hypernetwork", p2p.steps)
+    hyper, r = train_p2p(engine, engine.encoder, {n: users[n] for n in train_names}, p2p,
+                         progress=lambda s, n, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:.3f}")),
+                         held_out_users={n: users[n] for n in val_names})
+    bar.close()
+    loss = r["train_users_loss"]
+    _log(f"p2p: {r['users']} users, {r['steps']} steps, {r['tokens']} tokens, {r['seconds']} s, "
+         f"training users' loss {loss['before']} -> {loss['after']}, held-out {r['held_out_loss'][:1] + r['held_out_loss'][-1:]}")
+    return hyper, {**r, "folder": p2p_mod.ARTIFACTS_DIR}
 
 
 def _population(queries: list[Query], items_per_user: int, limit: int | None) -> dict[str, list[Item]]:
@@ -200,7 +234,8 @@ def _choose_alpha(engine: Engine, val: dict[str, list[Item]], cfg: CardConfig) -
     return best, {str(a): v for a, v in sweep.items()}
 
 
-def _save(out: Path, cfg, task, names, head_users, clusters, model, heads, lambdas, report, data_dir, split) -> Path:
+def _save(out: Path, cfg, task, names, head_users, clusters, model, heads, lambdas, report, data_dir, split,
+          hyper=None) -> Path:
     tmp = out.with_name(out.name + ".partial")
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -218,6 +253,8 @@ def _save(out: Path, cfg, task, names, head_users, clusters, model, heads, lambd
             "task": task, "model_id": cfg.model.model_id, "encoder_id": cfg.encoder.model_id,
             "data": data_dir, "split": split, "users": names, "head_users": head_users,
             "settings": cfg.to_dict(), "report": report}
+    if hyper is not None:
+        p2p_mod.save(hyper, tmp / p2p_mod.ARTIFACTS_DIR, {"artifacts_id": meta["id"], "report": report["p2p"]})
     (tmp / "config.json").write_text(json.dumps(meta, indent=2, default=_json_default))
     if out.exists():
         shutil.rmtree(out)

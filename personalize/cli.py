@@ -75,9 +75,10 @@ def _engine(a):
 
 def cmd_build(a) -> None:
     from .adapters import LoraSettings
-    from .build import build
+    from .build import P2P_STEPS, build
     from .config import CardConfig
     from .head import HeadSettings
+    from .methods.p2p import P2PConfig
     from .models import EncoderConfig, ModelConfig
     from .tokens import TokenBudget
 
@@ -93,8 +94,11 @@ def cmd_build(a) -> None:
         lora=replace(LoraSettings(), base_steps=a.base_steps, cluster_steps=a.cluster_steps),
         head=replace(HeadSettings(), epochs=a.head_epochs, d=a.d, n_layers=a.layers, patience=a.head_patience),
     )
+    if a.skip_p2p and a.p2p_steps is not None:
+        raise UsageError("--p2p-steps has no effect with --skip-p2p: give one of them")
+    p2p = None if a.skip_p2p else P2PConfig(steps=P2P_STEPS if a.p2p_steps is None else a.p2p_steps)
     out = Path(a.out or f"data/artifacts/{data.name}")
-    build(data, a.split, out, cfg, limit_users=a.limit_users)
+    build(data, a.split, out, cfg, limit_users=a.limit_users, p2p=p2p)
 
 
 def cmd_onboard(a) -> None:
@@ -194,15 +198,28 @@ def cmd_eval(a) -> None:
 
 def cmd_bench(a) -> None:
     from .data import read_lamp
-    from .evaluate import format_bench, run_bench
+    from .evaluate import BENCH_METHODS, format_bench, run_bench
+    from .methods import ExactConfig, OppuConfig
 
+    unknown = [m for m in _methods(a.methods) if m not in BENCH_METHODS]
+    if unknown:
+        raise UsageError(f"bench --methods: unknown {unknown}; choose from {list(BENCH_METHODS)}")
+    if a.repeats < 1 or a.users < 1 or a.items < 2:
+        raise UsageError("bench needs --users >= 1, --items >= 2 and --repeats >= 1")
+    if a.oppu_steps is not None:
+        OppuConfig(max_steps=a.oppu_steps)  # bad values end here, before any model is loaded
+    ExactConfig(max_pairs=a.exact_pairs)
     engine = _engine(a)
     meta_data = a.data or engine.meta.get("data")
     task, queries = read_lamp(meta_data, a.split or engine.meta.get("split", "dev"))
     queries = [q for q in queries if len(q.profile) >= 2][: a.users]
     users = {(q.user or q.id): list(q.profile[: a.items]) for q in queries}
+    if not queries:
+        raise UsageError(f"no users with at least 2 profile items in {meta_data}")
+    configs = {"exact": {"max_pairs": a.exact_pairs}} | ({"oppu": {"max_steps": a.oppu_steps}} if a.oppu_steps is not None else {})
+    methods = _methods(a.methods)
     t0 = time.perf_counter()
-    b = run_bench(engine, users, queries[0].input, repeats=a.repeats)
+    b = run_bench(engine, users, queries[0].input, repeats=a.repeats, methods=methods, method_configs=configs)
     b["settings"]["wall_s"] = round(time.perf_counter() - t0, 1)
     print(format_bench(b))
     if a.json:
@@ -211,18 +228,21 @@ def cmd_bench(a) -> None:
         print(f"wrote {a.json}")
 
 
-def cmd_demo(a) -> None:
-    """The first-run path: write the demo population, build it if missing, show methods side by side."""
+def ensure_demo(demo: Path, art: Path) -> None:
+    """The first-run path of `demo` and the app: write the demo population and build it, once."""
     from .demo import write_demo
 
-    demo = Path(a.data)
     if not (demo / "dev_questions.json").exists():
         write_demo(demo)
-    art = Path(a.artifacts)
     if not (art / "config.json").exists():
         print(f"first start: building the demo artifacts in {art} (a few minutes, once) ...", flush=True)
-        ns = build_parser().parse_args(["build", "--data", str(demo), "--out", str(art), *DEMO_BUILD_ARGS])
-        cmd_build(ns)
+        cmd_build(build_parser().parse_args(["build", "--data", str(demo), "--out", str(art), *DEMO_BUILD_ARGS]))
+
+
+def cmd_demo(a) -> None:
+    """The first-run path: write the demo population, build it if missing, show methods side by side."""
+    demo, art = Path(a.data), Path(a.artifacts)
+    ensure_demo(demo, art)
     from .data import read_lamp
     from .engine import Engine
 
@@ -269,6 +289,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-prompt-tokens", type=int, default=160)
     b.add_argument("--max-target-tokens", type=int, default=40)
     b.add_argument("--encoder", default=None, help="sentence encoder: 'bundled' (all-MiniLM-L6-v2) or a sentence-transformers id")
+    b.add_argument("--p2p-steps", type=int, default=None,
+                   help="Profile-to-PEFT hypernetwork training steps (default 20, a CPU budget; 0 = untrained)")
+    b.add_argument("--skip-p2p", action="store_true",
+                   help="do not train the P2P hypernetwork (the p2p method is then unavailable with these artifacts)")
     _model_args(b)
     b.set_defaults(fn=cmd_build)
 
@@ -285,7 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--artifacts", required=True)
     g.add_argument("--user", required=True)
     g.add_argument("--prompt", required=True)
-    g.add_argument("--methods", default="base,cluster,card", help="any of base, cluster, card, rag, pag, exact, cope")
+    g.add_argument("--methods", default="base,cluster,card",
+                   help="any of base, cluster, card, rag, pag, exact, cope, oppu, p2p (p2p: trained by build)")
     g.add_argument("--template", action="store_true", help="wrap the prompt in the task's template")
     g.add_argument("--db", default=DEFAULT_DB)
     g.add_argument("--k", type=int, default=None)
@@ -297,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--data", required=True)
     e.add_argument("--split", default="dev")
     e.add_argument("--methods", default="base,cluster,card,bm25_copy",
-                   help="any of base, cluster, card, bm25_copy (the no-model floor), rag, pag, exact, cope")
+                   help="any of base, cluster, card, bm25_copy (the no-model floor), rag, pag, exact, cope, oppu, p2p")
     e.add_argument("--limit", type=int, default=None)
     e.add_argument("--alpha", type=float, default=None, help="override the build's α")
     e.add_argument("--json", default=None)
@@ -310,6 +335,12 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--users", type=int, default=6)
     n.add_argument("--items", type=int, default=24, help="history items per user")
     n.add_argument("--repeats", type=int, default=5)
+    n.add_argument("--methods", default="rag,oppu,p2p,card,exact",
+                   help="Table 5 rows measured side by side: any of rag, oppu, p2p, card, exact ('' = none)")
+    n.add_argument("--oppu-steps", type=int, default=None, help="cap on OPPU's training steps per user (default 40)")
+    n.add_argument("--exact-pairs", type=int, default=4,
+                   help="history pairs EXACT indexes per user (default 4, a CPU budget: indexing costs about a "
+                        "minute per pair on a 2-core CPU; EXACT's own default is 32)")
     n.add_argument("--json", default=None)
     n.set_defaults(fn=cmd_bench)
 

@@ -77,6 +77,7 @@ class Engine:
         self.clusters, self.heads, self.task, self.meta = clusters, heads, task, meta
         self.population_lams = population_lams or {}
         self._active: str | None = None
+        self.folder: Path | None = None  # the artifacts folder, set by load (methods find their files there)
 
     # ------------------------------------------------------------ loading
     @classmethod
@@ -106,8 +107,10 @@ class Engine:
             heads[obj] = head.eval().requires_grad_(False)
             lams[obj] = dict(zip(meta["head_users"][obj], t["lambdas"].numpy()))
         task = TASKS[meta["task"]]
-        return cls(cfg, replace(lm, model=peft_model), peft_model, load_encoder(cfg.encoder), clusters,
-                   heads, task, meta, lams)
+        engine = cls(cfg, replace(lm, model=peft_model), peft_model, load_encoder(cfg.encoder), clusters,
+                     heads, task, meta, lams)
+        engine.folder = folder
+        return engine
 
     @property
     def artifacts_id(self) -> str:

@@ -3,11 +3,15 @@
 eval: every query's user is onboarded from their profile only (the query is
 never used for fitting), then each method generates for the query; ROUGE-1 /
 ROUGE-L against the gold. bench: every figure measured in one run, repeated,
-medians reported, ratios taken between runs interleaved in time.
+medians reported, ratios taken between runs interleaved in time; the Table 5
+rows (RAG, OPPU, P2P, CARD, plus EXACT) on the same users, prompt and number
+of decoded tokens.
 """
 
 from __future__ import annotations
 
+import json
+import pickle
 import statistics
 import tempfile
 import time
@@ -24,8 +28,18 @@ from .data import Item, read_lamp
 from .engine import CORE_METHODS, Engine, UserFit
 from .head import fit_user
 from .methods import METHODS, UserContext, get_method
+from .methods.rag import RagIndex
 from .metrics import rouge_scores
 from .store import Store
+
+BENCH_METHODS = ("rag", "oppu", "p2p", "card", "exact")  # paper Table 5 rows, plus EXACT's indexing
+STORED = {  # what bytes_per_user counts, per method
+    "rag": "BM25 index with its items (pickled)",
+    "oppu": "the user's LoRA adapter on disk",
+    "p2p": "the generated LoRA held to serve the user",
+    "card": "λ vector in the store",
+    "exact": "attribute memory (JSON)",
+}
 
 
 def _words(s: str) -> list[str]:
@@ -111,8 +125,11 @@ def _median(xs):
 
 
 def run_bench(engine: Engine, users: dict[str, list[Item]], prompt: str, repeats: int = 5,
-              n_tokens: int = 24) -> dict:
-    """Onboarding by stage, λ fit, CARD decode overhead, user switch, bytes per user."""
+              n_tokens: int = 24, methods: Sequence[str] = BENCH_METHODS,
+              method_configs: dict[str, dict] | None = None) -> dict:
+    """Onboarding by stage, λ fit, CARD decode overhead, user switch, bytes per user; then `methods`
+    side by side (bench_methods; method_configs: config fields per method, e.g. {"oppu": {"max_steps": 8}})."""
+    _check_bench_methods(methods)
     names = list(users)
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "bench.db")
@@ -176,6 +193,11 @@ def run_bench(engine: Engine, users: dict[str, list[Item]], prompt: str, repeats
                 switch(pair_cross[1])
                 cross.append((time.perf_counter() - t0) * 1000)
         bytes_per_user = _median([store.vector_bytes(n, engine.artifacts_id) for n in names])
+
+        templated = {n: frozenset(i for i, it in enumerate(users[n]) if not it.x) for n in names}
+        contexts = {n: UserContext(n, engine.prepare_items(users[n]), fits[n].cluster, fits[n].k, fits[n].lam,
+                                   templated[n]) for n in names}
+        table = bench_methods(engine, contexts, prompt, s, repeats, methods, store, Path(tmp), method_configs, fits)
     return {
         "onboarding_s": onboarding, "fit_ms": round(_median(fit_ms), 3),
         "decode_overhead_ratio": round(_median(ratios), 4),
@@ -183,9 +205,106 @@ def run_bench(engine: Engine, users: dict[str, list[Item]], prompt: str, repeats
         "switch_ms": {"same_cluster": round(_median(same), 4), "cross_cluster": round(_median(cross), 4) if cross else None},
         "bytes_per_user": int(bytes_per_user),
         "history_items": int(_median([len(v) for v in users.values()])),
+        "methods": table,
         "settings": {"artifacts": engine.artifacts_id, "users": len(names), "repeats": repeats, "tokens": n_tokens,
-                     "objective": engine.cfg.objectives[0], "device": str(engine.lm.device)},
+                     "objective": engine.cfg.objectives[0], "device": str(engine.lm.device),
+                     "method_configs": method_configs or {}},
     }
+
+
+def _check_bench_methods(methods: Sequence[str]) -> None:
+    unknown = [m for m in methods if m not in BENCH_METHODS]
+    if unknown:
+        raise ValueError(f"bench measures {list(BENCH_METHODS)}; unknown: {unknown}")
+
+
+def bench_methods(engine: Engine, users: dict[str, UserContext], prompt: str, settings, repeats: int,
+                  methods: Sequence[str] = BENCH_METHODS, store: Store | None = None, folder: Path | None = None,
+                  configs: dict[str, dict] | None = None, fits: dict[str, UserFit] | None = None) -> dict:
+    """Paper Table 5, measured side by side: per method, onboarding time per user (median of `prepare`;
+    CARD: its fit stages), latency per query (median wall time of `repeats` one-prompt queries, users
+    in turn and methods interleaved, so a method's per-user switch, e.g. OPPU loading an evicted adapter,
+    is part of it) and bytes stored per user (STORED says what is counted). EXACT also gets
+    `indexing_s`, its greedy attribute selection alone. A method that cannot run with these artifacts
+    (P2P without a hypernetwork) is reported as {"skipped": reason}. `users` must be in `store` when
+    one is given (OPPU, P2P and EXACT write their reports there); OPPU's adapters go to `folder`."""
+    _check_bench_methods(methods)
+    if "card" in methods and (fits is None or store is None):
+        raise ValueError("the card row needs the users' fits and the store holding their λ vectors")
+    if "oppu" in methods and folder is None:
+        raise ValueError("the oppu row needs a folder for the users' adapters")
+    if not users or repeats < 1:
+        raise ValueError("bench needs at least one user and repeats >= 1")
+    configs, names = configs or {}, list(users)
+    rows: dict[str, dict] = {}
+    runners: dict = {}
+    oppu = None
+    try:
+        for m in methods:
+            if m == "card":
+                rows[m] = {"onboarding_s": round(_median([_fit_s(fits[n]) for n in names]), 4),
+                           "bytes_per_user": int(_median([store.vector_bytes(n, engine.artifacts_id) for n in names]))}
+                runners[m] = lambda u: engine.generate([prompt], "card", fits[u.name].cluster, fits[u.name].lam,
+                                                       k=fits[u.name].k, settings=settings)
+            else:
+                cfg = dict(configs.get(m, {}))
+                if m == "oppu":
+                    cfg |= {"folder": str(folder / "oppu"), "report_loss": False}  # training only, in a temp folder
+                cls = METHODS[m]
+                method_cfg = cls.config_class(**cfg)  # bad settings are errors, not skipped rows
+                try:
+                    method = cls(engine, store, method_cfg)
+                except ValueError as e:
+                    rows[m] = {"skipped": str(e)}
+                    continue
+                oppu = method if m == "oppu" else oppu
+                times, infos = [], []
+                for n in tqdm(names, desc=f"onboarding ({m})", mininterval=2.0):
+                    t0 = time.perf_counter()
+                    infos.append(method.prepare(users[n]))
+                    times.append(time.perf_counter() - t0)
+                rows[m] = {"onboarding_s": round(_median(times), 4),
+                           "bytes_per_user": int(_median([_stored_bytes(m, method, engine, users[n], info)
+                                                          for n, info in zip(names, infos)]))}
+                if m == "exact":
+                    rows[m]["indexing_s"] = round(_median([i["select_s"] for i in infos]), 4)
+                if m == "p2p":
+                    rows[m]["profile_bytes"] = int(_median([i["profile_bytes"] for i in infos]))
+                runners[m] = lambda u, method=method: method.generate(u, [prompt], settings)
+            rows[m]["stored"] = STORED[m]
+
+        for run in runners.values():  # warm-up: first-call costs are not per-query latency
+            run(users[names[0]])
+        latency: dict[str, list[float]] = {m: [] for m in runners}
+        for r in tqdm(range(repeats), desc="latency", mininterval=2.0):
+            u = users[names[r % len(names)]]
+            for m, run in runners.items():
+                t0 = time.perf_counter()
+                run(u)
+                latency[m].append(time.perf_counter() - t0)
+        for m, xs in latency.items():
+            rows[m]["latency_s_per_query"] = round(_median(xs), 4)
+    finally:
+        if oppu is not None:
+            oppu.release()  # the users' adapters leave the engine's model
+    return rows
+
+
+def _fit_s(fit: UserFit) -> float:
+    """CARD's onboarding work: embed and assign, features, λ fit (not the shared rewrites or the store)."""
+    return sum(v for k, v in fit.stages_s.items() if k not in ("neutral rewrites", "store"))
+
+
+def _stored_bytes(m: str, method, engine: Engine, user: UserContext, info: dict) -> int:
+    if m == "rag":
+        return len(pickle.dumps(RagIndex(list(user.items), engine.task)))
+    if m == "oppu":
+        return int(info.get("disk_bytes", 0))  # 0: a cold-start user keeps nothing of their own
+    if m == "p2p":
+        return int(info["lora_bytes"])
+    if m == "exact":
+        return sum(len(json.dumps(e).encode()) for e in method.memory(user.name).values())
+    raise ValueError(f"no storage measure for {m!r}")
 
 
 def format_bench(b: dict) -> str:
@@ -198,4 +317,17 @@ def format_bench(b: dict) -> str:
              ("switch, across clusters (ms)", b["switch_ms"]["cross_cluster"]),
              ("bytes stored per user", b["bytes_per_user"]), ("history items per user", b["history_items"])]
     w = max(len(r[0]) for r in rows)
-    return "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows)
+    out = "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows)
+    return out + ("\n\n" + format_methods(b["methods"]) if b.get("methods") else "")
+
+
+def format_methods(table: dict) -> str:
+    """The paper's Table 5 layout: one row per method (skipped ones say why)."""
+    lines = ["| method | onboarding s/user | latency s/query | bytes/user | stored |", "|---|---|---|---|---|"]
+    for m, r in table.items():
+        if "skipped" in r:
+            lines.append(f"| {m} | skipped: {r['skipped']} | | | |")
+            continue
+        onb = f"{r['onboarding_s']:.4f}" + (f" (indexing {r['indexing_s']:.4f})" if "indexing_s" in r else "")
+        lines.append(f"| {m} | {onb} | {r['latency_s_per_query']:.4f} | {r['bytes_per_user']:,} | {r['stored']} |")
+    return "\n".join(lines)

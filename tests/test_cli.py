@@ -70,10 +70,27 @@ def test_four_bit_on_cpu_is_refused(demo_dir, tmp_path):
 @pytest.fixture(scope="module")
 def artifacts(demo_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("art") / "demo"
-    cli("build", "--data", demo_dir, "--ks", "1,2", "--default-k", "2", "--limit-users", "8", "--val-users", "2",
-        "--base-steps", "2", "--cluster-steps", "1", "--items-per-user", "5", "--head-epochs", "2",
-        "--max-prompt-tokens", "32", "--max-target-tokens", "16", "--out", out, check=0)
+    r = cli("build", "--data", demo_dir, "--ks", "1,2", "--default-k", "2", "--limit-users", "8", "--val-users", "2",
+            "--base-steps", "2", "--cluster-steps", "1", "--items-per-user", "5", "--head-epochs", "2",
+            "--p2p-steps", "2", "--max-prompt-tokens", "32", "--max-target-tokens", "16", "--out", out, check=0)
+    (out.parent / "build.log").write_text(r.stdout)
     return out
+
+
+def test_p2p_build_flags_reach_build(monkeypatch, demo_dir, tmp_path, capsys):
+    """--skip-p2p and --p2p-steps as build() receives them; a contradiction or a bad value is a clear error."""
+    import personalize.build
+    from personalize.cli import main
+
+    got = []
+    monkeypatch.setattr(personalize.build, "build", lambda *a, **kw: got.append(kw["p2p"]))
+    base = ["build", "--data", str(demo_dir), "--ks", "1", "--default-k", "1", "--out", str(tmp_path / "a")]
+    assert main(base) == 0 and got[-1].steps == personalize.build.P2P_STEPS
+    assert main([*base, "--p2p-steps", "7"]) == 0 and got[-1].steps == 7
+    assert main([*base, "--skip-p2p"]) == 0 and got[-1] is None
+    assert main([*base, "--skip-p2p", "--p2p-steps", "7"]) == 2 and "no effect with --skip-p2p" in capsys.readouterr().err
+    assert main([*base, "--p2p-steps", "-1"]) == 2 and "steps must be >= 0" in capsys.readouterr().err
+    assert len(got) == 3
 
 
 def test_end_to_end_on_the_bundled_model(artifacts, demo_dir, tmp_path):
@@ -83,6 +100,13 @@ def test_end_to_end_on_the_bundled_model(artifacts, demo_dir, tmp_path):
               "adapters/k2c1/adapter_config.json"]:
         assert (artifacts / f).exists(), f
     assert meta["report"]["adapters"][0]["tokens"] > 0
+    # the P2P hypernetwork is trained by the same build, timed, reported and saved inside the artifacts
+    assert (artifacts / "p2p" / "hypernet.safetensors").exists() and (artifacts / "p2p" / "p2p.json").exists()
+    p2p_report = meta["report"]["p2p"]
+    assert p2p_report["steps"] == 2 and p2p_report["tokens"] > 0 and p2p_report["seconds"] > 0
+    assert meta["report"]["stages_s"]["p2p hypernetwork"] >= p2p_report["seconds"]
+    assert "p2p hypernetwork done in" in (artifacts.parent / "build.log").read_text()
+    assert not (artifacts.parent / "demo.partial").exists()
 
     db = tmp_path / "studio.db"
     hist = tmp_path / "mine.txt"
@@ -101,27 +125,47 @@ def test_end_to_end_on_the_bundled_model(artifacts, demo_dir, tmp_path):
     assert "exists" in r.stderr and len(Store(db).items("ana")) == 8
 
     r = cli("generate", "--artifacts", artifacts, "--user", "ana", "--prompt", "I liked the new cafe.", "--template",
-            "--methods", "base,cluster,card,rag,cope", "--alpha", "0", "--max-tokens", "12", "--db", db, check=0)
+            "--methods", "base,cluster,card,rag,cope,p2p", "--alpha", "0", "--max-tokens", "12", "--db", db, check=0)
     outs = [block.split("\n", 1)[1].strip() for block in r.stdout.strip().split("\n\n")]
     assert r.stdout.count("[") >= 3 and outs[1] == outs[2]  # α = 0: CARD is the cluster model
-    assert {g["method"] for g in Store(db).generations(user="ana")} == {"base", "cluster", "card", "rag", "cope"}
+    assert "[p2p] (" in r.stdout
+    assert {g["method"] for g in Store(db).generations(user="ana")} == {"base", "cluster", "card", "rag", "cope", "p2p"}
+
+    # artifacts without a hypernetwork (--skip-p2p, or an older build): p2p is refused with what to run
+    import shutil
+
+    bare = tmp_path / "no_p2p"
+    shutil.copytree(artifacts, bare)
+    shutil.rmtree(bare / "p2p")
+    r = cli("generate", "--artifacts", bare, "--user", "ana", "--prompt", "x", "--methods", "p2p", "--db", db, check=2)
+    assert "no P2P hypernetwork" in r.stderr and "personalize build" in r.stderr and "Traceback" not in r.stderr
 
     r = cli("generate", "--artifacts", artifacts, "--user", "nobody", "--prompt", "x", "--db", db, check=2)
     assert "unknown user 'nobody'" in r.stderr
 
     out_json = tmp_path / "eval.json"
-    r = cli("eval", "--artifacts", artifacts, "--data", demo_dir, "--limit", "3", "--methods", "base,cluster,card,bm25_copy,rag",
-            "--json", out_json, check=0)
+    r = cli("eval", "--artifacts", artifacts, "--data", demo_dir, "--limit", "3", "--methods",
+            "base,cluster,card,bm25_copy,rag,p2p", "--json", out_json, check=0)
     res = json.loads(out_json.read_text())
-    assert set(res["methods"]) == {"base", "cluster", "card", "bm25_copy", "rag"}
+    assert set(res["methods"]) == {"base", "cluster", "card", "bm25_copy", "rag", "p2p"}
     assert all(0 <= v["rougeL"] <= 1 and v["n"] == 3 for v in res["methods"].values())
     assert "R-L" in r.stdout
 
     bench_json = tmp_path / "bench.json"
-    cli("bench", "--artifacts", artifacts, "--users", "3", "--items", "6", "--repeats", "2", "--json", bench_json, check=0)
+    r = cli("bench", "--artifacts", artifacts, "--users", "3", "--items", "6", "--repeats", "2", "--json", bench_json,
+            "--methods", "rag,oppu,p2p,card", "--oppu-steps", "1", check=0)  # exact: see test_bench_methods_side_by_side
     b = json.loads(bench_json.read_text())
     assert b["bytes_per_user"] == 512 and b["fit_ms"] > 0 and b["decode_overhead_ratio"] > 0
     assert {"same_cluster", "cross_cluster"} <= set(b["switch_ms"]) and b["onboarding_s"]["total"] > 0
+    # paper Table 5, measured side by side in the same run
+    assert list(b["methods"]) == ["rag", "oppu", "p2p", "card"]
+    for m, row in b["methods"].items():
+        assert row["onboarding_s"] > 0 and row["latency_s_per_query"] > 0 and row["bytes_per_user"] > 0, (m, row)
+    assert b["methods"]["card"]["bytes_per_user"] == 512
+    assert b["methods"]["oppu"]["bytes_per_user"] > 100 * b["methods"]["card"]["bytes_per_user"]  # a LoRA vs a λ
+    assert "| p2p |" in r.stdout and "latency s/query" in r.stdout
+    r = cli("bench", "--artifacts", artifacts, "--methods", "rag,nope", check=2)
+    assert "unknown ['nope']" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_bad_history_files_are_refused_and_nothing_is_written(artifacts, tmp_path):

@@ -258,3 +258,111 @@ def test_p2p_config_validation_and_round_trip():
         P2PConfig(init_b_std=0)
     cfg = _p2p_cfg(modules=("q_proj",))
     assert P2PConfig.from_dict(cfg.to_dict()) == cfg
+
+
+# ---------------------------------------------------------------- P2P in the artifacts, build and bench
+
+def _tiny_build(monkeypatch, tiny_model, tokenizer, data, out, p2p_cfg):
+    """The real build() on the tiny model and the hashed encoder (seconds, not the bundled model's minutes)."""
+    from personalize import build as build_mod
+    from personalize import engine as engine_mod
+    from personalize.demo import write_demo
+    from personalize.head import HeadSettings
+    from personalize.models import LM
+
+    fresh = copy.deepcopy(tiny_model)  # build wraps its model in peft; Engine.load gets an unwrapped copy
+    monkeypatch.setattr(build_mod, "load_lm", lambda cfg: LM(tiny_model, tokenizer, "tiny", torch.device("cpu")))
+    monkeypatch.setattr(build_mod, "load_encoder", lambda cfg: HashEncoder())
+    monkeypatch.setattr(engine_mod, "load_lm", lambda cfg: LM(copy.deepcopy(fresh), tokenizer, "tiny", torch.device("cpu")))
+    monkeypatch.setattr(engine_mod, "load_encoder", lambda cfg: HashEncoder())
+    if not (data / "dev_questions.json").exists():
+        write_demo(data, n_users_per_style=2, n_items=6)
+    lora = LoraSettings(r=4, alpha=8, dropout=0.0, lr=5e-2, batch_size=4, base_steps=2, cluster_steps=1)
+    cfg = CardConfig(ks=(1, 2), default_k=2, items_per_user=5, n_val_users=2, budget=BUDGET, lora=lora,
+                     objectives=("pairs",),  # a random model ranks no gold token in its top-k: no token rows
+                     head=HeadSettings(epochs=1, d=8, n_layers=2), alphas=(0.0, 1.0))
+    return build_mod.build(data, "dev", out, cfg, limit_users=8, p2p=p2p_cfg)
+
+
+def test_build_trains_p2p_into_the_artifacts_and_the_method_finds_it(monkeypatch, tiny_model, tokenizer, tmp_path,
+                                                                     capsys):
+    import json
+
+    from personalize.methods.p2p import CONFIG, WEIGHTS
+
+    out = _tiny_build(monkeypatch, tiny_model, tokenizer, tmp_path / "demo", tmp_path / "art",
+                      _p2p_cfg(steps=3, base_adapter=None, hidden=16))
+    assert (out / "p2p" / WEIGHTS).exists() and (out / "p2p" / CONFIG).exists()
+    assert not (tmp_path / "art.partial").exists()
+    report = json.loads((out / "config.json").read_text())["report"]
+    assert report["p2p"]["steps"] == 3 and report["p2p"]["tokens"] > 0 and report["p2p"]["users"] == 6
+    assert report["p2p"]["folder"] == "p2p" and len(report["p2p"]["train_loss"]) == 3
+    assert report["stages_s"]["p2p hypernetwork"] >= report["p2p"]["seconds"] > 0
+    log = capsys.readouterr().out
+    assert "p2p hypernetwork done in" in log and "p2p: 6 users, 3 steps" in log
+    saved = json.loads((out / "p2p" / CONFIG).read_text())
+    assert saved["config"]["base_adapter"] == "k1c0" and saved["config"]["hidden"] == 16  # the build's adapter
+
+    eng = Engine.load(out)
+    assert eng.folder == out
+    method = P2PMethod(eng)  # no folder given: the engine's artifacts
+    assert method.folder == out / "p2p" and method.hyper.cfg.hidden == 16
+    for k, v in p2p.load(out / "p2p").state_dict().items():
+        assert torch.equal(v, method.hyper.state_dict()[k].cpu()), k
+    u = user("shouty")
+    assert not method.prepare(u)["cold_start"]
+    outs = method.generate(u, ["Paraphrase: hello there"], SETTINGS)
+    assert len(outs) == 1 and outs[0].trace[0]["base_adapter"] == "k1c0"
+    assert method.loss(u, examples("shouty")) > 0
+
+
+def test_build_without_p2p_makes_the_method_say_build(monkeypatch, tiny_model, tokenizer, tmp_path):
+    import json
+
+    bare = make_engine(tiny_model, tokenizer)  # before build wraps tiny_model in peft
+    out = _tiny_build(monkeypatch, tiny_model, tokenizer, tmp_path / "demo", tmp_path / "art", None)
+    assert not (out / "p2p").exists()
+    meta = json.loads((out / "config.json").read_text())
+    assert meta["report"]["p2p"] == {"skipped": "--skip-p2p"} and "p2p hypernetwork" not in meta["report"]["stages_s"]
+    eng = Engine.load(out)
+    with pytest.raises(ValueError, match=r"no P2P hypernetwork in the artifacts .*--skip-p2p.*personalize build"):
+        P2PMethod(eng)
+    # an engine that was never loaded from artifacts has no folder to look in
+    with pytest.raises(ValueError, match="not loaded from an artifacts folder"):
+        P2PMethod(bare)
+
+
+def test_bench_methods_side_by_side(tiny_model, tokenizer, tmp_path):
+    import pickle
+
+    from personalize.evaluate import bench_methods, format_methods
+    from personalize.methods.rag import RagIndex
+
+    eng = make_engine(tiny_model, tokenizer)
+    users = {s: user(s, 4) for s in ("shouty", "calm")}
+    hyper, _ = train_p2p(eng, eng.encoder, {s: history(s) for s in STYLES}, _p2p_cfg(steps=1, base_adapter="k1c0"))
+    p2p.save(hyper, tmp_path / "art" / "p2p")
+    eng.folder = tmp_path / "art"
+    settings = DecodingSettings(max_new_tokens=3, min_new_tokens=3)
+    table = bench_methods(eng, users, "Paraphrase: hello there", settings, 3, ["rag", "oppu", "p2p", "exact"],
+                          folder=tmp_path / "bench", configs={"oppu": {"max_steps": 2}, "exact": {"max_pairs": 2}})
+    assert list(table) == ["rag", "oppu", "p2p", "exact"]
+    for m, row in table.items():
+        assert row["onboarding_s"] > 0 and row["latency_s_per_query"] > 0 and row["bytes_per_user"] > 0, (m, row)
+    rag_bytes = sorted(len(pickle.dumps(RagIndex(u.items, eng.task))) for u in users.values())
+    assert table["rag"]["bytes_per_user"] == int(sum(rag_bytes) / 2)  # the median of two users
+    assert table["oppu"]["bytes_per_user"] > 4 * (4 * 32 + 32 * 4 + 4 * 32 + 16 * 4) * 4  # the adapter file, on disk
+    assert table["p2p"]["bytes_per_user"] == 4 * 4 * (4 * 32 + 32 * 4 + 4 * 32 + 16 * 4)
+    assert 0 < table["exact"]["indexing_s"] <= table["exact"]["onboarding_s"]
+    assert list(eng.model.peft_config) == ["k1c0"]  # OPPU's users' adapters left the model afterwards
+    text = format_methods(table)
+    assert all(f"| {m} |" in text for m in table) and "(indexing " in text
+
+    eng.folder = tmp_path / "no_p2p"  # artifacts without a hypernetwork: a skipped row, not a crash
+    table = bench_methods(eng, users, "Paraphrase: hi", settings, 1, ["p2p", "rag"])
+    assert "personalize build" in table["p2p"]["skipped"] and table["rag"]["latency_s_per_query"] > 0
+    assert "skipped: no P2P hypernetwork" in format_methods(table)
+    with pytest.raises(ValueError, match="unknown"):
+        bench_methods(eng, users, "x", settings, 1, ["rag", "nope"])
+    with pytest.raises(ValueError, match="max_steps"):  # bad settings are errors, not skipped rows
+        bench_methods(eng, users, "x", settings, 1, ["oppu"], folder=tmp_path, configs={"oppu": {"max_steps": 0}})

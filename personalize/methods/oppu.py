@@ -156,6 +156,12 @@ class OppuMethod:
                 return
             self._unload(victim)
 
+    def release(self) -> None:
+        """Deletes every user adapter this method loaded from the peft model (their files stay), e.g. after
+        a bench on a long-lived engine."""
+        for ada in list(self._loaded):
+            self._unload(ada)
+
     def _unload(self, ada: str) -> None:
         self.engine.use_adapter(BASE_ADAPTER)  # never delete the active adapter under the engine
         if ada in self.engine.model.peft_config:

@@ -51,6 +51,7 @@ from . import UserContext, fingerprint
 
 FORMAT = 1
 WEIGHTS, CONFIG = "hypernet.safetensors", "p2p.json"
+ARTIFACTS_DIR = "p2p"  # where build saves the hypernetwork inside the artifacts folder
 
 LoRA = dict  # module type -> (A [b, L, r, d_in], B [b, L, d_out, r])
 
@@ -82,7 +83,7 @@ class P2PConfig:
     budget: TokenBudget | None = None  # None: the engine's budget (TokenBudget() for a bare model)
     seed: int = 0
     # deployment
-    folder: str | None = None  # hypernetwork folder; None: data/p2p/<artifacts id>
+    folder: str | None = None  # hypernetwork folder; None: <engine's artifacts folder>/p2p (build writes it)
     max_cached: int = 16  # generated LoRAs kept in memory (regenerating one costs one f_θ pass)
 
     def __post_init__(self):
@@ -440,13 +441,26 @@ class P2PMethod:
 
     def __init__(self, engine, store=None, cfg: P2PConfig = P2PConfig(), hypernet: HyperLoRA | None = None):
         self.engine, self.store, self.cfg = engine, store, cfg
-        self.folder = Path(cfg.folder) if cfg.folder else Path("data") / "p2p" / str(engine.artifacts_id)
-        self.hyper = (hypernet if hypernet is not None else load(self.folder)).to(engine.model.device).eval()
+        artifacts = getattr(engine, "folder", None)
+        self.folder = Path(cfg.folder) if cfg.folder else (Path(artifacts) / ARTIFACTS_DIR if artifacts else None)
+        if hypernet is None:
+            hypernet = self._load_default() if not cfg.folder else load(self.folder)
+        self.hyper = hypernet.to(engine.model.device).eval()
         n_layers, shapes = model_shapes(engine.model, self.hyper.cfg.modules)
         if n_layers != self.hyper.n_layers or shapes != self.hyper.shapes:
             raise ValueError(f"the hypernetwork was trained for {self.hyper.n_layers} layers {self.hyper.shapes}, "
                              f"this model has {n_layers} layers {shapes}")
         self._cache: OrderedDict[str, tuple[str, LoRA, bool]] = OrderedDict()  # user -> (key, LoRA, cold start)
+
+    def _load_default(self) -> HyperLoRA:
+        """The hypernetwork `build` trained next to the engine's adapters, with an error that says what to run."""
+        if self.folder is None:
+            raise ValueError("P2P: this engine was not loaded from an artifacts folder; pass P2PConfig(folder=...) "
+                             "or a trained hypernet")
+        if not (self.folder / CONFIG).exists() or not (self.folder / WEIGHTS).exists():
+            raise ValueError(f"no P2P hypernetwork in the artifacts at {self.folder.parent} (built with --skip-p2p "
+                             "or by an older build): run `python -m personalize build` again without --skip-p2p")
+        return load(self.folder)
 
     def profile(self, user: UserContext) -> tuple[np.ndarray, bool]:
         """normalize(mean Enc(y_i)); with no history, the training users' mean profile (cold start)."""
