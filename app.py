@@ -529,7 +529,8 @@ def build_app(studio: Studio) -> gr.Blocks:
             bt, heat = leaderboard_figures(lb)
             rows = [[r[c] for c in ("method", "strength", "lower", "upper", "votes", "wins", "losses", "ties")]
                     for r in lb["methods"]]
-            return f"{lb['n_votes']} votes between {len(rows)} methods.", rows, bt, heat
+            n = lb["n_votes"]
+            return f"{n} vote{'' if n == 1 else 's'} between {len(rows)} methods.", rows, bt, heat
 
         lb_refresh.click(lb_fn, None, [lb_status, lb_table, lb_plot, lb_heat], concurrency_limit=None)
         lb_tab.select(lb_fn, None, [lb_status, lb_table, lb_plot, lb_heat], concurrency_limit=None)
