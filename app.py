@@ -445,10 +445,15 @@ def build_app(studio: Studio) -> gr.Blocks:
                 return
             note = "" if state.fitted else " (not fitted yet: CARD uses λ = 1, your cluster's shared head)"
             pending = {m: gr.update(value=f"**{m}**\n\n*waiting…*", visible=True) for m in chosen}
+            if "exact" in chosen and studio.needs_indexing(name, "exact"):
+                pending["exact"] = gr.update(value=f"**exact**\n\n*first use: searching attributes for your "
+                                             f"{studio.cfg.exact_pairs} newest history items (about 15 s each "
+                                             "on a 2-core CPU); later prompts reuse them…*", visible=True)
             yield (f"Generating {len(chosen)} methods for **{name}**, cluster {state.cluster} of K = {state.k}{note}…",
                    *[pending.get(m, hidden[m]) for m in ALL_METHODS])
             done = {}
-            for o in studio.compare(name, full, chosen, s, k):
+            order = sorted(chosen, key=lambda m: studio.needs_indexing(name, m))  # slow first uses go last
+            for o in studio.compare(name, full, order, s, k):
                 done[o.method] = gr.update(value=fmt(o), visible=True)
                 yield (f"{len(done)}/{len(chosen)} done{note}.",
                        *[done.get(m, pending.get(m, hidden[m])) for m in ALL_METHODS])
@@ -468,7 +473,7 @@ def build_app(studio: Studio) -> gr.Blocks:
                 return _err(e), gr.skip(), gr.skip(), gr.skip(), gr.skip()
             steps = res["steps"]
             changed = sum(st["changed"] for st in steps)
-            tokens = [(st["token"], "changed" if st["changed"] else "kept") for st in steps]
+            tokens = [(text, "changed" if changed_ else "kept") for text, changed_ in res["pieces"]]
             status = (f"α = {res['alpha']}, cluster {res['cluster']} of K = {res['k']}"
                       f"{'' if res['fitted'] else ', λ = 1 (not fitted)'}: the user vector changed **{changed}** of "
                       f"{len(steps)} tokens. Output: {res['text']}")

@@ -25,6 +25,7 @@ from .decoding import DecodingSettings, Generation, generate
 from .features import generate_with_states, teacher_forced
 from .head import PairData, PersonalizationHead, TokenData, diagnostics, fit_user
 from .models import LM, ModelConfig, load_encoder, load_lm
+from .neutral import neutral
 
 NEUTRAL_TEMPLATE = "Rewrite the following text in plain, neutral English: {text}"
 CORE_METHODS = ("base", "cluster", "card")
@@ -131,13 +132,14 @@ class Engine:
 
     # ------------------------------------------------------------ users
     def neutral_rewrites(self, texts: Sequence[str]) -> list[str]:
-        """The base model's plain rewrite of each text, batched (§1.8); the text itself if it says nothing."""
+        """The base model's plain rewrite of each text, batched (§1.8); a rule-based plain version where the
+        model's rewrite echoes the instruction or loses the content (neutral.py)."""
         if not texts:
             return []
         self.use_adapter(None)
         outs = generate(self.model, self.tok, [NEUTRAL_TEMPLATE.format(text=t) for t in texts], self.cfg.budget,
                         DecodingSettings(max_new_tokens=self.cfg.budget.max_target_tokens + 8))
-        return [g.text or t for g, t in zip(outs, texts)]
+        return [neutral(t, g.text) for g, t in zip(outs, texts)]
 
     def prepare_items(self, items: Sequence[Item], neutral: dict[int, str] | None = None) -> list[Item]:
         """Every item with a prompt: free-form items get the task template of a neutral rewrite."""

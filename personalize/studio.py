@@ -24,6 +24,7 @@ from .decoding import DecodingSettings, Generation
 from .engine import CORE_METHODS, Engine, UserFit
 from .leaderboard import LeaderboardConfig, leaderboard
 from .methods import METHODS, UserContext, get_method
+from .methods.exact import MEMORY_KIND as EXACT_MEMORY
 from .metrics import rouge_scores
 from .onboard import onboard, prepared_items, store_assignments
 from .store import Store, StoreError
@@ -43,10 +44,13 @@ class StudioConfig:
     max_history_chars: int = 2_000_000  # a paste or upload larger than this is refused, not truncated
     max_items: int = 500
     max_prompt_chars: int = 20_000
+    # EXACT's first use scores 42 attributes × 3 steps per history pair (~15 s a pair for the 135M model on
+    # 2 CPU cores); the app indexes the newest few pairs, ratings add more. `eval` uses the method's default.
+    exact_pairs: int = 4
 
     def __post_init__(self):
-        if self.max_history_chars < 1 or self.max_items < 1 or self.max_prompt_chars < 1:
-            raise ValueError("history, item and prompt limits must be >= 1")
+        if min(self.max_history_chars, self.max_items, self.max_prompt_chars, self.exact_pairs) < 1:
+            raise ValueError("history, item, prompt and EXACT pair limits must be >= 1")
 
 
 @dataclass
@@ -206,8 +210,13 @@ class Studio:
     # ------------------------------------------------------------ Compare
     def method(self, name: str):
         if name not in self._methods:
-            self._methods[name] = get_method(name, self.engine, self.store)
+            cfg = {"max_pairs": self.cfg.exact_pairs} if name == "exact" else {}
+            self._methods[name] = get_method(name, self.engine, self.store, **cfg)
         return self._methods[name]
+
+    def needs_indexing(self, name: str, method: str) -> bool:
+        """True when a method's first use for this user will do per-user work (EXACT's attribute search)."""
+        return method == "exact" and not self.store.blobs(name, EXACT_MEMORY)
 
     def check_prompt(self, prompt: str | None) -> str:
         if not prompt or not prompt.strip():
@@ -275,8 +284,8 @@ class Studio:
                           "cluster_token": tok.decode([cluster_choice]),
                           "candidates": [{"token": tok.decode([int(cand[j])]), "before": float(before[j]),
                                           "after": float(after[j])} for j in order[:10].tolist()]})
-        return {"text": g.text, "steps": steps, "alpha": s.alpha, "fitted": state.fitted, "cluster": state.cluster,
-                "k": state.k}
+        return {"text": g.text, "steps": steps, "pieces": text_pieces(tok, steps), "alpha": s.alpha,
+                "fitted": state.fitted, "cluster": state.cluster, "k": state.k}
 
     # ------------------------------------------------------------ Rate
     def new_pair(self, name: str, prompt: str, methods: Sequence[str], s: DecodingSettings,
@@ -373,6 +382,22 @@ class Studio:
                     tick(f"K = {k} ({m})")
         return {"alpha": alpha_rows, "k": k_rows, "golds": golds, "prompts": prompts, "n_fit": len(rest),
                 "default_alpha": s.alpha}
+
+
+def text_pieces(tok, steps: Sequence[dict]) -> list[tuple[str, bool]]:
+    """(text, changed) per displayed piece: byte-level tokens that only together form a character (an
+    emoji is often 2-4 tokens) are merged, changed if any of them was; special tokens are dropped."""
+    ids, shown, out, changed = [], "", [], False
+    for st in steps:
+        ids.append(st["token_id"])
+        changed = changed or st["changed"]
+        text = tok.decode(ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # an incomplete character: wait for its next bytes
+            continue
+        if text[len(shown):]:
+            out.append((text[len(shown):], changed))
+        shown, changed = text, False
+    return out
 
 
 def _lamp_users(folder: Path) -> dict[str, list[Item]]:

@@ -53,4 +53,5 @@ def left_pad(seqs: list[list[int]], pad_id: int, device=None) -> tuple[torch.Ten
 
 
 def decode(tok, ids) -> str:
-    return tok.decode(ids, skip_special_tokens=True).strip()
+    """Text of generated ids; a multi-byte character cut by the token limit (a trailing U+FFFD) is dropped."""
+    return tok.decode(ids, skip_special_tokens=True).strip().rstrip("\ufffd").rstrip()

@@ -179,3 +179,15 @@ def test_read_history_file_errors(tmp_path: Path, name: str, content: bytes | No
         path.write_bytes(content)
     with pytest.raises(HistoryError, match=msg):
         read_history_file(path, max_bytes=100 if name == "big.txt" else 5_000_000, max_items=2 if name == "many.jsonl" else 500)
+
+
+def test_neutral_rewrite_is_checked_and_falls_back_to_a_plain_version() -> None:
+    from personalize.neutral import accept, neutral, plain
+
+    text = "omg the coffee was SO good today!!! 🔥🔥"
+    echo = "Rewrite the following text in plain, neutral English: ☺🔥🔥"  # what SmolLM2-135M answered
+    assert not accept(text, echo) and not accept(text, "") and not accept(text, "I like trains.")
+    assert accept(text, "The coffee was very good today.")
+    assert neutral(text, echo) == plain(text) == "Omg the coffee was SO good today!"
+    assert plain("JUST WON THE MATCH!!! LETS GOOO 🚀") == "Just won the match! lets gooo."
+    assert plain("Loving the sun #summer #blessed") == "Loving the sun summer blessed."

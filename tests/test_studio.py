@@ -140,6 +140,14 @@ def studio(tiny_artifacts, tmp_path_factory):
     s.store.close()
 
 
+def test_neutral_rewrites_never_echo_the_instruction(studio):
+    from personalize.neutral import plain
+
+    texts = ["omg the coffee was SO good today!!! 🔥🔥", "k bus late again"]
+    # a random tiny model writes no usable rewrite, so every item gets its rule-based plain version
+    assert studio.engine.neutral_rewrites(texts) == [plain(t) for t in texts]
+
+
 def test_history_is_saved_and_assigned_for_every_k(studio):
     res = studio.save_history("ann", studio.parse(text="\n".join(TERSE)), "tweets")
     assert res["n_items"] == 8 and set(res["clusters"]) == {1, 2, 4}
@@ -193,7 +201,19 @@ def test_fit_compare_why_and_refit_keeps_vector_on_failure(studio, monkeypatch):
     st0 = why["steps"][0]
     assert st0["candidates"][0]["after"] == max(c["after"] for c in st0["candidates"])
     assert st0["changed"] == (st0["token"] != st0["cluster_token"])
-    assert "".join(st["token"] for st in why["steps"]).strip().startswith(why["text"][:3])
+    assert "".join(t for t, _ in why["pieces"]).strip() == why["text"]
+    assert any(c for _, c in why["pieces"]) == any(st["changed"] for st in why["steps"])
+
+
+def test_why_pieces_merge_the_bytes_of_one_character(tokenizer):
+    from personalize.studio import text_pieces
+
+    ids = tokenizer("ok 🔥🔥", add_special_tokens=False)["input_ids"]
+    assert len(ids) > 3  # the emoji are byte-level tokens
+    steps = [{"token_id": i, "changed": n == len(ids) - 1} for n, i in enumerate(ids)]
+    pieces = text_pieces(tokenizer, steps)
+    assert "".join(t for t, _ in pieces) == "ok 🔥🔥" and "\ufffd" not in "".join(t for t, _ in pieces)
+    assert pieces[-1] == ("🔥", True) and not any(c for _, c in pieces[:-1])
 
 
 def test_cold_start_for_a_one_item_history(studio):
@@ -214,6 +234,7 @@ def test_blind_pair_vote_feeds_exact_and_leaderboard(studio):
     studio.new_pair("cy", pair.prompt, ["base", "card"], s)
     assert len(studio.store.generations(user="cy")) == n
 
+    assert studio.needs_indexing("cy", "exact") and not studio.needs_indexing("cy", "card")
     before = len(studio.store.ratings())
     winner = "a" if pair.outputs[0].strip() != pair.outputs[1].strip() else "tie"
     studio.vote(pair.id, winner, "rater-1")
@@ -226,6 +247,7 @@ def test_blind_pair_vote_feeds_exact_and_leaderboard(studio):
         studio.wait_feedback()
         entry = studio.store.blob("cy", "exact_memory", pair.prompt)
         assert entry is not None and len(entry["attributes"]) == 3 and entry["source"] == "feedback"
+        assert not studio.needs_indexing("cy", "exact")
 
 
 def test_explore_sweeps_alpha_and_k_on_held_out_items(studio):

@@ -1,0 +1,49 @@
+"""Neutral rewrites of free-form history items (METHOD §1.8): the content of a text without its style.
+
+The base model writes the rewrite; a small model often echoes the instruction
+or drops the content instead (SmolLM2-135M on emoji-heavy tweets answered
+"Rewrite the following text in plain, neutral English: ☺🔥🔥"). Such a rewrite
+would become the prompt of every pair, so it is checked, and when it fails the
+item gets a rule-based plain version: no emoji or hashtags marks, no shouting
+case, no repeated punctuation. Style gone, content kept, which is all §1.8 asks.
+"""
+
+from __future__ import annotations
+
+import re
+
+_SYMBOLS = re.compile(r"[^\w\s.,;:!?'\"()&%$@/-]", re.UNICODE)  # emoji, pictographs, decorations
+_WORD = re.compile(r"[a-z0-9]+")
+_ECHO = ("rewrite the following", "neutral english", "plain english")
+
+
+def content_words(text: str) -> set[str]:
+    return set(_WORD.findall(text.lower()))
+
+
+def plain(text: str) -> str:
+    """A deterministic style-free version: symbols and '#' dropped, case and punctuation tamed."""
+    t = _SYMBOLS.sub(" ", text.replace("#", " "))
+    t = re.sub(r"([!?.,])\1+", r"\1", t)  # "!!!" -> "!"
+    t = re.sub(r"\s+([.,;:!?])", r"\1", re.sub(r"\s+", " ", t)).strip()
+    letters = [c for c in t if c.isalpha()]
+    if letters and sum(c.isupper() for c in letters) > 0.5 * len(letters):
+        t = t.lower()
+    if t:
+        t = t[0].upper() + t[1:]
+        if t[-1] not in ".!?":
+            t += "."
+    return t or text
+
+
+def accept(original: str, rewrite: str, min_recall: float = 0.5) -> bool:
+    """A rewrite is usable when it does not echo the instruction and keeps most of the content words."""
+    low = rewrite.lower()
+    if not rewrite.strip() or any(e in low for e in _ECHO):
+        return False
+    words = content_words(original)
+    return not words or len(words & content_words(rewrite)) >= min_recall * len(words)
+
+
+def neutral(original: str, rewrite: str) -> str:
+    return rewrite.strip() if accept(original, rewrite) else plain(original)
