@@ -261,7 +261,7 @@ def cmd_demo(a) -> None:
             print(f"{m:>8}: {g.text}")
 
 
-DEMO_BUILD_ARGS = ["--ks", "1,2,4,8", "--default-k", "8", "--base-steps", "30", "--cluster-steps", "3",
+DEMO_BUILD_ARGS = ["--ks", "1,2,4,8", "--default-k", "8", "--base-steps", "30", "--cluster-steps", "3", "--p2p-steps", "10",
                    "--items-per-user", "16", "--max-prompt-tokens", "64", "--max-target-tokens", "40"]
 
 
