@@ -447,8 +447,11 @@ def build_app(studio: Studio) -> gr.Blocks:
             pending = {m: gr.update(value=f"**{m}**\n\n*waiting…*", visible=True) for m in chosen}
             if "exact" in chosen and studio.needs_indexing(name, "exact"):
                 pending["exact"] = gr.update(value=f"**exact**\n\n*first use: searching attributes for your "
-                                             f"{studio.cfg.exact_pairs} newest history items (about 15 s each "
-                                             "on a 2-core CPU); later prompts reuse them…*", visible=True)
+                                             f"{studio.cfg.exact_pairs} newest history items (about half a minute "
+                                             "each on a 2-core CPU); later prompts reuse them…*", visible=True)
+            if "oppu" in chosen and studio.needs_indexing(name, "oppu"):
+                pending["oppu"] = gr.update(value="**oppu**\n\n*first use: training your own LoRA on your history "
+                                            "(about 40 s on a 2-core CPU); later prompts reuse it…*", visible=True)
             yield (f"Generating {len(chosen)} methods for **{name}**, cluster {state.cluster} of K = {state.k}{note}…",
                    *[pending.get(m, hidden[m]) for m in ALL_METHODS])
             done = {}

@@ -44,7 +44,7 @@ class StudioConfig:
     max_history_chars: int = 2_000_000  # a paste or upload larger than this is refused, not truncated
     max_items: int = 500
     max_prompt_chars: int = 20_000
-    # EXACT's first use scores 42 attributes × 3 steps per history pair (~15 s a pair for the 135M model on
+    # EXACT's first use scores 42 attributes × 3 steps per history pair (~15-40 s a pair for the 135M model on
     # 2 CPU cores); the app indexes the newest few pairs, ratings add more. `eval` uses the method's default.
     exact_pairs: int = 4
 
@@ -211,12 +211,22 @@ class Studio:
     def method(self, name: str):
         if name not in self._methods:
             cfg = {"max_pairs": self.cfg.exact_pairs} if name == "exact" else {}
+            if name == "oppu":  # user adapters live beside the database they belong to
+                cfg = {"folder": str(Path(self.cfg.db).parent / "oppu" / str(self.engine.artifacts_id))}
             self._methods[name] = get_method(name, self.engine, self.store, **cfg)
         return self._methods[name]
 
     def needs_indexing(self, name: str, method: str) -> bool:
-        """True when a method's first use for this user will do per-user work (EXACT's attribute search)."""
-        return method == "exact" and not self.store.blobs(name, EXACT_MEMORY)
+        """True when a method's first use for this user will do per-user work (EXACT's attribute search,
+        OPPU's adapter training)."""
+        if method == "exact":
+            return not self.store.blobs(name, EXACT_MEMORY)
+        if method == "oppu":
+            try:
+                return not self.method("oppu").is_current(UserContext.from_store(self.store, name, self.task))
+            except (ValueError, StoreError):  # no rewrites yet, or no such user: the first use will tell
+                return True
+        return False
 
     def check_prompt(self, prompt: str | None) -> str:
         if not prompt or not prompt.strip():

@@ -205,6 +205,25 @@ def test_fit_compare_why_and_refit_keeps_vector_on_failure(studio, monkeypatch):
     assert any(c for _, c in why["pieces"]) == any(st["changed"] for st in why["steps"])
 
 
+def test_oppu_trains_on_first_use_and_again_after_an_edit(studio):
+    """OPPU in Compare: the first request trains the user's adapter (beside the database), the next reuses it,
+    and a changed history retrains it."""
+    studio.save_history("opal", [Item(t) for t in TERSE[:4]], "tweets")
+    s, prompt = studio.settings(max_new_tokens=4), studio.task.prompt("the tea was cold")
+    assert studio.needs_indexing("opal", "oppu")
+    first = next(studio.compare("opal", prompt, ["oppu"], s))
+    assert first.error is None and first.info["trace"][0]["adapter"].startswith("u_opal_")
+    meta = next((studio.store.path.parent / "oppu").glob("*/u_opal_*/oppu.json"))
+    trained = meta.stat().st_mtime_ns
+    assert not studio.needs_indexing("opal", "oppu")
+    again = next(studio.compare("opal", prompt, ["oppu"], s))
+    assert again.text == first.text and meta.stat().st_mtime_ns == trained  # reused, not retrained
+    studio.save_history("opal", [Item(t) for t in TERSE[2:7]], "tweets")
+    assert studio.needs_indexing("opal", "oppu")
+    assert next(studio.compare("opal", prompt, ["oppu"], s)).error is None
+    assert meta.stat().st_mtime_ns != trained and not studio.needs_indexing("opal", "oppu")
+
+
 def test_why_pieces_merge_the_bytes_of_one_character(tokenizer):
     from personalize.studio import text_pieces
 

@@ -123,6 +123,13 @@ class OppuMethod:
         except StoreError:
             pass  # e.g. evaluation users that were never added to the store
 
+    def is_current(self, user: UserContext) -> bool:
+        """True when the user's saved adapter was trained on their present history (or none is needed)."""
+        if len(user.items) < self.cfg.min_items:
+            return True
+        meta = self.folder / adapter_id(user.name) / META
+        return meta.exists() and json.loads(meta.read_text()).get("history") == _history_key(user)
+
     # ------------------------------------------------------------ adapters in memory
     def activate(self, user: UserContext) -> str:
         """Makes the user's adapter the active one (loaded from disk if needed); returns its name.
@@ -170,7 +177,10 @@ class OppuMethod:
 
     # ------------------------------------------------------------ generation
     def generate(self, user: UserContext, prompts: list[str], settings: DecodingSettings) -> list[Generation]:
-        """Greedy (or sampled) decoding with the user's own adapter; trace = [{"adapter": name}]."""
+        """Greedy (or sampled) decoding with the user's own adapter, trained first when it is missing or was
+        trained on an older history (so an app's first OPPU request for a user is slow); trace = [{"adapter"}]."""
+        if not self.is_current(user):
+            self.prepare(user)
         ada = self.activate(user)
         outs = generate(self.engine.model, self.engine.tok, list(prompts), self.engine.cfg.budget, settings)
         for g in outs:
