@@ -8,6 +8,7 @@ masked; on a CPU it is budgeted in steps because it costs ~7-15 ms per token.
 from __future__ import annotations
 
 import random
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,12 @@ from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+
+if not torch.cuda.is_available():
+    # peft imports bitsandbytes eagerly, which costs ~1.3 s of every start here; 4-bit loading is CUDA-only
+    # (models.load_model refuses it on the CPU), so without CUDA peft is told bitsandbytes is absent.
+    sys.modules.setdefault("bitsandbytes", None)
+
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 from transformers import get_cosine_schedule_with_warmup
 
