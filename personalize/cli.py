@@ -179,14 +179,36 @@ def cmd_generate(a) -> None:
         print(f"[{m}] ({g.latency_s:.2f} s, {g.n_tokens} tokens)\n{g.text}\n")
 
 
+def _method_configs(a) -> dict[str, dict]:
+    """The CPU budgets of EXACT and OPPU from --exact-pairs / --oppu-steps, checked before any model loads."""
+    from .methods import ExactConfig, OppuConfig
+
+    configs = {"exact": {"max_pairs": a.exact_pairs}}
+    if a.oppu_steps is not None:
+        configs["oppu"] = {"max_steps": a.oppu_steps}
+    try:
+        ExactConfig(**configs["exact"]), OppuConfig(**configs.get("oppu", {}))
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    return configs
+
+
+def _add_method_budgets(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--oppu-steps", type=int, default=None, help="cap on OPPU's training steps per user (default 40)")
+    p.add_argument("--exact-pairs", type=int, default=4,
+                   help="history pairs EXACT indexes per user (default 4, a CPU budget: indexing costs about "
+                        "half a minute per pair on a 2-core CPU; EXACT's own default is 32)")
+
+
 def cmd_eval(a) -> None:
     from .evaluate import format_table, run_eval
 
+    configs = _method_configs(a)
     engine = _engine(a)
     if a.alpha is not None:
         engine.cfg = replace(engine.cfg, decoding=replace(engine.cfg.decoding, alpha=a.alpha))
     t0 = time.perf_counter()
-    result = run_eval(engine, a.data, a.split, _methods(a.methods), a.limit)
+    result = run_eval(engine, a.data, a.split, _methods(a.methods), a.limit, method_configs=configs)
     result["settings"]["wall_s"] = round(time.perf_counter() - t0, 1)
     print(format_table(result))
     print("held-out diagnostics (mean over users):", json.dumps(result["diagnostics"]))
@@ -199,16 +221,13 @@ def cmd_eval(a) -> None:
 def cmd_bench(a) -> None:
     from .data import read_lamp
     from .evaluate import BENCH_METHODS, format_bench, run_bench
-    from .methods import ExactConfig, OppuConfig
 
     unknown = [m for m in _methods(a.methods) if m not in BENCH_METHODS]
     if unknown:
         raise UsageError(f"bench --methods: unknown {unknown}; choose from {list(BENCH_METHODS)}")
     if a.repeats < 1 or a.users < 1 or a.items < 2:
         raise UsageError("bench needs --users >= 1, --items >= 2 and --repeats >= 1")
-    if a.oppu_steps is not None:
-        OppuConfig(max_steps=a.oppu_steps)  # bad values end here, before any model is loaded
-    ExactConfig(max_pairs=a.exact_pairs)
+    configs = _method_configs(a)
     engine = _engine(a)
     meta_data = a.data or engine.meta.get("data")
     task, queries = read_lamp(meta_data, a.split or engine.meta.get("split", "dev"))
@@ -216,7 +235,6 @@ def cmd_bench(a) -> None:
     users = {(q.user or q.id): list(q.profile[: a.items]) for q in queries}
     if not queries:
         raise UsageError(f"no users with at least 2 profile items in {meta_data}")
-    configs = {"exact": {"max_pairs": a.exact_pairs}} | ({"oppu": {"max_steps": a.oppu_steps}} if a.oppu_steps is not None else {})
     methods = _methods(a.methods)
     t0 = time.perf_counter()
     b = run_bench(engine, users, queries[0].input, repeats=a.repeats, methods=methods, method_configs=configs)
@@ -325,6 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="any of base, cluster, card, bm25_copy (the no-model floor), rag, pag, exact, cope, oppu, p2p")
     e.add_argument("--limit", type=int, default=None)
     e.add_argument("--alpha", type=float, default=None, help="override the build's α")
+    _add_method_budgets(e)
     e.add_argument("--json", default=None)
     e.set_defaults(fn=cmd_eval)
 
@@ -337,10 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--repeats", type=int, default=5)
     n.add_argument("--methods", default="rag,oppu,p2p,card,exact",
                    help="Table 5 rows measured side by side: any of rag, oppu, p2p, card, exact ('' = none)")
-    n.add_argument("--oppu-steps", type=int, default=None, help="cap on OPPU's training steps per user (default 40)")
-    n.add_argument("--exact-pairs", type=int, default=4,
-                   help="history pairs EXACT indexes per user (default 4, a CPU budget: indexing costs about a "
-                        "minute per pair on a 2-core CPU; EXACT's own default is 32)")
+    _add_method_budgets(n)
     n.add_argument("--json", default=None)
     n.set_defaults(fn=cmd_bench)
 

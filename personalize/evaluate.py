@@ -56,7 +56,7 @@ def bm25_copy(query: str, profile: Sequence[Item]) -> str:
 
 
 def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence[str], limit: int | None = None,
-             max_items: int = 24) -> dict:
+             max_items: int = 24, method_configs: dict[str, dict] | None = None) -> dict:
     task, queries = read_lamp(data_dir, split)
     queries = [q for q in queries if q.gold is not None and q.profile][: limit or None]
     if not queries:
@@ -78,11 +78,16 @@ def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence
             preds[m] = [bm25_copy(q.input, q.profile) for q in queries]
             continue
         if m in METHODS:
-            with tempfile.TemporaryDirectory() as tmp:
-                method = get_method(m, engine, Store(Path(tmp) / "eval.db"))
+            with tempfile.TemporaryDirectory() as tmp:  # per-user state (EXACT memory, OPPU adapters) is scratch
+                cfg = dict((method_configs or {}).get(m, {}))
+                if m == "oppu":
+                    cfg.setdefault("folder", str(Path(tmp) / "oppu"))
+                method = get_method(m, engine, Store(Path(tmp) / "eval.db"), **cfg)
                 for i, q in enumerate(tqdm(queries, desc=m, mininterval=2.0)):
                     user = UserContext(q.user or q.id, profiles[i], fits[i].cluster, fits[i].k, fits[i].lam)
                     preds[m][i] = method.generate(user, [q.input], engine.cfg.decoding)[0].text
+                if hasattr(method, "release"):
+                    method.release()
             continue
         groups: dict[int, list[int]] = {}
         for i, f in enumerate(fits):
@@ -103,7 +108,8 @@ def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence
             "settings": {"artifacts": engine.artifacts_id, "data": str(data_dir), "split": split, "n": len(queries),
                          "max_items": max_items, "alpha": engine.cfg.decoding.alpha, "top_k": engine.cfg.decoding.top_k,
                          "max_new_tokens": engine.cfg.decoding.max_new_tokens, "k": engine.cfg.default_k,
-                         "objective": engine.cfg.objectives[0], "onboarding_s_total": round(onboard_s, 1)},
+                         "objective": engine.cfg.objectives[0], "onboarding_s_total": round(onboard_s, 1),
+                         "method_configs": method_configs or {}},
             "predictions": [{"id": q.id, "gold": q.gold, **{m: preds[m][i] for m in methods}}
                             for i, q in enumerate(queries)]}
 

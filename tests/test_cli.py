@@ -145,11 +145,15 @@ def test_end_to_end_on_the_bundled_model(artifacts, demo_dir, tmp_path):
 
     out_json = tmp_path / "eval.json"
     r = cli("eval", "--artifacts", artifacts, "--data", demo_dir, "--limit", "3", "--methods",
-            "base,cluster,card,bm25_copy,rag,p2p", "--json", out_json, check=0)
+            "base,cluster,card,bm25_copy,rag,p2p,oppu", "--oppu-steps", "1", "--json", out_json, check=0)
     res = json.loads(out_json.read_text())
-    assert set(res["methods"]) == {"base", "cluster", "card", "bm25_copy", "rag", "p2p"}
+    assert set(res["methods"]) == {"base", "cluster", "card", "bm25_copy", "rag", "p2p", "oppu"}
+    assert res["settings"]["method_configs"]["oppu"] == {"max_steps": 1}  # trains each user's LoRA on first use
     assert all(0 <= v["rougeL"] <= 1 and v["n"] == 3 for v in res["methods"].values())
     assert "R-L" in r.stdout
+
+    r = cli("eval", "--artifacts", artifacts, "--data", demo_dir, "--exact-pairs", "0", check=2)
+    assert "max_pairs" in r.stderr and "Traceback" not in r.stderr
 
     bench_json = tmp_path / "bench.json"
     r = cli("bench", "--artifacts", artifacts, "--users", "3", "--items", "6", "--repeats", "2", "--json", bench_json,
