@@ -82,9 +82,11 @@ def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence
                 cfg = dict((method_configs or {}).get(m, {}))
                 if m == "oppu":
                     cfg.setdefault("folder", str(Path(tmp) / "oppu"))
-                method = get_method(m, engine, Store(Path(tmp) / "eval.db"), **cfg)
+                store = Store(Path(tmp) / "eval.db")
+                method = get_method(m, engine, store, **cfg)
                 for i, q in enumerate(tqdm(queries, desc=m, mininterval=2.0)):
                     user = UserContext(q.user or q.id, profiles[i], fits[i].cluster, fits[i].k, fits[i].lam)
+                    store.add_user(user.name, user.items, task.name, replace=True)  # EXACT and PAG keep state per user
                     preds[m][i] = method.generate(user, [q.input], engine.cfg.decoding)[0].text
                 if hasattr(method, "release"):
                     method.release()

@@ -284,3 +284,15 @@ def test_explore_sweeps_alpha_and_k_on_held_out_items(studio):
     assert res["alpha"][0]["outputs"] == cl["outputs"]
     with pytest.raises(ValueError, match="at least"):
         studio.explore("solo", [1.0], n_holdout=3)
+
+
+def test_eval_runs_the_stateful_methods_on_users_it_never_stored(studio, tiny_artifacts):
+    """eval onboards LaMP query users that no store knows: EXACT's memory, PAG's summary and OPPU's adapter
+    live in a scratch store and folder, and every method yields a scored column."""
+    from personalize.evaluate import run_eval
+
+    res = run_eval(studio.engine, tiny_artifacts["demo"], "dev", ["exact", "pag", "oppu", "card"], limit=2,
+                   method_configs={"exact": {"max_pairs": 1}, "oppu": {"max_steps": 1}})
+    assert set(res["methods"]) == {"exact", "pag", "oppu", "card"}
+    assert all(v["n"] == 2 and 0 <= v["rougeL"] <= 1 for v in res["methods"].values())
+    assert not any(a.startswith("u_") for a in studio.engine.model.peft_config)  # OPPU's adapters released
