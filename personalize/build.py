@@ -29,7 +29,7 @@ from .cluster import fit_clusters, user_embeddings
 from .config import FORMAT_VERSION, CardConfig
 from .data import Item, Query, read_lamp
 from .engine import Clusters, Engine, _split
-from .head import PersonalizationHead, diagnostics, fit_user, train_population
+from .head import PairData, PersonalizationHead, diagnostics, fit_user, train_population
 from .methods import p2p as p2p_mod
 from .methods.p2p import P2PConfig, train_p2p
 from .metrics import rouge_scores
@@ -131,6 +131,9 @@ def build(data_dir: str | Path, split: str, out: str | Path, cfg: CardConfig = C
             for n in tqdm(train_names, desc=f"features ({obj})", mininterval=2.0):
                 engine.use_adapter(adapter_name(kd, int(labels[kd][names.index(n)])) if kd > 1 else BASE_ADAPTER)
                 data[n] = engine.user_data(users[n], obj)
+            if obj == "hard_pairs" and cfg.head.n_other:
+                data = _other_users_negatives(data, {n: int(labels[kd][names.index(n)]) for n in train_names},
+                                              cfg.head.n_other, seed)
             n_hold = {n: int(round(cfg.holdout * len(users[n]))) for n in train_names}
             fit_data, held_data = {}, {}
             for n in train_names:
@@ -146,6 +149,8 @@ def build(data_dir: str | Path, split: str, out: str | Path, cfg: CardConfig = C
             head.eval().requires_grad_(False)
             diag = _population_diagnostics(head, held_data, lams, cfg)
             report["head"][obj] = {"loss_curve": curve, "held_out": diag}
+            if obj == "hard_pairs":
+                report["head"][obj]["gamma"] = round(float(head.gamma), 4)  # the fixed log-prob weight
             _log(f"head {obj}: loss {curve[0]:.4f} -> {curve[-1]:.4f}; held-out {json.dumps(diag)}")
             heads[obj], head_users[obj] = head, list(lams)
             lambdas[obj] = torch.stack([lams[n] for n in lams]) if lams else torch.ones(0, cfg.head.d)
@@ -188,6 +193,22 @@ def _train_p2p(engine: Engine, users: dict[str, list[Item]], train_names: list[s
     _log(f"p2p: {r['users']} users, {r['steps']} steps, {r['tokens']} tokens, {r['seconds']} s, "
          f"training users' loss {loss['before']} -> {loss['after']}, held-out {r['held_out_loss'][:1] + r['held_out_loss'][-1:]}")
     return hyper, {**r, "folder": p2p_mod.ARTIFACTS_DIR}
+
+
+def _other_users_negatives(data: dict[str, PairData], cluster: dict[str, int], n_other: int,
+                           seed: int) -> dict[str, PairData]:
+    """hard_pairs (METHOD §1.9.3c): each item's text also against `n_other` real texts of other users in the
+    same cluster (their own prompts, read by the same cluster model), so that neither likelihood nor
+    "human vs model" separates the pair: only the user's style does."""
+    rng = random.Random(seed)
+    own = {n: {i: c for c, i in zip(d.chosen, d.items)} for n, d in data.items()}  # item → y+ features
+    out = {}
+    for n, d in data.items():
+        pool = [f for m, texts in own.items() if m != n and cluster[m] == cluster[n] for f in texts.values()]
+        extra = [(i, c, rng.choice(pool)) for i, c in own[n].items() for _ in range(n_other)] if pool else []
+        out[n] = PairData(d.chosen + [c for _, c, _ in extra], d.rejected + [r for _, _, r in extra],
+                          d.items + [i for i, _, _ in extra], d.covariate)
+    return out
 
 
 def _population(queries: list[Query], items_per_user: int, limit: int | None) -> dict[str, list[Item]]:
@@ -246,7 +267,8 @@ def _save(out: Path, cfg, task, names, head_users, clusters, model, heads, lambd
              **{f"labels_k{k}": l for k, l in clusters.labels.items()})
     for obj, head in heads.items():
         save_file({"P": head.P.weight.detach().contiguous(), "U": head.U.detach().contiguous(),
-                   "h_mean": head.h_mean, "h_std": head.h_std, "lambdas": lambdas[obj].contiguous()}, str(tmp / f"head_{obj}.safetensors"))
+                   "h_mean": head.h_mean, "h_std": head.h_std, "gamma": head.gamma,
+                   "lambdas": lambdas[obj].contiguous()}, str(tmp / f"head_{obj}.safetensors"))
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
     digest = hashlib.sha1(f"{out.name}{created}{cfg.to_dict()}".encode()).hexdigest()[:8]
     meta = {"format_version": FORMAT_VERSION, "name": out.name, "id": f"{out.name}-{digest}", "created": created,

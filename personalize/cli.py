@@ -204,7 +204,9 @@ def cmd_eval(a) -> None:
     from .evaluate import format_table, run_eval
 
     configs = _method_configs(a)
+    objectives = _objectives_first(a)
     engine = _engine(a)
+    engine.cfg = replace(engine.cfg, objectives=objectives)
     if a.alpha is not None:
         engine.cfg = replace(engine.cfg, decoding=replace(engine.cfg.decoding, alpha=a.alpha))
     t0 = time.perf_counter()
@@ -216,6 +218,21 @@ def cmd_eval(a) -> None:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps(result, indent=2))
         print(f"wrote {a.json}")
+
+
+def _objectives_first(a) -> tuple[str, ...]:
+    """The built heads with --objective first (onboarding and card use the first), checked before models load."""
+    from .engine import artifacts_meta
+
+    if not (Path(a.artifacts) / "config.json").exists():
+        raise UsageError(f"no artifacts at {a.artifacts}: build them with `python -m personalize build`")
+    built = tuple(artifacts_meta(Path(a.artifacts))["settings"]["objectives"])
+    if a.objective is None:
+        return built
+    if a.objective not in built:
+        raise UsageError(f"--objective {a.objective}: these artifacts have heads for {list(built)}; "
+                         f"build with --objectives {a.objective} to add it")
+    return (a.objective, *[o for o in built if o != a.objective])
 
 
 def cmd_bench(a) -> None:
@@ -294,7 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--default-k", type=int, default=None, help="K the head is trained on and methods use (default 4)")
     b.add_argument("--limit-users", type=int, default=None, help="use the first N users only")
     b.add_argument("--out", default=None, help="artifacts folder (default data/artifacts/<data folder name>)")
-    b.add_argument("--objectives", default="tokens", help="head objectives to train, first = default: tokens,pairs")
+    b.add_argument("--objectives", default="tokens", help="head objectives to train, first = CARD's default: any of tokens,pairs,hard_pairs "
+                        "(METHOD §1.9.3 b, a, c)")
     b.add_argument("--items-per-user", type=int, default=16)
     b.add_argument("--val-users", type=int, default=6, help="users held out of training to choose α on")
     b.add_argument("--base-steps", type=int, default=60, help="K=1 adapter steps (batch 8)")
@@ -343,6 +361,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="any of base, cluster, card, bm25_copy (the no-model floor), rag, pag, exact, cope, oppu, p2p")
     e.add_argument("--limit", type=int, default=None)
     e.add_argument("--alpha", type=float, default=None, help="override the build's α")
+    e.add_argument("--objective", default=None,
+                   help="which built head onboards users and steers card (tokens, pairs, hard_pairs; default: the build's first)")
     _add_method_budgets(e)
     e.add_argument("--json", default=None)
     e.set_defaults(fn=cmd_eval)

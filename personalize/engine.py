@@ -23,7 +23,7 @@ from .config import FORMAT_VERSION, CardConfig
 from .data import Item, Task, TASKS
 from .decoding import DecodingSettings, Generation, generate
 from .features import generate_with_states, teacher_forced
-from .head import PairData, PersonalizationHead, TokenData, diagnostics, fit_user
+from .head import PAIR_OBJECTIVES, PairData, PersonalizationHead, TokenData, diagnostics, fit_user
 from .models import LM, ModelConfig, load_encoder, load_lm
 from .neutral import neutral
 
@@ -104,7 +104,8 @@ class Engine:
         for obj in cfg.objectives:
             t = load_file(str(folder / f"head_{obj}.safetensors"))
             head = PersonalizationHead(t["P"].shape[1], t["U"].shape[0], t["U"].shape[1])
-            head.load_state_dict({"P.weight": t["P"], "U": t["U"], "h_mean": t["h_mean"], "h_std": t["h_std"]})
+            head.load_state_dict({"P.weight": t["P"], "U": t["U"], "h_mean": t["h_mean"], "h_std": t["h_std"],
+                                  "gamma": t.get("gamma", torch.zeros(()))})  # no gamma: built before hard_pairs
             heads[obj] = head.eval().requires_grad_(False)
             lams[obj] = dict(zip(meta["head_users"][obj], t["lambdas"].numpy()))
         task = TASKS[meta["task"]]
@@ -156,6 +157,22 @@ class Engine:
             raise ValueError(f"K={k} was not built; built: {sorted(self.clusters.centroids)}")
         return assign(embedding, self.clusters.centroids[k])
 
+    def negatives(self, items: Sequence[Item], objective: str) -> list[tuple[int, object]]:
+        """(item index, y− features) under the active cluster model: its greedy output for every item and,
+        for "hard_pairs", `n_samples` sampled outputs per item too (seeded, so a refit gives the same λ)."""
+        hs, prompts = self.cfg.head, [it.x for it in items]
+
+        def draw(**sampling):
+            return generate_with_states(self.model, self.tok, prompts, hs.n_layers, self.cfg.budget,
+                                        max_new_tokens=self.cfg.budget.max_target_tokens, **sampling)
+
+        negs = list(enumerate(draw()))
+        if objective == "hard_pairs" and hs.n_samples:
+            torch.manual_seed(hs.seed)
+            for _ in range(hs.n_samples):
+                negs += list(enumerate(draw(sample=True, top_k=hs.top_k, temperature=hs.temperature)))
+        return negs
+
     def user_data(self, items: Sequence[Item], objective: str, negatives=None):
         """The head's training signal for these items under the active cluster model."""
         ex = [(it.x, it.y) for it in items]
@@ -165,9 +182,9 @@ class Engine:
             return TokenData.from_features(feats)
         chosen = teacher_forced(self.model, self.tok, ex, hs.n_layers, self.cfg.budget)
         if negatives is None:
-            negatives = generate_with_states(self.model, self.tok, [x for x, _ in ex], hs.n_layers, self.cfg.budget,
-                                             max_new_tokens=self.cfg.budget.max_target_tokens)
-        return PairData(chosen, negatives)
+            negatives = self.negatives(items, objective)
+        return PairData([chosen[i] for i, _ in negatives], [f for _, f in negatives], [i for i, _ in negatives],
+                        covariate=objective == "hard_pairs")
 
     def fit(self, items: Sequence[Item], k: int | None = None, objective: str | None = None,
             progress=None) -> UserFit:
@@ -194,11 +211,8 @@ class Engine:
         if len(items) < self.cfg.min_fit_items:
             return UserFit(cluster, distances, k, ones, objective, len(items), stages, cold_start=True)
         self.use_adapter(adapter_name(k, cluster))
-        if objective == "pairs":
-            ex_prompts = [it.x for it in items]
-            negs = stage("negatives", lambda: generate_with_states(
-                self.model, self.tok, ex_prompts, self.cfg.head.n_layers, self.cfg.budget,
-                max_new_tokens=self.cfg.budget.max_target_tokens))
+        if objective in PAIR_OBJECTIVES:
+            negs = stage("negatives", lambda: self.negatives(items, objective))
             data = stage("features", lambda: self.user_data(items, objective, negatives=negs))
         else:
             data = stage("features", lambda: self.user_data(items, objective))
@@ -237,7 +251,7 @@ class Engine:
 def _split(data, n_hold: int, n_items: int):
     """Held-out = the first n_hold items (the newest, in LaMP order)."""
     if isinstance(data, PairData):
-        return PairData(data.chosen[n_hold:], data.rejected[n_hold:]), PairData(data.chosen[:n_hold], data.rejected[:n_hold])
+        return data.select(lambda i: i >= n_hold), data.select(lambda i: i < n_hold)
     # TokenData rows are in item order; split by the share of items (rows are token positions)
     cut = int(len(data) * n_hold / n_items)
     sl = lambda a, b: TokenData(data.h[a:b], data.cand[a:b], data.base[a:b], data.target[a:b])  # noqa: E731

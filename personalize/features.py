@@ -120,9 +120,12 @@ def teacher_forced(
 @torch.no_grad()
 def generate_with_states(
     model, tok, prompts: Sequence[str], n_layers: int, budget: TokenBudget,
-    max_new_tokens: int = 32, batch_size: int = 24,
+    max_new_tokens: int = 32, batch_size: int = 24, sample: bool = False, top_k: int = 50,
+    temperature: float = 1.0,
 ) -> list[SequenceFeatures]:
-    """Greedy outputs (the negatives y−) with their h_t captured during generation."""
+    """Greedy outputs (the negatives y−) with their h_t captured during generation; with `sample`, draws
+    from the top_k candidates at `temperature` instead (the harder negatives of "hard_pairs": seed torch
+    first for repeatable draws). logprob is the model's own, untempered."""
     out: list[SequenceFeatures] = []
     eos = tok.eos_token_id
     for i in range(0, len(prompts), batch_size):
@@ -130,9 +133,9 @@ def generate_with_states(
         ids, mask = left_pad([prompt_ids(tok, x, budget) for x in chunk], tok.pad_token_id, model.device)
         with HiddenCapture(model, n_layers, record_steps=True) as cap:
             gen = model.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=sample,
                 pad_token_id=tok.pad_token_id, output_logits=True, return_dict_in_generate=True,
-                top_k=None, top_p=None, temperature=None,
+                top_k=top_k if sample else None, top_p=None, temperature=temperature if sample else None,
             )
         new = gen.sequences[:, ids.shape[1]:]
         states = torch.stack(cap.steps[: new.shape[1]], dim=1)  # [B, T, nH]

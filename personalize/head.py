@@ -4,13 +4,20 @@
 population; a user is only λ_u (D floats). Because Δ is linear in λ_u, fitting a
 new user is a D-dimensional convex problem that takes milliseconds.
 
-Two objectives, both selectable (the ablation METHOD §1.9.3 asks for):
-- "pairs": the paper's Bradley–Terry loss on implicit pairs (user text y+ vs
-  the cluster model's greedy output y−), r_u(x, y) = λ_u · φ(x, y).
-- "tokens": the corrected logits must rank the user's actual next token among
-  the cluster model's top-k candidates (a softmax over the candidates, the
-  re-ranking decoding applies). Needs no negatives, only one teacher-forced
-  pass over the user's own texts.
+Three objectives, all selectable (the ablation METHOD §1.9.3 asks for):
+- "pairs" (a): the paper's Bradley–Terry loss on implicit pairs (user text y+
+  vs the cluster model's greedy output y−), r_u(x, y) = λ_u · φ(x, y).
+- "tokens" (b): the corrected logits must rank the user's actual next token
+  among the cluster model's top-k candidates (a softmax over the candidates,
+  the re-ranking decoding applies). Needs no negatives, only one
+  teacher-forced pass over the user's own texts.
+- "hard_pairs" (c): "pairs" with negatives that likelihood cannot tell from
+  the user's text as easily (sampled cluster outputs; in the build also other
+  users' real texts of the same cluster), and the cluster model's mean
+  log-probability as a covariate with a fixed weight γ, fitted once on the
+  population: the pair logit is β(λ_u·Δφ + γ·Δlogp), so the "lower likelihood
+  ⇒ human" rule that saturates (a) is already explained and λ_u must carry
+  the rest.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ import torch.nn.functional as F
 
 from .features import SequenceFeatures
 
-OBJECTIVES = ("tokens", "pairs")
+OBJECTIVES = ("tokens", "pairs", "hard_pairs")
+PAIR_OBJECTIVES = ("pairs", "hard_pairs")  # objectives that need negatives
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,9 @@ class HeadSettings:
     lambda_lr_scale: float = 30.0  # population λ's learning rate, relative to P and U's
     batch_users: int = 8
     fit_iters: int = 50  # LBFGS iterations for a new user's λ
+    n_samples: int = 1  # hard_pairs: sampled cluster outputs per item, beside the greedy one
+    n_other: int = 1  # hard_pairs, build only: other users' texts of the same cluster per item
+    temperature: float = 1.0  # hard_pairs: sampling temperature of the sampled negatives (top_k candidates)
     seed: int = 0
 
     def __post_init__(self):
@@ -50,6 +61,8 @@ class HeadSettings:
             raise ValueError("head needs d >= 1, n_layers >= 1, top_k >= 2")
         if self.rho < 0 or self.beta <= 0:
             raise ValueError("rho must be >= 0 and beta > 0")
+        if self.n_samples < 0 or self.n_other < 0 or self.temperature <= 0:
+            raise ValueError("n_samples and n_other must be >= 0 and temperature > 0")
 
 
 class PersonalizationHead(torch.nn.Module):
@@ -62,6 +75,8 @@ class PersonalizationHead(torch.nn.Module):
         # Last-layer states carry a few huge activations; standardising them keeps P well scaled.
         self.register_buffer("h_mean", torch.zeros(in_dim))
         self.register_buffer("h_std", torch.ones(in_dim))
+        # hard_pairs: weight of the cluster model's mean log-prob in the pair logit; fixed once fitted (0 otherwise)
+        self.register_buffer("gamma", torch.zeros(()))
 
     def set_feature_stats(self, h: torch.Tensor) -> None:
         h = h.float()
@@ -117,13 +132,64 @@ class TokenData:
 
 @dataclass
 class PairData:
-    """Implicit pairs: the user's text (chosen) against the cluster model's (rejected)."""
+    """Implicit pairs: the user's text (chosen) against the cluster model's (rejected).
+
+    `items[i]` is the history item pair i was built from (several negatives may share one
+    item), so held-out splits never leak an item; `covariate` adds γ·Δlogp to the logit."""
 
     chosen: list[SequenceFeatures]
     rejected: list[SequenceFeatures]
+    items: list[int] | None = None  # None: pair i is item i
+    covariate: bool = False
+
+    def __post_init__(self):
+        if len(self.chosen) != len(self.rejected):
+            raise ValueError(f"{len(self.chosen)} chosen against {len(self.rejected)} rejected")
+        if self.items is None:
+            self.items = list(range(len(self.chosen)))
 
     def __len__(self):
         return len(self.chosen)
+
+    def dlogp(self) -> torch.Tensor:
+        """Δ of the cluster model's mean log-probability, chosen minus rejected.  [N]"""
+        return torch.tensor([c.mean_logprob - r.mean_logprob for c, r in zip(self.chosen, self.rejected)])
+
+    def select(self, keep) -> "PairData":
+        idx = [i for i, it in enumerate(self.items) if keep(it)]
+        return PairData([self.chosen[i] for i in idx], [self.rejected[i] for i in idx],
+                        [self.items[i] for i in idx], self.covariate)
+
+
+def pair_logits(head: "PersonalizationHead", data: PairData, lam: torch.Tensor, s: HeadSettings,
+                dphi: torch.Tensor | None = None) -> torch.Tensor:
+    """β(λ·(φ(y+) − φ(y−)) + γ·Δlogp): the Bradley–Terry logit of every pair.  [N]"""
+    if dphi is None:
+        dphi = torch.stack([head.phi(c) - head.phi(r) for c, r in zip(data.chosen, data.rejected)])
+    logit = dphi @ lam
+    if data.covariate:
+        logit = logit + head.gamma * data.dlogp()
+    return s.beta * logit
+
+
+def fit_covariate(head: "PersonalizationHead", pairs: Sequence[PairData], s: HeadSettings) -> float:
+    """γ: the 1-D logistic fit of "chosen iff Δlogp·γ > 0" on the population's pairs, then held fixed."""
+    parts = [p.dlogp() for p in pairs if p.covariate and len(p)]
+    if not parts:
+        return 0.0  # the paper's pairs: no covariate
+    dlp = torch.cat(parts)
+    g = torch.zeros((), requires_grad=True)
+    opt = torch.optim.LBFGS([g], lr=1.0, max_iter=100, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = -F.logsigmoid(s.beta * g * dlp).mean() + 1e-4 * g ** 2  # the tiny ridge keeps separable data finite
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    head.gamma.fill_(float(g.detach()))
+    return float(g.detach())
 
 
 def user_loss(head: PersonalizationHead, lam: torch.Tensor, data, s: HeadSettings) -> torch.Tensor:
@@ -131,9 +197,7 @@ def user_loss(head: PersonalizationHead, lam: torch.Tensor, data, s: HeadSetting
     if isinstance(data, TokenData):
         logits = data.base + head.correction(data.h, lam, data.cand)
         return F.cross_entropy(logits, data.target)
-    r_c = torch.stack([head.phi(f) for f in data.chosen]) @ lam
-    r_r = torch.stack([head.phi(f) for f in data.rejected]) @ lam
-    return -F.logsigmoid(s.beta * (r_c - r_r)).mean()
+    return -F.logsigmoid(pair_logits(head, data, lam, s)).mean()
 
 
 def _states(data) -> torch.Tensor:
@@ -157,6 +221,7 @@ def train_population(
     torch.nn.init.normal_(head.P.weight, std=head.P.weight.shape[1] ** -0.5)
     names = [n for n, d in users.items() if len(d)]
     head.set_feature_stats(torch.cat([_states(users[n]) for n in names]))
+    fit_covariate(head, [d for d in users.values() if isinstance(d, PairData)], s)
     lams = {n: torch.nn.Parameter(torch.ones(s.d)) for n in names}
     # λ gets a larger step: each λ_u sees only its own user's few examples per epoch
     opt = torch.optim.AdamW([{"params": list(head.parameters())},
@@ -201,6 +266,7 @@ def fit_user(head: PersonalizationHead, data, s: HeadSettings) -> tuple[torch.Te
             f, base, target = head.token_features(data.h, data.cand), data.base, data.target
         else:
             dphi = torch.stack([head.phi(c) - head.phi(r) for c, r in zip(data.chosen, data.rejected)])
+            offset = pair_logits(head, data, torch.zeros(head.d), s, dphi)  # γ·Δlogp, fixed
     opt = torch.optim.LBFGS([lam], lr=1.0, max_iter=s.fit_iters, line_search_fn="strong_wolfe")
     curve: list[float] = []
 
@@ -209,7 +275,7 @@ def fit_user(head: PersonalizationHead, data, s: HeadSettings) -> tuple[torch.Te
         if isinstance(data, TokenData):
             loss = F.cross_entropy(base + (f * lam).sum(-1), target)
         else:
-            loss = -F.logsigmoid(s.beta * (dphi @ lam)).mean()
+            loss = -F.logsigmoid(s.beta * (dphi @ lam) + offset).mean()
         loss = loss + s.rho * ((lam - 1) ** 2).sum()
         loss.backward()
         curve.append(loss.item())
@@ -246,14 +312,16 @@ def diagnostics(head: PersonalizationHead, data, own: torch.Tensor, others: Sequ
     else:
         dphi = torch.stack([head.phi(c) - head.phi(r) for c, r in zip(data.chosen, data.rejected)])
 
-        def margin(lam):
-            return dphi @ lam
+        def margin(lam):  # the pair logit, γ·Δlogp included for hard_pairs
+            return pair_logits(head, data, lam, s, dphi)
 
         def acc(lam):
             return float((margin(lam) > 0).float().mean())
 
         rule = [c.mean_logprob < r.mean_logprob for c, r in zip(data.chosen, data.rejected)]
         out = {"unit": "pairs", "n": len(data), "acc_logprob_rule": sum(rule) / len(rule)}
+        if data.covariate:  # what the fixed likelihood term alone gets right: λ must add to it
+            out["acc_covariate_only"] = float((pair_logits(head, data, torch.zeros_like(own), s, dphi) > 0).float().mean())
     out |= {"acc_own": acc(own), "acc_ones": acc(ones)}
     m_own = float(margin(own).mean())
     out["margin_own"] = m_own

@@ -118,6 +118,69 @@ def test_pair_fit_recovers_planted_direction():
     assert torch.nn.functional.cosine_similarity(lam, planted, dim=0) > 0.9
 
 
+def _pair(g, lp):
+    from personalize.features import SequenceFeatures
+
+    return SequenceFeatures("t", torch.randint(0, 40, (5,), generator=g), torch.randn(5, 12, generator=g),
+                            torch.full((5,), float(lp)))
+
+
+def test_hard_pairs_covariate_explains_likelihood_and_lambda_the_rest():
+    """METHOD §1.9.3c: pairs whose outcome is γ·Δlogp + λ·Δφ. The fitted γ is positive, λ still recovers
+    the planted direction, and the likelihood term alone gets fewer pairs right than the full logit."""
+    head, d = _head(), 8
+    planted = torch.ones(d) + 2 * torch.randn(d)
+    g = torch.Generator().manual_seed(2)
+    chosen, rejected = [], []
+    for _ in range(1000):
+        a, b = _pair(g, torch.randn(1, generator=g)), _pair(g, torch.randn(1, generator=g))
+        logit = planted @ (head.phi(a) - head.phi(b)) + 2.0 * (a.mean_logprob - b.mean_logprob)
+        (chosen.append(a), rejected.append(b)) if torch.rand(1, generator=g) < torch.sigmoid(logit) else \
+            (chosen.append(b), rejected.append(a))
+    s = HeadSettings(d=d, rho=0.0, fit_iters=200, objective="hard_pairs")
+    data = PairData(chosen, rejected, covariate=True)
+    from personalize.head import fit_covariate
+
+    gamma = fit_covariate(head, [data], s)
+    assert gamma > 0.3 and float(head.gamma) == pytest.approx(gamma)
+    lam, _ = fit_user(head, data, s)
+    assert torch.nn.functional.cosine_similarity(lam, planted, dim=0) > 0.85
+    diag = diagnostics(head, data, lam, [torch.ones(d)], s)
+    assert diag["acc_own"] > diag["acc_covariate_only"] > 0.5
+    # the same pairs without the covariate: γ plays no part, as in the paper's objective (a)
+    plain = PairData(chosen, rejected)
+    assert "acc_covariate_only" not in diagnostics(head, plain, lam, [], s)
+
+
+def test_hard_pairs_split_keeps_every_negative_of_an_item_together():
+    from personalize.engine import _split
+
+    g = torch.Generator().manual_seed(0)
+    c = [_pair(g, 0) for _ in range(4)]
+    data = PairData([c[0], c[1], c[2], c[3], c[0], c[1]], [_pair(g, -1) for _ in range(6)],
+                    items=[0, 1, 2, 3, 0, 1], covariate=True)
+    fit, held = _split(data, 2, 4)
+    assert sorted(held.items) == [0, 0, 1, 1] and sorted(fit.items) == [2, 3]
+    assert held.covariate and fit.covariate and len(fit) + len(held) == len(data)
+    with pytest.raises(ValueError, match="chosen against"):
+        PairData(c, c[:2])
+
+
+def test_other_users_negatives_come_from_the_same_cluster_only():
+    from personalize.build import _other_users_negatives
+
+    g = torch.Generator().manual_seed(0)
+    feats = {n: [_pair(g, 0) for _ in range(3)] for n in "abc"}
+    data = {n: PairData(f, [_pair(g, -1) for _ in f], covariate=True) for n, f in feats.items()}
+    out = _other_users_negatives(data, {"a": 0, "b": 0, "c": 1}, n_other=2, seed=0)
+    ids = {n: {id(f) for f in fs} for n, fs in feats.items()}
+    extra_a = out["a"].rejected[3:]
+    assert len(extra_a) == 6 and all(id(f) in ids["b"] for f in extra_a)  # b's real texts, never c's
+    assert out["a"].items == [0, 1, 2] + [0, 0, 1, 1, 2, 2]
+    assert [id(f) for f in out["a"].chosen[3:]] == [id(feats["a"][i]) for i in (0, 0, 1, 1, 2, 2)]
+    assert len(out["c"]) == 3  # alone in its cluster: no one else's text to contrast with
+
+
 def test_population_training_learns_user_specific_vectors():
     """Two users who prefer opposite candidates: own λ must beat the other user's λ on held-out data."""
     torch.manual_seed(0)

@@ -154,6 +154,8 @@ def test_end_to_end_on_the_bundled_model(artifacts, demo_dir, tmp_path):
 
     r = cli("eval", "--artifacts", artifacts, "--data", demo_dir, "--exact-pairs", "0", check=2)
     assert "max_pairs" in r.stderr and "Traceback" not in r.stderr
+    r = cli("eval", "--artifacts", artifacts, "--data", demo_dir, "--objective", "hard_pairs", check=2)
+    assert "heads for ['tokens']" in r.stderr and "--objectives hard_pairs" in r.stderr and "Traceback" not in r.stderr
 
     bench_json = tmp_path / "bench.json"
     r = cli("bench", "--artifacts", artifacts, "--users", "3", "--items", "6", "--repeats", "2", "--json", bench_json,

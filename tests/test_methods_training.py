@@ -262,7 +262,7 @@ def test_p2p_config_validation_and_round_trip():
 
 # ---------------------------------------------------------------- P2P in the artifacts, build and bench
 
-def _tiny_build(monkeypatch, tiny_model, tokenizer, data, out, p2p_cfg):
+def _tiny_build(monkeypatch, tiny_model, tokenizer, data, out, p2p_cfg, objectives=("pairs",)):
     """The real build() on the tiny model and the hashed encoder (seconds, not the bundled model's minutes)."""
     from personalize import build as build_mod
     from personalize import engine as engine_mod
@@ -279,7 +279,7 @@ def _tiny_build(monkeypatch, tiny_model, tokenizer, data, out, p2p_cfg):
         write_demo(data, n_users_per_style=2, n_items=6)
     lora = LoraSettings(r=4, alpha=8, dropout=0.0, lr=5e-2, batch_size=4, base_steps=2, cluster_steps=1)
     cfg = CardConfig(ks=(1, 2), default_k=2, items_per_user=5, n_val_users=2, budget=BUDGET, lora=lora,
-                     objectives=("pairs",),  # a random model ranks no gold token in its top-k: no token rows
+                     objectives=objectives,  # a random model ranks no gold token in its top-k: no token rows
                      head=HeadSettings(epochs=1, d=8, n_layers=2), alphas=(0.0, 1.0))
     return build_mod.build(data, "dev", out, cfg, limit_users=8, p2p=p2p_cfg)
 
@@ -314,6 +314,32 @@ def test_build_trains_p2p_into_the_artifacts_and_the_method_finds_it(monkeypatch
     outs = method.generate(u, ["Paraphrase: hello there"], SETTINGS)
     assert len(outs) == 1 and outs[0].trace[0]["base_adapter"] == "k1c0"
     assert method.loss(u, examples("shouty")) > 0
+
+
+def test_build_trains_the_hard_pairs_head_and_a_new_user_fits_with_it(monkeypatch, tiny_model, tokenizer, tmp_path):
+    """Variant (c) end to end on the real build: γ fitted and saved, the paper's head left without it, and a new
+    user's pairs are the greedy and the sampled cluster outputs, drawn the same way on every refit."""
+    import json
+
+    out = _tiny_build(monkeypatch, tiny_model, tokenizer, tmp_path / "demo", tmp_path / "art", None,
+                      objectives=("hard_pairs", "pairs"))
+    head_report = json.loads((out / "config.json").read_text())["report"]["head"]
+    assert "gamma" in head_report["hard_pairs"] and "gamma" not in head_report["pairs"]
+    held = head_report["hard_pairs"]["held_out"]
+    assert {"acc_own", "acc_ones", "acc_logprob_rule", "acc_covariate_only", "specificity_gap"} <= set(held)
+    eng = Engine.load(out)
+    assert float(eng.heads["hard_pairs"].gamma) == pytest.approx(head_report["hard_pairs"]["gamma"], abs=1e-4)
+    assert float(eng.heads["pairs"].gamma) == 0.0
+    items = history("shouty")
+    fit = eng.fit(items, objective="hard_pairs")
+    assert "negatives" in fit.stages_s and fit.diagnostics["unit"] == "pairs"
+    assert "acc_covariate_only" in fit.diagnostics and np.isfinite(fit.lam).all()
+    data = eng.user_data(items, "hard_pairs")
+    assert data.covariate and len(data) == 2 * len(items)  # greedy + n_samples = 1 sampled per item
+    assert sorted(data.items) == sorted(list(range(len(items))) * 2)
+    again = eng.user_data(items, "hard_pairs")
+    assert [r.text for r in again.rejected] == [r.text for r in data.rejected]
+    assert not eng.user_data(items, "pairs").covariate and len(eng.user_data(items, "pairs")) == len(items)
 
 
 def test_build_without_p2p_makes_the_method_say_build(monkeypatch, tiny_model, tokenizer, tmp_path):
