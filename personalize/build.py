@@ -160,8 +160,16 @@ def build(data_dir: str | Path, split: str, out: str | Path, cfg: CardConfig = C
     alpha = cfg.decoding.alpha
     if val_users and len(cfg.alphas) > 1:
         with timed("alpha selection"):
-            alpha, report["alpha_sweep"] = _choose_alpha(engine, {n: users[n] for n in sorted(val_users)}, cfg)
-            _log(f"α sweep on {len(val_users)} validation users: {report['alpha_sweep']} → α = {alpha}")
+            val = {n: users[n] for n in sorted(val_users)}
+            report["alpha_by_objective"] = {}
+            for obj in cfg.objectives:  # each head steers with its own α (eval --objective reads it)
+                engine.cfg = replace(cfg, objectives=(obj, *[o for o in cfg.objectives if o != obj]))
+                a, sweep = _choose_alpha(engine, val, cfg)
+                report["alpha_by_objective"][obj] = {"alpha": a, "sweep": sweep}
+                _log(f"α sweep ({obj}) on {len(val_users)} validation users: {sweep} → α = {a}")
+            engine.cfg = cfg
+            alpha = report["alpha_by_objective"][cfg.objectives[0]]["alpha"]
+            report["alpha_sweep"] = report["alpha_by_objective"][cfg.objectives[0]]["sweep"]
     cfg = replace(cfg, decoding=replace(cfg.decoding, alpha=alpha))
 
     hyper = None

@@ -207,8 +207,11 @@ def cmd_eval(a) -> None:
     objectives = _objectives_first(a)
     engine = _engine(a)
     engine.cfg = replace(engine.cfg, objectives=objectives)
-    if a.alpha is not None:
-        engine.cfg = replace(engine.cfg, decoding=replace(engine.cfg.decoding, alpha=a.alpha))
+    # the head's own α from the build's sweep on validation users (older builds swept the first head only)
+    alpha = a.alpha if a.alpha is not None else \
+        engine.meta.get("report", {}).get("alpha_by_objective", {}).get(objectives[0], {}).get("alpha")
+    if alpha is not None:
+        engine.cfg = replace(engine.cfg, decoding=replace(engine.cfg.decoding, alpha=alpha))
     t0 = time.perf_counter()
     result = run_eval(engine, a.data, a.split, _methods(a.methods), a.limit, method_configs=configs)
     result["settings"]["wall_s"] = round(time.perf_counter() - t0, 1)

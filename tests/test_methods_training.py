@@ -323,7 +323,11 @@ def test_build_trains_the_hard_pairs_head_and_a_new_user_fits_with_it(monkeypatc
 
     out = _tiny_build(monkeypatch, tiny_model, tokenizer, tmp_path / "demo", tmp_path / "art", None,
                       objectives=("hard_pairs", "pairs"))
-    head_report = json.loads((out / "config.json").read_text())["report"]["head"]
+    report = json.loads((out / "config.json").read_text())["report"]
+    head_report = report["head"]
+    by_objective = report["alpha_by_objective"]  # each head's α, chosen on the validation users
+    assert set(by_objective) == {"hard_pairs", "pairs"} and report["alpha_sweep"] == by_objective["hard_pairs"]["sweep"]
+    assert all(set(v["sweep"]) == {"0.0", "1.0"} and v["alpha"] in (0.0, 1.0) for v in by_objective.values())
     assert "gamma" in head_report["hard_pairs"] and "gamma" not in head_report["pairs"]
     held = head_report["hard_pairs"]["held_out"]
     assert {"acc_own", "acc_ones", "acc_logprob_rule", "acc_covariate_only", "specificity_gap"} <= set(held)
