@@ -392,6 +392,8 @@ def build_app(studio: Studio) -> gr.Blocks:
                 lines.append(f"\nHeld-out accuracy ({d['unit']}, n = {d['n']}): own λ **{d['acc_own']:.3f}**, "
                              f"λ = 1 {d['acc_ones']:.3f}, other users' λ {d.get('acc_other', float('nan')):.3f}"
                              + (f", no head {d['acc_no_head']:.3f}" if "acc_no_head" in d else "")
+                             + (f", likelihood rule {d['acc_logprob_rule']:.3f}" if "acc_logprob_rule" in d else "")
+                             + (f", γ·Δlogp alone {d['acc_covariate_only']:.3f}" if "acc_covariate_only" in d else "")
                              + (f"; user-specificity gap {d['specificity_gap']:+.4f}" if "specificity_gap" in d else ""))
             else:
                 lines.append("\n(Too few items to hold some out for an accuracy figure.)")
