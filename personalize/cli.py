@@ -92,7 +92,8 @@ def cmd_build(a) -> None:
         model=_model_config(a) or ModelConfig(), encoder=EncoderConfig(a.encoder) if a.encoder else cfg.encoder,
         budget=TokenBudget(a.max_prompt_tokens, a.max_target_tokens),
         lora=replace(LoraSettings(), base_steps=a.base_steps, cluster_steps=a.cluster_steps),
-        head=replace(HeadSettings(), epochs=a.head_epochs, d=a.d, n_layers=a.layers, patience=a.head_patience),
+        head=replace(HeadSettings(), epochs=a.head_epochs, d=a.d, n_layers=a.layers, patience=a.head_patience,
+                     weight_decay=a.head_weight_decay),
     )
     if a.skip_p2p and a.p2p_steps is not None:
         raise UsageError("--p2p-steps has no effect with --skip-p2p: give one of them")
@@ -322,6 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--base-steps", type=int, default=60, help="K=1 adapter steps (batch 8)")
     b.add_argument("--cluster-steps", type=int, default=8, help="steps per cluster adapter")
     b.add_argument("--head-epochs", type=int, default=20)
+    b.add_argument("--head-weight-decay", type=float, default=0.0, help="AdamW weight decay on the head's P and U")
     b.add_argument("--head-patience", type=int, default=0,
                    help="early stopping on held-out users' items: epochs without improvement (0 = off)")
     b.add_argument("--d", type=int, default=128, help="head dimension D")

@@ -46,6 +46,7 @@ class HeadSettings:
     epochs: int = 20  # population stage
     patience: int = 0  # > 0: stop when held-out loss has not improved for this many epochs (keeps the best)
     lr: float = 1e-3
+    weight_decay: float = 0.0  # AdamW decay on P and U (not λ, whose prior is ρ): U has |V|·D parameters
     lambda_lr_scale: float = 30.0  # population λ's learning rate, relative to P and U's
     batch_users: int = 8
     fit_iters: int = 50  # LBFGS iterations for a new user's λ
@@ -59,8 +60,8 @@ class HeadSettings:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
         if self.d < 1 or self.n_layers < 1 or self.top_k < 2:
             raise ValueError("head needs d >= 1, n_layers >= 1, top_k >= 2")
-        if self.rho < 0 or self.beta <= 0:
-            raise ValueError("rho must be >= 0 and beta > 0")
+        if self.rho < 0 or self.beta <= 0 or self.weight_decay < 0:
+            raise ValueError("rho and weight_decay must be >= 0 and beta > 0")
         if self.n_samples < 0 or self.n_other < 0 or self.temperature <= 0:
             raise ValueError("n_samples and n_other must be >= 0 and temperature > 0")
 
@@ -224,8 +225,9 @@ def train_population(
     fit_covariate(head, [d for d in users.values() if isinstance(d, PairData)], s)
     lams = {n: torch.nn.Parameter(torch.ones(s.d)) for n in names}
     # λ gets a larger step: each λ_u sees only its own user's few examples per epoch
-    opt = torch.optim.AdamW([{"params": list(head.parameters())},
-                             {"params": list(lams.values()), "lr": s.lr * s.lambda_lr_scale}], lr=s.lr, weight_decay=0.0)
+    opt = torch.optim.AdamW([{"params": list(head.parameters()), "weight_decay": s.weight_decay},
+                             {"params": list(lams.values()), "lr": s.lr * s.lambda_lr_scale, "weight_decay": 0.0}],
+                            lr=s.lr)
     held = {n: d for n, d in (held_out or {}).items() if n in lams and len(d)}
     curve, best, since_best = [], (float("inf"), None), 0
     for epoch in range(s.epochs):

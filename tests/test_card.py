@@ -200,6 +200,20 @@ def test_population_training_learns_user_specific_vectors():
     assert d["acc_own"] > d["acc_other"] and d["specificity_gap"] > 0
 
 
+def test_head_weight_decay_shrinks_p_and_u_but_not_the_user_vectors():
+    torch.manual_seed(0)
+    h, cand = torch.randn(200, 12), torch.randint(0, 40, (200, 6))
+    users = {"a": TokenData(h, cand, torch.zeros(200, 6), torch.randint(0, 6, (200,)))}
+    norms = {}
+    for wd in (0.0, 50.0):
+        head = PersonalizationHead(12, 40, 8)
+        lams, _ = train_population(head, users, HeadSettings(d=8, epochs=30, lr=1e-2, weight_decay=wd))
+        norms[wd] = (head.U.norm().item(), head.P.weight.norm().item(), lams["a"].norm().item())
+    assert norms[50.0][0] < norms[0.0][0] and norms[50.0][1] < norms[0.0][1]
+    with pytest.raises(ValueError, match="weight_decay"):
+        HeadSettings(weight_decay=-1.0)
+
+
 # ---------------------------------------------------------------- decoding
 
 def test_topk_restriction_and_correction_stay_in_candidates():
