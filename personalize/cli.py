@@ -324,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--cluster-steps", type=int, default=8, help="steps per cluster adapter")
     b.add_argument("--head-epochs", type=int, default=20)
     b.add_argument("--head-weight-decay", type=float, default=0.0, help="AdamW weight decay on the head's P and U")
-    b.add_argument("--head-patience", type=int, default=0,
+    b.add_argument("--head-patience", type=int, default=2,
                    help="early stopping on held-out users' items: epochs without improvement (0 = off)")
     b.add_argument("--d", type=int, default=128, help="head dimension D")
     b.add_argument("--layers", type=int, default=4, help="last layers whose states form h_t")

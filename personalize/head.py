@@ -44,7 +44,9 @@ class HeadSettings:
     beta: float = 1.0  # Bradley–Terry temperature ("pairs")
     rho: float = 0.01  # pull of λ_u towards 1: the cold-start vector
     epochs: int = 20  # population stage
-    patience: int = 0  # > 0: stop when held-out loss has not improved for this many epochs (keeps the best)
+    # > 0: stop when held-out loss has not improved for this many epochs, keeping the best epoch. Default 2: on
+    # scholarly_titles dev every objective overfits without it (held-out top-1 0.50 vs 0.60 with no head)
+    patience: int = 2
     lr: float = 1e-3
     weight_decay: float = 0.0  # AdamW decay on P and U (not λ, whose prior is ρ): U has |V|·D parameters
     lambda_lr_scale: float = 30.0  # population λ's learning rate, relative to P and U's
