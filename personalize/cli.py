@@ -301,8 +301,9 @@ def cmd_demo(a) -> None:
             print(f"{m:>8}: {g.text}")
 
 
-DEMO_BUILD_ARGS = ["--ks", "1,2,4,8", "--default-k", "8", "--base-steps", "30", "--cluster-steps", "3", "--p2p-steps", "10",
-                   "--items-per-user", "16", "--max-prompt-tokens", "64", "--max-target-tokens", "40"]
+# Sized for the ≤ 10 min first start on a 2-core CPU (docs/RESULTS.md, "The studio"); 32 target tokens = the app's default.
+DEMO_BUILD_ARGS = ["--ks", "1,2,4,8", "--default-k", "8", "--base-steps", "20", "--cluster-steps", "2", "--p2p-steps", "6",
+                   "--items-per-user", "12", "--max-prompt-tokens", "64", "--max-target-tokens", "32"]
 
 
 def build_parser() -> argparse.ArgumentParser:
