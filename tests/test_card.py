@@ -210,6 +210,8 @@ def test_head_weight_decay_shrinks_p_and_u_but_not_the_user_vectors():
         lams, _ = train_population(head, users, HeadSettings(d=8, epochs=30, lr=1e-2, weight_decay=wd))
         norms[wd] = (head.U.norm().item(), head.P.weight.norm().item(), lams["a"].norm().item())
     assert norms[50.0][0] < norms[0.0][0] and norms[50.0][1] < norms[0.0][1]
+    # λ keeps only its own prior (ρ towards 1): decayed too, it would be driven to 0 (here: it diverges)
+    assert abs(norms[50.0][2] - 8 ** 0.5) < 0.5
     with pytest.raises(ValueError, match="weight_decay"):
         HeadSettings(weight_decay=-1.0)
 
