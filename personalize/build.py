@@ -127,20 +127,8 @@ def build(data_dir: str | Path, split: str, out: str | Path, cfg: CardConfig = C
     kd = cfg.default_k
     for obj in cfg.objectives:
         with timed(f"head ({obj})"):
-            data = {}
-            for n in tqdm(train_names, desc=f"features ({obj})", mininterval=2.0):
-                engine.use_adapter(adapter_name(kd, int(labels[kd][names.index(n)])) if kd > 1 else BASE_ADAPTER)
-                data[n] = engine.user_data(users[n], obj)
-            if obj == "hard_pairs" and cfg.head.n_other:
-                data = _other_users_negatives(data, {n: int(labels[kd][names.index(n)]) for n in train_names},
-                                              cfg.head.n_other, seed)
-            n_hold = {n: int(round(cfg.holdout * len(users[n]))) for n in train_names}
-            fit_data, held_data = {}, {}
-            for n in train_names:
-                if n_hold[n] and len(users[n]) >= 5:
-                    fit_data[n], held_data[n] = _split(data[n], n_hold[n], len(users[n]))
-                else:
-                    fit_data[n] = data[n]
+            cluster = {n: int(labels[kd][names.index(n)]) for n in train_names}
+            fit_data, held_data = head_data(engine, {n: users[n] for n in train_names}, cluster, obj, seed)
             head = PersonalizationHead(lm.hidden_size * cfg.head.n_layers, lm.model.config.vocab_size, cfg.head.d)
             bar = _bar(f"head {obj}", cfg.head.epochs)
             lams, curve = train_population(head, fit_data, cfg.head, held_out=held_data,
@@ -201,6 +189,28 @@ def _train_p2p(engine: Engine, users: dict[str, list[Item]], train_names: list[s
     _log(f"p2p: {r['users']} users, {r['steps']} steps, {r['tokens']} tokens, {r['seconds']} s, "
          f"training users' loss {loss['before']} -> {loss['after']}, held-out {r['held_out_loss'][:1] + r['held_out_loss'][-1:]}")
     return hyper, {**r, "folder": p2p_mod.ARTIFACTS_DIR}
+
+
+def head_data(engine: Engine, users: dict[str, list[Item]], cluster: dict[str, int], obj: str,
+              seed: int = 0) -> tuple[dict, dict]:
+    """Each training user's features for one head objective, read by their cluster's model at the default K,
+    split into the items the head fits and the held-out ones that drive early stopping and the diagnostics."""
+    cfg = engine.cfg
+    kd = cfg.default_k
+    data = {}
+    for n in tqdm(users, desc=f"features ({obj})", mininterval=2.0):
+        engine.use_adapter(adapter_name(kd, cluster[n]) if kd > 1 else BASE_ADAPTER)
+        data[n] = engine.user_data(users[n], obj)
+    if obj == "hard_pairs" and cfg.head.n_other:
+        data = _other_users_negatives(data, cluster, cfg.head.n_other, seed)
+    fit, held = {}, {}
+    for n, items in users.items():
+        h = int(round(cfg.holdout * len(items)))
+        if h and len(items) >= 5:
+            fit[n], held[n] = _split(data[n], h, len(items))
+        else:
+            fit[n] = data[n]
+    return fit, held
 
 
 def _other_users_negatives(data: dict[str, PairData], cluster: dict[str, int], n_other: int,
