@@ -25,7 +25,7 @@ from personalize.arena import StalePair
 from personalize.data import TASKS, HistoryError
 from personalize.engine import ArtifactsError
 from personalize.export import export_predictions, export_table
-from personalize.studio import ALL_METHODS, DEFAULT_METHODS, Studio, StudioConfig
+from personalize.studio import ALL_METHODS, DEFAULT_METHODS, Studio, StudioConfig, fit_verdict
 from personalize.store import StoreError
 
 EXPECTED = (HistoryError, StoreError, StalePair, ArtifactsError, ValueError, FileNotFoundError)
@@ -135,20 +135,27 @@ def explore_figures(res: dict) -> tuple[go.Figure, go.Figure]:
 
 # ---------------------------------------------------------------- the app
 
+def k_label(ks) -> str:
+    return f"Cluster count K (snaps to a built value: {', '.join(map(str, ks))})"
+
+
+def template_label(task_name: str) -> str:
+    return f"wrap in the {task_name} task template"
+
+
 def build_app(studio: Studio) -> gr.Blocks:
     s0 = studio.engine.cfg.decoding
     ks = studio.ks
     task_names = sorted(TASKS)
 
     with gr.Blocks(title="Personalization studio", analytics_enabled=False) as app:
-        gr.Markdown(f"# Personalization studio\nCARD (cluster LoRA + user vector) next to the base model, EXACT, "
-                    f"RAG, PAG, COPE, OPPU and Profile-to-PEFT. Artifacts `{studio.engine.artifacts_id}` "
-                    f"(task {studio.task.name}, model {studio.engine.lm.model_id}, K ∈ {ks}).")
+        header = gr.Markdown(studio.header(), elem_id="header")
         with gr.Row():
             user = gr.Textbox(label="User name", placeholder="e.g. ana", elem_id="user-name", scale=2)
             stored = gr.Dropdown(choices=[u["name"] for u in studio.store.users()], label="…or open a stored user",
                                  value=None, elem_id="stored-users", scale=2)
         user_k = gr.State(studio.engine.cfg.default_k)
+        shown_for = gr.State(None)  # whose saved history the text box holds (None: a fresh paste, or nothing)
 
         # ------------------------------------------------ My writing
         with gr.Tab("My writing", id="writing"):
@@ -162,7 +169,7 @@ def build_app(studio: Studio) -> gr.Blocks:
                              file_types=[".txt", ".jsonl", ".csv", ".json"], elem_id="upload")
             save = gr.Button("Save history", variant="primary", elem_id="save-history")
             writing_status = gr.Markdown(elem_id="writing-status")
-            items = gr.Dataframe(headers=["id", "#", "text", "neutral rewrite"], interactive=False, label="Stored items",
+            items = gr.Dataframe(headers=["id", "text", "neutral rewrite"], interactive=False, label="Stored items",
                                  elem_id="items")
             with gr.Row():
                 item_id = gr.Number(label="Item id", precision=0, elem_id="item-id")
@@ -172,8 +179,7 @@ def build_app(studio: Studio) -> gr.Blocks:
 
         # ------------------------------------------------ My cluster
         with gr.Tab("My cluster", id="cluster") as cluster_tab:
-            k_slider = gr.Slider(min(ks), max(ks), value=studio.engine.cfg.default_k, step=1,
-                                 label=f"Cluster count K (snaps to a built value: {', '.join(map(str, ks))})",
+            k_slider = gr.Slider(min(ks), max(ks), value=studio.engine.cfg.default_k, step=1, label=k_label(ks),
                                  elem_id="k-slider")
             cluster_status = gr.Markdown(elem_id="cluster-status")
             cluster_examples = gr.Markdown(elem_id="cluster-examples")
@@ -191,8 +197,7 @@ def build_app(studio: Studio) -> gr.Blocks:
         with gr.Tab("Compare", id="compare"):
             with gr.Row():
                 prompt = gr.Textbox(label="Prompt", lines=2, elem_id="prompt", scale=3)
-                use_template = gr.Checkbox(value=True, label=f"wrap in the {studio.task.name} task template",
-                                           elem_id="use-template")
+                use_template = gr.Checkbox(value=True, label=template_label(studio.task.name), elem_id="use-template")
             with gr.Row():
                 item_pick = gr.Dropdown([], label="…or a history item as the prompt (its text is the reference)",
                                         value=None, elem_id="item-pick", scale=3)
@@ -280,21 +285,46 @@ def build_app(studio: Studio) -> gr.Blocks:
                                          elem_id="explore-table")
 
         # ================================================ handlers
-        def item_rows(name):
-            return [[s.id, s.position, s.y, s.neutral or ""] for s in studio.store.items(name)]
+        item_rows = studio.item_rows
 
         def item_choices(name):
-            return gr.update(choices=[(f"#{s.position}: {s.y[:80]}", s.id) for s in studio.store.items(name)],
-                             value=None)
+            return gr.update(choices=[(f"{r[0]}: {r[1][:80]}", r[0]) for r in studio.item_rows(name)], value=None)
 
         def load_demo_fn(demo, name):
             if not demo:
                 raise ValueError("pick a demo user first")
-            return studio.demo_history(demo), (name or demo), ""
+            return studio.demo_history(demo), (name or demo), "", None  # the box holds a fresh, unsaved history
 
-        load_demo.click(guarded(3, 2)(load_demo_fn), [demo_user, user], [history, user, writing_status])
+        load_demo.click(guarded(4, 2)(load_demo_fn), [demo_user, user], [history, user, writing_status, shown_for])
 
-        @guarded(4)
+        def user_fn(name, owner):
+            res = studio.switch_user(name, owner)
+            return (("" if res["clear"] else gr.skip()), res["rows"], item_choices(name), res["message"],
+                    res["shown_for"])
+
+        user.input(user_fn, [user, shown_for], [history, items, item_pick, writing_status, shown_for],
+                   concurrency_limit=None, trigger_mode="always_last", show_progress="hidden")
+
+        def served():
+            """The widgets that depend on the build being served (after a switch, or on a page load)."""
+            s, ks_ = studio.engine.cfg.decoding, studio.ks
+            k0 = studio.engine.cfg.default_k
+            return (studio.header(), gr.update(minimum=min(ks_), maximum=max(ks_), value=k0, label=k_label(ks_)), k0,
+                    s.alpha, s.top_k, s.max_new_tokens, gr.update(label=template_label(studio.task.name)),
+                    gr.update(choices=sorted(studio.demo_users), value=None))
+
+        served_outputs = [header, k_slider, user_k, alpha, top_k, max_tokens, use_template, demo_user]
+
+        @guarded(1 + len(served_outputs))
+        def task_fn(task_name):
+            res = studio.switch_task(task_name)
+            if not res["switched"]:
+                return (res["message"], *[gr.skip()] * len(served_outputs))
+            return (res["message"], *served())
+
+        task.input(task_fn, [task], [writing_status, *served_outputs], concurrency_id="model", api_name="switch_task")
+
+        @guarded(5)
         def save_fn(name, text, file, task_name, demo):
             name = _need_user(name)
             if file:
@@ -304,15 +334,11 @@ def build_app(studio: Studio) -> gr.Blocks:
             else:
                 parsed = studio.parse(text=text)
             res = studio.save_history(name, parsed, task_name)
-            note = "" if task_name == studio.task.name else (
-                f" These artifacts were built for **{studio.task.name}**; prompts use that task's template.")
-            msg = (f"Saved **{len(parsed)}** items for **{res['name']}**; cluster at K = {studio.engine.cfg.default_k}: "
-                   f"**{res['clusters'][studio.engine.cfg.default_k]}**. Next: *Fit my style*.{note}")
-            return msg, item_rows(res["name"]), gr.update(choices=[u["name"] for u in studio.store.users()]), \
-                item_choices(res["name"])
+            return studio.save_message(res), item_rows(res["name"]), \
+                gr.update(choices=[u["name"] for u in studio.store.users()]), item_choices(res["name"]), res["name"]
 
-        save_event = save.click(save_fn, [user, history, upload, task, demo_user], [writing_status, items, stored, item_pick],
-                   api_name="save_history")
+        save_event = save.click(save_fn, [user, history, upload, task, demo_user],
+                                [writing_status, items, stored, item_pick, shown_for], api_name="save_history")
 
         @guarded(3)
         def edit_fn(name, iid, text):
@@ -337,34 +363,34 @@ def build_app(studio: Studio) -> gr.Blocks:
         edit.click(edit_fn, [user, item_id, item_text], [writing_status, items, item_pick])
         delete.click(delete_fn, [user, item_id], [writing_status, items, item_pick])
 
-        @guarded(5)
+        @guarded(7)
         def open_user(name):
             if not name:
-                return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+                return (gr.skip(),) * 7
             u = studio.store.user(name)
+            # the text box is emptied: it held someone else's text (the opened user's items are in the table)
             return (f"Opened **{u['name']}** ({u['n_items']} items, task {u['task']}).", name, item_rows(name),
-                    item_choices(name), u["task"])
+                    item_choices(name), u["task"], "", None)
 
-        stored.change(open_user, [stored], [writing_status, user, items, item_pick, task])
+        stored.change(open_user, [stored], [writing_status, user, items, item_pick, task, history, shown_for])
 
         # My cluster
         @guarded(5)
-        def cluster_fn(name, k):
-            k = studio.snap_k(k)
+        def cluster_fn(name, k, previous=None):
+            k = studio.snap_k(k, previous)
             m = studio.population_map(name.strip() if name and name.strip() else None, k)
             if not name or not name.strip():
                 return "Enter a user name and save a history to see where you fall.", "", cluster_figure(m), k, k
             st = studio.user_state(_need_user(name), k)
-            table = "\n".join(f"| {c} | {d:.4f} |{' ← you' if c == st.cluster else ''}"
-                              for c, d in enumerate(st.distances))
             ex = studio.cluster_examples(k, st.cluster)
             examples = ("**Texts from your cluster:**\n" + "\n".join(f"- *{u}*: {t}" for u, t in ex)) if ex else ""
-            status = (f"**{st.name}** is in cluster **{st.cluster}** of K = {k}.\n\n| cluster | distance |\n|---|---|\n"
-                      f"{table}")
-            return status, examples, cluster_figure(m), k, k
+            return studio.cluster_summary(st), examples, cluster_figure(m), k, k
 
         cluster_outputs = [cluster_status, cluster_examples, cluster_plot, user_k, k_slider]
-        k_slider.release(cluster_fn, [user, k_slider], cluster_outputs)
+        # `input` fires for the keyboard (arrow keys, the number box) as well as the mouse; `release` is mouse-only.
+        # Only the last of a burst of steps is run; the K the slider came from sets the direction of the snap.
+        k_slider.input(cluster_fn, [user, k_slider, user_k], cluster_outputs, trigger_mode="always_last",
+                       api_name="cluster")
         save_event.then(cluster_fn, [user, k_slider], cluster_outputs)
         cluster_tab.select(cluster_fn, [user, k_slider], cluster_outputs)
         stored.change(cluster_fn, [stored, k_slider], cluster_outputs)
@@ -385,18 +411,20 @@ def build_app(studio: Studio) -> gr.Blocks:
                      f"K = {fit.k}, objective {fit.objective}).", "", "| stage | seconds |", "|---|---|"]
             lines += [f"| {s} | {v:.3f} |" for s, v in fit.stages_s.items()]
             d = fit.diagnostics
+            if not fit.cold_start:  # the answer first, in plain words: does the vector beat the cluster model?
+                lines.insert(1, f"\n**{fit_verdict(d)}**\n")
             if fit.cold_start:
                 lines.append(f"\n**Cold start**: fewer than {studio.engine.cfg.min_fit_items} items, so λ = 1 "
                              "(your cluster's shared head). Add more writing and refit.")
             elif d.get("n"):
-                lines.append(f"\nHeld-out accuracy ({d['unit']}, n = {d['n']}): own λ **{d['acc_own']:.3f}**, "
-                             f"λ = 1 {d['acc_ones']:.3f}, other users' λ {d.get('acc_other', float('nan')):.3f}"
+                lines.append(f"\nHeld-out accuracy ({d.get('unit', 'tokens')}, n = {d['n']}): own λ "
+                             f"**{d.get('acc_own', float('nan')):.3f}**"
+                             + (f", λ = 1 {d['acc_ones']:.3f}" if "acc_ones" in d else "")
+                             + (f", other users' λ {d['acc_other']:.3f}" if "acc_other" in d else "")
                              + (f", no head {d['acc_no_head']:.3f}" if "acc_no_head" in d else "")
                              + (f", likelihood rule {d['acc_logprob_rule']:.3f}" if "acc_logprob_rule" in d else "")
                              + (f", γ·Δlogp alone {d['acc_covariate_only']:.3f}" if "acc_covariate_only" in d else "")
                              + (f"; user-specificity gap {d['specificity_gap']:+.4f}" if "specificity_gap" in d else ""))
-            else:
-                lines.append("\n(Too few items to hold some out for an accuracy figure.)")
             vec = studio.store.vector_bytes(name, studio.engine.artifacts_id)
             lines.append(f"\nStored: {vec} bytes.")
             return "\n".join(lines), (loss_figure(fit.loss_curve) if fit.loss_curve else None)
@@ -430,6 +458,8 @@ def build_app(studio: Studio) -> gr.Blocks:
                 extra = f"\n\n*attributes:* {', '.join(tr['attributes'])}"
             elif "retrieved" in tr:
                 extra = f"\n\n*retrieved items:* {', '.join(map(str, tr['retrieved']))}"
+            if o.info and o.info.get("note"):
+                extra += f"\n\n*note:* {o.info['note']}"
             return (f"**{o.method}** · {o.latency_s:.2f} s · {o.n_tokens} tok · {o.tokens_per_s:.1f} tok/s\n\n"
                     f"{o.text or '*(empty output)*'}{extra}")
 
@@ -593,6 +623,8 @@ def build_app(studio: Studio) -> gr.Blocks:
                           [explore_status, explore_alpha, explore_k, explore_table], concurrency_id="model")
 
         app.load(lambda: gr.update(choices=[u["name"] for u in studio.store.users()]), None, [stored])
+        # a page opened after a switch (in another session) shows the build now served
+        app.load(lambda: (*served(), studio.task.name), None, [*served_outputs, task])
     app.queue(default_concurrency_limit=1)
     return app
 

@@ -18,6 +18,7 @@ import time
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -47,9 +48,12 @@ def _bar(desc: str, total: int):
 
 def build(data_dir: str | Path, split: str, out: str | Path, cfg: CardConfig = CardConfig(),
           limit_users: int | None = None, seed: int = 0,
-          p2p: P2PConfig | None = P2PConfig(steps=P2P_STEPS)) -> Path:
+          p2p: P2PConfig | None = P2PConfig(steps=P2P_STEPS), sources: Sequence[str] = (),
+          exclude_sources: Sequence[str] = ()) -> Path:
     """Run the whole offline stage and write the artifacts folder (replaced only on success).
-    p2p: the hypernetwork's training settings (budget and base adapter: the build's); None skips it."""
+    p2p: the hypernetwork's training settings (budget and base adapter: the build's); None skips it.
+    sources / exclude_sources: keep only (or leave out) users whose query comes from these sources
+    (repositories, venues: `Query.source`), so that eval can score people of a source the build never saw."""
     t_all = time.perf_counter()
     report: dict = {"stages_s": {}}
 
@@ -65,6 +69,7 @@ def build(data_dir: str | Path, split: str, out: str | Path, cfg: CardConfig = C
         return T()
 
     task, queries = read_lamp(data_dir, split)
+    queries = select_sources(queries, sources, exclude_sources)
     users = _population(queries, cfg.items_per_user, limit_users)
     if len(users) < max(cfg.ks):
         raise ValueError(f"K={max(cfg.ks)} is larger than the population ({len(users)} users): lower --ks")
@@ -171,6 +176,9 @@ def build(data_dir: str | Path, split: str, out: str | Path, cfg: CardConfig = C
         with timed("p2p hypernetwork"):
             hyper, report["p2p"] = _train_p2p(engine, users, train_names, sorted(val_users), p2p, seed)
 
+    report["val_users"] = sorted(val_users)  # `tune` re-chooses decoding settings on them
+    report["sources"] = {"only": list(sources), "excluded": list(exclude_sources),
+                         "built": sorted({q.source for q in queries if q.source})}
     report["total_s"] = round(time.perf_counter() - t_all, 1)
     return _save(Path(out), cfg, task.name, names, head_users, engine.clusters, model, heads, lambdas, report,
                  str(data_dir), split, hyper)
@@ -229,6 +237,20 @@ def _other_users_negatives(data: dict[str, PairData], cluster: dict[str, int], n
     return out
 
 
+def select_sources(queries: list[Query], sources: Sequence[str] = (), exclude: Sequence[str] = ()) -> list[Query]:
+    """The queries whose source is among `sources` (all when empty) and not among `exclude`."""
+    if (sources or exclude) and not any(q.source for q in queries):
+        raise ValueError("this data names no sources (no meta file with a repo or venue): drop --sources/--exclude-sources")
+    known = {q.source for q in queries}
+    unknown = [x for x in (*sources, *exclude) if x not in known]
+    if unknown:
+        raise ValueError(f"unknown sources {unknown}; this data has {sorted(s for s in known if s)}")
+    out = [q for q in queries if (not sources or q.source in sources) and q.source not in exclude]
+    if not out:
+        raise ValueError("no queries left after selecting sources")
+    return out
+
+
 def _population(queries: list[Query], items_per_user: int, limit: int | None) -> dict[str, list[Item]]:
     users: dict[str, list[Item]] = {}
     for q in queries:
@@ -257,7 +279,8 @@ def _population_diagnostics(head, held: dict, lams: dict, cfg: CardConfig) -> di
 
 
 def _choose_alpha(engine: Engine, val: dict[str, list[Item]], cfg: CardConfig) -> tuple[float, dict]:
-    """α on validation users' held-out items, never on queries that eval scores (§1.9.2)."""
+    """α on validation users' held-out items, never on queries that eval scores (§1.9.2); the rest of the
+    decoding choice (repetition, the style's parts) is `python -m personalize tune` (tune.py)."""
     prompts, golds, fits = [], [], []
     for n, items in val.items():
         if len(items) < 3:
@@ -267,7 +290,7 @@ def _choose_alpha(engine: Engine, val: dict[str, list[Item]], cfg: CardConfig) -
     sweep = {}
     for a in cfg.alphas:
         s = replace(cfg.decoding, alpha=a)
-        outs = [engine.generate([p], "card", f.cluster, f.lam, settings=s)[0].text for p, f in zip(prompts, fits)]
+        outs = [engine.generate([p], "card", f.cluster, f.style, settings=s)[0].text for p, f in zip(prompts, fits)]
         sweep[a] = round(rouge_scores(outs, golds)["rougeL"], 4)
     best = max(sweep, key=lambda a: (sweep[a], -a))
     return best, {str(a): v for a, v in sweep.items()}

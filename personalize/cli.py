@@ -29,6 +29,10 @@ def _ints(s: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
 
 
+def _list(s: str | None) -> tuple[str, ...]:
+    return tuple(x.strip() for x in (s or "").split(",") if x.strip())
+
+
 def _methods(s: str) -> list[str]:
     return [m.strip() for m in s.split(",") if m.strip()]
 
@@ -99,7 +103,8 @@ def cmd_build(a) -> None:
         raise UsageError("--p2p-steps has no effect with --skip-p2p: give one of them")
     p2p = None if a.skip_p2p else P2PConfig(steps=P2P_STEPS if a.p2p_steps is None else a.p2p_steps)
     out = Path(a.out or f"data/artifacts/{data.name}")
-    build(data, a.split, out, cfg, limit_users=a.limit_users, p2p=p2p)
+    build(data, a.split, out, cfg, limit_users=a.limit_users, p2p=p2p, sources=_list(a.sources),
+          exclude_sources=_list(a.exclude_sources))
 
 
 def cmd_onboard(a) -> None:
@@ -128,13 +133,16 @@ def cmd_onboard(a) -> None:
         print(f"  cold start: fewer than {engine.cfg.min_fit_items} items, λ = 1 (the cluster's shared head)")
     d = fit.diagnostics
     if d.get("n"):
-        print(f"  held-out {d['unit']} (n={d['n']}): accuracy own λ {d['acc_own']:.3f}, λ=1 {d['acc_ones']:.3f}, "
+        print(f"  held-out {d['unit']} (n={d['n']}): accuracy own style {d['acc_own']:.3f}, λ=1 {d['acc_ones']:.3f}, "
               f"other users' λ {d.get('acc_other', float('nan')):.3f}"
               + (f", log-prob rule {d['acc_logprob_rule']:.3f}" if "acc_logprob_rule" in d else "")
               + (f", γ·Δlogp alone {d['acc_covariate_only']:.3f}" if "acc_covariate_only" in d else "")
               + (f", no head {d['acc_no_head']:.3f}" if "acc_no_head" in d else ""))
         if "specificity_gap" in d:
             print(f"  user-specificity gap (own − others' margin): {d['specificity_gap']:+.4f}")
+        if "helps" in d:
+            print("  your style " + ("beats" if d["helps"] else "does not beat") + " the cluster model on your held-out"
+                  " items" + ("" if d["helps"] else ": card falls back to the cluster model's output"))
     print(f"stored in {store.path} (vector: {store.vector_bytes(name, engine.artifacts_id)} bytes)")
 
 
@@ -145,7 +153,8 @@ def _user_state(engine, store, name, k):
     if got is None:
         store.user(name)  # raises "unknown user" first when that is the problem
         raise StoreError(f"user {name!r} has no vector for artifacts {engine.artifacts_id}: run `onboard` first")
-    lam, info = got
+    _, info = got
+    lam = store.style(name, engine.artifacts_id)  # λ with the person's token bias and memory
     k = k or info["stats"].get("k") or engine.cfg.default_k
     a = store.assignment(name, engine.artifacts_id, k)
     if a is None:
@@ -167,9 +176,11 @@ def cmd_generate(a) -> None:
     from .methods import METHODS, UserContext, get_method
 
     methods = _methods(a.methods)
-    unknown = [m for m in methods if m not in (*CORE_METHODS, *METHODS)]
+    from .engine import CARD_METHODS
+    known = [*CORE_METHODS, *CARD_METHODS[1:], *METHODS]
+    unknown = [m for m in methods if m not in known]
     if unknown:
-        raise UsageError(f"unknown methods {unknown}; choose from {[*CORE_METHODS, *METHODS]}")
+        raise UsageError(f"unknown methods {unknown}; choose from {known}")
     for m in methods:
         if m in METHODS:
             user = UserContext.from_store(store, a.user, engine.task, cluster, k, lam)
@@ -215,14 +226,29 @@ def cmd_eval(a) -> None:
     if alpha is not None:
         engine.cfg = replace(engine.cfg, decoding=replace(engine.cfg.decoding, alpha=alpha))
     t0 = time.perf_counter()
-    result = run_eval(engine, a.data, a.split, _methods(a.methods), a.limit, method_configs=configs)
+    result = run_eval(engine, a.data, a.split, _methods(a.methods), a.limit, method_configs=configs,
+                      sources=_list(a.sources))
     result["settings"]["wall_s"] = round(time.perf_counter() - t0, 1)
     print(format_table(result))
     print("held-out diagnostics (mean over users):", json.dumps(result["diagnostics"]))
+    for pair, d in result["differences"].items():
+        print(f"  {pair:<28} ROUGE-L {d['mean']:+.4f}  95% CI [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]"
+              f"  wins/losses {d['wins']}/{d['losses']}")
+    print("user-specificity:", json.dumps(result["specificity"]))
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps(result, indent=2))
         print(f"wrote {a.json}")
+
+
+def cmd_tune(a) -> None:
+    from .tune import tune
+
+    engine = _engine(a)
+    t0 = time.perf_counter()
+    report = tune(engine, a.data, a.split, a.users, write=not a.dry_run)
+    print(json.dumps({k: report[k] for k in ("decoding", "style", "users", "helps_share")}, indent=1))
+    print(f"tuned in {time.perf_counter() - t0:.0f} s" + ("" if a.dry_run else f"; written to {a.artifacts}/config.json"))
 
 
 def _objectives_first(a) -> tuple[str, ...]:
@@ -316,6 +342,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--ks", type=_ints, default=(1, 2, 4, 8), help="cluster counts to build (must include 1)")
     b.add_argument("--default-k", type=int, default=None, help="K the head is trained on and methods use (default 4)")
     b.add_argument("--limit-users", type=int, default=None, help="use the first N users only")
+    b.add_argument("--sources", default="", help="only users from these sources (comma-separated repositories or venues, "
+                                                  "as the data's meta file names them)")
+    b.add_argument("--exclude-sources", default="", help="leave users of these sources out of the build, to score "
+                                                          "them later as people the build never saw (eval --sources)")
     b.add_argument("--out", default=None, help="artifacts folder (default data/artifacts/<data folder name>)")
     b.add_argument("--objectives", default="tokens", help="head objectives to train, first = CARD's default: any of tokens,pairs,hard_pairs "
                         "(METHOD §1.9.3 b, a, c)")
@@ -367,12 +397,24 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--methods", default="base,cluster,card,bm25_copy",
                    help="any of base, cluster, card, bm25_copy (the no-model floor), rag, pag, exact, cope, oppu, p2p")
     e.add_argument("--limit", type=int, default=None)
+    e.add_argument("--sources", default="", help="score only users of these sources (comma-separated, e.g. the ones "
+                                                  "the build left out with --exclude-sources)")
     e.add_argument("--alpha", type=float, default=None, help="override the build's α")
     e.add_argument("--objective", default=None,
                    help="which built head onboards users and steers card (tokens, pairs, hard_pairs; default: the build's first)")
     _add_method_budgets(e)
     e.add_argument("--json", default=None)
     e.set_defaults(fn=cmd_eval)
+
+    t = sub.add_parser("tune", help="choose repetition control, the style's parts, α and w on validation people",
+                       description="Re-choose the decoding settings of a build on validation people (people of the "
+                                   "build's sources outside its population) and write them into its config.json.")
+    t.add_argument("--artifacts", required=True)
+    t.add_argument("--data", default=None, help="LaMP folder (default: the build's)")
+    t.add_argument("--split", default=None)
+    t.add_argument("--users", type=int, default=16, help="validation people")
+    t.add_argument("--dry-run", action="store_true", help="print the choice, do not write it")
+    t.set_defaults(fn=cmd_tune)
 
     n = sub.add_parser("bench", help="efficiency table measured in one run", description="Onboarding, fit, decoding overhead, switching, storage.")
     n.add_argument("--artifacts", required=True)

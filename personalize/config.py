@@ -15,6 +15,7 @@ from .adapters import LoraSettings
 from .decoding import DecodingSettings
 from .head import OBJECTIVES, HeadSettings
 from .models import EncoderConfig, ModelConfig
+from .style import StyleSettings
 from .tokens import TokenBudget
 
 FORMAT_VERSION = 1  # of the artifacts folder; Engine.load refuses newer ones
@@ -28,6 +29,7 @@ class CardConfig:
     lora: LoraSettings = field(default_factory=LoraSettings)
     head: HeadSettings = field(default_factory=HeadSettings)
     decoding: DecodingSettings = field(default_factory=DecodingSettings)
+    style: StyleSettings = field(default_factory=StyleSettings)  # what `card` decodes with beside λ (METHOD §1.10)
     ks: tuple[int, ...] = (1, 2, 4, 8)
     default_k: int = 4  # the cluster count the head is trained on and methods use unless told
     objectives: tuple[str, ...] = ("tokens",)  # heads to train; the first one is CARD's default

@@ -69,6 +69,19 @@ class Query:
     profile: tuple[Item, ...]
     gold: str | None = None
     user: str | None = None
+    source: str | None = None  # where the user's writing comes from (a repository, a venue): held-out splits
+
+
+def query_source(meta: dict) -> str | None:
+    """The source a meta row names: its repository, venue, or the venue of an ACL Anthology paper id
+    ("2025.emnlp-main.12" -> "emnlp"); None when the row names none."""
+    for key in ("source", "repo", "venue"):
+        if isinstance(meta.get(key), str):
+            return meta[key]
+    paper = meta.get("query_paper")
+    if isinstance(paper, str) and "." in paper:
+        return paper.split(".")[1].split("-")[0]
+    return None
 
 
 def task_named(name: str) -> Task | None:
@@ -167,11 +180,13 @@ def read_lamp(folder: str | Path, split: str) -> tuple[Task, list[Query]]:
     task = task or _detect(raw, qpath)
 
     users: dict[str, str] = {}
+    sources: dict[str, str] = {}
     if mpath.exists():
         rows = _load_json(mpath)
         if not isinstance(rows, list) or not all(isinstance(r, dict) and "id" in r for r in rows):
             raise HistoryError(f"{mpath}: expected a list of {{\"id\", \"user\"}} objects")
         users = {str(r["id"]): str(r["user"]) for r in rows if r.get("user") is not None}
+        sources = {str(r["id"]): src for r in rows if (src := query_source(r)) is not None}
 
     queries = []
     for q, qid in zip(raw, ids):
@@ -182,7 +197,7 @@ def read_lamp(folder: str | Path, split: str) -> tuple[Task, list[Query]]:
                 keys = sorted(p) if isinstance(p, dict) else type(p).__name__
                 raise HistoryError(f"{qpath}: query {qid} profile item {j} is unusable (keys: {keys})")
             profile.append(item)
-        queries.append(Query(qid, q["input"], tuple(profile), golds.get(qid), users.get(qid)))
+        queries.append(Query(qid, q["input"], tuple(profile), golds.get(qid), users.get(qid), sources.get(qid)))
     return task, queries
 
 
@@ -208,7 +223,8 @@ def write_lamp(folder: str | Path, split: str, task: Task, queries: Sequence[Que
     folder.mkdir(parents=True, exist_ok=True)
     questions = [{"id": q.id, "input": q.input, "profile": items_to_lamp_profile(q.profile)} for q in queries]
     golds = [{"id": q.id, "output": q.gold} for q in queries if q.gold is not None]
-    users = [{"id": q.id, "user": q.user} for q in queries if q.user is not None]
+    users = [{"id": q.id, "user": q.user} | ({"source": q.source} if q.source else {})
+             for q in queries if q.user is not None]
     _write_json(folder / f"{split}_questions.json", questions)
     _write_json(folder / f"{split}_outputs.json", {"task": task.lamp_name, "golds": golds} if golds else None)
     _write_json(folder / f"{split}_meta.json", users if meta and users else None)
@@ -222,12 +238,20 @@ def _check_text(text: str, source: str) -> None:
         raise HistoryError(f"{source} looks like binary data, not text")
 
 
-def _clean(items: Sequence[Item], max_items: int, source: str) -> list[Item]:
-    """Strip, drop empties, drop exact repeats (keeping order), and enforce the item limit."""
-    seen, out = set(), []
+class History(list):
+    """A parsed history: the items (a plain list of Item) and how many exact repeats were dropped."""
+
+    duplicates: int = 0
+
+
+def _clean(items: Sequence[Item], max_items: int, source: str) -> History:
+    """Strip, drop empties, drop exact repeats (keeping order, counted in .duplicates), and enforce the item limit."""
+    seen, out = set(), History()
     for it in items:
         it = replace(it, y=it.y.strip(), x=it.x.strip())
-        if it.y and (it.y, it.x) not in seen:
+        if it.y and (it.y, it.x) in seen:
+            out.duplicates += 1
+        elif it.y:
             seen.add((it.y, it.x))
             out.append(it)
     if not out:

@@ -24,11 +24,15 @@ from .data import Item, Task, TASKS
 from .decoding import DecodingSettings, Generation, generate
 from .features import generate_with_states, teacher_forced
 from .head import PAIR_OBJECTIVES, PairData, PersonalizationHead, TokenData, diagnostics, fit_user
+from .style import VARIANTS, StyleSettings, UserStyle, fit_style, memory_from_features, style_diagnostics, variant
 from .models import LM, ModelConfig, load_encoder, load_lm
 from .neutral import neutral
 
 NEUTRAL_TEMPLATE = "Rewrite the following text in plain, neutral English: {text}"
 CORE_METHODS = ("base", "cluster", "card")
+CARD_METHODS = ("card", *VARIANTS)  # the default CARD and the variants compared on dev (style.VARIANTS)
+FALLBACK_NOTE = ("your style did not beat your cluster's model on your own held-out items, "
+                 "so this is the cluster model's output")
 
 
 class ArtifactsError(ValueError):
@@ -59,6 +63,10 @@ class UserFit:
     diagnostics: dict = field(default_factory=dict)
     loss_curve: list[float] = field(default_factory=list)
     cold_start: bool = False
+    style: UserStyle | None = None  # λ with the person's token bias and memory (None: λ alone)
+    # the tokens head's held-out items and the style fitted without them (eval's teacher-forced specificity)
+    held: TokenData | None = field(default=None, repr=False)
+    held_style: UserStyle | None = field(default=None, repr=False)
 
     @property
     def total_s(self) -> float:
@@ -211,12 +219,14 @@ class Engine:
         if len(items) < self.cfg.min_fit_items:
             return UserFit(cluster, distances, k, ones, objective, len(items), stages, cold_start=True)
         self.use_adapter(adapter_name(k, cluster))
+        n_hold = int(round(self.cfg.holdout * len(items))) if len(items) >= 5 else 0
+        if objective == "tokens":
+            return self._fit_tokens(items, head, cluster, distances, k, n_hold, stage, stages)
         if objective in PAIR_OBJECTIVES:
             negs = stage("negatives", lambda: self.negatives(items, objective))
             data = stage("features", lambda: self.user_data(items, objective, negatives=negs))
         else:
             data = stage("features", lambda: self.user_data(items, objective))
-        n_hold = int(round(self.cfg.holdout * len(items))) if len(items) >= 5 else 0
         diag = {}
         if n_hold:
             fit_part, held = _split(data, n_hold, len(items))
@@ -224,28 +234,113 @@ class Engine:
             others = list(self.population_lams.get(objective, {}).values())[:16]
             diag = diagnostics(head, held, lam_fit, [torch.as_tensor(o) for o in others], self.cfg.head)
         lam, curve = stage("fit", lambda: fit_user(head, data, self.cfg.head))
-        return UserFit(cluster, distances, k, lam.numpy().astype(np.float32), objective, len(items), stages,
-                       diag, curve)
+        lam = lam.numpy().astype(np.float32)
+        return UserFit(cluster, distances, k, lam, objective, len(items), stages, diag, curve, style=UserStyle.of(lam))
+
+    def features(self, items: Sequence[Item]):
+        """One teacher-forced pass over the person's texts under the active model (states, top-k, ids)."""
+        hs = self.cfg.head
+        return teacher_forced(self.model, self.tok, [(it.x, it.y) for it in items], hs.n_layers, self.cfg.budget,
+                              top_k=hs.top_k)
+
+    def fit_style(self, feats, head: PersonalizationHead) -> tuple[UserStyle, list[float]]:
+        """λ (with the token bias when the style uses one) and the kNN memory from one pass's features."""
+        st, hs = self.cfg.style, self.cfg.head
+        data = TokenData.from_features(feats)
+        if st.bias:
+            lam, ids, vals, curve = fit_style(head, data, hs.rho, st.rho_bias, st.max_bias_tokens, hs.fit_iters)
+        else:
+            lam, curve = fit_user(head, data, hs)
+            ids, vals = torch.zeros(0, dtype=torch.long), torch.zeros(0)
+        keys, values = (memory_from_features(feats, self.lm.hidden_size, st.max_memory, st.key, head) if st.memory
+                        else (None, None))
+        style = UserStyle(lam.numpy().astype(np.float32), ids.numpy(), vals.numpy().astype(np.float32))
+        if keys is not None:
+            style.keys, style.values = keys, values
+        return style, curve
+
+    def _fit_tokens(self, items, head, cluster, distances, k, n_hold, stage, stages) -> UserFit:
+        """The tokens head: one pass, then λ + bias + memory; held-out diagnostics under the decoding rule."""
+        feats = stage("features", lambda: self.features(items))
+        diag, own, held = {}, None, None
+        if n_hold:  # held-out = the first n_hold items (the newest, in LaMP order)
+            own, _ = self.fit_style(feats[n_hold:], head)
+            held = TokenData.from_features(feats[:n_hold])
+            others = [UserStyle.of(o) for o in list(self.population_lams.get("tokens", {}).values())[:16]]
+            diag = style_diagnostics(head, held, own, others, self.cfg.style, self.cfg.decoding.alpha)
+            lam_only = diagnostics(head, held, torch.as_tensor(own.lam), [torch.as_tensor(o.lam) for o in others],
+                                   self.cfg.head)
+            diag |= {"lambda_only": {k_: v for k_, v in lam_only.items() if isinstance(v, (int, float))}}
+        style, curve = stage("fit", lambda: self.fit_style(feats, head))
+        style.helps = diag.get("helps")
+        return UserFit(cluster, distances, k, style.lam, "tokens", len(items), stages, diag, curve, style=style,
+                       held=held, held_style=own)
 
     # ------------------------------------------------------------ generation
     def generate(self, prompts: Sequence[str], method: str, cluster: int | None = None, lam=None,
                  k: int | None = None, settings: DecodingSettings | None = None, objective: str | None = None,
-                 trace: bool = False) -> list[Generation]:
-        """Decode with one of the core methods: base, cluster (the user's cluster LoRA), card."""
+                 trace: bool = False, budget=None, items: Sequence[Item] | None = None) -> list[Generation]:
+        """Decode with one of the core methods: base, cluster (the user's cluster LoRA), card and its variants.
+
+        `items`: the person's history (prompts filled), for a style with retrieval: their BM25-nearest items
+        go before each prompt, as the RAG baseline places them.
+
+        `lam` is the person's style: a UserStyle, a λ array ([D], or [B, D] for one per prompt), a list of
+        either, or None (λ = 1). With the style's fallback on, a person whose style lost to the cluster model
+        on their held-out items gets the cluster model's output, with a note saying so."""
         s = settings or self.cfg.decoding
         k = k or self.cfg.default_k
+        budget = budget or self.cfg.budget
         if method == "base":
             self.use_adapter(None)
-            return generate(self.model, self.tok, list(prompts), self.cfg.budget, s)
-        if method not in ("cluster", "card"):
-            raise ValueError(f"unknown method {method!r}; choose from {CORE_METHODS}")
+            return generate(self.model, self.tok, list(prompts), budget, s)
+        if method not in ("cluster", *CARD_METHODS):
+            raise ValueError(f"unknown method {method!r}; choose from {(*CORE_METHODS, *VARIANTS)}")
         self.use_adapter(adapter_name(k, cluster or 0) if k > 1 else BASE_ADAPTER)
         if method == "cluster":
-            return generate(self.model, self.tok, list(prompts), self.cfg.budget, s)
-        head = self.heads[objective or self.cfg.objectives[0]]
-        lam_t = torch.ones(head.d) if lam is None else torch.as_tensor(np.asarray(lam, dtype=np.float32))
-        return generate(self.model, self.tok, list(prompts), self.cfg.budget, s, head=head, lam=lam_t,
-                        n_layers=self.cfg.head.n_layers, trace=trace)
+            return generate(self.model, self.tok, list(prompts), budget, s)
+        objective = objective or self.cfg.objectives[0]
+        head = self.heads[objective]
+        style = variant(method, self.cfg.style)
+        styles = self._styles(lam, len(prompts), head.d)
+        s = replace(s, standardize=objective in PAIR_OBJECTIVES)
+        if style.retrieval and items:
+            prompts, budget = self.retrieval_prompts(items, prompts, budget)
+        if objective != "tokens":  # bias and memory are fitted from the tokens head's pass
+            style = replace(style, bias=False, memory=False)
+        back = [i for i, st in enumerate(styles) if style.fallback and st.helps is False]
+        out: list[Generation | None] = [None] * len(prompts)
+        if back:
+            for i, g in zip(back, generate(self.model, self.tok, [prompts[i] for i in back], budget, s)):
+                g.note, out[i] = FALLBACK_NOTE, g
+        rest = [i for i in range(len(prompts)) if out[i] is None]
+        if rest:
+            gens = generate(self.model, self.tok, [prompts[i] for i in rest], budget, s, head=head,
+                            styles=[styles[i] for i in rest], style=style, n_layers=self.cfg.head.n_layers,
+                            trace=trace)
+            for i, g in zip(rest, gens):
+                out[i] = g
+        return out
+
+    def retrieval_prompts(self, items: Sequence[Item], prompts: Sequence[str], budget):
+        """Each prompt with the person's BM25-nearest history items before it, and the budget widened to fit."""
+        from .methods import UserContext, widened
+        from .methods.rag import RagMethod
+
+        rag = RagMethod(self)
+        user = UserContext("_", list(items), templated=frozenset(i for i, it in enumerate(items) if not it.x))
+        return [rag.build_prompt(user, p)[0] for p in prompts], widened(budget, rag.extra_tokens)
+
+    @staticmethod
+    def _styles(lam, n: int, d: int) -> list[UserStyle]:
+        if lam is None:
+            return [UserStyle.of(np.ones(d, np.float32))] * n
+        if isinstance(lam, UserStyle):
+            return [lam] * n
+        if isinstance(lam, (list, tuple)):
+            return [UserStyle.of(x) for x in lam]
+        arr = np.asarray(lam, dtype=np.float32)
+        return [UserStyle.of(r) for r in arr] if arr.ndim == 2 else [UserStyle.of(arr)] * n
 
 
 def _split(data, n_hold: int, n_items: int):

@@ -10,8 +10,10 @@ of decoded tokens.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
+import random
 import statistics
 import tempfile
 import time
@@ -24,15 +26,19 @@ from rank_bm25 import BM25Okapi
 from tqdm import tqdm
 
 from .adapters import adapter_name
+from .build import select_sources
 from .data import Item, read_lamp
-from .engine import CORE_METHODS, Engine, UserFit
+from .engine import CARD_METHODS, CORE_METHODS, Engine, UserFit
 from .head import fit_user
 from .methods import METHODS, UserContext, get_method
 from .methods.rag import RagIndex
-from .metrics import rouge_scores
+from .metrics import looping, rouge_per_query, rouge_scores
+from .style import VARIANTS, style_diagnostics, variant
 from .store import Store
 
-BENCH_METHODS = ("rag", "oppu", "p2p", "card", "exact")  # paper Table 5 rows, plus EXACT's indexing
+BENCH_METHODS = ("rag", "oppu", "p2p", "card", "exact")
+# eval's own columns beside the registry's methods: the core, CARD's variants, the shuffled control, the floor
+EVAL_CORE = (*CORE_METHODS, *VARIANTS, "card_shuffled", "bm25_copy")  # paper Table 5 rows, plus EXACT's indexing
 STORED = {  # what bytes_per_user counts, per method
     "rag": "BM25 index with its items (pickled)",
     "oppu": "the user's LoRA adapter on disk",
@@ -56,14 +62,21 @@ def bm25_copy(query: str, profile: Sequence[Item]) -> str:
 
 
 def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence[str], limit: int | None = None,
-             max_items: int = 24, method_configs: dict[str, dict] | None = None) -> dict:
+             max_items: int = 24, method_configs: dict[str, dict] | None = None, sources: Sequence[str] = (),
+             n_boot: int = 1000, seed: int = 0) -> dict:
+    """ROUGE per method on the queries of `sources` (all when empty), with paired bootstrap intervals of the
+    differences that matter (card − cluster, ...), the decoded user-specificity (card − card_shuffled) and the
+    teacher-forced one (each user's held-out tokens under their own style vs another evaluated user's)."""
     task, queries = read_lamp(data_dir, split)
-    queries = [q for q in queries if q.gold is not None and q.profile][: limit or None]
+    queries = [q for q in select_sources(queries, sources) if q.gold is not None and q.profile][: limit or None]
     if not queries:
         raise ValueError(f"no queries with a gold output and a profile in {data_dir} ({split})")
-    unknown = [m for m in methods if m not in (*CORE_METHODS, "bm25_copy", *METHODS)]
+    known = (*EVAL_CORE, *METHODS)
+    unknown = [m for m in methods if m not in known]
     if unknown:
-        raise ValueError(f"unknown methods {unknown}; choose from {[*CORE_METHODS, 'bm25_copy', *METHODS]}")
+        raise ValueError(f"unknown methods {unknown}; choose from {list(known)}")
+    built = set(engine.meta.get("report", {}).get("sources", {}).get("built", []))
+    seen = sorted({q.source for q in queries if q.source} & built)
     fits: list[UserFit] = []
     profiles: list[list[Item]] = []
     t0 = time.perf_counter()
@@ -71,6 +84,7 @@ def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence
         profiles.append(engine.prepare_items(q.profile[:max_items]))
         fits.append(engine.fit(profiles[-1]))
     onboard_s = time.perf_counter() - t0
+    partner = shuffled_partners([f.cluster for f in fits], seed)
     preds: dict[str, list[str]] = {}
     for m in methods:
         preds[m] = [""] * len(queries)
@@ -91,29 +105,109 @@ def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence
                 if hasattr(method, "release"):
                     method.release()
             continue
+        decoded = "card" if m == "card_shuffled" else m
+        style_of = (lambda i: fits[partner[i]].style) if m == "card_shuffled" else (lambda i: fits[i].style)
         groups: dict[int, list[int]] = {}
         for i, f in enumerate(fits):
             groups.setdefault(-1 if m == "base" else f.cluster, []).append(i)
         for c, idx in tqdm(groups.items(), desc=m, mininterval=2.0):
             for j in range(0, len(idx), 8):
                 b = idx[j: j + 8]
-                lam = np.stack([fits[i].lam for i in b])
-                outs = engine.generate([queries[i].input for i in b], m, cluster=max(c, 0), lam=lam)
+                if decoded in CARD_METHODS and variant(decoded, engine.cfg.style).retrieval:
+                    outs = [engine.generate([queries[i].input], decoded, max(c, 0), style_of(i), items=profiles[i])[0]
+                            for i in b]  # each person's own retrieved items: one row each
+                else:
+                    outs = engine.generate([queries[i].input for i in b], decoded, cluster=max(c, 0),
+                                           lam=[style_of(i) for i in b])
                 for i, g in zip(b, outs):
                     preds[m][i] = g.text
     golds = [q.gold for q in queries]
+    per_query = {m: rouge_per_query(preds[m], golds) for m in methods}
     table = {m: {k: round(v, 4) if isinstance(v, float) else v for k, v in rouge_scores(preds[m], golds).items()}
-             for m in methods}
-    diag_keys = sorted({k for f in fits for k in f.diagnostics if isinstance(f.diagnostics[k], float)})
+             | {"looping": round(sum(looping(p) for p in preds[m]) / len(queries), 4)} for m in methods}
+    diag_keys = sorted({k for f in fits for k in f.diagnostics if isinstance(f.diagnostics[k], (float, bool))})
     diag = {k: round(float(np.mean([f.diagnostics[k] for f in fits if k in f.diagnostics])), 4) for k in diag_keys}
     return {"task": task.name, "methods": table, "diagnostics": diag,
+            "differences": paired_differences(per_query, n_boot, seed),
+            "specificity": {"decoded_rougeL": _gap(per_query, "card", "card_shuffled"),
+                            "teacher_forced": teacher_forced_specificity(engine, fits, partner)},
             "settings": {"artifacts": engine.artifacts_id, "data": str(data_dir), "split": split, "n": len(queries),
+                         "sources": sorted({q.source for q in queries if q.source}), "sources_in_build": seen,
                          "max_items": max_items, "alpha": engine.cfg.decoding.alpha, "top_k": engine.cfg.decoding.top_k,
-                         "max_new_tokens": engine.cfg.decoding.max_new_tokens, "k": engine.cfg.default_k,
-                         "objective": engine.cfg.objectives[0], "onboarding_s_total": round(onboard_s, 1),
-                         "method_configs": method_configs or {}},
-            "predictions": [{"id": q.id, "gold": q.gold, **{m: preds[m][i] for m in methods}}
-                            for i, q in enumerate(queries)]}
+                         "max_new_tokens": engine.cfg.decoding.max_new_tokens,
+                         "repetition_penalty": engine.cfg.decoding.repetition_penalty,
+                         "no_repeat_ngram": engine.cfg.decoding.no_repeat_ngram, "k": engine.cfg.default_k,
+                         "objective": engine.cfg.objectives[0], "style": dataclasses.asdict(engine.cfg.style),
+                         "onboarding_s_total": round(onboard_s, 1), "method_configs": method_configs or {}},
+            "predictions": [{"id": q.id, "user": q.user, "source": q.source, "gold": q.gold,
+                             **{m: preds[m][i] for m in methods}} for i, q in enumerate(queries)]}
+
+
+def shuffled_partners(clusters: Sequence[int], seed: int = 0) -> list[int]:
+    """For each user, another evaluated user: a derangement within the same cluster where the cluster has two
+    or more users, else any other user (card_shuffled: the decoded user-specificity)."""
+    rng = random.Random(seed)
+    n = len(clusters)
+    out = list(range(n))
+    by: dict[int, list[int]] = {}
+    for i, c in enumerate(clusters):
+        by.setdefault(c, []).append(i)
+    for members in by.values():
+        if len(members) >= 2:
+            rot = rng.randrange(1, len(members))  # a rotation by r ≠ 0 moves everyone
+            order = members[:]
+            rng.shuffle(order)
+            for a, b in zip(order, order[rot:] + order[:rot]):
+                out[a] = b
+        elif n > 1:
+            out[members[0]] = rng.choice([j for j in range(n) if j != members[0]])
+    return out
+
+
+def paired_differences(per_query: dict[str, list[float]], n_boot: int = 1000, seed: int = 0) -> dict:
+    """Mean ROUGE-L difference and its paired bootstrap 95 % interval (queries resampled) for each pair that
+    the comparison rests on, among the methods present."""
+    pairs = [("card", "cluster"), ("cluster", "base"), ("card", "base"), ("card", "card_shuffled"),
+             ("card", "bm25_copy"), ("card", "card_paper")]
+    pairs += [(v, "cluster") for v in ("card_paper", *VARIANTS, "oppu") if v != "card_shuffled"]
+    rng = np.random.default_rng(seed)
+    out = {}
+    for a, b in dict.fromkeys(pairs):
+        if a not in per_query or b not in per_query:
+            continue
+        d = np.asarray(per_query[a]) - np.asarray(per_query[b])
+        idx = rng.integers(0, len(d), size=(n_boot, len(d)))
+        boots = d[idx].mean(1)
+        lo, hi = np.percentile(boots, [2.5, 97.5])
+        out[f"{a} - {b}"] = {"mean": round(float(d.mean()), 4), "ci95": [round(float(lo), 4), round(float(hi), 4)],
+                             "wins": int((d > 0).sum()), "losses": int((d < 0).sum()), "n": len(d)}
+    return out
+
+
+def _gap(per_query: dict[str, list[float]], a: str, b: str) -> float | None:
+    if a not in per_query or b not in per_query:
+        return None
+    return round(float(np.mean(per_query[a]) - np.mean(per_query[b])), 4)
+
+
+def teacher_forced_specificity(engine: Engine, fits: Sequence[UserFit], partner: Sequence[int]) -> dict:
+    """Each user's held-out tokens (the newest profile items) scored by style_scores with their own style and
+    with their card_shuffled partner's (both fitted without those items): next-token accuracy and log-prob."""
+    head = engine.heads.get("tokens")
+    rows = []
+    for i, f in enumerate(fits):
+        j = partner[i]
+        if head is None or f.held is None or fits[j].held_style is None or j == i:
+            continue
+        own = style_diagnostics(head, f.held, f.held_style, [fits[j].held_style], engine.cfg.style,
+                                engine.cfg.decoding.alpha)
+        if own.get("n"):
+            rows.append(own)
+    if not rows:
+        return {"users": 0}
+    keys = ("acc_no_head", "acc_ones", "acc_own", "acc_other", "margin_no_head", "margin_own", "margin_other",
+            "specificity_gap")
+    return {k: round(float(np.mean([r[k] for r in rows])), 4) for k in keys} | {"users": len(rows)}
 
 
 def format_table(result: dict) -> str:

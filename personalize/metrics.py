@@ -9,6 +9,13 @@ from rouge_score import rouge_scorer
 _SCORER = rouge_scorer.RougeScorer(["rouge1", "rougeL"], use_stemmer=True)
 
 
+def rouge_per_query(predictions: Sequence[str], golds: Sequence[str]) -> list[float]:
+    """ROUGE-L F1 of each query (for paired bootstrap intervals)."""
+    if len(predictions) != len(golds):
+        raise ValueError("predictions and golds differ in length")
+    return [_SCORER.score(g, p)["rougeL"].fmeasure for p, g in zip(predictions, golds)]
+
+
 def rouge_scores(predictions: Sequence[str], golds: Sequence[str]) -> dict[str, float]:
     if len(predictions) != len(golds):
         raise ValueError("predictions and golds differ in length")
@@ -19,3 +26,16 @@ def rouge_scores(predictions: Sequence[str], golds: Sequence[str]) -> dict[str, 
         s = _SCORER.score(g, p)
         r1, rl = r1 + s["rouge1"].fmeasure, rl + s["rougeL"].fmeasure
     return {"rouge1": r1 / len(golds), "rougeL": rl / len(golds), "n": len(golds)}
+
+
+def looping(text: str, min_repeats: int = 3, max_n: int = 8) -> bool:
+    """True when the text ends in `min_repeats` or more back-to-back copies of one word n-gram (n ≤ max_n):
+    "I am pleased to report that I am pleased to report that ..." or "#game #game #game"."""
+    w = text.split()
+    for n in range(1, max_n + 1):
+        if len(w) < n * min_repeats:
+            break
+        tail = w[-n:]
+        if all(w[len(w) - (i + 1) * n: len(w) - i * n] == tail for i in range(min_repeats)):
+            return True
+    return False

@@ -48,5 +48,6 @@ def onboard(engine: Engine, store: Store, name: str, k: int | None = None, objec
     if rewrite_s > 0.01:
         fit.stages_s = {"neutral rewrites": round(rewrite_s, 4), **fit.stages_s}
     store_assignments(engine, store, name, engine.embed(items))
-    store.save_vector(name, engine.artifacts_id, fit.lam, engine.lm.model_id, fit.stats())
+    store.save_vector(name, engine.artifacts_id, fit.lam, engine.lm.model_id, fit.stats(),
+                      fit.style.extras_bytes() if fit.style is not None else None)
     return fit

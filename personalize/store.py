@@ -22,7 +22,7 @@ import sqlite_utils
 
 from personalize.data import Item
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: vectors.style, the person's token bias and kNN memory beside λ
 WINNERS = ("a", "b", "tie", "both_bad")
 MAX_NAME = 64
 
@@ -44,7 +44,7 @@ CREATE TABLE IF NOT EXISTS assignments (
   PRIMARY KEY (user, artifacts, k));
 CREATE TABLE IF NOT EXISTS vectors (
   user TEXT NOT NULL REFERENCES users(name), artifacts TEXT NOT NULL, vector BLOB NOT NULL,
-  d INTEGER NOT NULL, model_id TEXT NOT NULL, stats TEXT NOT NULL, updated TEXT NOT NULL,
+  d INTEGER NOT NULL, model_id TEXT NOT NULL, stats TEXT NOT NULL, updated TEXT NOT NULL, style BLOB,
   PRIMARY KEY (user, artifacts));
 CREATE TABLE IF NOT EXISTS generations (
   id INTEGER PRIMARY KEY AUTOINCREMENT, created TEXT NOT NULL, user TEXT REFERENCES users(name),
@@ -131,7 +131,11 @@ class Store:
             if db["meta"].exists():
                 row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
                 version = int(row[0]) if row else SCHEMA_VERSION
-                if version != SCHEMA_VERSION:  # v1 is the first version: nothing to migrate from
+                if version == 1 and db["vectors"].exists():  # v1 → v2: styles are added beside the vectors
+                    if "style" not in db["vectors"].columns_dict:
+                        db.execute("ALTER TABLE vectors ADD COLUMN style BLOB")
+                    version = 2
+                if version != SCHEMA_VERSION:
                     raise StoreError(
                         f"{self.path} has schema version {version}, but this code only knows "
                         f"version {SCHEMA_VERSION}: upgrade personalize or use another database")
@@ -269,7 +273,9 @@ class Store:
             "distances": json.loads(r["distances"])}
 
     # user vectors
-    def save_vector(self, name: str, artifacts: str, vector: np.ndarray, model_id: str, stats: dict) -> None:
+    def save_vector(self, name: str, artifacts: str, vector: np.ndarray, model_id: str, stats: dict,
+                    style: bytes | None = None) -> None:
+        """λ, and the rest of the person's style (style.UserStyle.extras_bytes) when there is one."""
         vec = np.asarray(vector)
         if vec.ndim != 1:
             raise StoreError(f"user vector must be 1-D, got shape {vec.shape}")
@@ -277,7 +283,7 @@ class Store:
             name = self._require(name)
             db["vectors"].upsert(
                 {"user": name, "artifacts": artifacts, "vector": vec.astype("<f4").tobytes(),
-                 "d": len(vec), "model_id": model_id, "stats": _dumps(stats), "updated": _now()},
+                 "d": len(vec), "model_id": model_id, "stats": _dumps(stats), "updated": _now(), "style": style},
                 pk=("user", "artifacts"))
 
     def vector(self, name: str, artifacts: str) -> tuple[np.ndarray, dict] | None:
@@ -287,9 +293,20 @@ class Store:
         vec = np.frombuffer(r["vector"], dtype="<f4").astype(np.float32)  # writable copy
         return vec, {k: r[k] for k in ("d", "model_id", "updated")} | {"stats": json.loads(r["stats"])}
 
+    def style(self, name: str, artifacts: str):
+        """The person's whole style (λ, token bias, kNN memory) as a style.UserStyle, or None if not fitted."""
+        from .style import UserStyle
+
+        r = self._get("vectors", self._require(name), artifacts)
+        if r is None:
+            return None
+        helps = json.loads(r["stats"]).get("diagnostics", {}).get("helps")
+        return UserStyle.from_bytes(np.frombuffer(r["vector"], dtype="<f4").astype(np.float32), r.get("style"), helps)
+
     def vector_bytes(self, name: str, artifacts: str) -> int:
+        """Bytes stored for the person's style: λ and, when fitted, the token bias and memory."""
         with self._lock:
-            sql = "SELECT length(vector) FROM vectors WHERE user = ? AND artifacts = ?"
+            sql = "SELECT length(vector) + coalesce(length(style), 0) FROM vectors WHERE user = ? AND artifacts = ?"
             row = self.db.execute(sql, [name, artifacts]).fetchone()
         return int(row[0]) if row else 0
 

@@ -8,6 +8,7 @@ two requests must never decode at once; store reads and votes do not take it.
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
 import time
@@ -21,13 +22,14 @@ import numpy as np
 from .arena import Arena, BlindPair
 from .data import TASKS, HistoryError, Item, parse_history, read_history_file, read_lamp
 from .decoding import DecodingSettings, Generation
-from .engine import CORE_METHODS, Engine, UserFit
+from .engine import CORE_METHODS, ArtifactsError, Engine, UserFit
 from .leaderboard import LeaderboardConfig, leaderboard
 from .methods import METHODS, UserContext, get_method
 from .methods.exact import MEMORY_KIND as EXACT_MEMORY
 from .metrics import rouge_scores
 from .onboard import onboard, prepared_items, store_assignments
 from .store import Store, StoreError
+from .style import UserStyle
 
 # Columns of the Compare tab, in order; every name the methods registry knows.
 ALL_METHODS = ("base", "cluster", "card", "exact", "rag", "pag", "cope", "oppu", "p2p")
@@ -37,7 +39,9 @@ DEFAULT_METHODS = ("base", "cluster", "card", "exact", "rag", "cope")
 
 @dataclass(frozen=True)
 class StudioConfig:
-    artifacts: str = "data/artifacts/demo"
+    artifacts: str = "data/artifacts/demo"  # the build served first
+    # every sub-folder with a build's config.json is offered, one task at a time; None: the parent of `artifacts`
+    artifacts_root: str | None = None
     db: str = "data/studio.db"
     demo_data: str = "data/demo"  # LaMP folder whose users the "demo user" picker offers
     export_dir: str = "data/exports"
@@ -53,6 +57,68 @@ class StudioConfig:
             raise ValueError("history, item, prompt and EXACT pair limits must be >= 1")
 
 
+@dataclass(frozen=True)
+class Build:
+    """One artifacts folder the studio can serve."""
+
+    folder: str
+    id: str
+    task: str
+    created: str = ""
+
+
+def find_builds(root: str | Path) -> list[Build]:
+    """The builds directly under `root`: folders whose config.json names a known task and an id (a model
+    folder's config.json names neither; an unfinished `<name>.partial` is skipped), newest first."""
+    root, out = Path(root), []
+    if not root.is_dir():
+        return out
+    for folder in sorted(root.iterdir()):
+        if not folder.is_dir() or folder.name.endswith(".partial"):
+            continue
+        try:
+            meta = json.loads((folder / "config.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(meta, dict) and meta.get("task") in TASKS and isinstance(meta.get("id"), str):
+            out.append(Build(str(folder), meta["id"], meta["task"], str(meta.get("created", ""))))
+    return sorted(out, key=lambda b: b.created, reverse=True)
+
+
+def build_command(task: str, root: str | Path) -> str:
+    """The command that builds `task`'s artifacts under `root`: the task's LaMP folder where one is on this
+    machine (../shared/data/<task> or data/<task>), else a placeholder for it."""
+    data = next((str(d) for d in (Path("../shared/data") / task, Path("data") / task)
+                 if (d / "dev_questions.json").exists()), f"<a LaMP folder of {task}>")
+    return f".venv/bin/python -m personalize build --data {data} --split dev --out {Path(root) / task}"
+
+
+def fit_verdict(diagnostics: dict | None, cold_start: bool = False) -> str:
+    """In plain words: does the user's vector beat their cluster's model on their held-out items?
+    Reads `helps` (own vector vs no head, set by the fit) with `acc_own` and `acc_no_head`."""
+    d = diagnostics or {}
+    if cold_start:
+        return "Your history is too short to fit your own vector yet, so CARD uses your cluster's shared head."
+    helps, own, base = d.get("helps"), d.get("acc_own"), d.get("acc_no_head")
+    if helps is None or own is None or base is None:
+        return ("Too few items to tell whether your vector helps (too few held out to compare it with your "
+                "cluster's model); add more writing and refit.")
+    a, b = _percents(float(own), float(base))
+    if helps:
+        return f"Your vector helps: it predicts {a} of your held-out words vs {b} for your cluster's model."
+    return (f"Your vector does not beat your cluster's model on your held-out items ({a} vs {b}), so CARD will "
+            "show the cluster model's output for you.")
+
+
+def _percents(a: float, b: float) -> tuple[str, str]:
+    """Two rates as percentages with the fewest decimals (0-2) that keep different values apart."""
+    for digits in (0, 1, 2):
+        fa, fb = f"{a:.{digits}%}", f"{b:.{digits}%}"
+        if fa != fb or a == b:
+            break
+    return fa, fb
+
+
 @dataclass
 class UserState:
     """Where a user stands under the loaded artifacts: cluster at K, and λ if fitted (else λ = 1)."""
@@ -61,7 +127,7 @@ class UserState:
     k: int
     cluster: int
     distances: list[float]
-    lam: np.ndarray | None
+    lam: "UserStyle | None"  # the fitted style (λ, token bias, kNN memory); None: not fitted, λ = 1
     fit_stats: dict = field(default_factory=dict)
 
     @property
@@ -116,6 +182,75 @@ class Studio:
         demo_users = _lamp_users(demo) if (demo / "dev_questions.json").exists() else {}
         return cls(engine, store, cfg, demo_users, population)
 
+    # ------------------------------------------------------------ builds: one task's artifacts at a time
+    @property
+    def artifacts_root(self) -> Path:
+        return Path(self.cfg.artifacts_root or Path(self.cfg.artifacts).parent)
+
+    @property
+    def build(self) -> Build:
+        """The build being served."""
+        folder = self.engine.folder or Path(self.cfg.artifacts)
+        return Build(str(folder), self.engine.artifacts_id, self.task.name, str(self.engine.meta.get("created", "")))
+
+    def header(self) -> str:
+        """What the app's title line says about the build being served."""
+        return (f"# Personalization studio\nCARD (cluster LoRA + user vector) next to the base model, EXACT, RAG, PAG, "
+                f"COPE, OPPU and Profile-to-PEFT. Artifacts `{self.engine.artifacts_id}` (task {self.task.name}, "
+                f"model {self.engine.lm.model_id}, K ∈ {self.ks}); choose another task in *My writing* to switch.")
+
+    def builds(self) -> dict[str, list[Build]]:
+        """Every known task -> its builds under the artifacts root (the one served first, then newest first);
+        [] for a task with no build."""
+        current = self.build
+        found = [b for b in find_builds(self.artifacts_root) if Path(b.folder).resolve() != Path(current.folder).resolve()]
+        return {t: ([current] if t == current.task else []) + [b for b in found if b.task == t] for t in TASKS}
+
+    def build_hint(self, task: str) -> str:
+        return (f"No build for **{task}** under `{self.artifacts_root}` yet, so the studio stays on "
+                f"`{self.engine.artifacts_id}` ({self.task.name}). Build one (minutes to hours on a CPU, "
+                f"see the README for the flags), then choose the task again:\n\n"
+                f"```\n{build_command(task, self.artifacts_root)}\n```")
+
+    def switch_task(self, task: str) -> dict:
+        """Serves `task`'s build (loading it in place of the current one), or says how to build it.
+        Returns {"switched": bool, "build": Build | None (the build now serving the task), "message": str}."""
+        if task not in TASKS:
+            raise ValueError(f"unknown task {task!r}; choose from {sorted(TASKS)}")
+        if task == self.task.name:
+            return {"switched": False, "build": self.build,
+                    "message": f"Serving `{self.engine.artifacts_id}` ({task})."}
+        candidates = self.builds()[task]
+        if not candidates:
+            return {"switched": False, "build": None, "message": self.build_hint(task)}
+        b = candidates[0]
+        t0 = time.perf_counter()
+        self.use_build(b.folder)
+        return {"switched": True, "build": self.build,
+                "message": f"Switched to `{self.engine.artifacts_id}` ({task}, K ∈ {self.ks}) in "
+                           f"{time.perf_counter() - t0:.1f} s. Save your history again to place it in this build."}
+
+    def use_build(self, folder: str | Path) -> None:
+        """Loads the build in `folder` and serves it from now on, for every session of the app.
+        Only one build stays loaded: each Engine holds its own copy of the language model and all its cluster
+        adapters (~0.6 GB for the bundled 135M model in float32, many GB for larger ones) while reloading a
+        build from local files takes seconds, and the app decodes one request at a time anyway. The new build
+        is loaded before the old one is let go, so a build that fails to load leaves the current one serving."""
+        with self.model_lock:
+            try:
+                engine = Engine.load(folder)
+            except (KeyError, TypeError) as e:  # a config.json from another version of this code
+                raise ArtifactsError(f"the build at {folder} cannot be read ({e!r}): rebuild it") from None
+            old, self.engine = self.engine, engine
+            self._methods = {}  # methods hold the engine they were made with
+            self.population = _population_texts(engine)
+            data, split = engine.meta.get("data"), engine.meta.get("split", "dev")
+            # the demo users on offer are the build's own population, when its data is on this machine
+            ok = data and (Path(data) / f"{split}_questions.json").exists()
+            self.demo_users = _lamp_users(Path(data), split) if ok else {}
+            del old
+            gc.collect()
+
     # ------------------------------------------------------------ facts about the loaded artifacts
     @property
     def ks(self) -> list[int]:
@@ -125,11 +260,19 @@ class Studio:
     def task(self):
         return self.engine.task
 
-    def snap_k(self, k: float | int | None) -> int:
-        """The built K nearest to a slider value (ties: the smaller)."""
+    def snap_k(self, k: float | int | None, previous: int | None = None) -> int:
+        """The built K nearest to a slider value (ties: the smaller). Given the K the slider came from, a value
+        between built Ks moves on to the next built K in that direction, so that one arrow-key step (2 -> 3)
+        reaches the next build (4) instead of snapping back (to 2)."""
         if k is None:
             return self.engine.cfg.default_k
-        return min(self.ks, key=lambda b: (abs(b - float(k)), b))
+        k = float(k)
+        if previous is not None and k not in self.ks:
+            if k > previous and any(b > previous for b in self.ks):
+                return min((b for b in self.ks if b >= k), default=max(self.ks))
+            if k < previous and any(b < previous for b in self.ks):
+                return max((b for b in self.ks if b <= k), default=min(self.ks))
+        return min(self.ks, key=lambda b: (abs(b - k), b))
 
     # ------------------------------------------------------------ My writing
     def parse(self, text: str | None = None, file: str | None = None) -> list[Item]:
@@ -142,13 +285,50 @@ class Studio:
 
     def save_history(self, name: str, items: Sequence[Item], task: str, replace_existing: bool = True) -> dict:
         """Stores the history under `name` (replacing theirs: vector and clusters go with it) and assigns
-        clusters at once (embedding only: seconds); the fit is a separate, explicit step."""
+        clusters at once (embedding only: seconds); the fit is a separate, explicit step. "duplicates" counts
+        the exact repeats that parsing dropped (`parse` returns a data.History that knows it)."""
         if task not in TASKS:
             raise ValueError(f"unknown task {task!r}; choose from {sorted(TASKS)}")
         self.store.add_user(name, items, task, replace=replace_existing)
         name = self.store.user(name)["name"]
         clusters = self.assign_all(name)
-        return {"name": name, "n_items": len(items), "clusters": clusters}
+        return {"name": name, "n_items": len(items), "clusters": clusters,
+                "duplicates": int(getattr(items, "duplicates", 0)), "task": task}
+
+    def save_message(self, res: dict) -> str:
+        """The My writing status line after a save."""
+        k = self.engine.cfg.default_k
+        n, dup = res["n_items"], res.get("duplicates", 0)
+        dropped = f" ({dup} duplicate item{'' if dup == 1 else 's'} dropped)" if dup else ""
+        task = res.get("task", self.task.name)
+        note = "" if task == self.task.name else (
+            f" No build for **{task}** is loaded: these artifacts were built for **{self.task.name}**, so prompts "
+            "use that task's template.")
+        return (f"Saved **{n}** item{'' if n == 1 else 's'} for **{res['name']}**{dropped}; cluster at K = {k}: "
+                f"**{res['clusters'][k]}**. Next: *Fit my style*.{note}")
+
+    def item_rows(self, name: str | None) -> list[list]:
+        """The stored items table: [id, text, neutral rewrite]; the id is the one Update/Delete take."""
+        try:
+            return [[s.id, s.y, s.neutral or ""] for s in self.store.items(name)] if name else []
+        except StoreError:  # not stored (yet), or not a valid name
+            return []
+
+    def switch_user(self, name: str | None, shown_for: str | None) -> dict:
+        """My writing when the user name is edited. `shown_for` is the user whose saved (or opened) history the
+        text box still holds (None: the box holds a fresh paste, or nothing). Another name empties the box, so a
+        new user starts from an empty history, never from the previous user's text; a fresh paste is kept (it
+        is the new user's). Returns {"clear": bool, "shown_for": str | None, "rows": table rows, "message"}."""
+        name = (name or "").strip()
+        clear = shown_for is not None and name != shown_for
+        rows = self.item_rows(name) if name else []
+        if not name:
+            msg = ""
+        elif rows:
+            msg = f"**{name}** has {len(rows)} stored items (table below); paste new writing to replace them."
+        else:
+            msg = f"New user **{name}**: paste your writing (or upload a file) and save it."
+        return {"clear": clear, "shown_for": None if clear else shown_for, "rows": rows, "message": msg}
 
     def demo_history(self, user: str) -> str:
         if user not in self.demo_users:
@@ -172,8 +352,18 @@ class Studio:
             self.assign_all(name)
             a = self.store.assignment(name, self.engine.artifacts_id, k)
         got = self.store.vector(name, self.engine.artifacts_id)
-        lam, stats = (got[0], got[1]["stats"]) if got else (None, {})
-        return UserState(self.store.user(name)["name"], k, a["cluster"], a["distances"], lam, stats)
+        stats = got[1]["stats"] if got else {}
+        style = self.store.style(name, self.engine.artifacts_id) if got else None  # λ + token bias + memory
+        return UserState(self.store.user(name)["name"], k, a["cluster"], a["distances"], style, stats)
+
+    @staticmethod
+    def distance_table(state: UserState) -> str:
+        """The distance to every centroid as a Markdown table, the user's own cluster marked in a column."""
+        rows = [f"| {c} | {d:.4f} | {'◀ you' if c == state.cluster else ''} |" for c, d in enumerate(state.distances)]
+        return "\n".join(["| cluster | distance | yours |", "|---|---|---|", *rows])
+
+    def cluster_summary(self, state: UserState) -> str:
+        return f"**{state.name}** is in cluster **{state.cluster}** of K = {state.k}.\n\n{self.distance_table(state)}"
 
     def cluster_examples(self, k: int, cluster: int, n: int = 4) -> list[tuple[str, str]]:
         """(population user, one of their texts) for up to n users of the cluster."""
@@ -260,6 +450,9 @@ class Studio:
         except (ValueError, StoreError, FileNotFoundError, RuntimeError) as e:
             return MethodOutput(method, error=str(e))
         info = _jsonable(g.trace)
+        note = getattr(g, "note", None)  # why the method did what it did (CARD falling back to the cluster model)
+        if note:
+            info["note"] = str(note)
         settings = {"alpha": s.alpha, "top_k": s.top_k, "max_new_tokens": s.max_new_tokens, "k": state.k,
                     "cluster": state.cluster, "fitted": state.fitted}
         gid = self.store.add_generation(state.name, self.engine.artifacts_id, method, prompt, g.text, settings,
@@ -287,9 +480,11 @@ class Studio:
             g = self.engine.generate([prompt], "card", state.cluster, state.lam, k=state.k, settings=s, trace=True)[0]
         tok, steps = self.engine.tok, []
         for st in (g.trace or [])[: g.n_tokens]:
-            cand, before, after = st["cand"][0], st["before"][0], st["after"][0]
+            used = st["cand"][0] >= 0  # the top-k candidates and the memory's extra tokens
+            cand, before, after = st["cand"][0][used], st["before"][0][used], st["after"][0][used]
             order = after.argsort(descending=True)
-            chosen, cluster_choice = int(cand[order[0]]), int(cand[before.argmax()])
+            chosen = int(st["chosen"][0]) if st.get("chosen") is not None else int(cand[order[0]])
+            cluster_choice = int(cand[before.argmax()])
             steps.append({"token": tok.decode([chosen]), "token_id": chosen, "changed": chosen != cluster_choice,
                           "cluster_token": tok.decode([cluster_choice]),
                           "candidates": [{"token": tok.decode([int(cand[j])]), "before": float(before[j]),
@@ -410,9 +605,9 @@ def text_pieces(tok, steps: Sequence[dict]) -> list[tuple[str, bool]]:
     return out
 
 
-def _lamp_users(folder: Path) -> dict[str, list[Item]]:
+def _lamp_users(folder: Path, split: str = "dev") -> dict[str, list[Item]]:
     try:
-        _, queries = read_lamp(folder, "dev")
+        _, queries = read_lamp(folder, split)
     except (HistoryError, OSError, ValueError):
         return {}
     return {(q.user or q.id): list(q.profile) for q in queries}

@@ -28,6 +28,25 @@ HISTORY = "\n".join(f"omg the {w} was SO good today!!! 🔥🔥" for w in
                     ["coffee", "train", "concert", "pizza", "run", "book", "match", "movie", "beach", "show"])
 
 
+# Two people who write differently (issue 13): terse lowercase lines, with two pasted twice, and formal sentences.
+TERSE_LINES = ["fixed it", "tests pass now", "bump deps", "typo", "ok merged", "rm old script", "more logging",
+               "wip parser", "fix ci again", "cleanup"]
+TERSE_HISTORY = "\n".join(TERSE_LINES + TERSE_LINES[:2])
+FORMAL_HISTORY = "\n".join([
+    "This release corrects the handling of malformed configuration files.",
+    "We have updated the documentation to describe the new command-line options.",
+    "The build system now detects the compiler version before compiling the extensions.",
+    "Furthermore, the test suite has been extended to cover the parser's error paths.",
+    "Unfortunately, the previous change introduced a regression on big-endian platforms.",
+    "The maintainers would like to thank all contributors for their careful reviews.",
+    "Consequently, the default timeout has been increased to thirty seconds.",
+    "Please note that the deprecated interface will be removed in the next major version.",
+    "The installation instructions have been revised for clarity and completeness.",
+    "In addition, several memory leaks in the networking module have been resolved.",
+])
+TWO_PEOPLE_PROMPT = "Fix build failure on arm64 with the new toolchain."
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -266,5 +285,91 @@ def test_browser_path_paste_cluster_fit_compare_vote_leaderboard_export(server, 
         assert "λ fitted on" in res, res
         p.el("#explore-alpha .js-plotly-plot")
         p.shot("9-explore")
+    finally:
+        driver.quit()
+
+
+def test_switching_to_a_task_without_a_build_says_how_to_build_it(server):
+    studio = server["studio"]
+    served = studio.engine.artifacts_id
+    missing = next(t for t, builds in studio.builds().items() if not builds)
+    msg = client(server["url"]).predict(missing, api_name="/switch_task")[0]
+    assert "personalize build --data" in msg and f"--out {studio.artifacts_root / missing}" in msg, msg
+    assert studio.engine.artifacts_id == served  # still serving the build it had
+
+
+def test_browser_two_people_get_their_own_card_outputs_and_nothing_loops(server, tmp_path):
+    """A new person's walkthrough, twice: paste, save (duplicates reported), K from the keyboard with their own
+    row marked, fit (the page says whether the vector helps), Compare; the two people's CARD outputs differ and
+    no output ends in a loop."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    from personalize.metrics import looping
+
+    studio = server["studio"]
+    shots = Path(os.environ.get("SCREENSHOTS") or tmp_path / "shots")
+    driver = _driver(tmp_path)
+    methods = ("base", "cluster", "card")
+    try:
+        p = Page(driver, shots)
+        driver.get(server["url"])
+        p.tab("Compare")  # once per page: base, cluster and card only, and room for a loop to show
+        for box in driver.find_elements(By.CSS_SELECTOR, "#methods label"):
+            tick = box.find_element(By.CSS_SELECTOR, "input")
+            if tick.is_selected() != (box.text.strip() in methods):
+                box.click()
+        p.type("max-tokens", "32")
+        p.el("#max-tokens input").send_keys(Keys.TAB)
+        outputs = {}
+        for name, history, n_dup in (("tess", TERSE_HISTORY, 2), ("fred", FORMAL_HISTORY, 0)):
+            p.tab("My writing")
+            p.type("user-name", name)
+            p.until_text("writing-status", f"New user {name}")
+            assert p.el("#history textarea").get_attribute("value") == ""  # not the previous person's text
+            p.type("history", history)
+            p.click("save-history")
+            saved = p.until_text("writing-status", "Saved", "⚠️")
+            assert f"Saved 10 items for {name}" in saved, saved
+            assert (f"({n_dup} duplicate items dropped)" in saved) == bool(n_dup), saved
+            header = [th.text.strip().lower() for th in driver.find_elements(By.CSS_SELECTOR, "#items th")]
+            assert sum(h == "id" for h in header) == 1 and "#" not in header, header  # one item id column
+
+            p.tab("My cluster")
+            status = p.until_text("cluster-status", f"{name} is in cluster")
+            k0 = studio.snap_k(None)
+            step, there, back = (1, Keys.ARROW_RIGHT, Keys.ARROW_LEFT) if k0 < max(studio.ks) else \
+                (-1, Keys.ARROW_LEFT, Keys.ARROW_RIGHT)
+            slider = p.el("#k-slider input[type=range]")
+            slider.send_keys(there)  # one arrow key (2 -> 3 on the tiny build) moves on to the next built K (4)
+            k1 = studio.snap_k(k0 + step, previous=k0)
+            assert k1 != k0
+            status = p.until_text("cluster-status", f"of K = {k1}.")
+            assert status.count("◀ you") == 1, status  # the person's own row is marked
+            slider.send_keys(back)
+            p.until_text("cluster-status", f"of K = {studio.snap_k(k1 - step, previous=k1)}.")
+            p.shot(f"two-people-{name}-cluster")
+
+            p.tab("Fit my style")
+            p.click("fit-button")
+            fit = p.until_text("fit-status", f"Fitted {name}", "⚠️")
+            assert f"Fitted {name}" in fit, fit
+            assert any(s in fit for s in ("Your vector helps", "does not beat your cluster's model", "Too few items")), fit
+
+            p.tab("Compare")
+            p.type("prompt", TWO_PEOPLE_PROMPT)
+            p.click("compare-button")
+            done = p.until_text("compare-status", f"Done: {len(methods)} methods for {name}", "⚠️")
+            assert done.startswith("Done"), done
+            p.shot(f"two-people-{name}-compare")
+            outputs[name] = {}
+            for m in methods:
+                assert "tok/s" in p.text(f"out-{m}"), (m, p.text(f"out-{m}"))
+                (g,) = studio.store.generations(user=name, method=m, limit=1)
+                assert g["settings"]["max_new_tokens"] == 32 and TWO_PEOPLE_PROMPT in g["prompt"]
+                outputs[name][m] = g["output"]
+        loops = {(n, m): t for n, outs in outputs.items() for m, t in outs.items() if looping(t)}
+        assert not loops, loops
+        assert outputs["tess"]["card"] != outputs["fred"]["card"], outputs
     finally:
         driver.quit()

@@ -9,12 +9,18 @@ import torch
 from personalize.adapters import LoraSettings, add_warm_adapter, new_peft_model, sft_loss, train_adapter
 from personalize.cluster import assign, fit_clusters
 from personalize.decoding import CardLogitsProcessor, DecodingSettings, generate
+from personalize.style import StyleSettings, StyleTensors, UserStyle, fit_style, memory_from_features, style_scores
 from personalize.features import HiddenCapture, generate_with_states, teacher_forced
 from personalize.head import HeadSettings, PairData, PersonalizationHead, TokenData, diagnostics, fit_user, train_population
 from personalize.tokens import TokenBudget
 
 BUDGET = TokenBudget(max_prompt_tokens=24, max_target_tokens=8)
 PROMPTS = ["Paraphrase: the train was late again", "Paraphrase: coffee is ready", "Paraphrase: we won the match"]
+LAMBDA_ONLY = StyleSettings(bias=False, memory=False, fallback=False)
+
+
+def _styles(lam, n, style=LAMBDA_ONLY):
+    return StyleTensors.of([UserStyle.of(np.asarray(lam, dtype=np.float32))] * n, style)
 
 
 # ---------------------------------------------------------------- clusters
@@ -225,14 +231,14 @@ def test_topk_restriction_and_correction_stay_in_candidates():
         def last(self):
             return torch.randn(2, 12)
 
-    proc = CardLogitsProcessor(head, torch.ones(8) * 5, Cap(), alpha=10.0, top_k=5)
+    proc = CardLogitsProcessor(head, _styles(np.ones(8) * 5, 2), LAMBDA_ONLY, Cap(), alpha=10.0, top_k=5)
     scores = torch.randn(2, 40)
     out = proc(torch.zeros(2, 1, dtype=torch.long), scores.clone())
     for row, s in zip(out, scores):
         finite = torch.isfinite(row).nonzero().squeeze(-1)
         assert set(finite.tolist()) == set(s.topk(5).indices.tolist())
     assert not torch.equal(out.argmax(-1), scores.argmax(-1)) or True  # re-ranking may or may not flip the top
-    zero = CardLogitsProcessor(head, torch.ones(8), Cap(), alpha=0.0, top_k=5)(None, scores.clone())
+    zero = CardLogitsProcessor(head, _styles(np.ones(8), 2), LAMBDA_ONLY, Cap(), alpha=0.0, top_k=5)(None, scores.clone())
     assert torch.equal(zero.argmax(-1), scores.argmax(-1))
 
 
@@ -252,22 +258,115 @@ def test_alpha_zero_reproduces_cluster_greedy_and_alpha_changes_it(tiny_model, t
     head.requires_grad_(False)
     s = DecodingSettings(alpha=0.0, top_k=50, max_new_tokens=10)
     plain = generate(model, tokenizer, PROMPTS, BUDGET, s)
-    card0 = generate(model, tokenizer, PROMPTS, BUDGET, s, head=head, lam=torch.ones(8), n_layers=2)
+    ones, minus = [UserStyle.of(np.ones(8, np.float32))] * 3, [UserStyle.of(-np.ones(8, np.float32))] * 3
+    card0 = generate(model, tokenizer, PROMPTS, BUDGET, s, head=head, styles=ones, style=LAMBDA_ONLY, n_layers=2)
     assert [g.text for g in plain] == [g.text for g in card0]
     strong = generate(model, tokenizer, PROMPTS, BUDGET, DecodingSettings(alpha=5.0, top_k=50, max_new_tokens=10),
-                      head=head, lam=torch.ones(8), n_layers=2)
+                      head=head, styles=ones, style=LAMBDA_ONLY, n_layers=2)
     assert [g.text for g in plain] != [g.text for g in strong]
     # the user vector matters: another λ gives another output at the same α
     other = generate(model, tokenizer, PROMPTS, BUDGET, DecodingSettings(alpha=5.0, top_k=50, max_new_tokens=10),
-                     head=head, lam=-torch.ones(8), n_layers=2)
+                     head=head, styles=minus, style=LAMBDA_ONLY, n_layers=2)
     assert [g.text for g in strong] != [g.text for g in other]
 
 
 def test_trace_records_before_and_after_logits(tiny_model, tokenizer):
     head = PersonalizationHead(2 * 32, len(tokenizer), 4).requires_grad_(False)
     g = generate(tiny_model, tokenizer, PROMPTS[:1], BUDGET, DecodingSettings(alpha=1.0, top_k=7, max_new_tokens=3),
-                 head=head, lam=torch.ones(4), n_layers=2, trace=True)[0]
+                 head=head, styles=[UserStyle.of(np.ones(4, np.float32))], style=LAMBDA_ONLY, n_layers=2,
+                 trace=True)[0]
     assert len(g.trace) >= 1 and g.trace[0]["cand"].shape == (1, 7)
+
+
+def test_decoding_step_applies_the_rule_the_tokens_head_was_trained_with(tiny_model, tokenizer):
+    """The head's teacher-forced ranking (TokenData: base + Δ + b over the top-k, as fit_style trains it) and one
+    decoding step of CardLogitsProcessor on the same state give the same scores."""
+    torch.manual_seed(3)
+    head = PersonalizationHead(2 * 32, len(tokenizer), 8)
+    torch.nn.init.normal_(head.U, std=1.0)
+    head.requires_grad_(False)
+    x = PROMPTS[0]
+    ids, _ = left_pad_prompt(tokenizer, x)
+    with torch.no_grad():
+        ranked = tiny_model(input_ids=ids).logits[0, -1].topk(50).indices.tolist()
+    # a likely first token whose text tokenises back to itself, so the teacher-forced pass reads that token
+    first = next(t for t in ranked if tokenizer(tokenizer.decode([t]), add_special_tokens=False)["input_ids"] == [t])
+    feats = teacher_forced(tiny_model, tokenizer, [(x, tokenizer.decode([first]))], 2, BUDGET, top_k=500)
+    data = TokenData.from_features(feats)  # the positions whose token is among the candidates
+    assert len(data) and data.h.shape[0] == len(data.target)
+    step0 = bool((feats[0].top_ids[0] == feats[0].ids[0]).any())  # the first answer token is a candidate
+    lam, bias_ids, bias, _ = fit_style(head, data, rho=0.01, rho_bias=0.01, max_bias_tokens=64)
+    style = UserStyle(lam.numpy(), bias_ids.numpy(), bias.numpy())
+    trained = data.base[0] + head.correction(data.h[:1], lam, data.cand[:1])[0] + torch.tensor(
+        [dict(zip(bias_ids.tolist(), bias.tolist())).get(int(c), 0.0) for c in data.cand[0]])
+    s = StyleSettings(memory=False, fallback=False)
+    with HiddenCapture(tiny_model, 2) as cap, torch.no_grad():
+        scores = tiny_model(input_ids=ids).logits[:, -1].float()
+        proc = CardLogitsProcessor(head, StyleTensors.of([style], s), s, cap, alpha=1.0, top_k=500)
+        out = proc(ids, scores.clone())[0]
+    assert step0  # so row 0 of the data is the state this decoding step sees
+    assert torch.equal(torch.isfinite(out).nonzero().squeeze(-1), data.cand[0].sort().values)
+    torch.testing.assert_close(out[data.cand[0]], trained, atol=2e-2, rtol=0)  # h is stored in fp16
+    assert int(out.argmax()) == int(data.cand[0][trained.argmax()])
+    assert len(bias_ids) > 0 and bias.abs().max() > 0
+
+
+def left_pad_prompt(tokenizer, x):
+    from personalize.tokens import left_pad, prompt_ids
+    return left_pad([prompt_ids(tokenizer, x, BUDGET)], tokenizer.pad_token_id)
+
+
+def test_token_bias_is_fitted_jointly_and_learns_a_planted_preference():
+    head, d = _head(), 8
+    n, k = 2000, 6
+    h, cand = torch.randn(n, 12), torch.stack([torch.randperm(40)[:k] for _ in range(n)])
+    base = torch.randn(n, k)
+    liked = 7  # the person picks token 7 whenever it is a candidate, whatever the model says
+    logits = base + 4.0 * (cand == liked)
+    target = torch.distributions.Categorical(logits=logits).sample()
+    lam, ids, vals, curve = fit_style(head, TokenData(h, cand, base, target), rho=0.01, rho_bias=0.001,
+                                      max_bias_tokens=5)
+    assert len(ids) <= 5 and int(ids[vals.argmax()]) == liked and float(vals.max()) > 2.0
+    assert curve[-1] < curve[0]
+
+
+def test_memory_neighbours_bring_the_persons_next_token(tiny_model, tokenizer):
+    """A person who always answered with the same word: the kNN memory, keyed by the state before it, makes
+    it win at that step even when the cluster model prefers something else."""
+    head = PersonalizationHead(2 * 32, len(tokenizer), 8).requires_grad_(False)
+    word = tokenizer(" zebra", add_special_tokens=False)["input_ids"][0]
+    feats = teacher_forced(tiny_model, tokenizer, [(p, "zebra") for p in PROMPTS], 2, BUDGET, top_k=20)
+    feats = [f.__class__(f.text, torch.tensor([word, f.ids[-1]]), f.h[:2], f.logprob[:2]) for f in feats]
+    keys, values = memory_from_features(feats, 32, 100)
+    assert keys.shape == (6, 32) and np.allclose(np.linalg.norm(keys.astype(np.float32), axis=1), 1, atol=1e-2)
+    style = UserStyle(np.ones(8, np.float32), keys=keys, values=values)
+    s = StyleSettings(bias=False, memory=True, fallback=False, knn_weight=0.9, knn_neighbours=3)
+    plain = generate(tiny_model, tokenizer, PROMPTS[:1], BUDGET, DecodingSettings(alpha=0.0, max_new_tokens=1))[0]
+    card = generate(tiny_model, tokenizer, PROMPTS[:1], BUDGET, DecodingSettings(alpha=1.0, max_new_tokens=2),
+                    head=head, styles=[style], style=s, n_layers=2)[0]  # U = 0: no Δ, the memory alone
+    assert card.text.split()[0] == "zebra" != plain.text.split()[0]
+    off = generate(tiny_model, tokenizer, PROMPTS[:1], BUDGET, DecodingSettings(alpha=0.0, max_new_tokens=1),
+                   head=head, styles=[style], style=s, n_layers=2)[0]
+    assert off.text == plain.text  # α = 0 is the cluster model, memory or not
+    st = StyleTensors.of([style], s)
+    ids, sc = style_scores(head, st, s, torch.randn(1, 64), torch.arange(5)[None], torch.randn(1, 5), 1.0)
+    assert torch.exp(sc[torch.isfinite(sc)]).sum().item() == pytest.approx(1.0, abs=1e-4)  # still a distribution
+
+
+def test_repetition_control_ignores_the_prompt_and_stops_loops(tiny_model, tokenizer):
+    s = DecodingSettings(alpha=0.0, max_new_tokens=24, no_repeat_ngram=0)
+    loose = generate(tiny_model, tokenizer, PROMPTS, BUDGET, s)
+    tight = generate(tiny_model, tokenizer, PROMPTS, BUDGET, DecodingSettings(alpha=0.0, max_new_tokens=24,
+                                                                              no_repeat_ngram=2))
+    from personalize.metrics import looping
+    for g in tight:
+        ids = tokenizer(g.text, add_special_tokens=False)["input_ids"]
+        pairs = list(zip(ids, ids[1:]))
+        assert len(pairs) - len(set(pairs)) <= 1  # (re-tokenising the text may merge a pair)
+        assert not looping(g.text)
+    assert any(looping(g.text) for g in loose) or loose != tight
+    # the prompt's words stay available: the first token is the same with and without the blocker
+    assert [g.text.split()[:1] for g in loose] == [g.text.split()[:1] for g in tight]
 
 
 # ---------------------------------------------------------------- cluster adapters

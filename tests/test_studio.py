@@ -176,7 +176,7 @@ def test_fit_compare_why_and_refit_keeps_vector_on_failure(studio, monkeypatch):
     assert lam.shape == (16,) and info["stats"]["n_items"] == 10
 
     # a refit that fails leaves the stored vector as it was
-    monkeypatch.setattr(studio.engine, "user_data", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    monkeypatch.setattr(studio.engine, "features", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     with pytest.raises(RuntimeError):
         studio.fit("bo")
     monkeypatch.undo()
@@ -298,3 +298,140 @@ def test_eval_runs_the_stateful_methods_on_users_it_never_stored(studio, tiny_ar
     assert all(v["n"] == 2 and 0 <= v["rougeL"] <= 1 for v in res["methods"].values())
     users_after = {a for a in studio.engine.model.peft_config if a.startswith("u_")}
     assert users_after == users_before  # eval's OPPU adapters released, the studio's left alone
+
+
+# ---------------------------------------------------------------- the walkthrough of a new user (issue 13, item 5)
+
+def test_dropped_duplicates_are_reported_on_save(studio):
+    lines = TERSE[:5] + [TERSE[0], TERSE[1], "  " + TERSE[0] + "  "]  # 3 exact repeats (after stripping)
+    items = studio.parse(text="\n".join(lines))
+    assert len(items) == 5 and items.duplicates == 3
+    res = studio.save_history("dupe", items, "tweets")
+    assert res["n_items"] == 5 and res["duplicates"] == 3
+    assert "3 duplicate items dropped" in studio.save_message(res)
+    res = studio.save_history("dupe", studio.parse(text="\n".join(TERSE[:5])), "tweets")
+    assert "duplicate" not in studio.save_message(res)
+    assert "duplicate" not in studio.save_message(studio.save_history("dupe", [Item(t) for t in TERSE[:5]], "tweets"))
+
+
+def test_items_table_has_one_id_and_a_new_name_starts_an_empty_history(studio):
+    studio.save_history("eve", [Item(t) for t in TERSE[:3]], "tweets")
+    rows = studio.item_rows("eve")
+    assert [len(r) for r in rows] == [3, 3, 3]  # id, text, neutral rewrite
+    assert [r[0] for r in rows] == [s.id for s in studio.store.items("eve")] and rows[0][1] == TERSE[0]
+    assert studio.item_rows("nobody-yet") == [] and studio.item_rows("") == []
+
+    # the box holds eve's saved text: typing another name empties it, and the table shows the new name's items
+    new = studio.switch_user("fay", shown_for="eve")
+    assert new["clear"] and new["shown_for"] is None and new["rows"] == [] and "New user" in new["message"]
+    back = studio.switch_user("eve", shown_for="eve")
+    assert not back["clear"] and back["shown_for"] == "eve" and len(back["rows"]) == 3
+    # a fresh paste (not anyone's saved text) is kept while the person types their name
+    fresh = studio.switch_user("gus", shown_for=None)
+    assert not fresh["clear"] and fresh["rows"] == []
+    assert studio.switch_user("eve", shown_for="fay")["clear"]
+
+
+def test_k_snaps_towards_the_direction_the_slider_moved(studio):
+    assert studio.ks == [1, 2, 4]
+    assert studio.snap_k(3) == 2  # no direction: the nearest (ties: the smaller)
+    assert studio.snap_k(3, previous=2) == 4  # arrow right from 2 reaches 4 instead of snapping back
+    assert studio.snap_k(3, previous=4) == 2  # arrow left from 4
+    assert studio.snap_k(5, previous=4) == 4 and studio.snap_k(0, previous=1) == 1  # past either end
+    assert studio.snap_k(2, previous=1) == 2 and studio.snap_k(4, previous=4) == 4
+    assert studio.snap_k(None) == studio.engine.cfg.default_k
+
+
+def test_distance_table_marks_the_users_own_cluster(studio):
+    studio.save_history("hal", [Item(t) for t in TERSE], "tweets")
+    st = studio.user_state("hal", 4)
+    table = studio.distance_table(st).splitlines()
+    assert table[0] == "| cluster | distance | yours |" and len(table) == 2 + 4
+    marked = [line for line in table[2:] if "◀ you" in line]
+    assert marked == [table[2 + st.cluster]] and all(line.count("|") == 4 for line in table)
+    assert studio.cluster_summary(st).startswith(f"**hal** is in cluster **{st.cluster}** of K = 4.")
+
+
+def test_fit_verdict_says_in_plain_words_whether_the_vector_helps():
+    from personalize.studio import fit_verdict
+
+    yes = fit_verdict({"acc_own": 0.41, "acc_no_head": 0.36, "helps": True, "n": 40})
+    assert yes == "Your vector helps: it predicts 41% of your held-out words vs 36% for your cluster's model."
+    no = fit_verdict({"acc_own": 0.35, "acc_no_head": 0.36, "helps": False, "n": 40})
+    assert no.startswith("Your vector does not beat your cluster's model on your held-out items (35% vs 36%)")
+    assert "cluster model's output" in no
+    # values that round alike get the decimals that tell them apart
+    assert "predicts 36.1% of your held-out words vs 36.0%" in fit_verdict(
+        {"acc_own": 0.361, "acc_no_head": 0.3599, "helps": True})
+    for short in ({}, {"acc_own": 0.5, "acc_no_head": 0.4}, {"acc_own": 0.5, "acc_no_head": 0.4, "helps": None}, None):
+        assert "Too few items to tell" in fit_verdict(short)
+    assert "too short" in fit_verdict({}, cold_start=True)
+
+
+def test_a_methods_note_reaches_the_compare_column(studio, monkeypatch):
+    from types import SimpleNamespace
+
+    studio.save_history("ivy", [Item(t) for t in TERSE], "tweets")
+    state, s = studio.user_state("ivy"), studio.settings(max_new_tokens=4)
+    out = SimpleNamespace(text="ok", n_tokens=1, latency_s=0.01, trace=None,
+                          note="your vector does not beat the cluster model: showing its output")
+    monkeypatch.setattr(studio, "_decode", lambda *a, **k: out)
+    o = studio.run_method("card", state, "p", s)
+    assert o.info["note"] == out.note and studio.store.generation(o.gen_id)["extra"]["note"] == out.note
+    out.note = None
+    assert "note" not in studio.run_method("card", state, "p", s).info
+    del out.note  # a Generation from before `note` existed
+    assert "note" not in studio.run_method("card", state, "p", s).info
+
+
+# ---------------------------------------------------------------- every build under data/artifacts (item 4)
+
+def test_builds_are_listed_per_task_and_choosing_a_task_switches_to_its_build(tiny_artifacts, tmp_path):
+    import shutil
+
+    from personalize.studio import find_builds
+
+    root = tmp_path / "artifacts"
+    shutil.copytree(tiny_artifacts["artifacts"], root / "tweets")
+    shutil.copytree(tiny_artifacts["artifacts"], root / "commits")
+    meta = json.loads((root / "commits" / "config.json").read_text())
+    meta |= {"task": "commit_subjects", "id": "commits-test", "created": "2000-01-01T00:00:00+00:00"}
+    (root / "commits" / "config.json").write_text(json.dumps(meta))
+    (root / "model").mkdir()  # a model folder's config.json is not a build
+    (root / "model" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    shutil.copytree(root / "commits", root / "half.partial")  # an unfinished build is not offered
+    assert {b.task for b in find_builds(root)} == {"tweets", "commit_subjects"} and len(find_builds(root)) == 2
+
+    s = Studio.load(StudioConfig(artifacts=str(root / "tweets"), db=str(tmp_path / "studio.db"),
+                                 demo_data=str(tiny_artifacts["demo"])))
+    try:
+        tweets_id = s.engine.artifacts_id
+        builds = s.builds()
+        assert set(builds) == {"tweets", "commit_subjects", "headlines", "scholarly_titles"}
+        assert [b.id for b in builds["tweets"]] == [tweets_id] and [b.id for b in builds["commit_subjects"]] == [
+            "commits-test"] and builds["headlines"] == []
+        s.save_history("ann", [Item(t) for t in TERSE], "tweets")
+
+        same = s.switch_task("tweets")
+        assert not same["switched"] and s.engine.artifacts_id == tweets_id
+        missing = s.switch_task("headlines")  # no build: says how to make one, and keeps serving the current one
+        assert not missing["switched"] and missing["build"] is None and s.engine.artifacts_id == tweets_id
+        assert "python -m personalize build --data" in missing["message"]
+        assert f"--out {root / 'headlines'}" in missing["message"]
+        with pytest.raises(ValueError, match="unknown task"):
+            s.switch_task("poems")
+
+        s.method("rag")  # a method made for the old engine must not survive the switch
+        res = s.switch_task("commit_subjects")
+        assert res["switched"] and res["build"].id == "commits-test" and "commits-test" in res["message"]
+        assert s.task.name == "commit_subjects" and s.engine.artifacts_id == "commits-test"
+        assert s.method("rag").engine is s.engine and "commit_subjects" in s.header()
+        st = s.user_state("ann")  # placed in the new build on first use
+        assert s.store.assignment("ann", "commits-test", st.k) is not None
+        assert "Saved" in s.save_message(s.save_history("ann", [Item(t) for t in TERSE], "commit_subjects"))
+
+        back = s.switch_task("tweets")
+        assert back["switched"] and s.engine.artifacts_id == tweets_id and s.task.name == "tweets"
+        assert s.builds()["commit_subjects"][0].id == "commits-test"
+    finally:
+        s.store.close()

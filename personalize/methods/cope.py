@@ -23,7 +23,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from ..adapters import BASE_ADAPTER, adapter_name
-from ..decoding import DecodingSettings, Generation
+from ..decoding import DecodingSettings, Generation, repetition_processors
 from ..tokens import decode, left_pad, prompt_ids
 from . import UserContext
 
@@ -108,9 +108,10 @@ class CopeMethod:
         t0 = time.perf_counter()
         out = e.model.generate(
             input_ids=torch.cat([ids, ids]), attention_mask=torch.cat([mask, mask]),
-            adapter_names=[user_ad] * n + [base_ad] * n, logits_processor=LogitsProcessorList([proc]),
+            adapter_names=[user_ad] * n + [base_ad] * n,
+            logits_processor=LogitsProcessorList([proc, *repetition_processors(settings, ids.shape[1])]),
             max_new_tokens=settings.max_new_tokens, min_new_tokens=settings.min_new_tokens or None,
-            repetition_penalty=settings.repetition_penalty, pad_token_id=e.tok.pad_token_id,
+            repetition_penalty=None, pad_token_id=e.tok.pad_token_id,
             do_sample=False, temperature=None, top_k=None, top_p=None)
         dt = time.perf_counter() - t0
         new = out[:, ids.shape[1]:]

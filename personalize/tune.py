@@ -1,0 +1,136 @@
+"""Decoding settings chosen on validation people, never on the people eval scores (METHOD §1.9.2).
+
+One greedy pass over the settings that decide what a person sees, each step
+keeping the best validation ROUGE-L (ties: the simpler setting):
+1. repetition control, on the cluster model (the same setting then serves every method);
+2. which parts of the person's style `card` decodes with (style.VARIANTS: λ alone,
+   + token bias, + kNN memory, both, the retrieved items in the prompt);
+3. α, under the rule the head was trained with (1 = as trained);
+4. the kNN mixture weight w, when the memory is on; 5. the fallback to the cluster model.
+
+`build` runs it on its validation users (their newest item); `python -m personalize
+tune` re-runs it on an existing build, by default on people of the build's sources
+who are not in its population (their query), and writes the choice into the
+artifacts' config.json, so a decoding change never needs a rebuild.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from .data import Item, read_lamp
+from .decoding import DecodingSettings
+from .engine import Engine, UserFit
+from .metrics import looping, rouge_scores
+
+REPETITION = ((1.0, 0), (1.0, 4), (1.0, 3), (1.2, 4))  # (penalty on generated tokens, no-repeat n-gram)
+STYLES = {  # candidates for `card`, simplest first
+    "lambda": dict(bias=False, memory=False, retrieval=False),
+    "bias": dict(bias=True, memory=False, retrieval=False),
+    "memory": dict(bias=False, memory=True, retrieval=False),
+    "bias+memory": dict(bias=True, memory=True, retrieval=False),
+    "retrieval+bias+memory": dict(bias=True, memory=True, retrieval=True),
+}
+ALPHAS = (0.5, 1.0, 2.0)
+KNN_WEIGHTS = (0.15, 0.3, 0.5)
+
+
+def _score(engine: Engine, method: str, prompts, golds, fits, items, s: DecodingSettings) -> dict:
+    outs = [engine.generate([p], method, f.cluster, f.style, k=f.k, settings=s, items=its)[0].text
+            for p, f, its in zip(prompts, fits, items)]
+    return {"rougeL": round(rouge_scores(outs, golds)["rougeL"], 4),
+            "looping": round(sum(looping(o) for o in outs) / max(len(outs), 1), 4)}
+
+
+def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str], fits: Sequence[UserFit],
+                    items: Sequence[Sequence[Item]], progress=None) -> tuple[Engine, dict]:
+    """The greedy pass above on (prompt, gold) of validation people fitted on `items`; returns the engine with
+    the chosen settings in engine.cfg and the sweep."""
+    cfg0 = engine.cfg
+    report: dict = {"users": len(prompts)}
+
+    def pick(name, options, apply, method="card"):
+        scores = {}
+        for label, value in options:
+            engine.cfg = apply(value)
+            scores[label] = _score(engine, method, prompts, golds, fits, items, engine.cfg.decoding)
+            if progress:
+                progress(f"{name} {label}: {scores[label]}")
+        best = max(scores, key=lambda k: scores[k]["rougeL"])  # first of the ties: options go simplest first
+        chosen = dict(options)[best]
+        engine.cfg = apply(chosen)
+        report[name] = {"chosen": best, "sweep": scores}
+
+    def rep(v):
+        return replace(engine.cfg, decoding=replace(engine.cfg.decoding, repetition_penalty=v[0], no_repeat_ngram=v[1]))
+
+    pick("repetition", [(f"penalty {p}, no-repeat {n}", (p, n)) for p, n in REPETITION], rep, method="cluster")
+    report["cluster_rougeL"] = report["repetition"]["sweep"][report["repetition"]["chosen"]]["rougeL"]
+    engine.cfg = replace(engine.cfg, decoding=replace(engine.cfg.decoding, alpha=1.0))
+    pick("style", [(k, v) for k, v in STYLES.items()],
+         lambda v: replace(engine.cfg, style=replace(engine.cfg.style, fallback=False, **v)))
+    pick("alpha", [(str(a), a) for a in ALPHAS],
+         lambda a: replace(engine.cfg, decoding=replace(engine.cfg.decoding, alpha=a)))
+    if engine.cfg.style.memory:
+        pick("knn_weight", [(str(w), w) for w in KNN_WEIGHTS],
+             lambda w: replace(engine.cfg, style=replace(engine.cfg.style, knn_weight=w)))
+    pick("fallback", [("off", False), ("on", True)],
+         lambda v: replace(engine.cfg, style=replace(engine.cfg.style, fallback=v)))
+    report["decoding"] = {k: v for k, v in asdict(engine.cfg.decoding).items()
+                          if k in ("alpha", "repetition_penalty", "no_repeat_ngram")}
+    report["style"] = asdict(engine.cfg.style)
+    del cfg0
+    return engine, report
+
+
+def validation_people(engine: Engine, data_dir: str | Path, split: str, n_users: int, max_items: int = 24):
+    """People of the build's sources who are not in its population: (query prompt, gold, profile) each."""
+    task, queries = read_lamp(data_dir, split)
+    built = set(engine.meta.get("report", {}).get("sources", {}).get("built", []))
+    population = set(engine.meta.get("users", []))
+    people = [q for q in queries if (q.user or q.id) not in population and q.gold is not None and len(q.profile) >= 3
+              and (not built or q.source in built)]
+    if not people:
+        raise ValueError(f"no validation people in {data_dir} ({split}): every user of the build's sources is in "
+                         "its population; build with a smaller --limit-users")
+    return [(q.input, q.gold, list(q.profile[:max_items])) for q in people[:n_users]]
+
+
+def tune(engine: Engine, data_dir: str | Path | None = None, split: str | None = None, n_users: int = 16,
+         write: bool = True) -> dict:
+    """Choose the decoding settings on validation people and (with `write`) save them in the artifacts."""
+    data_dir = data_dir or engine.meta.get("data")
+    split = split or engine.meta.get("split", "dev")
+    people = validation_people(engine, data_dir, split, n_users)
+    items, fits = [], []
+    for _, _, profile in tqdm(people, desc="onboarding", mininterval=2.0):
+        items.append(engine.prepare_items(profile))
+        fits.append(engine.fit(items[-1]))
+    engine, report = choose_decoding(engine, [p for p, _, _ in people], [g for _, g, _ in people], fits, items,
+                                     progress=lambda m: print(f"  {m}", flush=True))
+    report |= {"data": str(data_dir), "split": split,
+               "helps_share": round(float(np.mean([bool(f.diagnostics.get("helps")) for f in fits])), 3)}
+    if write and engine.folder is not None:
+        save_choice(engine.folder, engine, report)
+    return report
+
+
+def save_choice(folder: Path, engine: Engine, report: dict) -> None:
+    """Write the chosen settings into config.json (atomically), with the sweep in the report."""
+    path = Path(folder) / "config.json"
+    meta = json.loads(path.read_text())
+    meta["settings"]["decoding"] = asdict(engine.cfg.decoding)
+    meta["settings"]["style"] = asdict(engine.cfg.style)
+    obj = engine.cfg.objectives[0]
+    meta["report"].setdefault("alpha_by_objective", {})[obj] = {"alpha": engine.cfg.decoding.alpha,
+                                                                "sweep": report.get("alpha", {}).get("sweep")}
+    meta["report"]["tune"] = report
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(meta, indent=2))
+    tmp.replace(path)
