@@ -31,6 +31,7 @@ def main(argv=None) -> None:
     p.add_argument("--artifacts", required=True)
     p.add_argument("--users", type=int, default=16)
     p.add_argument("--variants", default='[{}]')
+    p.add_argument("--alpha", type=float, default=1.0, help="α of every variant unless it gives its own (1: as trained)")
     a = p.parse_args(argv)
     engine = Engine.load(a.artifacts)
     head, cfg = engine.heads["tokens"], engine.cfg
@@ -48,7 +49,7 @@ def main(argv=None) -> None:
     print("| variant | acc no head | acc own | acc other | log-p no head | log-p own | log-p other | gap | bytes |")
     print("|---|---|---|---|---|---|---|---|---|")
     for v in json.loads(a.variants):
-        alpha = v.pop("alpha", cfg.decoding.alpha)
+        alpha = v.pop("alpha", a.alpha)
         engine.cfg = replace(cfg, style=replace(cfg.style, **v))
         styles = [engine.fit_style(fit, head)[0] for fit, _ in data]
         rows = [style_diagnostics(head, held, styles[i], [styles[(i + 1) % len(styles)]], engine.cfg.style, alpha)
@@ -57,7 +58,7 @@ def main(argv=None) -> None:
         m = {k: np.mean([r[k] for r in rows]) for k in ("acc_no_head", "acc_own", "acc_other", "margin_no_head",
                                                          "margin_own", "margin_other", "specificity_gap")}
         size = int(np.median([len(s.extras_bytes()) + 4 * len(s.lam) for s in styles]))
-        label = json.dumps(v | ({"alpha": alpha} if alpha != cfg.decoding.alpha else {}))
+        label = json.dumps(v | ({"alpha": alpha} if alpha != a.alpha else {}))
         print(f"| {label} | {m['acc_no_head']:.3f} | {m['acc_own']:.3f} | {m['acc_other']:.3f} | "
               f"{m['margin_no_head']:.3f} | {m['margin_own']:.3f} | {m['margin_other']:.3f} | "
               f"{m['specificity_gap']:+.3f} | {size:,} |", flush=True)

@@ -177,6 +177,7 @@ def cmd_generate(a) -> None:
 
     methods = _methods(a.methods)
     from .engine import CARD_METHODS
+    from .style import variant
     known = [*CORE_METHODS, *CARD_METHODS[1:], *METHODS]
     unknown = [m for m in methods if m not in known]
     if unknown:
@@ -186,7 +187,9 @@ def cmd_generate(a) -> None:
             user = UserContext.from_store(store, a.user, engine.task, cluster, k, lam)
             g = get_method(m, engine, store).generate(user, [prompt], s)[0]
         else:
-            g = engine.generate([prompt], m, cluster, lam, k=k, settings=s)[0]
+            retrieve = m in CARD_METHODS and variant(m, engine.cfg.style).retrieval
+            items = UserContext.from_store(store, a.user, engine.task).items if retrieve else None
+            g = engine.generate([prompt], m, cluster, lam, k=k, settings=s, items=items)[0]
         store.add_generation(a.user, engine.artifacts_id, m, prompt, g.text, {"alpha": s.alpha, "top_k": s.top_k,
                              "max_new_tokens": s.max_new_tokens, "k": k, "cluster": cluster}, g.latency_s, g.n_tokens)
         print(f"[{m}] ({g.latency_s:.2f} s, {g.n_tokens} tokens)\n{g.text}\n")
@@ -242,11 +245,11 @@ def cmd_eval(a) -> None:
 
 
 def cmd_tune(a) -> None:
-    from .tune import tune
+    from .tune import STEPS, tune
 
     engine = _engine(a)
     t0 = time.perf_counter()
-    report = tune(engine, a.data, a.split, a.users, write=not a.dry_run)
+    report = tune(engine, a.data, a.split, a.users, write=not a.dry_run, steps=_list(a.steps) or STEPS)
     print(json.dumps({k: report[k] for k in ("decoding", "style", "users", "helps_share")}, indent=1))
     print(f"tuned in {time.perf_counter() - t0:.0f} s" + ("" if a.dry_run else f"; written to {a.artifacts}/config.json"))
 
@@ -300,7 +303,16 @@ def ensure_demo(demo: Path, art: Path) -> None:
 
     if not (demo / "dev_questions.json").exists():
         write_demo(demo)
-    if not (art / "config.json").exists():
+    from .config import FORMAT_VERSION
+    from .engine import ArtifactsError, artifacts_meta
+
+    try:
+        old = (art / "config.json").exists() and artifacts_meta(art).get("format_version", 0) < FORMAT_VERSION
+    except ArtifactsError:
+        old = True  # unreadable: build anew
+    if old:
+        print(f"the demo artifacts in {art} were built by an older version: rebuilding them", flush=True)
+    if old or not (art / "config.json").exists():
         print(f"first start: building the demo artifacts in {art} (a few minutes, once) ...", flush=True)
         cmd_build(build_parser().parse_args(["build", "--data", str(demo), "--out", str(art), *DEMO_BUILD_ARGS]))
 
@@ -414,6 +426,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--split", default=None)
     t.add_argument("--users", type=int, default=16, help="validation people")
     t.add_argument("--dry-run", action="store_true", help="print the choice, do not write it")
+    t.add_argument("--steps", default="", help="re-run only these steps (comma-separated: repetition, style, alpha, "
+                                               "knn_weight, fallback); the others keep the build's settings")
     t.set_defaults(fn=cmd_tune)
 
     n = sub.add_parser("bench", help="efficiency table measured in one run", description="Onboarding, fit, decoding overhead, switching, storage.")

@@ -18,7 +18,9 @@ from .models import EncoderConfig, ModelConfig
 from .style import StyleSettings
 from .tokens import TokenBudget
 
-FORMAT_VERSION = 1  # of the artifacts folder; Engine.load refuses newer ones
+# of the artifacts folder; Engine.load refuses newer ones. 2: decoding applies the tokens head's trained rule
+# (raw Δ) and the person's style, so α chosen by a version-1 build means something else (the demo is rebuilt)
+FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True)

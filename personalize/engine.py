@@ -140,15 +140,26 @@ class Engine:
         self._active = name
 
     # ------------------------------------------------------------ users
-    def neutral_rewrites(self, texts: Sequence[str]) -> list[str]:
-        """The base model's plain rewrite of each text, batched (§1.8); a rule-based plain version where the
-        model's rewrite echoes the instruction or loses the content (neutral.py)."""
+    def neutral_rewrites(self, texts: Sequence[str], batch_size: int = 12) -> list[str]:
+        """The base model's plain rewrite of each text (§1.8); a rule-based plain version where the model's
+        rewrite echoes the instruction or loses the content (neutral.py). Texts go in batches of similar
+        length, each allowed 1.5x its longest text plus a little: a 6-token subject line does not wait for
+        a 40-token tweet's rewrite (the cost is the number of decoding steps)."""
         if not texts:
             return []
         self.use_adapter(None)
-        outs = generate(self.model, self.tok, [NEUTRAL_TEMPLATE.format(text=t) for t in texts], self.cfg.budget,
-                        DecodingSettings(max_new_tokens=self.cfg.budget.max_target_tokens + 8))
-        return [neutral(t, g.text) for g, t in zip(outs, texts)]
+        lengths = [len(self.tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
+        order = sorted(range(len(texts)), key=lambda i: lengths[i])
+        out: list[str] = [""] * len(texts)
+        cap = self.cfg.budget.max_target_tokens + 8
+        for j in range(0, len(order), batch_size):
+            idx = order[j: j + batch_size]
+            steps = min(cap, int(1.5 * max(lengths[i] for i in idx)) + 6)
+            gens = generate(self.model, self.tok, [NEUTRAL_TEMPLATE.format(text=texts[i]) for i in idx],
+                            self.cfg.budget, DecodingSettings(max_new_tokens=steps))
+            for i, g in zip(idx, gens):
+                out[i] = neutral(texts[i], g.text)
+        return out
 
     def prepare_items(self, items: Sequence[Item], neutral: dict[int, str] | None = None) -> list[Item]:
         """Every item with a prompt: free-form items get the task template of a neutral rewrite."""
@@ -267,7 +278,8 @@ class Engine:
             own, _ = self.fit_style(feats[n_hold:], head)
             held = TokenData.from_features(feats[:n_hold])
             others = [UserStyle.of(o) for o in list(self.population_lams.get("tokens", {}).values())[:16]]
-            diag = style_diagnostics(head, held, own, others, self.cfg.style, self.cfg.decoding.alpha)
+            # at α = 1, the rule the head was trained with: whether the style helps is the person's, not the slider's
+            diag = style_diagnostics(head, held, own, others, self.cfg.style, 1.0)
             lam_only = diagnostics(head, held, torch.as_tensor(own.lam), [torch.as_tensor(o.lam) for o in others],
                                    self.cfg.head)
             diag |= {"lambda_only": {k_: v for k_, v in lam_only.items() if isinstance(v, (int, float))}}
@@ -304,18 +316,19 @@ class Engine:
         style = variant(method, self.cfg.style)
         styles = self._styles(lam, len(prompts), head.d)
         s = replace(s, standardize=objective in PAIR_OBJECTIVES)
-        if style.retrieval and items:
-            prompts, budget = self.retrieval_prompts(items, prompts, budget)
         if objective != "tokens":  # bias and memory are fitted from the tokens head's pass
             style = replace(style, bias=False, memory=False)
         back = [i for i, st in enumerate(styles) if style.fallback and st.helps is False]
         out: list[Generation | None] = [None] * len(prompts)
-        if back:
+        if back:  # the cluster model's own output: its prompt, no retrieved items
             for i, g in zip(back, generate(self.model, self.tok, [prompts[i] for i in back], budget, s)):
                 g.note, out[i] = FALLBACK_NOTE, g
         rest = [i for i in range(len(prompts)) if out[i] is None]
         if rest:
-            gens = generate(self.model, self.tok, [prompts[i] for i in rest], budget, s, head=head,
+            card_prompts, card_budget = [prompts[i] for i in rest], budget
+            if style.retrieval and items:
+                card_prompts, card_budget = self.retrieval_prompts(items, card_prompts, budget)
+            gens = generate(self.model, self.tok, card_prompts, card_budget, s, head=head,
                             styles=[styles[i] for i in rest], style=style, n_layers=self.cfg.head.n_layers,
                             trace=trace)
             for i, g in zip(rest, gens):

@@ -170,7 +170,9 @@ class Studio:
         self.population = population or {}
         self.model_lock = threading.RLock()
         self._methods: dict[str, object] = {}
-        self._feedback = ThreadPoolExecutor(max_workers=1, thread_name_prefix="exact-feedback")
+        # one background worker for model work nobody waits on: EXACT feedback, the rewrites of a saved history
+        self._feedback = ThreadPoolExecutor(max_workers=1, thread_name_prefix="studio-background")
+        self._rewrites = None
         self.feedback_log: list[dict] = []
 
     @classmethod
@@ -292,6 +294,7 @@ class Studio:
         self.store.add_user(name, items, task, replace=replace_existing)
         name = self.store.user(name)["name"]
         clusters = self.assign_all(name)
+        self._rewrites = self._feedback.submit(self._prepare, name)  # Fit then waits only for what is left
         return {"name": name, "n_items": len(items), "clusters": clusters,
                 "duplicates": int(getattr(items, "duplicates", 0)), "task": task}
 
@@ -392,8 +395,18 @@ class Studio:
         return out
 
     # ------------------------------------------------------------ Fit my style
+    def _prepare(self, name: str) -> None:
+        """The neutral rewrites of a saved history (§1.8), in the background: the slow part of a first fit."""
+        try:
+            with self.model_lock:
+                prepared_items(self.engine, self.store, name)
+        except (ValueError, StoreError):
+            pass  # the user was deleted or replaced meanwhile; Fit redoes what is missing and reports errors
+
     def fit(self, name: str, k: int | None = None, progress: Callable[[str], None] | None = None) -> UserFit:
         """Onboards the user (§1.6); the stored vector is replaced only if the whole fit succeeds."""
+        if self._rewrites is not None and not self._rewrites.done() and progress:
+            progress("neutral rewrites (started when the history was saved)")
         with self.model_lock:
             return onboard(self.engine, self.store, name, k=self.snap_k(k), progress=progress)
 
@@ -435,12 +448,20 @@ class Studio:
 
     def _decode(self, method: str, state: UserState, prompt: str, s: DecodingSettings) -> Generation:
         if method in CORE_METHODS:
-            return self.engine.generate([prompt], method, state.cluster, state.lam, k=state.k, settings=s)[0]
+            return self.engine.generate([prompt], method, state.cluster, state.lam, k=state.k, settings=s,
+                                        items=self._card_items(method, state))[0]
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose from {ALL_METHODS}")
         prepared_items(self.engine, self.store, state.name)  # fills missing neutral rewrites, once
         user = UserContext.from_store(self.store, state.name, self.task, state.cluster, state.k, state.lam)
         return self.method(method).generate(user, [prompt], s)[0]
+
+    def _card_items(self, method: str, state: UserState):
+        """The person's history for a CARD whose style retrieves their nearest items into the prompt."""
+        if method != "card" or not self.engine.cfg.style.retrieval:
+            return None
+        prepared_items(self.engine, self.store, state.name)  # fills missing neutral rewrites, once
+        return UserContext.from_store(self.store, state.name, self.task).items
 
     def run_method(self, method: str, state: UserState, prompt: str, s: DecodingSettings) -> MethodOutput:
         """One method's output, stored as a generation; a method that cannot run says why instead."""
@@ -477,7 +498,8 @@ class Studio:
         prompt = self.check_prompt(prompt)
         state = self.user_state(name, k)
         with self.model_lock:
-            g = self.engine.generate([prompt], "card", state.cluster, state.lam, k=state.k, settings=s, trace=True)[0]
+            g = self.engine.generate([prompt], "card", state.cluster, state.lam, k=state.k, settings=s, trace=True,
+                                     items=self._card_items("card", state))[0]
         tok, steps = self.engine.tok, []
         for st in (g.trace or [])[: g.n_tokens]:
             used = st["cand"][0] >= 0  # the top-k candidates and the memory's extra tokens

@@ -50,7 +50,7 @@ class StyleSettings:
     knn_neighbours: int = 16
     knn_temperature: float = 0.05  # softmax temperature over the neighbours' cosine similarities
     max_memory: int = 4096  # entries kept (newest items first)
-    key: str = "state"  # memory keys: "state" (the last layer's state, H floats) or "head" (P h, D floats: smaller)
+    key: str = "head"  # memory keys: "state" (the last layer's state, H floats) or "head" (P h, D floats: smaller)
 
     def __post_init__(self):
         if not 0 <= self.knn_weight <= 1 or self.knn_neighbours < 1 or self.knn_temperature <= 0:
@@ -230,6 +230,8 @@ def style_scores(head: PersonalizationHead, st: StyleTensors, s: StyleSettings, 
             continue
         keys, vals = mem
         q = memory_keys(h[r: r + 1], keys.shape[-1], s.key, head)[0]
+        if q.shape[-1] != keys.shape[-1]:  # a memory keyed the other way (settings changed since the fit)
+            continue
         sims = keys @ q
         top = sims.topk(min(n, len(sims)))
         w = torch.softmax(top.values / s.knn_temperature, -1)

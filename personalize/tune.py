@@ -24,6 +24,7 @@ from typing import Sequence
 import numpy as np
 from tqdm import tqdm
 
+from .config import FORMAT_VERSION
 from .data import Item, read_lamp
 from .decoding import DecodingSettings
 from .engine import Engine, UserFit
@@ -48,14 +49,21 @@ def _score(engine: Engine, method: str, prompts, golds, fits, items, s: Decoding
             "looping": round(sum(looping(o) for o in outs) / max(len(outs), 1), 4)}
 
 
+STEPS = ("repetition", "style", "alpha", "knn_weight", "fallback")
+
+
 def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str], fits: Sequence[UserFit],
-                    items: Sequence[Sequence[Item]], progress=None) -> tuple[Engine, dict]:
+                    items: Sequence[Sequence[Item]], progress=None, steps: Sequence[str] = STEPS) -> tuple[Engine, dict]:
     """The greedy pass above on (prompt, gold) of validation people fitted on `items`; returns the engine with
-    the chosen settings in engine.cfg and the sweep."""
-    cfg0 = engine.cfg
+    the chosen settings in engine.cfg and the sweep. `steps` re-runs only some steps, the others kept as built."""
+    unknown = [x for x in steps if x not in STEPS]
+    if unknown:
+        raise ValueError(f"unknown tune steps {unknown}; choose from {STEPS}")
     report: dict = {"users": len(prompts)}
 
     def pick(name, options, apply, method="card"):
+        if name not in steps:
+            return
         scores = {}
         for label, value in options:
             engine.cfg = apply(value)
@@ -71,8 +79,10 @@ def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str]
         return replace(engine.cfg, decoding=replace(engine.cfg.decoding, repetition_penalty=v[0], no_repeat_ngram=v[1]))
 
     pick("repetition", [(f"penalty {p}, no-repeat {n}", (p, n)) for p, n in REPETITION], rep, method="cluster")
-    report["cluster_rougeL"] = report["repetition"]["sweep"][report["repetition"]["chosen"]]["rougeL"]
-    engine.cfg = replace(engine.cfg, decoding=replace(engine.cfg.decoding, alpha=1.0))
+    if "repetition" in report:
+        report["cluster_rougeL"] = report["repetition"]["sweep"][report["repetition"]["chosen"]]["rougeL"]
+    if "alpha" in steps:
+        engine.cfg = replace(engine.cfg, decoding=replace(engine.cfg.decoding, alpha=1.0))
     pick("style", [(k, v) for k, v in STYLES.items()],
          lambda v: replace(engine.cfg, style=replace(engine.cfg.style, fallback=False, **v)))
     pick("alpha", [(str(a), a) for a in ALPHAS],
@@ -85,7 +95,6 @@ def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str]
     report["decoding"] = {k: v for k, v in asdict(engine.cfg.decoding).items()
                           if k in ("alpha", "repetition_penalty", "no_repeat_ngram")}
     report["style"] = asdict(engine.cfg.style)
-    del cfg0
     return engine, report
 
 
@@ -103,7 +112,7 @@ def validation_people(engine: Engine, data_dir: str | Path, split: str, n_users:
 
 
 def tune(engine: Engine, data_dir: str | Path | None = None, split: str | None = None, n_users: int = 16,
-         write: bool = True) -> dict:
+         write: bool = True, steps: Sequence[str] = STEPS) -> dict:
     """Choose the decoding settings on validation people and (with `write`) save them in the artifacts."""
     data_dir = data_dir or engine.meta.get("data")
     split = split or engine.meta.get("split", "dev")
@@ -113,7 +122,7 @@ def tune(engine: Engine, data_dir: str | Path | None = None, split: str | None =
         items.append(engine.prepare_items(profile))
         fits.append(engine.fit(items[-1]))
     engine, report = choose_decoding(engine, [p for p, _, _ in people], [g for _, g, _ in people], fits, items,
-                                     progress=lambda m: print(f"  {m}", flush=True))
+                                     progress=lambda m: print(f"  {m}", flush=True), steps=steps)
     report |= {"data": str(data_dir), "split": split,
                "helps_share": round(float(np.mean([bool(f.diagnostics.get("helps")) for f in fits])), 3)}
     if write and engine.folder is not None:
@@ -130,7 +139,8 @@ def save_choice(folder: Path, engine: Engine, report: dict) -> None:
     obj = engine.cfg.objectives[0]
     meta["report"].setdefault("alpha_by_objective", {})[obj] = {"alpha": engine.cfg.decoding.alpha,
                                                                 "sweep": report.get("alpha", {}).get("sweep")}
-    meta["report"]["tune"] = report
+    meta["report"]["tune"] = meta["report"].get("tune", {}) | report  # a partial re-run keeps the other steps
+    meta["format_version"] = FORMAT_VERSION  # α is now chosen under this version's decoding rule
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(meta, indent=2))
     tmp.replace(path)

@@ -340,7 +340,7 @@ def test_memory_neighbours_bring_the_persons_next_token(tiny_model, tokenizer):
     keys, values = memory_from_features(feats, 32, 100)
     assert keys.shape == (6, 32) and np.allclose(np.linalg.norm(keys.astype(np.float32), axis=1), 1, atol=1e-2)
     style = UserStyle(np.ones(8, np.float32), keys=keys, values=values)
-    s = StyleSettings(bias=False, memory=True, fallback=False, knn_weight=0.9, knn_neighbours=3)
+    s = StyleSettings(bias=False, memory=True, fallback=False, knn_weight=0.9, knn_neighbours=3, key="state")
     plain = generate(tiny_model, tokenizer, PROMPTS[:1], BUDGET, DecodingSettings(alpha=0.0, max_new_tokens=1))[0]
     card = generate(tiny_model, tokenizer, PROMPTS[:1], BUDGET, DecodingSettings(alpha=1.0, max_new_tokens=2),
                     head=head, styles=[style], style=s, n_layers=2)[0]  # U = 0: no Δ, the memory alone

@@ -1,0 +1,98 @@
+"""Evaluation as held-out people really are: sources left out of the build, paired bootstrap intervals,
+the shuffled-style control, and decoding settings chosen on validation people (tune)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from personalize.build import select_sources
+from personalize.data import Query, read_lamp, write_lamp
+from personalize.engine import Engine
+from personalize.evaluate import paired_differences, run_eval, shuffled_partners
+from personalize.tune import choose_decoding, save_choice
+
+
+def test_shuffled_partners_stay_in_the_cluster_and_never_pick_oneself():
+    clusters = [0, 0, 0, 1, 1, 2, 0, 1]
+    for seed in range(20):
+        p = shuffled_partners(clusters, seed)
+        assert all(p[i] != i for i in range(len(clusters)))
+        assert all(clusters[p[i]] == clusters[i] for i in range(len(clusters)) if clusters.count(clusters[i]) > 1)
+    assert shuffled_partners([3], 0) == [0]  # alone: nobody to swap with
+
+
+def test_paired_bootstrap_interval_brackets_the_mean_and_sees_a_sure_gain():
+    rng = np.random.default_rng(0)
+    cluster = rng.uniform(0, 0.5, 200)
+    per_query = {"cluster": list(cluster), "card": list(cluster + 0.05 + rng.normal(0, 0.01, 200)),
+                 "base": list(cluster + rng.normal(0, 0.2, 200))}
+    d = paired_differences(per_query, n_boot=500)
+    gain = d["card - cluster"]
+    assert gain["ci95"][0] > 0 and gain["ci95"][0] <= gain["mean"] <= gain["ci95"][1]
+    assert gain["wins"] + gain["losses"] == 200
+    noise = d["cluster - base"]
+    assert noise["ci95"][0] < 0 < noise["ci95"][1]  # no difference: the interval straddles 0
+    assert "card - bm25_copy" not in d  # only pairs of methods that were run
+
+
+def test_sources_select_and_unknown_sources_are_refused():
+    qs = [Query(str(i), "x", (), "g", f"u{i}", src) for i, src in enumerate(["a/a", "b/b", "a/a", None])]
+    assert [q.id for q in select_sources(qs, ["a/a"])] == ["0", "2"]
+    assert [q.id for q in select_sources(qs, exclude=["a/a"])] == ["1", "3"]
+    with pytest.raises(ValueError, match="unknown sources"):
+        select_sources(qs, ["c/c"])
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_artifacts):
+    return Engine.load(tiny_artifacts["artifacts"])
+
+
+@pytest.fixture(scope="module")
+def two_sources(tiny_artifacts, tmp_path_factory):
+    """The demo's users relabelled as coming from two sources, as a LaMP folder with a meta file."""
+    task, qs = read_lamp(tiny_artifacts["demo"], "dev")
+    qs = [replace(q, source="left/out" if i % 3 == 0 else "built/in") for i, q in enumerate(qs)]
+    folder = tmp_path_factory.mktemp("sources")
+    write_lamp(folder, "dev", task, qs)
+    return folder, [q for q in qs if q.source == "left/out"]
+
+
+def test_eval_scores_only_the_left_out_source_with_intervals_and_both_specificities(engine, two_sources):
+    folder, left_out = two_sources
+    methods = ["base", "cluster", "card", "card_paper", "card_bias", "card_knn", "card_rag", "card_shuffled",
+               "bm25_copy"]
+    res = run_eval(engine, folder, "dev", methods, sources=["left/out"], n_boot=200)
+    assert res["settings"]["n"] == len(left_out) and res["settings"]["sources"] == ["left/out"]
+    assert {p["source"] for p in res["predictions"]} == {"left/out"}
+    assert set(res["methods"]) == set(methods) and all("looping" in v for v in res["methods"].values())
+    for pair in ("card - cluster", "cluster - base", "card - card_shuffled", "card - bm25_copy"):
+        d = res["differences"][pair]
+        assert d["n"] == len(left_out) and d["ci95"][0] <= d["mean"] <= d["ci95"][1]
+    assert set(res["specificity"]) == {"decoded_rougeL", "teacher_forced"}
+    scores = {m: res["methods"][m]["rougeL"] for m in ("card", "card_shuffled")}
+    assert res["specificity"]["decoded_rougeL"] == pytest.approx(scores["card"] - scores["card_shuffled"], abs=1e-3)
+
+
+def test_tune_chooses_on_validation_people_and_the_build_reads_the_choice_back(engine, tiny_artifacts, tmp_path):
+    import shutil
+
+    folder = tmp_path / "art"
+    shutil.copytree(tiny_artifacts["artifacts"], folder)
+    eng = Engine.load(folder)
+    task, qs = read_lamp(tiny_artifacts["demo"], "dev")
+    people = qs[:3]
+    items = [eng.prepare_items(list(q.profile[:6])) for q in people]
+    fits = [eng.fit(its) for its in items]
+    eng, report = choose_decoding(eng, [q.input for q in people], [q.gold for q in people], fits, items)
+    assert {"repetition", "style", "alpha", "fallback", "decoding"} <= set(report)
+    assert report["alpha"]["chosen"] == str(eng.cfg.decoding.alpha)
+    save_choice(folder, eng, report)
+    meta = json.loads((folder / "config.json").read_text())
+    assert meta["format_version"] == 2 and meta["report"]["tune"]["users"] == 3
+    again = Engine.load(folder)
+    assert again.cfg.decoding == eng.cfg.decoding and again.cfg.style == eng.cfg.style
