@@ -412,7 +412,7 @@ def build_app(studio: Studio) -> gr.Blocks:
             lines += [f"| {s} | {v:.3f} |" for s, v in fit.stages_s.items()]
             d = fit.diagnostics
             if not fit.cold_start:  # the answer first, in plain words: does the vector beat the cluster model?
-                lines.insert(1, f"\n**{fit_verdict(d)}**\n")
+                lines.insert(1, f"\n**{fit_verdict(d, fallback=studio.engine.cfg.style.fallback)}**\n")
             if fit.cold_start:
                 lines.append(f"\n**Cold start**: fewer than {studio.engine.cfg.min_fit_items} items, so λ = 1 "
                              "(your cluster's shared head). Add more writing and refit.")

@@ -250,7 +250,7 @@ def cmd_tune(a) -> None:
     engine = _engine(a)
     t0 = time.perf_counter()
     report = tune(engine, a.data, a.split, a.users, write=not a.dry_run, steps=_list(a.steps) or STEPS)
-    print(json.dumps({k: report[k] for k in ("decoding", "style", "users", "helps_share")}, indent=1))
+    print(json.dumps({k: report[k] for k in ("chosen_decoding", "chosen_style", "users", "helps_share")}, indent=1))
     print(f"tuned in {time.perf_counter() - t0:.0f} s" + ("" if a.dry_run else f"; written to {a.artifacts}/config.json"))
 
 

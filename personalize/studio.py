@@ -93,9 +93,10 @@ def build_command(task: str, root: str | Path) -> str:
     return f".venv/bin/python -m personalize build --data {data} --split dev --out {Path(root) / task}"
 
 
-def fit_verdict(diagnostics: dict | None, cold_start: bool = False) -> str:
+def fit_verdict(diagnostics: dict | None, cold_start: bool = False, fallback: bool = True) -> str:
     """In plain words: does the user's vector beat their cluster's model on their held-out items?
-    Reads `helps` (own vector vs no head, set by the fit) with `acc_own` and `acc_no_head`."""
+    Reads `helps` (own vector vs no head, set by the fit) with `acc_own` and `acc_no_head`; `fallback`: whether
+    this build's CARD then shows the cluster model's output (StyleSettings.fallback, chosen by tune)."""
     d = diagnostics or {}
     if cold_start:
         return "Your history is too short to fit your own vector yet, so CARD uses your cluster's shared head."
@@ -106,8 +107,11 @@ def fit_verdict(diagnostics: dict | None, cold_start: bool = False) -> str:
     a, b = _percents(float(own), float(base))
     if helps:
         return f"Your vector helps: it predicts {a} of your held-out words vs {b} for your cluster's model."
-    return (f"Your vector does not beat your cluster's model on your held-out items ({a} vs {b}), so CARD will "
-            "show the cluster model's output for you.")
+    if fallback:
+        return (f"Your vector does not beat your cluster's model on your held-out items ({a} vs {b}), so CARD will "
+                "show the cluster model's output for you.")
+    return (f"Your vector does not beat your cluster's model on your held-out items ({a} vs {b}); this build still "
+            "decodes CARD with it (on its validation people, falling back to the cluster model lowered ROUGE-L).")
 
 
 def _percents(a: float, b: float) -> tuple[str, str]:

@@ -92,9 +92,9 @@ def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str]
              lambda w: replace(engine.cfg, style=replace(engine.cfg.style, knn_weight=w)))
     pick("fallback", [("off", False), ("on", True)],
          lambda v: replace(engine.cfg, style=replace(engine.cfg.style, fallback=v)))
-    report["decoding"] = {k: v for k, v in asdict(engine.cfg.decoding).items()
-                          if k in ("alpha", "repetition_penalty", "no_repeat_ngram")}
-    report["style"] = asdict(engine.cfg.style)
+    report["chosen_decoding"] = {k: v for k, v in asdict(engine.cfg.decoding).items()
+                                 if k in ("alpha", "repetition_penalty", "no_repeat_ngram")}
+    report["chosen_style"] = asdict(engine.cfg.style)  # (report["style"] is the style step's sweep)
     return engine, report
 
 

@@ -89,7 +89,8 @@ def test_tune_chooses_on_validation_people_and_the_build_reads_the_choice_back(e
     items = [eng.prepare_items(list(q.profile[:6])) for q in people]
     fits = [eng.fit(its) for its in items]
     eng, report = choose_decoding(eng, [q.input for q in people], [q.gold for q in people], fits, items)
-    assert {"repetition", "style", "alpha", "fallback", "decoding"} <= set(report)
+    assert {"repetition", "style", "alpha", "fallback", "chosen_decoding", "chosen_style"} <= set(report)
+    assert report["style"]["chosen"] in report["style"]["sweep"]
     assert report["alpha"]["chosen"] == str(eng.cfg.decoding.alpha)
     save_choice(folder, eng, report)
     meta = json.loads((folder / "config.json").read_text())
