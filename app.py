@@ -300,9 +300,9 @@ def build_app(studio: Studio) -> gr.Blocks:
         def user_fn(name, owner):
             res = studio.switch_user(name, owner)
             return (("" if res["clear"] else gr.skip()), res["rows"], item_choices(name), res["message"],
-                    res["shown_for"])
+                    res["shown_for"], "")  # the Fit page no longer shows the previous person's fit
 
-        user.input(user_fn, [user, shown_for], [history, items, item_pick, writing_status, shown_for],
+        user.input(user_fn, [user, shown_for], [history, items, item_pick, writing_status, shown_for, fit_status],
                    concurrency_limit=None, trigger_mode="always_last", show_progress="hidden")
 
         def served():

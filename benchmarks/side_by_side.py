@@ -47,12 +47,12 @@ def main(argv=None) -> None:
         items = engine.prepare_items(profile)
         fit = engine.fit(items)
         d = fit.diagnostics
-        rows[name] = {"cluster": fit.cluster, "helps": d.get("helps"), "acc": (d.get("acc_own"), d.get("acc_no_head"))}
+        rows[name] = {"_cluster": fit.cluster, "helps": d.get("helps"), "acc": (d.get("acc_own"), d.get("acc_no_head"))}
         for m in METHODS:
             g = engine.generate([prompt], m, fit.cluster, fit.style, items=items)[0]
             rows[name][m] = g.text + (" *(fallback: cluster model)*" if g.note else "")
     print(f"prompt: {prompt[:300]!r}\n")
-    print("| method | " + " | ".join(f"{n} (cluster {r['cluster']})" for n, r in rows.items()) + " |")
+    print("| method | " + " | ".join(f"{n} (cluster {r['_cluster']})" for n, r in rows.items()) + " |")
     print("|---" * (len(rows) + 1) + "|")
     for m in METHODS:
         print(f"| {m} | " + " | ".join(r[m].replace("|", "\\|").replace("\n", " ") for r in rows.values()) + " |")

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList, NoRepeatNGramLogitsProcessor, \
-    RepetitionPenaltyLogitsProcessor
+from transformers import LogitsProcessor, LogitsProcessorList, MinNewTokensLengthLogitsProcessor, \
+    NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor
 
 from .features import HiddenCapture
 from .head import PersonalizationHead
@@ -63,9 +63,13 @@ class GeneratedNoRepeatNGram(NoRepeatNGramLogitsProcessor):
         return super().__call__(input_ids[:, self.prompt_length:], scores)
 
 
-def repetition_processors(s: DecodingSettings, prompt_length: int) -> list[LogitsProcessor]:
-    """Repetition control shared by every method, over the generated tokens only."""
+def repetition_processors(s: DecodingSettings, prompt_length: int, eos_token_id: int | None = None
+                          ) -> list[LogitsProcessor]:
+    """Repetition control shared by every method, over the generated tokens only; with `eos_token_id`, also
+    no end-of-sequence before the first token (a memory's neighbours may vote for it: an empty output)."""
     out: list[LogitsProcessor] = []
+    if eos_token_id is not None:
+        out.append(MinNewTokensLengthLogitsProcessor(prompt_length, 1, eos_token_id))
     if s.repetition_penalty != 1.0:
         out.append(RepetitionPenaltyLogitsProcessor(float(s.repetition_penalty), prompt_ignore_length=prompt_length))
     if s.no_repeat_ngram:
@@ -117,7 +121,7 @@ def generate(model, tok, prompts: list[str], budget: TokenBudget, s: DecodingSet
     """Batched decoding with the active adapter; CARD when a head and one style per prompt are given."""
     ids, mask = left_pad([prompt_ids(tok, x, budget) for x in prompts], tok.pad_token_id, model.device)
     processors = list(extra_processors)
-    repeats = repetition_processors(s, ids.shape[1])  # last: they act on the final scores, CARD's included
+    repeats = repetition_processors(s, ids.shape[1], tok.eos_token_id)  # last: on the final scores, CARD's included
     kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=s.max_new_tokens, min_new_tokens=s.min_new_tokens or None,
                   pad_token_id=tok.pad_token_id, do_sample=s.do_sample, repetition_penalty=None, top_p=None)
     if s.do_sample:

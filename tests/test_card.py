@@ -365,6 +365,13 @@ def test_repetition_control_ignores_the_prompt_and_stops_loops(tiny_model, token
         assert len(pairs) - len(set(pairs)) <= 1  # (re-tokenising the text may merge a pair)
         assert not looping(g.text)
     assert any(looping(g.text) for g in loose) or loose != tight
+    # an end-of-sequence first would be an empty output: never
+    from personalize.decoding import repetition_processors
+    (first,) = repetition_processors(DecodingSettings(no_repeat_ngram=0), 5, tokenizer.eos_token_id)
+    scores = torch.zeros(1, 10)
+    scores[0, tokenizer.eos_token_id % 10] = 5.0
+    if tokenizer.eos_token_id < 10:
+        assert first(torch.zeros(1, 5, dtype=torch.long), scores.clone())[0, tokenizer.eos_token_id] == float("-inf")
     # the prompt's words stay available: the first token is the same with and without the blocker
     assert [g.text.split()[:1] for g in loose] == [g.text.split()[:1] for g in tight]
 
