@@ -187,8 +187,10 @@ def build_app(studio: Studio) -> gr.Blocks:
 
         # ------------------------------------------------ Fit my style
         with gr.Tab("Fit my style", id="fit"):
-            gr.Markdown("Fits your user vector λ (128 numbers) on your history: neutral rewrites of pasted items, "
-                        "one teacher-forced pass of your cluster's model, then a logistic fit of milliseconds.")
+            gr.Markdown("Fits your style on your history: neutral rewrites of pasted items (started when you "
+                        "saved), one teacher-forced pass of your cluster's model, then milliseconds to fit your user "
+                        "vector λ (128 numbers) jointly with a sparse bias over the words you use, beside a memory "
+                        "of what you wrote after each state of that pass.")
             fit_btn = gr.Button("Fit my style", variant="primary", elem_id="fit-button")
             fit_status = gr.Markdown(elem_id="fit-status")
             fit_plot = gr.Plot(elem_id="fit-plot")
@@ -409,6 +411,9 @@ def build_app(studio: Studio) -> gr.Blocks:
                 return _err(e) + " (the stored vector, if any, is unchanged)", gr.skip()
             lines = [f"Fitted **{name}** in **{total:.2f} s** ({fit.n_items} items, cluster {fit.cluster} of "
                      f"K = {fit.k}, objective {fit.objective}).", "", "| stage | seconds |", "|---|---|"]
+            waited = total - fit.total_s
+            if waited > 0.5:  # the model was busy: the rewrites started at Save (or another person's request)
+                lines.append(f"| waiting for the model (neutral rewrites started at Save) | {waited:.3f} |")
             lines += [f"| {s} | {v:.3f} |" for s, v in fit.stages_s.items()]
             d = fit.diagnostics
             if not fit.cold_start:  # the answer first, in plain words: does the vector beat the cluster model?
@@ -417,7 +422,7 @@ def build_app(studio: Studio) -> gr.Blocks:
                 lines.append(f"\n**Cold start**: fewer than {studio.engine.cfg.min_fit_items} items, so λ = 1 "
                              "(your cluster's shared head). Add more writing and refit.")
             elif d.get("n"):
-                lines.append(f"\nHeld-out accuracy ({d.get('unit', 'tokens')}, n = {d['n']}): own λ "
+                lines.append(f"\nHeld-out accuracy ({d.get('unit', 'tokens')}, n = {d['n']}): own style "
                              f"**{d.get('acc_own', float('nan')):.3f}**"
                              + (f", λ = 1 {d['acc_ones']:.3f}" if "acc_ones" in d else "")
                              + (f", other users' λ {d['acc_other']:.3f}" if "acc_other" in d else "")
