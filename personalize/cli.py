@@ -335,7 +335,7 @@ def cmd_demo(a) -> None:
         print(f"\n=== {q.user}: cluster {fit.cluster}/{fit.k}, λ fit {fit.stages_s.get('fit', 0) * 1000:.1f} ms")
         print(f"prompt: {q.input}\ngold:   {q.gold}")
         for m in ("base", "cluster", "card"):
-            g = engine.generate([q.input], m, fit.cluster, fit.lam)[0]
+            g = engine.generate([q.input], m, fit.cluster, fit.style)[0]
             print(f"{m:>8}: {g.text}")
 
 

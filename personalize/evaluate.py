@@ -43,7 +43,7 @@ STORED = {  # what bytes_per_user counts, per method
     "rag": "BM25 index with its items (pickled)",
     "oppu": "the user's LoRA adapter on disk",
     "p2p": "the generated LoRA held to serve the user",
-    "card": "λ vector in the store",
+    "card": "the style in the store: λ, token bias, kNN memory",
     "exact": "attribute memory (JSON)",
 }
 
@@ -240,7 +240,8 @@ def run_bench(engine: Engine, users: dict[str, list[Item]], prompt: str, repeats
             t0 = time.perf_counter()
             store.add_user(n, users[n], engine.task.name)
             f = engine.fit(users[n])
-            store.save_vector(n, engine.artifacts_id, f.lam, engine.lm.model_id, f.stats())
+            store.save_vector(n, engine.artifacts_id, f.lam, engine.lm.model_id, f.stats(),
+                              f.style.extras_bytes() if f.style is not None else None)
             store.set_assignment(n, engine.artifacts_id, f.k, f.cluster, f.distances)
             f.stages_s["store"] = round(time.perf_counter() - t0 - f.total_s, 4)
             fits[n] = f
@@ -266,7 +267,7 @@ def run_bench(engine: Engine, users: dict[str, list[Item]], prompt: str, repeats
         engine.generate([prompt], "cluster", f0.cluster, settings=s)  # warm-up
         for _ in range(repeats):
             a = engine.generate([prompt], "cluster", f0.cluster, settings=s)[0]
-            b = engine.generate([prompt], "card", f0.cluster, f0.lam, settings=s)[0]
+            b = engine.generate([prompt], "card", f0.cluster, f0.style, settings=s)[0]
             t_cluster.append(a.latency_s / a.n_tokens), t_card.append(b.latency_s / b.n_tokens)
             ratios.append(t_card[-1] / t_cluster[-1])
 
@@ -346,7 +347,7 @@ def bench_methods(engine: Engine, users: dict[str, UserContext], prompt: str, se
             if m == "card":
                 rows[m] = {"onboarding_s": round(_median([_fit_s(fits[n]) for n in names]), 4),
                            "bytes_per_user": int(_median([store.vector_bytes(n, engine.artifacts_id) for n in names]))}
-                runners[m] = lambda u: engine.generate([prompt], "card", fits[u.name].cluster, fits[u.name].lam,
+                runners[m] = lambda u: engine.generate([prompt], "card", fits[u.name].cluster, fits[u.name].style,
                                                        k=fits[u.name].k, settings=settings)
             else:
                 cfg = dict(configs.get(m, {}))

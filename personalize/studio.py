@@ -592,11 +592,12 @@ class Studio:
                     progress(done / total, what)
 
             fit = self.engine.fit(rest)
-            tick("fit λ on the other items")
+            tick("fit the style on the other items")
             emb = self.engine.embed(rest)
 
             def score(method, k, cluster, alpha):
-                outs = self.engine.generate(prompts, method, cluster, fit.lam, k=k, settings=replace(s, alpha=alpha))
+                outs = self.engine.generate(prompts, method, cluster, fit.style, k=k, settings=replace(s, alpha=alpha),
+                                            items=rest)
                 texts = [g.text for g in outs]
                 return {"rougeL": round(rouge_scores(texts, golds)["rougeL"], 4),
                         "length": round(float(np.mean([len(t.split()) for t in texts])), 2), "outputs": texts}

@@ -163,14 +163,14 @@ def test_end_to_end_on_the_bundled_model(artifacts, demo_dir, tmp_path):
     r = cli("bench", "--artifacts", artifacts, "--users", "3", "--items", "6", "--repeats", "2", "--json", bench_json,
             "--methods", "rag,oppu,p2p,card", "--oppu-steps", "1", check=0)  # exact: see test_bench_methods_side_by_side
     b = json.loads(bench_json.read_text())
-    assert b["bytes_per_user"] == 512 and b["fit_ms"] > 0 and b["decode_overhead_ratio"] > 0
+    assert b["bytes_per_user"] > 512 and b["fit_ms"] > 0 and b["decode_overhead_ratio"] > 0  # λ + bias + memory
     assert {"same_cluster", "cross_cluster"} <= set(b["switch_ms"]) and b["onboarding_s"]["total"] > 0
     # paper Table 5, measured side by side in the same run
     assert list(b["methods"]) == ["rag", "oppu", "p2p", "card"]
     for m, row in b["methods"].items():
         assert row["onboarding_s"] > 0 and row["latency_s_per_query"] > 0 and row["bytes_per_user"] > 0, (m, row)
-    assert b["methods"]["card"]["bytes_per_user"] == 512
-    assert b["methods"]["oppu"]["bytes_per_user"] > 100 * b["methods"]["card"]["bytes_per_user"]  # a LoRA vs a λ
+    assert b["methods"]["card"]["bytes_per_user"] == b["bytes_per_user"]
+    assert b["methods"]["oppu"]["bytes_per_user"] > 10 * b["methods"]["card"]["bytes_per_user"]  # a LoRA vs a style
     assert "| p2p |" in r.stdout and "latency s/query" in r.stdout
     r = cli("bench", "--artifacts", artifacts, "--methods", "rag,nope", check=2)
     assert "unknown ['nope']" in r.stderr and "Traceback" not in r.stderr
