@@ -24,7 +24,7 @@ from .data import Item, Task, TASKS
 from .decoding import DecodingSettings, Generation, generate
 from .features import generate_with_states, teacher_forced
 from .head import PAIR_OBJECTIVES, PairData, PersonalizationHead, TokenData, diagnostics, fit_user
-from .style import VARIANTS, StyleSettings, UserStyle, fit_style, memory_from_features, style_diagnostics, variant
+from .style import VARIANTS, StyleSettings, UserStyle, fit_lambda_bias, memory_from_features, style_diagnostics, variant
 from .models import LM, ModelConfig, load_encoder, load_lm
 from .neutral import neutral
 
@@ -259,7 +259,7 @@ class Engine:
         st, hs = self.cfg.style, self.cfg.head
         data = TokenData.from_features(feats)
         if st.bias:
-            lam, ids, vals, curve = fit_style(head, data, hs.rho, st.rho_bias, st.max_bias_tokens, hs.fit_iters)
+            lam, ids, vals, curve = fit_lambda_bias(head, data, hs.rho, st.rho_bias, st.max_bias_tokens, hs.fit_iters)
         else:
             lam, curve = fit_user(head, data, hs)
             ids, vals = torch.zeros(0, dtype=torch.long), torch.zeros(0)

@@ -105,22 +105,9 @@ def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence
                 if hasattr(method, "release"):
                     method.release()
             continue
-        decoded = "card" if m == "card_shuffled" else m
-        style_of = (lambda i: fits[partner[i]].style) if m == "card_shuffled" else (lambda i: fits[i].style)
-        groups: dict[int, list[int]] = {}
-        for i, f in enumerate(fits):
-            groups.setdefault(-1 if m == "base" else f.cluster, []).append(i)
-        for c, idx in tqdm(groups.items(), desc=m, mininterval=2.0):
-            for j in range(0, len(idx), 8):
-                b = idx[j: j + 8]
-                if decoded in CARD_METHODS and variant(decoded, engine.cfg.style).retrieval:
-                    outs = [engine.generate([queries[i].input], decoded, max(c, 0), style_of(i), items=profiles[i])[0]
-                            for i in b]  # each person's own retrieved items: one row each
-                else:
-                    outs = engine.generate([queries[i].input for i in b], decoded, cluster=max(c, 0),
-                                           lam=[style_of(i) for i in b])
-                for i, g in zip(b, outs):
-                    preds[m][i] = g.text
+        styles = [fits[partner[i] if m == "card_shuffled" else i].style for i in range(len(fits))]
+        preds[m] = decode_people(engine, "card" if m == "card_shuffled" else m, [q.input for q in queries], fits,
+                                 styles, profiles, desc=m)
     golds = [q.gold for q in queries]
     per_query = {m: rouge_per_query(preds[m], golds) for m in methods}
     table = {m: {k: round(v, 4) if isinstance(v, float) else v for k, v in rouge_scores(preds[m], golds).items()}
@@ -141,6 +128,26 @@ def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence
                          "onboarding_s_total": round(onboard_s, 1), "method_configs": method_configs or {}},
             "predictions": [{"id": q.id, "user": q.user, "source": q.source, "gold": q.gold,
                              **{m: preds[m][i] for m in methods}} for i, q in enumerate(queries)]}
+
+
+def decode_people(engine: Engine, method: str, prompts: Sequence[str], fits: Sequence[UserFit],
+                  styles: Sequence, items: Sequence[Sequence[Item]], settings=None, batch: int = 8,
+                  desc: str | None = None) -> list[str]:
+    """One output per person for a core method or CARD variant: people of a cluster decode together in batches;
+    a CARD that retrieves the person's own items into the prompt decodes each person alone."""
+    out = [""] * len(prompts)
+    groups: dict[int, list[int]] = {}
+    for i, f in enumerate(fits):
+        groups.setdefault(-1 if method == "base" else f.cluster, []).append(i)
+    alone = method in CARD_METHODS and variant(method, engine.cfg.style).retrieval
+    for c, idx in tqdm(groups.items(), desc=desc, mininterval=2.0, disable=desc is None):
+        for j in range(0, len(idx), 1 if alone else batch):
+            b = idx[j: j + (1 if alone else batch)]
+            gens = engine.generate([prompts[i] for i in b], method, max(c, 0), [styles[i] for i in b],
+                                   k=fits[b[0]].k, settings=settings, items=items[b[0]] if alone else None)
+            for i, g in zip(b, gens):
+                out[i] = g.text
+    return out
 
 
 def shuffled_partners(clusters: Sequence[int], seed: int = 0) -> list[int]:

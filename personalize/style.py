@@ -11,9 +11,9 @@ makes, and cost milliseconds to fit:
   is the tokens the person wrote and the tokens the cluster model would have
   written instead, so it can both raise "minor" and lower "MAINT".
 - a kNN memory (Khandelwal et al. 2020, kNN-LM, per person) of (key_t, next token)
-  over every token of the history, key_t the last layer's state; at each step the
-  neighbours' tokens form p_kNN, mixed into the corrected candidates:
-  p = (1 − w)·softmax(ℓ̃_T) + w·p_kNN.
+  over every token of the history, key_t = P h_t (the head's projection; or the last
+  layer's state, StyleSettings.key); at each step the neighbours' tokens form p_kNN,
+  mixed into the corrected candidates: p = (1 − α·w)·softmax(ℓ̃_T) + α·w·p_kNN.
 
 `style_scores` is the one scoring rule: decoding (decoding.CardLogitsProcessor)
 and the held-out diagnostics both call it, so what is measured is what decodes.
@@ -45,7 +45,7 @@ class StyleSettings:
     retrieval: bool = False  # the user's BM25-nearest history items in the cluster model's prompt
     fallback: bool = True  # decode as the cluster model when the style loses to it on the user's held-out items
     rho_bias: float = 0.01  # L2 pull of the bias towards 0 (λ's is HeadSettings.rho, towards 1)
-    max_bias_tokens: int = 512  # the bias keeps this many largest |b| entries (8 bytes each)
+    max_bias_tokens: int = 512  # the bias keeps this many largest |b| entries (6 bytes each when stored)
     knn_weight: float = 0.3  # w: share of p_kNN in the mixture
     knn_neighbours: int = 16
     knn_temperature: float = 0.05  # softmax temperature over the neighbours' cosine similarities
@@ -100,21 +100,16 @@ class UserStyle:
     def extras_bytes(self) -> bytes:
         """Bias and memory, for the store (λ is stored as the vector itself)."""
         return np_save({"bias_ids": self.bias_ids.astype(np.int32), "bias": self.bias.astype(np.float16),
-                        "keys": self.keys.astype(np.float16), "values": self.values.astype(np.int32)},
-                       metadata={"helps": "" if self.helps is None else str(bool(self.helps))})
+                        "keys": self.keys.astype(np.float16), "values": self.values.astype(np.int32)})
 
     @classmethod
     def from_bytes(cls, lam: np.ndarray, extras: bytes | None, helps: bool | None = None) -> "UserStyle":
+        """The style from the store's λ and extras; `helps` comes from the fit's stored diagnostics."""
         if not extras:
             return cls(np.asarray(lam, np.float32), helps=helps)
         t = np_load(extras)
         return cls(np.asarray(lam, np.float32), t["bias_ids"].astype(np.int64), t["bias"].astype(np.float32),
                    t["keys"], t["values"].astype(np.int64), helps)
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.lam.size * 4 + self.bias_ids.size * 4 + self.bias.size * 2 + self.keys.size * 2
-                   + self.values.size * 4)
 
 
 # ---------------------------------------------------------------- fitting the per-person parts
@@ -141,7 +136,7 @@ def bias_support(data: TokenData) -> torch.Tensor:
     return torch.unique(torch.cat([data.cand.gather(1, data.target[:, None]).squeeze(1), data.cand[:, 0]]))
 
 
-def fit_style(head: PersonalizationHead, data: TokenData, rho: float, rho_bias: float, max_bias_tokens: int,
+def fit_lambda_bias(head: PersonalizationHead, data: TokenData, rho: float, rho_bias: float, max_bias_tokens: int,
               iters: int = 50) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[float]]:
     """λ and the token bias jointly (P, U frozen): the tokens head's convex conditional-logit objective,
     ℓ + f·λ + b[cand], with λ pulled to 1 and b to 0. Returns λ, bias ids, bias values, the loss curve."""
@@ -179,26 +174,30 @@ class StyleTensors:
     """A batch of styles as tensors, one row per sequence being decoded."""
 
     lam: torch.Tensor  # [B, D]
-    bias: list[tuple[torch.Tensor, torch.Tensor]]  # per row: (ids, values)
+    bias: list[tuple[torch.Tensor, torch.Tensor]]  # per row: (ids sorted ascending, values)
     memory: list[tuple[torch.Tensor, torch.Tensor]]  # per row: (keys [N, H] float, values [N])
 
     @classmethod
     def of(cls, styles: Sequence[UserStyle], s: StyleSettings) -> "StyleTensors":
         lam = torch.stack([torch.as_tensor(st.lam, dtype=torch.float32) for st in styles])
-        bias = [(torch.as_tensor(st.bias_ids), torch.as_tensor(st.bias, dtype=torch.float32)) if s.bias
-                else (torch.zeros(0, dtype=torch.long), torch.zeros(0)) for st in styles]
+        bias = [_sorted_bias(st) if s.bias else (torch.zeros(0, dtype=torch.long), torch.zeros(0)) for st in styles]
         memory = [(torch.as_tensor(st.keys).float(), torch.as_tensor(st.values)) if s.memory and len(st.values)
                   else None for st in styles]
         return cls(lam, bias, memory)
 
 
+def _sorted_bias(st: UserStyle) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bias as (ids ascending, values), sorted once per decode rather than at every step."""
+    ids, vals = torch.as_tensor(st.bias_ids, dtype=torch.long), torch.as_tensor(st.bias, dtype=torch.float32)
+    order = ids.argsort()
+    return ids[order], vals[order]
+
+
 def bias_at(bias: tuple[torch.Tensor, torch.Tensor], cand: torch.Tensor) -> torch.Tensor:
-    """b[cand] for one row's candidates ([k] → [k]); 0 where the bias has no entry."""
+    """b[cand] for one row's candidates ([k] → [k]), the row's bias ids sorted; 0 where it has no entry."""
     ids, vals = bias
     if not len(ids):
         return torch.zeros(cand.shape, dtype=torch.float32)
-    order = ids.argsort()
-    ids, vals = ids[order], vals[order]
     pos = torch.searchsorted(ids, cand).clamp(max=len(ids) - 1)
     return torch.where(ids[pos] == cand, vals[pos], 0.0)
 

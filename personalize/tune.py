@@ -43,8 +43,9 @@ KNN_WEIGHTS = (0.15, 0.3, 0.5)
 
 
 def _score(engine: Engine, method: str, prompts, golds, fits, items, s: DecodingSettings) -> dict:
-    outs = [engine.generate([p], method, f.cluster, f.style, k=f.k, settings=s, items=its)[0].text
-            for p, f, its in zip(prompts, fits, items)]
+    from .evaluate import decode_people  # decoded as eval decodes
+
+    outs = decode_people(engine, method, prompts, fits, [f.style for f in fits], items, settings=s)
     return {"rougeL": round(rouge_scores(outs, golds)["rougeL"], 4),
             "looping": round(sum(looping(o) for o in outs) / max(len(outs), 1), 4)}
 

@@ -9,7 +9,7 @@ import torch
 from personalize.adapters import LoraSettings, add_warm_adapter, new_peft_model, sft_loss, train_adapter
 from personalize.cluster import assign, fit_clusters
 from personalize.decoding import CardLogitsProcessor, DecodingSettings, generate
-from personalize.style import StyleSettings, StyleTensors, UserStyle, fit_style, memory_from_features, style_scores
+from personalize.style import StyleSettings, StyleTensors, UserStyle, fit_lambda_bias, memory_from_features, style_scores
 from personalize.features import HiddenCapture, generate_with_states, teacher_forced
 from personalize.head import HeadSettings, PairData, PersonalizationHead, TokenData, diagnostics, fit_user, train_population
 from personalize.tokens import TokenBudget
@@ -279,7 +279,7 @@ def test_trace_records_before_and_after_logits(tiny_model, tokenizer):
 
 
 def test_decoding_step_applies_the_rule_the_tokens_head_was_trained_with(tiny_model, tokenizer):
-    """The head's teacher-forced ranking (TokenData: base + Δ + b over the top-k, as fit_style trains it) and one
+    """The head's teacher-forced ranking (TokenData: base + Δ + b over the top-k, as fit_lambda_bias trains it) and one
     decoding step of CardLogitsProcessor on the same state give the same scores."""
     torch.manual_seed(3)
     head = PersonalizationHead(2 * 32, len(tokenizer), 8)
@@ -295,7 +295,7 @@ def test_decoding_step_applies_the_rule_the_tokens_head_was_trained_with(tiny_mo
     data = TokenData.from_features(feats)  # the positions whose token is among the candidates
     assert len(data) and data.h.shape[0] == len(data.target)
     step0 = bool((feats[0].top_ids[0] == feats[0].ids[0]).any())  # the first answer token is a candidate
-    lam, bias_ids, bias, _ = fit_style(head, data, rho=0.01, rho_bias=0.01, max_bias_tokens=64)
+    lam, bias_ids, bias, _ = fit_lambda_bias(head, data, rho=0.01, rho_bias=0.01, max_bias_tokens=64)
     style = UserStyle(lam.numpy(), bias_ids.numpy(), bias.numpy())
     trained = data.base[0] + head.correction(data.h[:1], lam, data.cand[:1])[0] + torch.tensor(
         [dict(zip(bias_ids.tolist(), bias.tolist())).get(int(c), 0.0) for c in data.cand[0]])
@@ -324,7 +324,7 @@ def test_token_bias_is_fitted_jointly_and_learns_a_planted_preference():
     liked = 7  # the person picks token 7 whenever it is a candidate, whatever the model says
     logits = base + 4.0 * (cand == liked)
     target = torch.distributions.Categorical(logits=logits).sample()
-    lam, ids, vals, curve = fit_style(head, TokenData(h, cand, base, target), rho=0.01, rho_bias=0.001,
+    lam, ids, vals, curve = fit_lambda_bias(head, TokenData(h, cand, base, target), rho=0.01, rho_bias=0.001,
                                       max_bias_tokens=5)
     assert len(ids) <= 5 and int(ids[vals.argmax()]) == liked and float(vals.max()) > 2.0
     assert curve[-1] < curve[0]
@@ -425,3 +425,20 @@ def test_newer_or_broken_artifacts_are_refused_before_loading_models(tmp_path):
         Engine.load(tmp_path)
     with pytest.raises(ArtifactsError, match="run `python -m personalize build`"):
         Engine.load(tmp_path / "missing")
+
+
+def test_repetition_processors_see_the_generated_tokens_only():
+    """Prompt [1, 2, 3, 1] then generated [5, 6, 5]: the bigram (5, 6) is blocked after 5, the prompt's own bigram
+    (1, 2) is not; the penalty lowers generated tokens, never tokens that only the prompt holds."""
+    from personalize.decoding import repetition_processors
+
+    ids = torch.tensor([[1, 2, 3, 1, 5, 6, 5]])
+    blocker, = repetition_processors(DecodingSettings(no_repeat_ngram=2), prompt_length=4)
+    out = blocker(ids, torch.zeros(1, 10))[0]
+    assert out[6] == float("-inf") and out[2] == 0 and torch.isfinite(out).sum() == 9
+    after_one = blocker(torch.tensor([[1, 2, 3, 1, 1]]), torch.zeros(1, 10))[0]
+    assert torch.isfinite(after_one).all()  # (1, 2) is the prompt's: 2 stays open after a generated 1
+    penalty, = repetition_processors(DecodingSettings(no_repeat_ngram=0, repetition_penalty=2.0), prompt_length=4)
+    scores = torch.full((1, 10), 4.0)
+    out = penalty(ids, scores.clone())[0]
+    assert out[5] == out[6] == 2.0 and out[1] == out[2] == out[3] == 4.0

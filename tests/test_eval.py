@@ -97,3 +97,33 @@ def test_tune_chooses_on_validation_people_and_the_build_reads_the_choice_back(e
     assert meta["format_version"] == 2 and meta["report"]["tune"]["users"] == 3
     again = Engine.load(folder)
     assert again.cfg.decoding == eng.cfg.decoding and again.cfg.style == eng.cfg.style
+
+
+def test_card_falls_back_with_a_note_and_retrieves_only_for_its_own_rows(engine, tiny_artifacts, monkeypatch):
+    """A style that lost to the cluster model on its held-out items decodes as the cluster model (its plain prompt,
+    a note saying so) when fallback is on; a retrieving style puts the person's items before the prompt."""
+    from personalize.style import UserStyle
+
+    task, qs = read_lamp(tiny_artifacts["demo"], "dev")
+    items = engine.prepare_items(list(qs[0].profile[:6]))
+    fit = engine.fit(items)
+    prompt = qs[0].input
+    lost = replace(fit.style, helps=False)
+    cfg = engine.cfg
+    try:
+        engine.cfg = replace(cfg, style=replace(cfg.style, fallback=True, retrieval=True))
+        seen = []
+        real = engine.retrieval_prompts
+        monkeypatch.setattr(engine, "retrieval_prompts", lambda its, ps, b: seen.append(list(ps)) or real(its, ps, b))
+        cluster = engine.generate([prompt], "cluster", fit.cluster)[0]
+        back = engine.generate([prompt], "card", fit.cluster, lost, items=items)[0]
+        assert back.note and back.text == cluster.text and seen == []  # no retrieval for a fallback row
+        kept = engine.generate([prompt], "card", fit.cluster, replace(lost, helps=True), items=items)[0]
+        assert kept.note is None and seen == [[prompt]]
+        built, _ = real(items, [prompt], engine.cfg.budget)
+        assert built[0].endswith(prompt) and any(it.y in built[0] for it in items)
+        paper = engine.generate([prompt], "card_paper", fit.cluster, lost, items=items)[0]
+        assert paper.note is None and len(seen) == 1  # card_paper: λ alone, no fallback, no retrieval
+        assert isinstance(lost, UserStyle)
+    finally:
+        engine.cfg = cfg

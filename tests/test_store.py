@@ -266,3 +266,33 @@ def test_one_store_shared_by_threads(store: Store) -> None:
     for th in threads:
         th.join()
     assert len(store.generations(user="alice")) == 120
+
+
+def test_version_1_database_gains_the_style_column_and_keeps_its_vectors(tmp_path: Path) -> None:
+    """A studio.db written before styles existed opens, keeps λ, and then stores a whole style."""
+    from personalize.style import UserStyle
+
+    path = tmp_path / "old.db"
+    db = sqlite_utils.Database(path)
+    db.executescript("""
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE users (name TEXT PRIMARY KEY, task TEXT NOT NULL, created TEXT NOT NULL, updated TEXT NOT NULL);
+CREATE TABLE vectors (user TEXT NOT NULL REFERENCES users(name), artifacts TEXT NOT NULL, vector BLOB NOT NULL,
+  d INTEGER NOT NULL, model_id TEXT NOT NULL, stats TEXT NOT NULL, updated TEXT NOT NULL, PRIMARY KEY (user, artifacts));
+INSERT INTO meta VALUES ('schema_version', '1');
+INSERT INTO users VALUES ('ann', 'tweets', 't', 't');
+""")
+    db["vectors"].insert({"user": "ann", "artifacts": "a1", "vector": np.ones(4, "<f4").tobytes(), "d": 4,
+                          "model_id": "m", "stats": "{}", "updated": "t"})
+    db.conn.close()
+    store = Store(path)
+    assert store.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+    old = store.style("ann", "a1")  # λ alone: no bias, no memory
+    assert np.array_equal(old.lam, np.ones(4)) and len(old.bias_ids) == 0 and len(old.values) == 0
+    style = UserStyle(np.full(4, 2, np.float32), np.array([7, 3]), np.array([0.5, -1.0], np.float32),
+                      np.ones((3, 4), np.float16), np.array([5, 6, 7]))
+    store.save_vector("ann", "a1", style.lam, "m", {"diagnostics": {"helps": False}}, style.extras_bytes())
+    back = store.style("ann", "a1")
+    assert back.helps is False and np.array_equal(back.bias_ids, [7, 3]) and np.allclose(back.bias, [0.5, -1.0])
+    assert back.keys.shape == (3, 4) and np.array_equal(back.values, [5, 6, 7])
+    assert store.vector_bytes("ann", "a1") == 16 + len(style.extras_bytes())
