@@ -359,6 +359,15 @@ class Store:
                  "gen_a": gen_a, "gen_b": gen_b})
             return int(table.last_pk)
 
+    def has_rating(self, rater: str, gen_a: int | None, gen_b: int | None) -> bool:
+        """Whether `rater` already voted on these two stored generations (in either order)."""
+        if gen_a is None or gen_b is None:
+            return False
+        with self._lock:
+            sql = ("SELECT 1 FROM ratings WHERE rater = ? AND ((gen_a = ? AND gen_b = ?) OR (gen_a = ? AND gen_b = ?))"
+                   " LIMIT 1")
+            return self.db.execute(sql, [rater.strip(), gen_a, gen_b, gen_b, gen_a]).fetchone() is not None
+
     def ratings(self) -> list[dict]:
         with self._lock:
             rows = self.db["ratings"].rows_where(order_by="created, id")
