@@ -1,11 +1,15 @@
 """The personalization studio, a Gradio app over personalize.studio.Studio.
 
     python app.py [--host 127.0.0.1] [--port 7860] [--db data/studio.db] [--artifacts data/artifacts/demo]
+                  [--auth u1:p1,u2:p2 | --auth @raters.txt]
 
 Tabs: My writing, My cluster, Fit my style, Compare, Why, Rate, Leaderboard, Export, Explore.
 Every handler calls one Studio method; what it shows and collects is in the SQLite store.
 Expected problems (bad input, unknown user, a stale vote) are answered in the tab's
 status line and change nothing else; model work runs in Gradio's queue with a progress bar.
+Text from people and models (history items, names, prompts, outputs, errors quoting them) is shown as
+written, never rendered or executed: it enters Markdown and plots only through personalize.display.
+With --auth, a vote counts under the logged-in user name (arena.rater_id), once per rater and pair.
 """
 
 from __future__ import annotations
@@ -16,13 +20,15 @@ import ipaddress
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import gradio as gr
 import plotly.graph_objects as go
 
-from personalize.arena import StalePair
+from personalize.arena import StalePair, rater_id
 from personalize.data import TASKS, HistoryError
+from personalize.display import md, md_quoting, plot_text
 from personalize.engine import ArtifactsError
 from personalize.export import export_predictions, export_table
 from personalize.studio import ALL_METHODS, DEFAULT_METHODS, Studio, StudioConfig, fit_verdict
@@ -32,10 +38,13 @@ EXPECTED = (HistoryError, StoreError, StalePair, ArtifactsError, ValueError, Fil
 VOTES = {"vote-a": ("a", "A is better"), "vote-b": ("b", "B is better"), "vote-tie": ("tie", "Tie"),
          "vote-bad": ("both_bad", "Both are bad")}
 CSS = ".method-out {min-height: 6em} #vote-status {font-size: 1.05em}"
+# Every Markdown of the app: no LaTeX (a "$$" in someone's text is text). Text from people and models goes into
+# Markdown only through display.md, so that it is shown as written and never rendered or executed.
+Markdown = functools.partial(gr.Markdown, latex_delimiters=[])
 
 
 def _err(e: Exception) -> str:
-    return f"⚠️ {e}"
+    return f"⚠️ {md(e)}"  # error messages quote names, items and input
 
 
 def guarded(n_outputs: int, status_index: int = 0):
@@ -66,7 +75,8 @@ def cluster_figure(m: dict) -> go.Figure:
     for c in sorted(set(m["labels"])):
         idx = [i for i, lab in enumerate(m["labels"]) if lab == c]
         fig.add_scatter(x=[m["xy"][i][0] for i in idx], y=[m["xy"][i][1] if len(m["xy"][i]) > 1 else 0 for i in idx],
-                        mode="markers", name=f"cluster {c}", text=[m["users"][i] for i in idx], marker={"size": 8})
+                        mode="markers", name=f"cluster {c}", text=[plot_text(m["users"][i]) for i in idx],
+                        marker={"size": 8})
     cx = m["centroids"]
     fig.add_scatter(x=[p[0] for p in cx], y=[p[1] if len(p) > 1 else 0 for p in cx], mode="markers+text",
                     name="centroids", text=[str(i) for i in range(len(cx))], textposition="top center",
@@ -74,7 +84,7 @@ def cluster_figure(m: dict) -> go.Figure:
     if "user" in m:
         u = m["user"]
         fig.add_scatter(x=[u["xy"][0]], y=[u["xy"][1] if len(u["xy"]) > 1 else 0], mode="markers+text",
-                        name=u["name"], text=[u["name"]], textposition="bottom center",
+                        name=plot_text(u["name"]), text=[plot_text(u["name"])], textposition="bottom center",
                         marker={"symbol": "star", "size": 20, "color": "gold", "line": {"width": 1, "color": "black"}})
     fig.update_layout(title=f"Population (PCA of user embeddings), K = {m['k']}", height=460,
                       margin={"l": 10, "r": 10, "t": 40, "b": 10})
@@ -88,7 +98,7 @@ def loss_figure(curve: list[float]) -> go.Figure:
 
 
 def step_figure(step: dict) -> go.Figure:
-    toks = [repr(c["token"]) for c in step["candidates"]]
+    toks = [plot_text(repr(c["token"])) for c in step["candidates"]]
     fig = go.Figure([go.Bar(name="before (cluster model)", x=toks, y=[c["before"] for c in step["candidates"]]),
                      go.Bar(name="after (α·Δ added)", x=toks, y=[c["after"] for c in step["candidates"]])])
     fig.update_layout(barmode="group", title="Top candidates' logits at this step", height=380)
@@ -98,14 +108,15 @@ def step_figure(step: dict) -> go.Figure:
 def leaderboard_figures(lb: dict) -> tuple[go.Figure, go.Figure]:
     rows = lb["methods"]
     bt = go.Figure(go.Scatter(
-        x=[r["method"] for r in rows], y=[r["strength"] for r in rows], mode="markers",
+        x=[plot_text(r["method"]) for r in rows], y=[r["strength"] for r in rows], mode="markers",
         error_y={"type": "data", "symmetric": False, "array": [r["upper"] - r["strength"] for r in rows],
                  "arrayminus": [r["strength"] - r["lower"] for r in rows]}, marker={"size": 12}))
     bt.update_layout(title=f"Bradley–Terry strength (Elo scale), 95% bootstrap intervals, {lb['n_votes']} votes",
                      height=380)
     names = [r["method"] for r in rows]
     z = [[lb["win_rate"][a][b] for b in names] for a in names]
-    heat = go.Figure(go.Heatmap(z=z, x=names, y=names, zmin=0, zmax=1, colorscale="RdBu",
+    shown = [plot_text(n) for n in names]
+    heat = go.Figure(go.Heatmap(z=z, x=shown, y=shown, zmin=0, zmax=1, colorscale="RdBu",
                                 text=[[("" if v is None else f"{v:.2f}") for v in row] for row in z],
                                 texttemplate="%{text}"))
     heat.update_layout(title="Win rate of row vs column (ties = ½)", height=380)
@@ -133,6 +144,37 @@ def explore_figures(res: dict) -> tuple[go.Figure, go.Figure]:
     return fa, fk
 
 
+# ---------------------------------------------------------------- text from people and models, as Markdown
+
+def method_md(o) -> str:
+    """One Compare column: the method's header line, then its output (or error), what it chose and its note,
+    every piece of text from the model or the library shown as written."""
+    if o.error:
+        return f"**{md(o.method)}**\n\n⚠️ {md(o.error)}"
+    extra = ""
+    tr = (o.info.get("trace") or [{}])[0] if o.info else {}
+    if "attributes" in tr:
+        extra = f"\n\n*attributes:* {md(', '.join(map(str, tr['attributes'])))}"
+    elif "retrieved" in tr:
+        extra = f"\n\n*retrieved items:* {md(', '.join(map(str, tr['retrieved'])))}"
+    if o.info and o.info.get("note"):
+        extra += f"\n\n*note:* {md(o.info['note'])}"
+    return (f"**{md(o.method)}** · {o.latency_s:.2f} s · {o.n_tokens} tok · {o.tokens_per_s:.1f} tok/s\n\n"
+            f"{md(o.text) if o.text else '*(empty output)*'}{extra}")
+
+
+def pair_md(label: str, output: str) -> str:
+    """One side of a blind pair in Rate."""
+    return f"**{label}**\n\n{md(output) if output else '*(empty)*'}"
+
+
+def cluster_examples_md(examples) -> str:
+    """(population user, one of their texts) pairs under My cluster."""
+    if not examples:
+        return ""
+    return "**Texts from your cluster:**\n" + "\n".join(f"- *{md(u)}*: {md(t)}" for u, t in examples)
+
+
 # ---------------------------------------------------------------- the app
 
 def k_label(ks) -> str:
@@ -149,7 +191,7 @@ def build_app(studio: Studio) -> gr.Blocks:
     task_names = sorted(TASKS)
 
     with gr.Blocks(title="Personalization studio", analytics_enabled=False) as app:
-        header = gr.Markdown(studio.header(), elem_id="header")
+        header = Markdown(studio.header(), elem_id="header")
         with gr.Row():
             user = gr.Textbox(label="User name", placeholder="e.g. ana", elem_id="user-name", scale=2)
             stored = gr.Dropdown(choices=[u["name"] for u in studio.store.users()], label="…or open a stored user",
@@ -168,7 +210,7 @@ def build_app(studio: Studio) -> gr.Blocks:
             upload = gr.File(label="…or upload .txt / .jsonl / .csv / LaMP questions .json",
                              file_types=[".txt", ".jsonl", ".csv", ".json"], elem_id="upload")
             save = gr.Button("Save history", variant="primary", elem_id="save-history")
-            writing_status = gr.Markdown(elem_id="writing-status")
+            writing_status = Markdown(elem_id="writing-status")
             items = gr.Dataframe(headers=["id", "text", "neutral rewrite"], interactive=False, label="Stored items",
                                  elem_id="items")
             with gr.Row():
@@ -181,18 +223,18 @@ def build_app(studio: Studio) -> gr.Blocks:
         with gr.Tab("My cluster", id="cluster") as cluster_tab:
             k_slider = gr.Slider(min(ks), max(ks), value=studio.engine.cfg.default_k, step=1, label=k_label(ks),
                                  elem_id="k-slider")
-            cluster_status = gr.Markdown(elem_id="cluster-status")
-            cluster_examples = gr.Markdown(elem_id="cluster-examples")
+            cluster_status = Markdown(elem_id="cluster-status")
+            cluster_examples = Markdown(elem_id="cluster-examples")
             cluster_plot = gr.Plot(elem_id="cluster-plot")
 
         # ------------------------------------------------ Fit my style
         with gr.Tab("Fit my style", id="fit"):
-            gr.Markdown("Fits your style on your history: neutral rewrites of pasted items (started when you "
-                        "saved), one teacher-forced pass of your cluster's model, then milliseconds to fit your user "
-                        "vector λ (128 numbers) jointly with a sparse bias over the words you use, beside a memory "
-                        "of what you wrote after each state of that pass.")
+            Markdown("Fits your style on your history: neutral rewrites of pasted items (started when you "
+                     "saved), one teacher-forced pass of your cluster's model, then milliseconds to fit your user "
+                     "vector λ (128 numbers) jointly with a sparse bias over the words you use, beside a memory "
+                     "of what you wrote after each state of that pass.")
             fit_btn = gr.Button("Fit my style", variant="primary", elem_id="fit-button")
-            fit_status = gr.Markdown(elem_id="fit-status")
+            fit_status = Markdown(elem_id="fit-status")
             fit_plot = gr.Plot(elem_id="fit-plot")
 
         # ------------------------------------------------ Compare
@@ -203,7 +245,7 @@ def build_app(studio: Studio) -> gr.Blocks:
             with gr.Row():
                 item_pick = gr.Dropdown([], label="…or a history item as the prompt (its text is the reference)",
                                         value=None, elem_id="item-pick", scale=3)
-                reference = gr.Markdown(elem_id="reference")
+                reference = Markdown(elem_id="reference")
             methods = gr.CheckboxGroup(list(ALL_METHODS), value=list(DEFAULT_METHODS), label="Methods",
                                        elem_id="methods")
             with gr.Row():
@@ -213,20 +255,20 @@ def build_app(studio: Studio) -> gr.Blocks:
                 max_tokens = gr.Slider(4, 128, value=s0.max_new_tokens, step=1, label="Max new tokens",
                                        elem_id="max-tokens")
             compare_btn = gr.Button("Generate", variant="primary", elem_id="compare-button")
-            compare_status = gr.Markdown(elem_id="compare-status")
+            compare_status = Markdown(elem_id="compare-status")
             outs = {}
             with gr.Row(equal_height=True):
                 for m in ALL_METHODS:
                     with gr.Column(min_width=180):
-                        outs[m] = gr.Markdown(f"**{m}**", elem_id=f"out-{m}", elem_classes="method-out",
-                                              visible=m in DEFAULT_METHODS)
+                        outs[m] = Markdown(f"**{m}**", elem_id=f"out-{m}", elem_classes="method-out",
+                                           visible=m in DEFAULT_METHODS)
 
         # ------------------------------------------------ Why
         with gr.Tab("Why", id="why"):
-            gr.Markdown("CARD token by token for the Compare prompt and settings: tokens the user vector changed "
-                        "are marked *changed* (the cluster model would have picked another one).")
+            Markdown("CARD token by token for the Compare prompt and settings: tokens the user vector changed "
+                     "are marked *changed* (the cluster model would have picked another one).")
             why_btn = gr.Button("Explain CARD's output", variant="primary", elem_id="why-button")
-            why_status = gr.Markdown(elem_id="why-status")
+            why_status = Markdown(elem_id="why-status")
             why_tokens = gr.HighlightedText(label="CARD output", color_map={"changed": "orange", "kept": "lightgray"},
                                             show_legend=True, elem_id="why-tokens")
             why_step = gr.Slider(0, 1, value=0, step=1, label="Step", elem_id="why-step")
@@ -235,7 +277,7 @@ def build_app(studio: Studio) -> gr.Blocks:
 
         # ------------------------------------------------ Rate
         with gr.Tab("Rate", id="rate"):
-            gr.Markdown("Blind comparison: two methods drawn at random, in random order, names hidden until you vote.")
+            Markdown("Blind comparison: two methods drawn at random, in random order, names hidden until you vote.")
             with gr.Row():
                 rater = gr.Textbox(label="Rater id", elem_id="rater")
                 rate_prompt = gr.Textbox(label="Prompt (empty: the Compare prompt)", elem_id="rate-prompt", scale=3)
@@ -243,17 +285,17 @@ def build_app(studio: Studio) -> gr.Blocks:
                                             label="Methods to draw from", elem_id="rate-methods")
             new_pair = gr.Button("New pair", variant="primary", elem_id="new-pair")
             with gr.Row(equal_height=True):
-                out_a = gr.Markdown("**A**", elem_id="out-a", elem_classes="method-out")
-                out_b = gr.Markdown("**B**", elem_id="out-b", elem_classes="method-out")
+                out_a = Markdown("**A**", elem_id="out-a", elem_classes="method-out")
+                out_b = Markdown("**B**", elem_id="out-b", elem_classes="method-out")
             with gr.Row():
                 vote_btns = {eid: gr.Button(label, elem_id=eid) for eid, (_, label) in VOTES.items()}
-            vote_status = gr.Markdown(elem_id="vote-status")
+            vote_status = Markdown(elem_id="vote-status")
             pair_id = gr.State(None)
 
         # ------------------------------------------------ Leaderboard
         with gr.Tab("Leaderboard", id="leaderboard") as lb_tab:
             lb_refresh = gr.Button("Refresh", elem_id="lb-refresh")
-            lb_status = gr.Markdown(elem_id="lb-status")
+            lb_status = Markdown(elem_id="lb-status")
             lb_table = gr.Dataframe(headers=["method", "strength", "lower", "upper", "votes", "wins", "losses", "ties"],
                                     interactive=False, elem_id="lb-table")
             with gr.Row():
@@ -268,18 +310,18 @@ def build_app(studio: Studio) -> gr.Blocks:
             with gr.Row():
                 pred_method = gr.Dropdown(list(ALL_METHODS), value="card", label="Method", elem_id="pred-method")
                 pred_btn = gr.Button("Generations as LaMP predictions", elem_id="export-predictions")
-            export_status = gr.Markdown(elem_id="export-status")
+            export_status = Markdown(elem_id="export-status")
             export_file = gr.File(label="Download", elem_id="export-file", interactive=False)
 
         # ------------------------------------------------ Explore
         with gr.Tab("Explore", id="explore"):
-            gr.Markdown("Sweeps α and K for the user: λ is refitted without the held-out items (nothing stored), "
-                        "then CARD and the cluster model generate for their prompts; ROUGE-L against your own texts.")
+            Markdown("Sweeps α and K for the user: λ is refitted without the held-out items (nothing stored), "
+                     "then CARD and the cluster model generate for their prompts; ROUGE-L against your own texts.")
             with gr.Row():
                 alphas = gr.Textbox("0, 0.5, 1, 2, 4", label="α values", elem_id="alphas")
                 n_hold = gr.Slider(1, 12, value=4, step=1, label="Held-out items", elem_id="n-holdout")
             explore_btn = gr.Button("Run sweep", variant="primary", elem_id="explore-button")
-            explore_status = gr.Markdown(elem_id="explore-status")
+            explore_status = Markdown(elem_id="explore-status")
             with gr.Row():
                 explore_alpha = gr.Plot(elem_id="explore-alpha")
                 explore_k = gr.Plot(elem_id="explore-k")
@@ -301,7 +343,8 @@ def build_app(studio: Studio) -> gr.Blocks:
 
         def user_fn(name, owner):
             res = studio.switch_user(name, owner)
-            return (("" if res["clear"] else gr.skip()), res["rows"], item_choices(name), res["message"],
+            message = md_quoting(res["message"], (name or "").strip())  # the library's line quotes the name
+            return (("" if res["clear"] else gr.skip()), res["rows"], item_choices(name), message,
                     res["shown_for"], "")  # the Fit page no longer shows the previous person's fit
 
         user.input(user_fn, [user, shown_for], [history, items, item_pick, writing_status, shown_for, fit_status],
@@ -336,7 +379,7 @@ def build_app(studio: Studio) -> gr.Blocks:
             else:
                 parsed = studio.parse(text=text)
             res = studio.save_history(name, parsed, task_name)
-            return studio.save_message(res), item_rows(res["name"]), \
+            return studio.save_message({**res, "name": md(res["name"])}), item_rows(res["name"]), \
                 gr.update(choices=[u["name"] for u in studio.store.users()]), item_choices(res["name"]), res["name"]
 
         save_event = save.click(save_fn, [user, history, upload, task, demo_user],
@@ -371,8 +414,8 @@ def build_app(studio: Studio) -> gr.Blocks:
                 return (gr.skip(),) * 7
             u = studio.store.user(name)
             # the text box is emptied: it held someone else's text (the opened user's items are in the table)
-            return (f"Opened **{u['name']}** ({u['n_items']} items, task {u['task']}).", name, item_rows(name),
-                    item_choices(name), u["task"], "", None)
+            return (f"Opened **{md(u['name'])}** ({u['n_items']} items, task {md(u['task'])}).", name,
+                    item_rows(name), item_choices(name), u["task"], "", None)
 
         stored.change(open_user, [stored], [writing_status, user, items, item_pick, task, history, shown_for])
 
@@ -385,8 +428,8 @@ def build_app(studio: Studio) -> gr.Blocks:
                 return "Enter a user name and save a history to see where you fall.", "", cluster_figure(m), k, k
             st = studio.user_state(_need_user(name), k)
             ex = studio.cluster_examples(k, st.cluster)
-            examples = ("**Texts from your cluster:**\n" + "\n".join(f"- *{u}*: {t}" for u, t in ex)) if ex else ""
-            return studio.cluster_summary(st), examples, cluster_figure(m), k, k
+            return studio.cluster_summary(replace(st, name=md(st.name))), cluster_examples_md(ex), \
+                cluster_figure(m), k, k
 
         cluster_outputs = [cluster_status, cluster_examples, cluster_plot, user_k, k_slider]
         # `input` fires for the keyboard (arrow keys, the number box) as well as the mouse; `release` is mouse-only.
@@ -409,7 +452,7 @@ def build_app(studio: Studio) -> gr.Blocks:
                 total = time.perf_counter() - t0
             except EXPECTED as e:
                 return _err(e) + " (the stored vector, if any, is unchanged)", gr.skip()
-            lines = [f"Fitted **{name}** in **{total:.2f} s** ({fit.n_items} items, cluster {fit.cluster} of "
+            lines = [f"Fitted **{md(name)}** in **{total:.2f} s** ({fit.n_items} items, cluster {fit.cluster} of "
                      f"K = {fit.k}, objective {fit.objective}).", "", "| stage | seconds |", "|---|---|"]
             waited = total - fit.total_s
             if waited > 0.5:  # the model was busy: the rewrites started at Save (or another person's request)
@@ -450,23 +493,9 @@ def build_app(studio: Studio) -> gr.Blocks:
             if item is None:
                 return ""
             st = next(iter(studio.store.items_by_id([int(item)])), None)
-            return "" if st is None else f"**Reference (your text):** {st.y}"
+            return "" if st is None else f"**Reference (your text):**\n\n{md(st.y)}"
 
         item_pick.change(pick_item, [item_pick], [reference])
-
-        def fmt(o) -> str:
-            if o.error:
-                return f"**{o.method}**\n\n⚠️ {o.error}"
-            extra = ""
-            tr = (o.info.get("trace") or [{}])[0] if o.info else {}
-            if "attributes" in tr:
-                extra = f"\n\n*attributes:* {', '.join(tr['attributes'])}"
-            elif "retrieved" in tr:
-                extra = f"\n\n*retrieved items:* {', '.join(map(str, tr['retrieved']))}"
-            if o.info and o.info.get("note"):
-                extra += f"\n\n*note:* {o.info['note']}"
-            return (f"**{o.method}** · {o.latency_s:.2f} s · {o.n_tokens} tok · {o.tokens_per_s:.1f} tok/s\n\n"
-                    f"{o.text or '*(empty output)*'}{extra}")
 
         def compare_fn(name, text, templated, item, chosen, a, k_, mt, k):
             hidden = {m: gr.update(visible=m in (chosen or [])) for m in ALL_METHODS}
@@ -489,15 +518,16 @@ def build_app(studio: Studio) -> gr.Blocks:
             if "oppu" in chosen and studio.needs_indexing(name, "oppu"):
                 pending["oppu"] = gr.update(value="**oppu**\n\n*first use: training your own LoRA on your history "
                                             "(about 40 s on a 2-core CPU); later prompts reuse it…*", visible=True)
-            yield (f"Generating {len(chosen)} methods for **{name}**, cluster {state.cluster} of K = {state.k}{note}…",
+            yield (f"Generating {len(chosen)} methods for **{md(name)}**, cluster {state.cluster} of K = {state.k}"
+                   f"{note}…",
                    *[pending.get(m, hidden[m]) for m in ALL_METHODS])
             done = {}
             order = sorted(chosen, key=lambda m: studio.needs_indexing(name, m))  # slow first uses go last
             for o in studio.compare(name, full, order, s, k):
-                done[o.method] = gr.update(value=fmt(o), visible=True)
+                done[o.method] = gr.update(value=method_md(o), visible=True)
                 yield (f"{len(done)}/{len(chosen)} done{note}.",
                        *[done.get(m, pending.get(m, hidden[m])) for m in ALL_METHODS])
-            yield (f"Done: {len(chosen)} methods for **{name}**{note}. Prompt: `{full[:200]}`",
+            yield (f"Done: {len(chosen)} methods for **{md(name)}**{note}. Prompt: {md(full, limit=200)}",
                    *[done.get(m, hidden[m]) for m in ALL_METHODS])
 
         compare_btn.click(compare_fn, [user, prompt, use_template, item_pick, methods, alpha, top_k, max_tokens, user_k],
@@ -516,7 +546,7 @@ def build_app(studio: Studio) -> gr.Blocks:
             tokens = [(text, "changed" if changed_ else "kept") for text, changed_ in res["pieces"]]
             status = (f"α = {res['alpha']}, cluster {res['cluster']} of K = {res['k']}"
                       f"{'' if res['fitted'] else ', λ = 1 (not fitted)'}: the user vector changed **{changed}** of "
-                      f"{len(steps)} tokens. Output: {res['text']}")
+                      f"{len(steps)} tokens. Output: {md(res['text'])}")
             first = next((i for i, st in enumerate(steps) if st["changed"]), 0)
             return (status, tokens, gr.update(maximum=max(len(steps) - 1, 1), value=first),
                     step_figure(steps[first]) if steps else None, res)
@@ -533,38 +563,51 @@ def build_app(studio: Studio) -> gr.Blocks:
         why_step.release(why_step_fn, [why_step, why_state], [why_plot])
 
         # Rate
-        def new_pair_fn(name, rater_id, text, chosen, cmp_text, templated, a, k_, mt, k):
+        def logged_in(request: gr.Request | None) -> str | None:
+            return getattr(request, "username", None) if request is not None else None
+
+        def new_pair_fn(name, typed, text, chosen, cmp_text, templated, a, k_, mt, k, request: gr.Request):
             try:
                 name = _need_user(name)
-                if not rater_id or not rater_id.strip():
-                    raise ValueError("enter a rater id first")
+                rater_name = rater_id(typed, logged_in(request))
                 src = text if text and text.strip() else cmp_text
                 full = studio.check_prompt(src)
                 full = studio.task.prompt(full) if templated and not full.startswith(studio.task.prefix) else full
                 pair = studio.new_pair(name, full, chosen or [], studio.settings(a, k_, mt), k)
             except EXPECTED as e:
                 return _err(e), gr.skip(), gr.skip(), None
-            return (f"Prompt: `{pair.prompt[:300]}` — which output fits **{name}**'s style better?",
-                    f"**A**\n\n{pair.outputs[0] or '*(empty)*'}", f"**B**\n\n{pair.outputs[1] or '*(empty)*'}", pair.id)
+            seen = studio.store.has_rating(rater_name, *pair.gen_ids)
+            return (f"Prompt: {md(pair.prompt, limit=300)} — which output fits **{md(name)}**'s style better?"
+                    + (f"\n\n⚠️ **{md(rater_name)}** already voted on these two outputs (one vote per rater and "
+                       "pair): draw again, or change the prompt or settings." if seen else ""),
+                    pair_md("A", pair.outputs[0]), pair_md("B", pair.outputs[1]), pair.id)
 
         new_pair.click(new_pair_fn, [user, rater, rate_prompt, rate_methods, prompt, use_template, alpha, top_k,
                                      max_tokens, user_k], [vote_status, out_a, out_b, pair_id], concurrency_id="model",
                        api_name="new_pair")
 
         def vote_fn(winner):
-            def fn(pid, rater_id):
+            def fn(pid, typed, request: gr.Request):
                 try:
-                    pair, rid = studio.vote(pid, winner, rater_id or "")
+                    rater_name = rater_id(typed, logged_in(request))  # with --auth: the logged-in user, always
+                    pair, rid = studio.vote(pid, winner, rater_name)
                 except EXPECTED as e:
                     return _err(e), gr.skip()
                 label = {"a": "A", "b": "B", "tie": "tie", "both_bad": "both bad"}[winner]
-                return (f"Vote #{rid} stored ({label}). **A was {pair.methods[0]}, B was {pair.methods[1]}.** "
-                        "Draw a new pair to go on.", None)
+                return (f"Vote #{rid} stored ({label}, rater {md(rater_name)}). **A was {md(pair.methods[0])}, "
+                        f"B was {md(pair.methods[1])}.** Draw a new pair to go on.", None)
             return fn
 
         for eid, btn in vote_btns.items():
             btn.click(vote_fn(VOTES[eid][0]), [pair_id, rater], [vote_status, pair_id], concurrency_limit=None,
                       api_name=eid.replace("-", "_"))
+
+        def rater_box(request: gr.Request):
+            """With --auth the rater id is the logged-in user name: shown, and not editable."""
+            who = logged_in(request)
+            if not who:
+                return gr.skip()
+            return gr.update(value=who, interactive=False, label="Rater id (the user you logged in as)")
 
         # Leaderboard
         def lb_fn():
@@ -597,7 +640,7 @@ def build_app(studio: Studio) -> gr.Blocks:
         def pred_fn(method):
             path = export_predictions(studio.store, TASKS[studio.task.name].lamp_name, method,
                                       folder / time.strftime("%Y%m%d-%H%M%S"))
-            return f"Exported {method}'s generations as LaMP predictions to `{path}`.", str(path)
+            return f"Exported {md(method)}'s generations as LaMP predictions to `{path}`.", str(path)
 
         pred_btn.click(pred_fn, [pred_method], [export_status, export_file], concurrency_limit=None)
 
@@ -628,6 +671,7 @@ def build_app(studio: Studio) -> gr.Blocks:
                           [explore_status, explore_alpha, explore_k, explore_table], concurrency_id="model")
 
         app.load(lambda: gr.update(choices=[u["name"] for u in studio.store.users()]), None, [stored])
+        app.load(rater_box, None, [rater], show_progress="hidden")
         # a page opened after a switch (in another session) shows the build now served
         app.load(lambda: (*served(), studio.task.name), None, [*served_outputs, task])
     app.queue(default_concurrency_limit=1)
@@ -645,13 +689,42 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def parse_auth(value: str | None) -> tuple[str, str] | None:
-    if not value:
+AUTH_HELP = ("raters who may log in: USER:PASSWORD, several separated by commas (u1:p1,u2:p2), or @FILE with one "
+             "USER:PASSWORD a line (blank lines and # comments skipped; use a file when a password holds a comma); "
+             "or env STUDIO_AUTH. Required when --host is not a loopback address. With it, a vote counts under the "
+             "logged-in user name (the Rate tab's rater id is that name, not editable) and each rater votes once "
+             "per pair of outputs")
+
+
+def parse_auth(value: str | None) -> list[tuple[str, str]] | None:
+    """--auth as Gradio's launch(auth=...) takes it: [(user, password), ...]; None when not given. The password
+    is everything after an entry's first colon; whitespace around an entry is ignored. Errors never echo a
+    password."""
+    if not value or not value.strip():
         return None
-    user, sep, password = value.partition(":")
-    if not sep or not user or not password:
-        raise SystemExit("error: --auth must be USER:PASSWORD")
-    return user, password
+    value = value.strip()
+    if value.startswith("@"):
+        path = Path(value[1:]).expanduser()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise SystemExit(f"error: --auth {value}: cannot read {path} ({e.__class__.__name__})") from None
+        entries = [(f"{path} line {i}", line.strip()) for i, line in enumerate(text.splitlines(), 1)
+                   if line.strip() and not line.strip().startswith("#")]
+        if not entries:
+            raise SystemExit(f"error: --auth {value}: no USER:PASSWORD line in {path}")
+    else:
+        entries = [(f"entry {i}", e.strip()) for i, e in enumerate(value.split(","), 1)]
+    pairs: dict[str, str] = {}
+    for where, entry in entries:
+        user, sep, password = entry.partition(":")
+        user = user.strip()  # Gradio's login form strips the user name too
+        if not sep or not user or not password:
+            raise SystemExit(f"error: --auth must be USER:PASSWORD[,USER:PASSWORD...] or @FILE; {where} is not")
+        if user in pairs:
+            raise SystemExit(f"error: --auth names the user {user!r} twice ({where})")
+        pairs[user] = password
+    return list(pairs.items())
 
 
 def main(argv=None) -> int:
@@ -661,8 +734,8 @@ def main(argv=None) -> int:
     p.add_argument("--db", default="data/studio.db")
     p.add_argument("--artifacts", default="data/artifacts/demo", help="CARD artifacts (the demo is built if missing)")
     p.add_argument("--demo-data", default="data/demo")
-    p.add_argument("--auth", default=os.environ.get("STUDIO_AUTH"),
-                   help="USER:PASSWORD (or env STUDIO_AUTH); required when --host is not a loopback address")
+    p.add_argument("--auth", default=os.environ.get("STUDIO_AUTH"), metavar="USER:PASSWORD[,...] | @FILE",
+                   help=AUTH_HELP)
     a = p.parse_args(argv)
     auth = parse_auth(a.auth)
     if not _loopback(a.host) and auth is None:

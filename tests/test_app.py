@@ -8,6 +8,7 @@ demo build); SCREENSHOTS=<folder> keeps the screenshots there.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -138,9 +139,215 @@ def test_sharing_beyond_loopback_requires_auth():
                        timeout=120, cwd=ROOT)
     assert r.returncode == 2 and "--auth" in r.stderr
     assert studio_app._loopback("127.0.0.1") and studio_app._loopback("localhost") and not studio_app._loopback("0.0.0.0")
-    assert studio_app.parse_auth("ann:pw") == ("ann", "pw")
+    assert studio_app.parse_auth("ann:pw") == [("ann", "pw")]  # several raters now: a list, as launch() takes it
     with pytest.raises(SystemExit):
         studio_app.parse_auth("no-password")
+
+
+# ---------------------------------------------------------------- text is shown, never executed; raters and votes
+
+XSS_SCRIPT = "<script>window.__xss=1</script>"
+XSS_IMG = '<img src=x onerror="window.__xss=2">'
+MD_ACTIVE = "**not bold** $$x^2$$ | a_b [link](javascript:alert(1)) `code`"
+XSS_NAME = '<b>eve</b><img src=x onerror="window.__xss=3">'
+XSS_PROMPT = '<img src=x onerror="window.__xss=4"> hi <script>window.__xss=5</script>'
+
+
+def _rendered(markdown: str) -> str:
+    """What a CommonMark renderer (Gradio's marked follows the same rules) makes of the app's Markdown."""
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark").render(markdown)
+
+
+def _shown(html_text: str) -> str:
+    """The text a browser shows for the rendered HTML (tags dropped, entities decoded, whitespace joined)."""
+    import html
+
+    return " ".join(html.unescape(re.sub(r"<[^>]*>", " ", html_text)).split())
+
+
+@pytest.mark.parametrize("text", [XSS_SCRIPT, XSS_IMG, MD_ACTIVE, XSS_NAME, "# heading\n\n- item\n1. one\n> quote",
+                                  "a\\*b\\ & &amp; &lt;x&gt; <!-- c --> ___ --- | t |\n|---|", "tabs\tand ~~strike~~ ~x~"])
+def test_md_shows_text_as_written(text):
+    from personalize.display import md
+
+    out = _rendered(md(text))
+    tags = set(re.findall(r"</?([a-zA-Z0-9]+)", out))
+    assert tags <= {"p", "br"}, (text, out)  # no emphasis, link, heading, list, code, table, HTML: only text
+    assert _shown(out) == " ".join(text.split()), (text, out)
+    assert "<img" not in out and "<script" not in out
+    assert md(None) == "" and md("plain words") == "plain words"  # ordinary text is untouched
+    assert md("abcdef", limit=3) == "abc…"
+
+
+def test_plot_text_and_quoting_helpers():
+    from personalize.display import md, md_quoting, plot_text
+
+    assert plot_text(XSS_IMG) == '&lt;img src=x onerror="window.__xss=2"&gt;' and plot_text("a & b") == "a &amp; b"
+    msg = f"New user **{XSS_NAME}**: paste your writing"
+    assert md_quoting(msg, XSS_NAME) == f"New user **{md(XSS_NAME)}**: paste your writing"
+    assert md_quoting("New user **ana**.", "ana") == "New user **ana**."
+
+
+def test_app_markdown_of_outputs_examples_and_errors_is_text_only():
+    from personalize.studio import MethodOutput
+
+    o = MethodOutput("exact", XSS_IMG + " " + MD_ACTIVE, 0.5, 3, 1,
+                     {"trace": [{"attributes": [XSS_SCRIPT]}], "note": XSS_IMG})
+    pieces = [studio_app.method_md(o), studio_app.method_md(MethodOutput("rag", error=XSS_SCRIPT)),
+              studio_app.pair_md("A", XSS_IMG), studio_app.cluster_examples_md([(XSS_NAME, XSS_IMG)]),
+              studio_app._err(ValueError(f"unknown user {XSS_NAME!r}"))]
+    for markdown in pieces:
+        out = _rendered(markdown)
+        assert "<img" not in out and "<script" not in out and "<a " not in out, out
+    assert XSS_IMG in _shown(_rendered(pieces[0])) and XSS_SCRIPT in _shown(_rendered(pieces[0]))
+    assert XSS_NAME in _shown(_rendered(pieces[3])) and XSS_NAME in _shown(_rendered(pieces[4]))
+    # plot labels: Plotly reads <b>, <br>, <a>: the figures get entities
+    m = {"labels": [0], "xy": [[0.0, 1.0]], "users": [XSS_NAME], "centroids": [[0.0, 0.0]], "k": 1,
+         "user": {"name": XSS_NAME, "xy": [1.0, 1.0]}}
+    fig = studio_app.cluster_figure(m).to_plotly_json()
+    assert "<img" not in str(fig) and "<b>eve" not in str(fig)
+    step = {"candidates": [{"token": XSS_IMG, "before": 0.0, "after": 1.0}]}
+    assert "<img" not in str(studio_app.step_figure(step).to_plotly_json())
+
+
+def test_rater_id_is_the_logged_in_user_when_there_is_one():
+    from personalize.arena import rater_id
+
+    assert rater_id("mallory", "ann") == "ann"  # with --auth, the typed id is ignored
+    assert rater_id(None, "ann") == "ann" and rater_id("", " ann ") == "ann"
+    assert rater_id(" bob ", None) == "bob" and rater_id("bob", "") == "bob"  # without auth, the typed id
+    for typed in (None, "", "   "):
+        with pytest.raises(ValueError, match="rater id"):
+            rater_id(typed, None)
+
+
+def test_one_vote_per_rater_and_pair_of_outputs(tmp_path):
+    from personalize.arena import AlreadyVoted, Arena, StalePair
+    from personalize.store import Store
+
+    store = Store(str(tmp_path / "votes.db"))
+    try:
+        arena = Arena(store, seed=0)
+
+        def pair(gens=(11, 12), methods=("card", "base")):
+            return arena.open(None, "p", methods, ("x", "y"), gens, {"alpha": 1.0})
+
+        first = pair()
+        arena.vote(first.id, "a", "bob")
+        again = pair(gens=(12, 11), methods=("base", "card"))  # the same two outputs, drawn again in the other order
+        with pytest.raises(AlreadyVoted, match="bob.*already voted"):
+            arena.vote(again.id, "tie", " bob ")
+        assert arena.pending(again.id) is not None  # a refused vote changes nothing: the pair stays open
+        arena.vote(again.id, "b", "carol")  # another rater's vote on the same outputs counts
+        with pytest.raises(StalePair):
+            arena.vote(again.id, "b", "dave")  # ...once per pair, as before
+        arena.vote(pair(gens=(11, 13)).id, "a", "bob")  # other outputs: bob votes again
+        arena.vote(pair(gens=(None, None)).id, "a", "bob")  # outputs not stored: nothing to compare, counted
+        assert [(r["rater"], r["gen_a"], r["gen_b"]) for r in store.ratings()] == [
+            ("bob", 11, 12), ("carol", 12, 11), ("bob", 11, 13), ("bob", None, None)]
+        mine = arena.open("ann", "p", ("card", "base"), ("x", "y"), (31, 32))
+        assert arena.forget_user("ann") == 1 and arena.pending(mine.id) is None  # "forget me" drops open pairs
+        with pytest.raises(StalePair):
+            arena.vote(mine.id, "a", "bob")
+
+        # two concurrent votes by one rater on two pairs of the same outputs: exactly one is stored
+        pairs, results = [pair(gens=(21, 22)), pair(gens=(22, 21))], []
+        barrier = threading.Barrier(2)
+
+        def vote(p):
+            barrier.wait()
+            try:
+                arena.vote(p.id, "a", "erin")
+                results.append("stored")
+            except AlreadyVoted:
+                results.append("refused")
+
+        threads = [threading.Thread(target=vote, args=(p,)) for p in pairs]
+        [t.start() for t in threads]
+        [t.join(timeout=60) for t in threads]
+        assert sorted(results) == ["refused", "stored"]
+        assert sum(r["rater"] == "erin" for r in store.ratings()) == 1
+    finally:
+        store.close()
+
+
+def test_parse_auth_takes_several_raters_and_a_file(tmp_path):
+    parse = studio_app.parse_auth
+    assert parse(None) is None and parse("") is None
+    assert parse("u1:p1, u2:p:2") == [("u1", "p1"), ("u2", "p:2")]  # the password: all after the first colon
+    f = tmp_path / "raters.txt"
+    f.write_text("# raters\nann:s3cret,with comma\n\n  bob:pw  \n")
+    assert parse(f"@{f}") == [("ann", "s3cret,with comma"), ("bob", "pw")]
+    for bad in ("u1:p1,u1:p2", "u1:p1,", "u1:p1,nopass", ":pw", f"@{tmp_path / 'missing.txt'}"):
+        with pytest.raises(SystemExit) as e:
+            parse(bad)
+        assert "p1" not in str(e.value) and "p2" not in str(e.value), e.value  # never echoes a password
+    (tmp_path / "empty.txt").write_text("# nobody\n")
+    with pytest.raises(SystemExit):
+        parse(f"@{tmp_path / 'empty.txt'}")
+
+
+@pytest.fixture(scope="module")
+def auth_server(server):
+    """A second server over the same studio, started as `--auth u1:p1,u2:p2` starts it."""
+    app = studio_app.build_app(server["studio"])
+    port = free_port()
+    app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, css=studio_app.CSS,
+               auth=studio_app.parse_auth("u1:p1,u2:p2"))
+    yield {**server, "url": f"http://127.0.0.1:{port}/"}
+    app.close()
+
+
+def test_with_auth_votes_count_under_the_logged_in_user_once_per_pair(auth_server):
+    """With two raters: the typed rater id is ignored, the same rater's second vote on the same two outputs
+    is refused, the other rater's counts; no login, no app."""
+    from gradio_client import Client
+
+    studio, url = auth_server["studio"], auth_server["url"]
+    for auth, says in ((None, "credentials were not provided"), (("u1", "wrong"), "Could not login")):
+        with pytest.raises(ValueError, match=says):  # no login, no app (not even its API)
+            Client(url, verbose=False, auth=auth).predict("u1", api_name="/vote_a")
+    c1 = Client(url, verbose=False, auth=("u1", "p1"))
+    c1.predict("auth-user", HISTORY, None, "tweets", None, api_name="/save_history")
+    args = ("auth-user", "mallory", "one vote each", ["base", "cluster"], "", True, 1.0, 50, 4)
+    n0 = len(studio.store.ratings())
+    assert "which output" in c1.predict(*args, api_name="/new_pair")[0]
+    first = c1.predict("mallory", api_name="/vote_a")
+    assert "stored" in first and "rater u1" in first, first
+    assert studio.store.ratings()[-1]["rater"] == "u1"  # not the typed "mallory"
+    drawn = c1.predict(*args, api_name="/new_pair")[0]  # the same outputs again (reused generations)
+    assert "already voted" in drawn, drawn  # said when drawn...
+    again = c1.predict("u2", api_name="/vote_b")  # ...and refused when voted, whatever id is typed
+    assert "already voted" in again and len(studio.store.ratings()) == n0 + 1, again
+    c2 = Client(url, verbose=False, auth=("u2", "p2"))
+    c2.predict(*args, api_name="/new_pair")
+    other = c2.predict("u1", api_name="/vote_b")
+    assert "stored" in other and studio.store.ratings()[-1]["rater"] == "u2", other
+    assert len(studio.store.ratings()) == n0 + 2
+
+
+def test_browser_with_auth_the_rater_id_is_the_logged_in_user(auth_server, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    driver = _driver(tmp_path)
+    try:
+        p = Page(driver, tmp_path / "shots")
+        driver.get(auth_server["url"])
+        p.el("input[type=password]")
+        name, password = [e for e in driver.find_elements(By.CSS_SELECTOR, "input") if e.is_displayed()][:2]
+        name.send_keys("u2")
+        password.send_keys("p2")
+        p.wait.until(lambda d: next(b for b in d.find_elements(By.TAG_NAME, "button") if "login" in b.text.lower()))
+        next(b for b in driver.find_elements(By.TAG_NAME, "button") if "login" in b.text.lower()).click()
+        p.tab("Rate")
+        box = p.el("#rater input, #rater textarea")
+        p.wait.until(lambda d: box.get_attribute("value") == "u2")
+        assert box.get_attribute("disabled") is not None or box.get_attribute("readonly") is not None
+        assert "logged in" in p.text("rater")
+    finally:
+        driver.quit()
 
 
 # ---------------------------------------------------------------- in a browser
@@ -371,5 +578,153 @@ def test_browser_two_people_get_their_own_card_outputs_and_nothing_loops(server,
         loops = {(n, m): t for n, outs in outputs.items() for m, t in outs.items() if looping(t)}
         assert not loops, loops
         assert outputs["tess"]["card"] != outputs["fred"]["card"], outputs
+    finally:
+        driver.quit()
+
+
+def test_browser_text_from_people_and_models_is_shown_never_executed(server, tmp_path, monkeypatch):
+    """History items, the user name, prompts, every method's output, cluster examples, Why's tokens, Rate's
+    outputs and error messages holding <script>, <img onerror=...> and Markdown are shown as written in every
+    tab: nothing runs (window.__xss stays undefined), no <img src=x> is made, and the literal text is on the page.
+    Model outputs come from the tiny random model, so the studio's outputs are given the same text here."""
+    from dataclasses import replace
+
+    from selenium.webdriver.common.by import By
+
+    studio = server["studio"]
+    # the population's texts (cluster examples), every method's output and note, and CARD's tokens in Why
+    monkeypatch.setattr(studio, "population", {u: [XSS_IMG] for u in studio.engine.clusters.users})
+    run_method = studio.run_method
+
+    def run_with_markup(*args, **kwargs):
+        o = run_method(*args, **kwargs)
+        return o if o.error else replace(o, text=f"{XSS_IMG} {XSS_SCRIPT} {MD_ACTIVE} {o.text}",
+                                         info={**o.info, "note": XSS_SCRIPT})
+
+    monkeypatch.setattr(studio, "run_method", run_with_markup)
+    why = studio.why
+
+    def why_with_markup(*args, **kwargs):
+        res = why(*args, **kwargs)
+        for st in res["steps"]:
+            st["candidates"][0]["token"] = XSS_IMG
+        return {**res, "text": f"{XSS_IMG} {res['text']}", "pieces": [(XSS_IMG, True), *res["pieces"]]}
+
+    monkeypatch.setattr(studio, "why", why_with_markup)
+
+    shots = Path(os.environ.get("SCREENSHOTS") or tmp_path / "shots")
+    driver = _driver(tmp_path)
+    seen = []
+
+    def nothing_ran(where):
+        assert driver.execute_script("return typeof window.__xss") == "undefined", where
+        assert not driver.find_elements(By.CSS_SELECTOR, 'img[src="x"]'), where  # no element was made of it
+        assert not driver.execute_script("return [...document.scripts].some(s => s.textContent.includes('__xss'))")
+        seen.append(where)
+
+    def shows(elem_id, *texts):
+        shown = p.text(elem_id)
+        for t in texts:
+            assert t in shown, (elem_id, t, shown)
+
+    try:
+        p = Page(driver, shots)
+        driver.get(server["url"])
+        # My writing: the name and the items, in the status line, the table, and an error that quotes the name
+        p.type("user-name", XSS_NAME)
+        p.until_text("writing-status", f"New user {XSS_NAME}:")
+        p.type("history", "\n".join([XSS_SCRIPT, XSS_IMG, MD_ACTIVE, *HISTORY.split("\n")]))
+        p.click("save-history")
+        saved = p.until_text("writing-status", "Saved", "⚠️")
+        assert f"Saved 13 items for {XSS_NAME}" in saved, saved
+        shows("items", XSS_SCRIPT, XSS_IMG, MD_ACTIVE)
+        p.type("item-id", "999999")
+        p.click("update-item")
+        assert f"is not one of {XSS_NAME}'s items" in p.until_text("writing-status", "⚠️")
+        nothing_ran("My writing")
+        p.shot("xss-1-my-writing")
+
+        p.tab("My cluster")
+        assert f"{XSS_NAME} is in cluster" in p.until_text("cluster-status", "is in cluster")
+        shows("cluster-examples", "Texts from your cluster", XSS_IMG)
+        p.el("#cluster-plot .js-plotly-plot")
+        assert XSS_NAME in driver.execute_script(
+            "return document.querySelector('#cluster-plot').textContent")  # the star's label, as written
+        nothing_ran("My cluster")
+
+        p.tab("Fit my style")
+        p.click("fit-button")
+        assert f"Fitted {XSS_NAME}" in p.until_text("fit-status", "Fitted", "⚠️")
+        nothing_ran("Fit my style")
+
+        p.tab("Compare")
+        for box in driver.find_elements(By.CSS_SELECTOR, "#methods label"):  # three methods keep it quick
+            tick = box.find_element(By.CSS_SELECTOR, "input")
+            if tick.is_selected() != (box.text.strip() in ("base", "cluster", "card")):
+                box.click()
+        p.type("prompt", XSS_PROMPT)
+        p.click("compare-button")
+        done = p.until_text("compare-status", "Done", "⚠️")
+        assert done.startswith("Done") and XSS_NAME in done and XSS_PROMPT in done, done
+        for m in ("base", "cluster", "card"):
+            shows(f"out-{m}", XSS_IMG, XSS_SCRIPT, MD_ACTIVE, f"note: {XSS_SCRIPT}")
+        # a history item as the prompt: the choice and the reference show the item as written
+        pick = p.el("#item-pick input")
+        pick.click()
+        pick.send_keys("onerror")
+        option = p.wait.until(lambda d: next((o for o in d.find_elements(By.CSS_SELECTOR, "#item-pick li, "
+                                                                         "ul.options li") if "onerror" in o.text), None))
+        assert XSS_IMG in option.text, option.text
+        option.click()
+        assert XSS_IMG in p.until_text("reference", "Reference")
+        nothing_ran("Compare")
+        p.shot("xss-4-compare")
+
+        p.tab("Why")
+        p.click("why-button")
+        status = p.until_text("why-status", "changed", "⚠️")
+        assert f"Output: {XSS_IMG}" in status, status
+        shows("why-tokens", XSS_IMG)
+        p.el("#why-plot .js-plotly-plot")
+        assert XSS_IMG in driver.execute_script(  # a candidate token on the step plot's axis, as written
+            "return document.querySelector('#why-plot').textContent")
+        nothing_ran("Why")
+
+        p.tab("Rate")
+        p.type("rater", XSS_SCRIPT)
+        p.type("rate-prompt", XSS_PROMPT + " (rate)")
+        p.click("new-pair")
+        drawn = p.until_text("vote-status", "which output", "⚠️")
+        assert XSS_PROMPT in drawn and f"fits {XSS_NAME}'s style" in drawn, drawn
+        shows("out-a", XSS_IMG, XSS_SCRIPT, MD_ACTIVE)
+        shows("out-b", XSS_IMG, XSS_SCRIPT, MD_ACTIVE)
+        p.click("vote-tie")
+        voted = p.until_text("vote-status", "stored", "⚠️")
+        assert f"rater {XSS_SCRIPT}" in voted, voted
+        assert studio.store.ratings()[-1]["rater"] == XSS_SCRIPT  # stored as typed (no --auth here)
+        nothing_ran("Rate")
+        p.shot("xss-6-rate")
+
+        p.tab("Leaderboard")
+        p.click("lb-refresh")
+        p.until_text("lb-status", " between ")
+        nothing_ran("Leaderboard")
+
+        p.tab("Export")
+        p.click("export-votes-jsonl")
+        p.until_text("export-status", "Exported", "⚠️")
+        nothing_ran("Export")
+
+        p.tab("Explore")
+        p.type("alphas", XSS_IMG)  # not numbers: the error quotes the input, as written
+        p.click("explore-button")
+        assert XSS_IMG in p.until_text("explore-status", "⚠️", "Held out")
+        p.type("alphas", "0")
+        p.click("explore-button")
+        assert "λ fitted on" in p.until_text("explore-status", "Held out")
+        nothing_ran("Explore")
+        p.shot("xss-9-explore")
+        assert seen == ["My writing", "My cluster", "Fit my style", "Compare", "Why", "Rate", "Leaderboard",
+                        "Export", "Explore"]
     finally:
         driver.quit()
