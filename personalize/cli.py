@@ -1,4 +1,4 @@
-"""Command line: `python -m personalize {build,onboard,generate,eval,bench,demo}`.
+"""Command line: `python -m personalize {build,onboard,generate,eval,tune,bench,demo,simulate-feedback,style-key,forget}`.
 
 Bad input ends with one clear line on stderr and exit status 2, never a
 traceback, and nothing half-written (artifacts and vectors are replaced only
@@ -254,6 +254,88 @@ def cmd_tune(a) -> None:
     print(f"tuned in {time.perf_counter() - t0:.0f} s" + ("" if a.dry_run else f"; written to {a.artifacts}/config.json"))
 
 
+def cmd_simulate_feedback(a) -> None:
+    from .build import select_sources
+    from .data import read_lamp
+    from .feedback import FeedbackSettings, SimulationSettings, simulate
+
+    s = SimulationSettings(checkpoints=_ints(a.votes), n_eval=a.eval_items, n_vote=a.vote_items,
+                           preference=a.preference, seed=a.seed)
+    fs = FeedbackSettings(vote_weight=a.vote_weight)
+    engine = _engine(a)
+    if "tokens" not in engine.heads:
+        raise UsageError("simulate-feedback needs artifacts with a tokens head (build --objectives tokens)")
+    _, queries = read_lamp(a.data, a.split)
+    queries = [q for q in select_sources(queries, _list(a.sources)) if q.gold and q.profile]
+    need = s.n_eval - 1 + s.n_vote + engine.cfg.min_fit_items
+    queries = [q for q in queries if len(q.profile) >= need][: a.users]
+    if not queries:
+        raise UsageError(f"no user in {a.data} ({a.split}) has {need} profile items (held out: {s.n_eval - 1} + "
+                         f"{s.n_vote}, history: {engine.cfg.min_fit_items} or more)")
+    cut = s.n_eval - 1 + s.n_vote + a.max_items
+    people = [(q.user or q.id, engine.prepare_items(q.profile[:cut]), q.input, q.gold) for q in queries]
+    t0 = time.perf_counter()
+    res = simulate(engine, people, s, fs, _decoding(engine, a),
+                   progress=lambda i, n, u: print(f"  [{i}/{n}] {u} ({time.perf_counter() - t0:.0f} s)", flush=True))
+    res["settings"] = {"artifacts": engine.artifacts_id, "data": str(a.data), "split": a.split,
+                       "sources": sorted({q.source for q in queries if q.source}), "n": len(res["people"]),
+                       "vote_weight": fs.vote_weight, "preference": s.preference, "checkpoints": list(s.checkpoints),
+                       "n_eval": s.n_eval, "n_vote": s.n_vote, "history_items_max": a.max_items,
+                       "wall_s": round(time.perf_counter() - t0, 1)}
+    for row in res["curve"]:
+        print(f"  votes {row['votes']:>3}: ROUGE-L eval {row['rougeL_eval']:.4f}  voted prompts {row['rougeL_voted']:.4f}"
+              f"  held-out acc {row['acc_eval']:.4f}  log-prob {row['logp_eval']:.4f}")
+    for pair, d in res["differences"].items():
+        print(f"  {pair:<26} {d['mean']:+.4f}  95% CI [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]  "
+              f"wins/losses {d['wins']}/{d['losses']}")
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps(res, indent=2))
+        print(f"wrote {a.json}")
+
+
+def cmd_style_key(a) -> None:
+    from .owner import BuildInfo, export_keys, import_keys
+    from .store import Store
+
+    if not (Path(a.artifacts) / "config.json").exists():
+        raise UsageError(f"no artifacts at {a.artifacts}: a style key belongs to a build; give --artifacts DIR")
+    build, store = BuildInfo.of_folder(a.artifacts), Store(a.db)
+    try:
+        if a.action == "export":
+            text = export_keys(store, build, a.user, a.all_versions)
+            Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(a.out).write_text(text)
+            n = text.count("\n") + 1
+            print(f"wrote {n} style key{'s' * (n != 1)} of {a.user} ({max(len(t) for t in text.splitlines())} "
+                  f"characters at most) to {a.out}")
+        else:
+            try:
+                text = Path(a.file).read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                raise UsageError(f"{a.file} is not a style key (not text)") from None
+            res = import_keys(store, build, text, a.user)
+            print(f"imported {len(res['versions'])} version(s) for {res['user']} (current: version "
+                  f"{res['versions'][-1]})" + (f"; {res['trimmed']} smallest bias entries were left out of the key"
+                                               if res["trimmed"] else ""))
+    finally:
+        store.close()
+
+
+def cmd_forget(a) -> None:
+    from .owner import forget_user
+    from .store import Store
+
+    store = Store(a.db)
+    try:
+        res = forget_user(store, a.user, Path(a.db).parent / "oppu", Path(a.export_dir))
+    finally:
+        store.close()
+    removed = ", ".join(f"{v} {k}" for k, v in res.items() if k not in ("files", "ratings_anonymised") and v)
+    print(f"forgot {a.user}: {removed or 'no rows'} deleted; {res['ratings_anonymised']} rating(s) anonymised; "
+          f"{len(res['files'])} file(s) removed; database vacuumed")
+
+
 def _objectives_first(a) -> tuple[str, ...]:
     """The built heads with --objective first (onboarding and card use the first), checked before models load."""
     from .engine import artifacts_meta
@@ -442,6 +524,52 @@ def build_parser() -> argparse.ArgumentParser:
     _add_method_budgets(n)
     n.add_argument("--json", default=None)
     n.set_defaults(fn=cmd_bench)
+
+    f = sub.add_parser("simulate-feedback", help="votes refine λ: a simulated person votes, held-out ROUGE-L per vote count",
+                       description="A simulated person prefers, of two CARD samples, the one closer to their held-out "
+                                   "text; their style is refitted after each round of votes and scored on other "
+                                   "held-out items (and on the prompts voted on).")
+    f.add_argument("--artifacts", default=DEMO_ARTIFACTS)
+    f.add_argument("--data", required=True, help="LaMP folder of the people simulated")
+    f.add_argument("--split", default="dev")
+    f.add_argument("--sources", default="", help="only people of these sources (e.g. repositories the build never saw)")
+    f.add_argument("--users", type=int, default=16)
+    f.add_argument("--votes", default="0,5,10,20", help="checkpoints: votes after which the person is scored")
+    f.add_argument("--eval-items", type=int, default=4, help="held-out items scored: the query and the newest items")
+    f.add_argument("--vote-items", type=int, default=10, help="further held-out items whose prompts are voted on")
+    f.add_argument("--max-items", type=int, default=24, help="history items the style is fitted on")
+    f.add_argument("--vote-weight", type=float, default=2.0, help="a vote's token row against one history row")
+    f.add_argument("--preference", choices=("closer", "random"), default="closer",
+                   help="closer: the sample nearer the person's text; random: a coin (the control)")
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--json", default=None, help="write the curves here")
+    _decoding_args(f)
+    f.set_defaults(fn=cmd_simulate_feedback)
+
+    k = sub.add_parser("style-key", help="export or import a user's style as a copyable key (≤ 4 KiB)",
+                       description="A style key holds a user's fitted style (λ, token bias), clusters and the artifacts "
+                                   "id, nothing of their history; it imports only into a studio with the same artifacts.")
+    kk = k.add_subparsers(dest="action", required=True)
+    ke = kk.add_parser("export", help="write the user's current style key (or every version) to a file")
+    ke.add_argument("--user", required=True)
+    ke.add_argument("--out", required=True, help="the file gets exactly the key (one key per line with --all-versions)")
+    ke.add_argument("--all-versions", action="store_true", help="every version of the style, oldest first")
+    ki = kk.add_parser("import", help="store the style(s) of a key file as new versions")
+    ki.add_argument("--file", required=True)
+    ki.add_argument("--user", default=None, help="store under this name (default: the name in the key)")
+    for x in (ke, ki):
+        x.add_argument("--db", default=DEFAULT_DB)
+        x.add_argument("--artifacts", default=DEMO_ARTIFACTS, help="the build the studio serves")
+        x.set_defaults(fn=cmd_style_key)
+
+    fg = sub.add_parser("forget", help="delete everything of a user and anonymise their ratings",
+                        description="Deletes the user's history, styles and versions, votes, generations, EXACT memory, "
+                                    "OPPU adapters and exports that hold them; their ratings keep the verdict only. "
+                                    "The database file is vacuumed afterwards.")
+    fg.add_argument("--user", required=True)
+    fg.add_argument("--db", default=DEFAULT_DB)
+    fg.add_argument("--export-dir", default="data/exports")
+    fg.set_defaults(fn=cmd_forget)
 
     d = sub.add_parser("demo", help="build the demo once, then print methods side by side", description="The demo pipeline.")
     d.add_argument("--data", default="data/demo")

@@ -67,6 +67,9 @@ class UserFit:
     # the tokens head's held-out items and the style fitted without them (eval's teacher-forced specificity)
     held: TokenData | None = field(default=None, repr=False)
     held_style: UserStyle | None = field(default=None, repr=False)
+    # the tokens head's one teacher-forced pass over every item (votes refit λ without redoing it) and n held out
+    features: list | None = field(default=None, repr=False)
+    n_hold: int = 0
 
     @property
     def total_s(self) -> float:
@@ -230,7 +233,7 @@ class Engine:
         if len(items) < self.cfg.min_fit_items:
             return UserFit(cluster, distances, k, ones, objective, len(items), stages, cold_start=True)
         self.use_adapter(adapter_name(k, cluster))
-        n_hold = int(round(self.cfg.holdout * len(items))) if len(items) >= 5 else 0
+        n_hold = self.n_held_out(len(items))
         if objective == "tokens":
             return self._fit_tokens(items, head, cluster, distances, k, n_hold, stage, stages)
         if objective in PAIR_OBJECTIVES:
@@ -248,16 +251,24 @@ class Engine:
         lam = lam.numpy().astype(np.float32)
         return UserFit(cluster, distances, k, lam, objective, len(items), stages, diag, curve, style=UserStyle.of(lam))
 
+    def n_held_out(self, n_items: int) -> int:
+        """Items held out of a fit to judge it (the first ones: the newest, in LaMP order)."""
+        return int(round(self.cfg.holdout * n_items)) if n_items >= 5 else 0
+
     def features(self, items: Sequence[Item]):
         """One teacher-forced pass over the person's texts under the active model (states, top-k, ids)."""
         hs = self.cfg.head
         return teacher_forced(self.model, self.tok, [(it.x, it.y) for it in items], hs.n_layers, self.cfg.budget,
                               top_k=hs.top_k)
 
-    def fit_style(self, feats, head: PersonalizationHead) -> tuple[UserStyle, list[float]]:
-        """λ (with the token bias when the style uses one) and the kNN memory from one pass's features."""
+    def fit_style(self, feats, head: PersonalizationHead, votes: TokenData | None = None) -> tuple[UserStyle, list[float]]:
+        """λ (with the token bias when the style uses one) and the kNN memory from one pass's features.
+        `votes`: rows of the texts the person preferred (or rejected), weighted (feedback.py); they join the
+        fit of λ and the bias, not the memory (the memory keeps the person's own text)."""
         st, hs = self.cfg.style, self.cfg.head
         data = TokenData.from_features(feats)
+        if votes is not None and len(votes):
+            data = TokenData.cat([data, votes])
         if st.bias:
             lam, ids, vals, curve = fit_lambda_bias(head, data, hs.rho, st.rho_bias, st.max_bias_tokens, hs.fit_iters)
         else:
@@ -273,20 +284,26 @@ class Engine:
     def _fit_tokens(self, items, head, cluster, distances, k, n_hold, stage, stages) -> UserFit:
         """The tokens head: one pass, then λ + bias + memory; held-out diagnostics under the decoding rule."""
         feats = stage("features", lambda: self.features(items))
-        diag, own, held = {}, None, None
-        if n_hold:  # held-out = the first n_hold items (the newest, in LaMP order)
-            own, _ = self.fit_style(feats[n_hold:], head)
-            held = TokenData.from_features(feats[:n_hold])
-            others = [UserStyle.of(o) for o in list(self.population_lams.get("tokens", {}).values())[:16]]
-            # at α = 1, the rule the head was trained with: whether the style helps is the person's, not the slider's
-            diag = style_diagnostics(head, held, own, others, self.cfg.style, 1.0)
-            lam_only = diagnostics(head, held, torch.as_tensor(own.lam), [torch.as_tensor(o.lam) for o in others],
-                                   self.cfg.head)
-            diag |= {"lambda_only": {k_: v for k_, v in lam_only.items() if isinstance(v, (int, float))}}
+        diag, own, held = self.held_out_style(feats, n_hold, head)
         style, curve = stage("fit", lambda: self.fit_style(feats, head))
         style.helps = diag.get("helps")
         return UserFit(cluster, distances, k, style.lam, "tokens", len(items), stages, diag, curve, style=style,
-                       held=held, held_style=own)
+                       held=held, held_style=own, features=feats, n_hold=n_hold)
+
+    def held_out_style(self, feats, n_hold: int, head: PersonalizationHead, votes: TokenData | None = None):
+        """(diagnostics, style fitted without them, held-out rows) on the first n_hold items (the newest, in LaMP
+        order), judged at α = 1, the rule the head was trained with: whether the style helps is the person's,
+        not the slider's. Votes join the fit, never the held-out items."""
+        if not n_hold:
+            return {}, None, None
+        own, _ = self.fit_style(feats[n_hold:], head, votes)
+        held = TokenData.from_features(feats[:n_hold])
+        others = [UserStyle.of(o) for o in list(self.population_lams.get("tokens", {}).values())[:16]]
+        diag = style_diagnostics(head, held, own, others, self.cfg.style, 1.0)
+        lam_only = diagnostics(head, held, torch.as_tensor(own.lam), [torch.as_tensor(o.lam) for o in others],
+                               self.cfg.head)
+        diag |= {"lambda_only": {k_: v for k_, v in lam_only.items() if isinstance(v, (int, float))}}
+        return diag, own, held
 
     # ------------------------------------------------------------ generation
     def generate(self, prompts: Sequence[str], method: str, cluster: int | None = None, lam=None,
@@ -362,7 +379,9 @@ def _split(data, n_hold: int, n_items: int):
         return data.select(lambda i: i >= n_hold), data.select(lambda i: i < n_hold)
     # TokenData rows are in item order; split by the share of items (rows are token positions)
     cut = int(len(data) * n_hold / n_items)
-    sl = lambda a, b: TokenData(data.h[a:b], data.cand[a:b], data.base[a:b], data.target[a:b])  # noqa: E731
+    w = data.weight
+    sl = lambda a, b: TokenData(data.h[a:b], data.cand[a:b], data.base[a:b], data.target[a:b],  # noqa: E731
+                                None if w is None else w[a:b])
     return sl(cut, len(data)), sl(0, cut)
 
 

@@ -180,15 +180,19 @@ def paired_differences(per_query: dict[str, list[float]], n_boot: int = 1000, se
     rng = np.random.default_rng(seed)
     out = {}
     for a, b in dict.fromkeys(pairs):
-        if a not in per_query or b not in per_query:
-            continue
-        d = np.asarray(per_query[a]) - np.asarray(per_query[b])
-        idx = rng.integers(0, len(d), size=(n_boot, len(d)))
-        boots = d[idx].mean(1)
-        lo, hi = np.percentile(boots, [2.5, 97.5])
-        out[f"{a} - {b}"] = {"mean": round(float(d.mean()), 4), "ci95": [round(float(lo), 4), round(float(hi), 4)],
-                             "wins": int((d > 0).sum()), "losses": int((d < 0).sum()), "n": len(d)}
+        if a in per_query and b in per_query:
+            out[f"{a} - {b}"] = paired_interval(np.asarray(per_query[a]) - np.asarray(per_query[b]), n_boot, rng=rng)
     return out
+
+
+def paired_interval(d: np.ndarray, n_boot: int = 1000, seed: int = 0, rng: np.random.Generator | None = None) -> dict:
+    """Mean of paired differences with its bootstrap 95 % interval (the pairs resampled), wins and losses."""
+    rng = rng or np.random.default_rng(seed)
+    d = np.asarray(d, dtype=float)
+    boots = d[rng.integers(0, len(d), size=(n_boot, len(d)))].mean(1)
+    lo, hi = np.percentile(boots, [2.5, 97.5])
+    return {"mean": round(float(d.mean()), 4), "ci95": [round(float(lo), 4), round(float(hi), 4)],
+            "wins": int((d > 0).sum()), "losses": int((d < 0).sum()), "n": len(d)}
 
 
 def _gap(per_query: dict[str, list[float]], a: str, b: str) -> float | None:

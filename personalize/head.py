@@ -33,6 +33,7 @@ from .features import SequenceFeatures
 
 OBJECTIVES = ("tokens", "pairs", "hard_pairs")
 PAIR_OBJECTIVES = ("pairs", "hard_pairs")  # objectives that need negatives
+VOTE_ITEM = 1 << 30  # the item index of a vote's pair (PairData.with_votes)
 
 
 @dataclass(frozen=True)
@@ -118,16 +119,52 @@ class TokenData:
     cand: torch.Tensor  # [N, k]
     base: torch.Tensor  # [N, k] the cluster model's logits of the candidates
     target: torch.Tensor  # [N] index of the user's token among the candidates
+    # [N] or None (all 1): a row's weight in the fit; < 0: a token the person rejected (a thumbs down), whose
+    # probability the fit lowers (unlikelihood, Welleck et al. 2020) instead of raising
+    weight: torch.Tensor | None = None
 
     @classmethod
-    def from_features(cls, feats: Sequence[SequenceFeatures]) -> "TokenData":
+    def from_features(cls, feats: Sequence[SequenceFeatures], weight: float | None = None) -> "TokenData":
         hs, cands, bases, tgts = [], [], [], []
         for f in feats:
             hit = f.top_ids == f.ids[:, None]  # [T, k]
             keep = hit.any(-1)
             hs.append(f.h[keep]), cands.append(f.top_ids[keep]), bases.append(f.top_logits[keep])
             tgts.append(hit[keep].float().argmax(-1))
-        return cls(torch.cat(hs), torch.cat(cands), torch.cat(bases), torch.cat(tgts))
+        if not hs:
+            return cls.empty(feats)
+        target = torch.cat(tgts)
+        return cls(torch.cat(hs), torch.cat(cands), torch.cat(bases), target,
+                   None if weight is None else torch.full((len(target),), float(weight)))
+
+    @classmethod
+    def empty(cls, like=None) -> "TokenData":
+        return cls(torch.zeros(0, 0), torch.zeros(0, 0, dtype=torch.long), torch.zeros(0, 0),
+                   torch.zeros(0, dtype=torch.long))
+
+    @classmethod
+    def cat(cls, parts: Sequence["TokenData"]) -> "TokenData":
+        """Rows of several sources in one problem (history and votes); weights default to 1."""
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            return cls.empty()
+        weighted = any(p.weight is not None for p in parts)
+        w = torch.cat([p.weights() for p in parts]) if weighted else None
+        return cls(*(torch.cat([getattr(p, f) for p in parts]) for f in ("h", "cand", "base", "target")), w)
+
+    def weights(self) -> torch.Tensor:
+        return torch.ones(len(self.target)) if self.weight is None else self.weight
+
+    def loss(self, logits: torch.Tensor) -> torch.Tensor:
+        """The conditional-logit loss of the rows' candidate logits [N, k], weighted; rejected rows add
+        −log(1 − p) of their token."""
+        if self.weight is None:
+            return F.cross_entropy(logits, self.target)
+        logp = logits.log_softmax(-1).gather(1, self.target[:, None]).squeeze(1)
+        up = -logp
+        down = -torch.log1p(-logp.exp().clamp(max=1 - 1e-6))
+        w = self.weight
+        return torch.where(w >= 0, w * up, -w * down).sum() / w.abs().sum().clamp(min=1e-12)
 
     def __len__(self):
         return len(self.target)
@@ -144,6 +181,7 @@ class PairData:
     rejected: list[SequenceFeatures]
     items: list[int] | None = None  # None: pair i is item i
     covariate: bool = False
+    weight: list[float] | None = None  # None: every pair counts 1 (votes weigh against the history: feedback.py)
 
     def __post_init__(self):
         if len(self.chosen) != len(self.rejected):
@@ -161,7 +199,24 @@ class PairData:
     def select(self, keep) -> "PairData":
         idx = [i for i, it in enumerate(self.items) if keep(it)]
         return PairData([self.chosen[i] for i in idx], [self.rejected[i] for i in idx],
-                        [self.items[i] for i in idx], self.covariate)
+                        [self.items[i] for i in idx], self.covariate,
+                        None if self.weight is None else [self.weight[i] for i in idx])
+
+    def with_votes(self, chosen: Sequence[SequenceFeatures], rejected: Sequence[SequenceFeatures],
+                   weight: float) -> "PairData":
+        """These pairs and the votes' pairs, the votes weighted; a vote's item index is past every history item,
+        so held-out splits (the first items) never take a vote."""
+        n = len(self.chosen)
+        return PairData(self.chosen + list(chosen), self.rejected + list(rejected),
+                        self.items + [VOTE_ITEM] * len(chosen),
+                        self.covariate, (self.weight or [1.0] * n) + [float(weight)] * len(chosen))
+
+    def loss(self, logits: torch.Tensor) -> torch.Tensor:
+        """−log σ of the pair logits, weighted."""
+        if self.weight is None:
+            return -F.logsigmoid(logits).mean()
+        w = torch.tensor(self.weight)
+        return -(w * F.logsigmoid(logits)).sum() / w.sum()
 
 
 def pair_logits(head: "PersonalizationHead", data: PairData, lam: torch.Tensor, s: HeadSettings,
@@ -198,9 +253,8 @@ def fit_covariate(head: "PersonalizationHead", pairs: Sequence[PairData], s: Hea
 def user_loss(head: PersonalizationHead, lam: torch.Tensor, data, s: HeadSettings) -> torch.Tensor:
     """The objective's loss for one user (without the prior)."""
     if isinstance(data, TokenData):
-        logits = data.base + head.correction(data.h, lam, data.cand)
-        return F.cross_entropy(logits, data.target)
-    return -F.logsigmoid(pair_logits(head, data, lam, s)).mean()
+        return data.loss(data.base + head.correction(data.h, lam, data.cand))
+    return data.loss(pair_logits(head, data, lam, s))
 
 
 def _states(data) -> torch.Tensor:
@@ -277,9 +331,9 @@ def fit_user(head: PersonalizationHead, data, s: HeadSettings) -> tuple[torch.Te
     def closure():
         opt.zero_grad()
         if isinstance(data, TokenData):
-            loss = F.cross_entropy(base + (f * lam).sum(-1), target)
+            loss = data.loss(base + (f * lam).sum(-1))
         else:
-            loss = -F.logsigmoid(s.beta * (dphi @ lam) + offset).mean()
+            loss = data.loss(s.beta * (dphi @ lam) + offset)
         loss = loss + s.rho * ((lam - 1) ** 2).sum()
         loss.backward()
         curve.append(loss.item())

@@ -22,7 +22,9 @@ import sqlite_utils
 
 from personalize.data import Item
 
-SCHEMA_VERSION = 2  # 2: vectors.style, the person's token bias and kNN memory beside λ
+SCHEMA_VERSION = 3  # 2: vectors.style (token bias, kNN memory); 3: every fitted style kept as a version, votes
+VERSION_SOURCES = ("history", "vote", "import")  # what produced a version of a user's style
+FEEDBACK_SOURCES = ("rate", "up", "down")  # a Rate vote, a thumbs up / down on a Compare column
 WINNERS = ("a", "b", "tie", "both_bad")
 MAX_NAME = 64
 
@@ -45,7 +47,17 @@ CREATE TABLE IF NOT EXISTS assignments (
 CREATE TABLE IF NOT EXISTS vectors (
   user TEXT NOT NULL REFERENCES users(name), artifacts TEXT NOT NULL, vector BLOB NOT NULL,
   d INTEGER NOT NULL, model_id TEXT NOT NULL, stats TEXT NOT NULL, updated TEXT NOT NULL, style BLOB,
-  PRIMARY KEY (user, artifacts));
+  version INTEGER, PRIMARY KEY (user, artifacts));
+CREATE TABLE IF NOT EXISTS versions (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, user TEXT NOT NULL REFERENCES users(name), artifacts TEXT NOT NULL,
+  created TEXT NOT NULL, source TEXT NOT NULL, note TEXT NOT NULL, vector BLOB NOT NULL, d INTEGER NOT NULL,
+  model_id TEXT NOT NULL, stats TEXT NOT NULL, style BLOB);
+CREATE INDEX IF NOT EXISTS idx_versions_user ON versions(user, artifacts);
+CREATE TABLE IF NOT EXISTS feedback (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, user TEXT NOT NULL REFERENCES users(name), created TEXT NOT NULL,
+  source TEXT NOT NULL CHECK (source IN ('rate', 'up', 'down')), prompt TEXT NOT NULL, preferred TEXT,
+  other TEXT, rating INTEGER);
+CREATE INDEX IF NOT EXISTS idx_feedback_user ON feedback(user);
 CREATE TABLE IF NOT EXISTS generations (
   id INTEGER PRIMARY KEY AUTOINCREMENT, created TEXT NOT NULL, user TEXT REFERENCES users(name),
   artifacts TEXT NOT NULL, method TEXT NOT NULL, prompt TEXT NOT NULL, output TEXT NOT NULL,
@@ -62,6 +74,10 @@ CREATE TABLE IF NOT EXISTS blobs (
   user TEXT NOT NULL, kind TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
   updated TEXT NOT NULL, PRIMARY KEY (user, kind, key));
 """
+
+
+# Every table keyed by a user, children first (deleting a user removes their rows in this order).
+USER_TABLES = ("items", "vectors", "versions", "assignments", "generations", "blobs", "feedback")
 
 
 class StoreError(ValueError):
@@ -135,6 +151,19 @@ class Store:
                     if "style" not in db["vectors"].columns_dict:
                         db.execute("ALTER TABLE vectors ADD COLUMN style BLOB")
                     version = 2
+                if version == 2 and db["vectors"].exists():  # v2 → v3: the stored styles become the first versions
+                    db.execute("ALTER TABLE vectors ADD COLUMN version INTEGER")
+                    for statement in _SCHEMA.split(";"):  # not executescript: it would commit half a migration
+                        if "versions" in statement and statement.strip():
+                            db.execute(statement)
+                    for r in list(db["vectors"].rows):
+                        vid = db["versions"].insert(
+                            {"user": r["user"], "artifacts": r["artifacts"], "created": r["updated"],
+                             "source": "history", "note": "fitted before versions were kept", "vector": r["vector"],
+                             "d": r["d"], "model_id": r["model_id"], "stats": r["stats"], "style": r["style"]}).last_pk
+                        db.execute("UPDATE vectors SET version = ? WHERE user = ? AND artifacts = ?",
+                                   [vid, r["user"], r["artifacts"]])
+                    version = 3
                 if version != SCHEMA_VERSION:
                     raise StoreError(
                         f"{self.path} has schema version {version}, but this code only knows "
@@ -187,6 +216,15 @@ class Store:
             else:
                 db["users"].insert({"name": name, "task": task, "created": now, "updated": now})
             db["items"].insert_all(rows)
+
+    def ensure_user(self, name: str, task: str) -> str:
+        """The user, created without history when new (a style imported from a key needs no texts)."""
+        name = _name(name)
+        with self._write() as db:
+            if not db["users"].count_where("name = ?", [name]):
+                now = _now()
+                db["users"].insert({"name": name, "task": task, "created": now, "updated": now})
+        return name
 
     def users(self) -> list[dict]:
         """[{"name", "task", "n_items", "created", "updated"}] sorted by name."""
@@ -247,9 +285,28 @@ class Store:
         """Removes the user and everything of theirs except ratings (votes stay countable)."""
         with self._write() as db:
             name = self._require(name)
-            for table in ("items", "vectors", "assignments", "generations", "blobs"):
+            for table in USER_TABLES:
                 db[table].delete_where("user = ?", [name])
             db["users"].delete(name)
+
+    def forget(self, name: str) -> dict:
+        """"Forget me": deletes everything of the user in one transaction and anonymises their ratings (the
+        verdicts and methods stay for the leaderboard; prompt, outputs and user name go), then rewrites the
+        file (VACUUM) and empties the write-ahead log, so no free page or WAL frame keeps their texts.
+        Returns what was removed: {table: rows} and "ratings_anonymised"."""
+        with self._write() as db:
+            name = self._require(name)
+            out = {t: db[t].count_where("user = ?", [name]) for t in USER_TABLES}
+            for table in USER_TABLES:
+                db[table].delete_where("user = ?", [name])
+            out["ratings_anonymised"] = db["ratings"].count_where("user = ?", [name])
+            db.execute("UPDATE ratings SET user = NULL, prompt = '', output_a = '', output_b = '' WHERE user = ?",
+                       [name])
+            db["users"].delete(name)
+        with self._lock:
+            self.db.execute("VACUUM")
+            self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return out
 
     def set_neutral(self, item_ids_and_texts: Sequence[tuple[int, str]]) -> None:
         with self._write() as db:
@@ -272,26 +329,65 @@ class Store:
         return None if r is None else {k: r[k] for k in ("cluster", "updated")} | {
             "distances": json.loads(r["distances"])}
 
-    # user vectors
+    # user vectors: the current style per (user, artifacts), and every version it had
     def save_vector(self, name: str, artifacts: str, vector: np.ndarray, model_id: str, stats: dict,
-                    style: bytes | None = None) -> None:
-        """λ, and the rest of the person's style (style.UserStyle.extras_bytes) when there is one."""
+                    style: bytes | None = None, source: str = "history", note: str = "") -> int:
+        """λ, and the rest of the person's style (style.UserStyle.extras_bytes) when there is one, as a new
+        version that becomes the current one; returns the version id."""
         vec = np.asarray(vector)
         if vec.ndim != 1:
             raise StoreError(f"user vector must be 1-D, got shape {vec.shape}")
+        if source not in VERSION_SOURCES:
+            raise StoreError(f"invalid version source {source!r}: expected one of {', '.join(VERSION_SOURCES)}")
         with self._write() as db:
             name = self._require(name)
-            db["vectors"].upsert(
-                {"user": name, "artifacts": artifacts, "vector": vec.astype("<f4").tobytes(),
-                 "d": len(vec), "model_id": model_id, "stats": _dumps(stats), "updated": _now(), "style": style},
-                pk=("user", "artifacts"))
+            row = {"user": name, "artifacts": artifacts, "vector": vec.astype("<f4").tobytes(), "d": len(vec),
+                   "model_id": model_id, "stats": _dumps(stats), "style": style}
+            vid = int(db["versions"].insert(row | {"created": _now(), "source": source, "note": note}).last_pk)
+            db["vectors"].upsert(row | {"updated": _now(), "version": vid}, pk=("user", "artifacts"))
+            return vid
+
+    def versions(self, name: str, artifacts: str) -> list[dict]:
+        """[{"id", "created", "source", "note", "stats", "current"}] of the user's styles, oldest first."""
+        with self._lock:
+            name = self._require(name)
+            cur = self.db.execute("SELECT version FROM vectors WHERE user = ? AND artifacts = ?",
+                                  [name, artifacts]).fetchone()
+            rows = self.db["versions"].rows_where("user = ? AND artifacts = ?", [name, artifacts],
+                                                  select="id, created, source, note, stats", order_by="id")
+            return [self._decode(r, "stats") | {"current": bool(cur) and r["id"] == cur[0]} for r in rows]
+
+    def restore_version(self, name: str, artifacts: str, version: int) -> None:
+        """Makes an earlier version the current style again (the versions themselves are never changed)."""
+        with self._write() as db:
+            name = self._require(name)
+            r = db.execute("SELECT vector, d, model_id, stats, style FROM versions WHERE id = ? AND user = ? "
+                           "AND artifacts = ?", [int(version), name, artifacts]).fetchone()
+            if r is None:
+                raise StoreError(f"user '{name}' has no version {version} under artifacts {artifacts}")
+            db["vectors"].upsert({"user": name, "artifacts": artifacts, "vector": r[0], "d": r[1], "model_id": r[2],
+                                  "stats": r[3], "style": r[4], "updated": _now(), "version": int(version)},
+                                 pk=("user", "artifacts"))
+
+    def version_style(self, name: str, artifacts: str, version: int):
+        """One stored version as a style.UserStyle, with its stats."""
+        from .style import UserStyle
+
+        with self._lock:
+            r = self.db.execute("SELECT vector, style, stats FROM versions WHERE id = ? AND user = ? AND artifacts = ?",
+                                [int(version), _name(name), artifacts]).fetchone()
+        if r is None:
+            raise StoreError(f"user '{name}' has no version {version} under artifacts {artifacts}")
+        stats = json.loads(r[2])
+        helps = stats.get("diagnostics", {}).get("helps")
+        return UserStyle.from_bytes(np.frombuffer(r[0], dtype="<f4").astype(np.float32), r[1], helps), stats
 
     def vector(self, name: str, artifacts: str) -> tuple[np.ndarray, dict] | None:
         r = self._get("vectors", self._require(name), artifacts)
         if r is None:
             return None
         vec = np.frombuffer(r["vector"], dtype="<f4").astype(np.float32)  # writable copy
-        return vec, {k: r[k] for k in ("d", "model_id", "updated")} | {"stats": json.loads(r["stats"])}
+        return vec, {k: r[k] for k in ("d", "model_id", "updated", "version")} | {"stats": json.loads(r["stats"])}
 
     def style(self, name: str, artifacts: str):
         """The person's whole style (λ, token bias, kNN memory) as a style.UserStyle, or None if not fitted."""
@@ -372,6 +468,25 @@ class Store:
         with self._lock:
             rows = self.db["ratings"].rows_where(order_by="created, id")
             return [self._decode(r, "settings") for r in rows]
+
+    # votes on a user's outputs (training data for their style)
+    def add_feedback(self, name: str, source: str, prompt: str, preferred: str | None, other: str | None = None,
+                     rating: int | None = None) -> int:
+        """A decided preference about the user's style: `preferred` is the text they chose (None for a thumbs
+        down), `other` the text they did not."""
+        if source not in FEEDBACK_SOURCES:
+            raise StoreError(f"invalid feedback source {source!r}: expected one of {', '.join(FEEDBACK_SOURCES)}")
+        if not (preferred or "").strip() and not (other or "").strip():
+            raise StoreError("a vote needs the text it was about")
+        with self._write() as db:
+            name = self._require(name)
+            return int(db["feedback"].insert({"user": name, "created": _now(), "source": source, "prompt": prompt,
+                                              "preferred": preferred, "other": other, "rating": rating}).last_pk)
+
+    def feedback(self, name: str) -> list[dict]:
+        """The user's votes, oldest first."""
+        with self._lock:
+            return list(self.db["feedback"].rows_where("user = ?", [self._require(name)], order_by="id"))
 
     # method-specific per-user blobs (name None = not tied to a user)
     def put_blob(self, name: str | None, kind: str, key: str, value: dict) -> None:

@@ -28,8 +28,11 @@ from .methods import METHODS, UserContext, get_method
 from .methods.exact import MEMORY_KIND as EXACT_MEMORY
 from .metrics import rouge_scores
 from .onboard import onboard, prepared_items, store_assignments
+from .feedback import FeedbackSettings, Refinement, Vote, VoteFeatures, refine_pairs, refine_tokens
+from .head import PAIR_OBJECTIVES
 from .store import Store, StoreError
 from .style import UserStyle
+from . import owner
 
 # Columns of the Compare tab, in order; every name the methods registry knows.
 ALL_METHODS = ("base", "cluster", "card", "exact", "rag", "pag", "cope", "oppu", "p2p")
@@ -51,6 +54,7 @@ class StudioConfig:
     # EXACT's first use scores 42 attributes × 3 steps per history pair (~15-40 s a pair for the 135M model on
     # 2 CPU cores); the app indexes the newest few pairs, ratings add more. `eval` uses the method's default.
     exact_pairs: int = 4
+    feedback: FeedbackSettings = FeedbackSettings()  # how much a vote counts against the history when λ is refitted
 
     def __post_init__(self):
         if min(self.max_history_chars, self.max_items, self.max_prompt_chars, self.exact_pairs) < 1:
@@ -178,6 +182,9 @@ class Studio:
         self._feedback = ThreadPoolExecutor(max_workers=1, thread_name_prefix="studio-background")
         self._rewrites = None
         self.feedback_log: list[dict] = []
+        # the person's one teacher-forced pass, kept from the fit so a vote costs a pass over its own text only
+        self._history: dict[tuple, tuple] = {}
+        self._vote_features: VoteFeatures | None = None
 
     @classmethod
     def load(cls, cfg: StudioConfig = StudioConfig(), engine: Engine | None = None) -> "Studio":
@@ -412,7 +419,14 @@ class Studio:
         if self._rewrites is not None and not self._rewrites.done() and progress:
             progress("neutral rewrites (started when the history was saved)")
         with self.model_lock:
-            return onboard(self.engine, self.store, name, k=self.snap_k(k), progress=progress)
+            fit = onboard(self.engine, self.store, name, k=self.snap_k(k), progress=progress)
+            if fit.features is not None:
+                self._remember_history(name, fit.k, fit.cluster, fit.features, fit.n_hold)
+            if not fit.cold_start and self.store.feedback(name):  # the votes already cast count from the first fit
+                if progress:
+                    progress("your votes")
+                self.refine(name)
+            return fit
 
     # ------------------------------------------------------------ Compare
     def method(self, name: str):
@@ -548,8 +562,20 @@ class Studio:
         pair, rid = self.arena.vote(pair_id, winner, rater)
         if winner in ("a", "b") and pair.user and pair.outputs[0].strip() != pair.outputs[1].strip():
             win, lose = pair.outputs if winner == "a" else pair.outputs[::-1]
+            try:
+                self.store.add_feedback(pair.user, "rate", pair.prompt, win, lose, rating=rid)
+            except StoreError:
+                pass  # the user was forgotten meanwhile: the vote counts for the leaderboard only
+            else:
+                self._feedback.submit(self._refine_quietly, pair.user)
             self._feedback.submit(self._exact_feedback, pair.user, pair.prompt, win, lose)
         return pair, rid
+
+    def _refine_quietly(self, name: str) -> None:
+        try:
+            self.refine(name)
+        except (ValueError, StoreError) as e:  # not fitted yet, or deleted: the vote is kept for the next fit
+            self.feedback_log.append({"user": name, "refine": str(e)})
 
     def _exact_feedback(self, name: str, prompt: str, preferred: str, other: str) -> None:
         try:
@@ -567,6 +593,118 @@ class Studio:
 
     def leaderboard(self, cfg: LeaderboardConfig = LeaderboardConfig()) -> dict:
         return leaderboard(self.store.ratings(), cfg)
+
+    # ------------------------------------------------------------ votes refine the style
+    def _remember_history(self, name: str, k: int, cluster: int, feats, n_hold: int) -> None:
+        key = (self.engine.artifacts_id, name, k, cluster, _fingerprint(self.store.items(name)))
+        self._history[key] = (feats, n_hold)
+        while len(self._history) > 32:
+            self._history.pop(next(iter(self._history)))
+
+    def _history_data(self, name: str, k: int, cluster: int, objective: str):
+        """(history data of the head, n items, n held out): kept from the fit, else one pass (after a restart)."""
+        items = prepared_items(self.engine, self.store, name)
+        key = (self.engine.artifacts_id, name, k, cluster, _fingerprint(self.store.items(name)), objective)
+        if objective == "tokens" and key[:-1] in self._history:
+            feats, n_hold = self._history[key[:-1]]
+            return feats, len(items), n_hold
+        if key not in self._history:
+            from .adapters import adapter_name
+
+            self.engine.use_adapter(adapter_name(k, cluster))
+            data = self.engine.features(items) if objective == "tokens" else self.engine.user_data(items, objective)
+            self._history[key] = (data, self.engine.n_held_out(len(items)))
+        data, n_hold = self._history[key]
+        return data, len(items), n_hold
+
+    def refine(self, name: str) -> dict:
+        """Refits the user's style on their history and every vote they cast (feedback.py) and stores it as a
+        new version. Returns {"version", "n_votes", "seconds", "diagnostics", "verdict"}."""
+        got = self.store.vector(name, self.engine.artifacts_id)
+        if got is None:
+            raise ValueError(f"fit {name!r}'s style first (Fit my style); their votes are kept and count from then on")
+        stats = got[1]["stats"]
+        if stats.get("cold_start"):
+            raise ValueError(f"{name!r} has too few history items for a style of their own; votes count once it fits")
+        votes = [Vote.from_row(r) for r in self.store.feedback(name)]
+        if not votes:
+            raise ValueError(f"{name!r} has not voted yet")
+        k, cluster = int(stats["k"]), int(stats["cluster"])
+        objective = stats.get("objective", self.engine.cfg.objectives[0])
+        with self.model_lock:
+            if self._vote_features is None or self._vote_features.engine is not self.engine:
+                self._vote_features = VoteFeatures(self.engine)
+            data, n_items, n_hold = self._history_data(name, k, cluster, objective)
+            fs = self.cfg.feedback
+            if objective in PAIR_OBJECTIVES:
+                r: Refinement = refine_pairs(self.engine, objective, data, n_items, n_hold, votes, k, cluster,
+                                             self._vote_features, fs)
+            else:
+                r = refine_tokens(self.engine, data, n_hold, votes, k, cluster, self._vote_features, fs)
+        keep = dict(stats, diagnostics=r.diagnostics, loss_curve=r.curve, n_votes=r.n_votes,
+                    stages_s={"refit on votes": round(r.seconds, 4)})
+        extras = r.style.extras_bytes() if objective not in PAIR_OBJECTIVES else None
+        vid = self.store.save_vector(name, self.engine.artifacts_id, r.style.lam, self.engine.lm.model_id, keep,
+                                     extras, source="vote", note=f"history + {r.n_votes} vote{'s' * (r.n_votes != 1)}")
+        return {"version": vid, "n_votes": r.n_votes, "seconds": round(r.seconds, 3), "diagnostics": r.diagnostics,
+                "verdict": fit_verdict(r.diagnostics, fallback=self.engine.cfg.style.fallback)}
+
+    def thumb(self, name: str, prompt: str, text: str, up: bool, s: DecodingSettings, k: int | None = None,
+              before: str | None = None) -> dict:
+        """A thumbs up (this is like me) or down (this is not) on a Compare column: stored, λ refitted at once,
+        and CARD's output for the same prompt before and after. `before`: CARD's output already shown."""
+        prompt = self.check_prompt(prompt)
+        if not (text or "").strip():
+            raise ValueError("this column has no output to vote on")
+        state = self.user_state(name, k)
+        if before is None and state.fitted:
+            before = self._card_text(state, prompt, s)
+        self.store.add_feedback(state.name, "up" if up else "down", prompt, text if up else None, None if up else text)
+        try:
+            r = self.refine(state.name)
+        except ValueError as e:  # not fitted: the vote waits for the fit
+            return {"version": None, "before": before, "after": None, "message": f"Vote kept. {e}."}
+        after = self._card_text(self.user_state(state.name, k), prompt, s)
+        return r | {"before": before, "after": after,
+                    "message": f"λ refitted on your history and {r['n_votes']} vote{'s' * (r['n_votes'] != 1)} in "
+                               f"{r['seconds']:.2f} s (version {r['version']}). {r['verdict']}"}
+
+    def _card_text(self, state: UserState, prompt: str, s: DecodingSettings) -> str:
+        with self.model_lock:
+            return self._decode("card", state, prompt, s).text
+
+    def versions(self, name: str) -> list[dict]:
+        """The user's styles under this build, newest first: id, time, source, note, votes, helps, current."""
+        rows = self.store.versions(name, self.engine.artifacts_id)
+        return [{"version": r["id"], "created": r["created"][:19].replace("T", " "), "source": r["source"],
+                 "note": r["note"], "votes": r["stats"].get("n_votes", 0),
+                 "helps": r["stats"].get("diagnostics", {}).get("helps"), "current": r["current"]}
+                for r in reversed(rows)]
+
+    def restore_version(self, name: str, version: int) -> str:
+        self.store.restore_version(name, self.engine.artifacts_id, int(version))
+        return f"Version {int(version)} is {name}'s style again; CARD decodes with it from now on."
+
+    # ------------------------------------------------------------ the user's own: style key, forget me
+    def style_key(self, name: str, all_versions: bool = False) -> str:
+        """The user's current style (or every version, one key per line) as text they can take elsewhere."""
+        return owner.export_keys(self.store, owner.BuildInfo.of_engine(self.engine), name, all_versions)
+
+    def import_style_key(self, text: str, name: str | None = None) -> dict:
+        return owner.import_keys(self.store, owner.BuildInfo.of_engine(self.engine), text, name)
+
+    def forget(self, name: str) -> dict:
+        """"Forget me" (owner.forget_user), and the copies this process holds: methods' caches, fit features."""
+        name = self.store.user(name)["name"]
+        with self.model_lock:
+            for m in self._methods.values():
+                if hasattr(m, "forget_user"):
+                    m.forget_user(name)
+            self.arena.forget_user(name)
+            self._history = {k: v for k, v in self._history.items() if k[1] != name}
+            if self._vote_features is not None:
+                self._vote_features.clear()
+            return owner.forget_user(self.store, name, Path(self.cfg.db).parent / "oppu", Path(self.cfg.export_dir))
 
     # ------------------------------------------------------------ Explore
     def explore(self, name: str, alphas: Sequence[float], n_holdout: int = 4, s: DecodingSettings | None = None,
@@ -630,6 +768,10 @@ def text_pieces(tok, steps: Sequence[dict]) -> list[tuple[str, bool]]:
             out.append((text[len(shown):], changed))
         shown, changed = text, False
     return out
+
+
+def _fingerprint(stored) -> int:
+    return hash(tuple((x.id, x.x, x.y) for x in stored))
 
 
 def _lamp_users(folder: Path, split: str = "dev") -> dict[str, list[Item]]:

@@ -155,7 +155,7 @@ def fit_lambda_bias(head: PersonalizationHead, data: TokenData, rho: float, rho_
     def closure():
         opt.zero_grad()
         logits = data.base + (f * lam).sum(-1) + torch.where(inside, b[pos], 0.0)
-        loss = F.cross_entropy(logits, data.target) + rho * ((lam - 1) ** 2).sum() + rho_bias * (b ** 2).sum()
+        loss = data.loss(logits) + rho * ((lam - 1) ** 2).sum() + rho_bias * (b ** 2).sum()
         loss.backward()
         curve.append(loss.item())
         return loss

@@ -78,3 +78,12 @@ def tiny_artifacts(tokenizer, tmp_path_factory):
                       alphas=(0.0, 1.0))
     out = build(demo, "dev", root / "artifacts", card, p2p=None)
     return {"artifacts": out, "demo": demo, "root": root}
+
+
+def tiny_studio(tiny_artifacts, folder):
+    """A Studio on the tiny artifacts with its own database (and exports) in `folder`; close its store after."""
+    from personalize.studio import Studio, StudioConfig
+
+    db = folder / "studio.db"
+    return Studio.load(StudioConfig(artifacts=str(tiny_artifacts["artifacts"]), db=str(db),
+                                    demo_data=str(tiny_artifacts["demo"]), export_dir=str(folder / "exports")))

@@ -289,6 +289,9 @@ INSERT INTO users VALUES ('ann', 'tweets', 't', 't');
     assert store.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
     old = store.style("ann", "a1")  # λ alone: no bias, no memory
     assert np.array_equal(old.lam, np.ones(4)) and len(old.bias_ids) == 0 and len(old.values) == 0
+    first = store.versions("ann", "a1")  # v3: the stored style became the first version, and the current one
+    assert [(v["source"], v["current"]) for v in first] == [("history", True)]
+    assert store.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     style = UserStyle(np.full(4, 2, np.float32), np.array([7, 3]), np.array([0.5, -1.0], np.float32),
                       np.ones((3, 4), np.float16), np.array([5, 6, 7]))
     store.save_vector("ann", "a1", style.lam, "m", {"diagnostics": {"helps": False}}, style.extras_bytes())
@@ -296,3 +299,7 @@ INSERT INTO users VALUES ('ann', 'tweets', 't', 't');
     assert back.helps is False and np.array_equal(back.bias_ids, [7, 3]) and np.allclose(back.bias, [0.5, -1.0])
     assert back.keys.shape == (3, 4) and np.array_equal(back.values, [5, 6, 7])
     assert store.vector_bytes("ann", "a1") == 16 + len(style.extras_bytes())
+    versions = store.versions("ann", "a1")
+    assert len(versions) == 2 and versions[-1]["current"] and not versions[0]["current"]
+    store.restore_version("ann", "a1", versions[0]["id"])
+    assert np.array_equal(store.style("ann", "a1").lam, np.ones(4))

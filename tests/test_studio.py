@@ -19,6 +19,8 @@ from personalize.leaderboard import LeaderboardConfig, bradley_terry, leaderboar
 from personalize.store import Store
 from personalize.studio import Studio, StudioConfig
 
+from conftest import tiny_studio
+
 TERSE = [f"ok so the {w} was fine i guess" for w in ("bus", "tea", "rain", "film", "shop", "walk", "game", "cake")]
 
 
@@ -133,9 +135,7 @@ def test_exports_round_trip(store, tmp_path):
 
 @pytest.fixture(scope="module")
 def studio(tiny_artifacts, tmp_path_factory):
-    db = tmp_path_factory.mktemp("studio") / "studio.db"
-    s = Studio.load(StudioConfig(artifacts=str(tiny_artifacts["artifacts"]), db=str(db),
-                                 demo_data=str(tiny_artifacts["demo"]), export_dir=str(db.parent / "exports")))
+    s = tiny_studio(tiny_artifacts, tmp_path_factory.mktemp("studio"))
     yield s
     s.store.close()
 

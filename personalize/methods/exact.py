@@ -173,6 +173,10 @@ class ExactMethod:
             self._memory[name] = {b["key"]: b["value"] for b in self.store.blobs(name, MEMORY_KIND)}
         return self._memory.setdefault(name, {})
 
+    def forget_user(self, name: str) -> None:
+        """Drops the in-memory copy of a forgotten user's memory (the store's is deleted with the user)."""
+        self._memory.pop(name, None)
+
     def _merge(self, name: str, entries: list[dict], source: str) -> int:
         """Adds entries, keeping per prompt the best-scoring set (seeds/004 §4.1); returns how many changed."""
         mem, changed = self.memory(name), 0

@@ -480,6 +480,10 @@ class P2PMethod:
         self._cache.move_to_end(user.name)
         return hit[1], hit[2]
 
+    def forget_user(self, name: str) -> None:
+        """Drops a forgotten user's generated LoRA from the cache."""
+        self._cache.pop(name, None)
+
     # ------------------------------------------------------------ onboarding
     def prepare(self, user: UserContext) -> dict:
         """Embeds the profile and generates the LoRA (kept in memory; storing the profile is enough to

@@ -1,0 +1,158 @@
+"""The user's own: the style key (round trip, size, refusals, every version) and "forget me" (nothing of the
+user left in the database file or beside it), through the studio and the CLI."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from personalize.cli import main
+from personalize.data import Item
+from personalize.methods.oppu import adapter_id
+from personalize.owner import BuildInfo, export_keys, import_keys
+from personalize.store import Store
+
+from conftest import tiny_studio
+from personalize.stylekey import MAX_KEY, StyleKey, StyleKeyError, decode, encode
+
+TERSE = [f"ok so the {w} was fine i guess" for w in ("bus", "tea", "rain", "film", "shop", "walk", "game", "cake")]
+
+
+def test_a_full_style_fits_in_a_key_and_decodes_exactly():
+    rng = np.random.default_rng(0)
+    ids = np.sort(rng.choice(49_152, 512, replace=False))
+    k = StyleKey("ana", "demo-1", "tweets", "m", rng.normal(1, 0.3, 128).astype(np.float32), ids,
+                 rng.normal(0, 1, 512).astype(np.float16).astype(np.float32), True,
+                 {2: {"cluster": 1, "distances": [0.5, 0.25]}}, "vote", "history + 3 votes", "2026-11-23T10:00:00")
+    text = encode(k)
+    assert len(text) <= MAX_KEY and "\n" not in text
+    back = decode(text)
+    kept = len(back.bias)
+    assert np.array_equal(back.lam, k.lam) and back.helps is True and back.clusters == k.clusters
+    assert back.trimmed == 512 - kept and kept >= 400  # the smallest |b| go first, when any must
+    order = np.argsort(-np.abs(k.bias), kind="stable")[:kept]
+    got = dict(zip(back.bias_ids.tolist(), back.bias.tolist()))
+    assert got == dict(zip(k.bias_ids[order].tolist(), k.bias[order].tolist()))
+    for bad, msg in [("hello", "not a style key"), (text[:-40], "damaged"), (text[:20] + "!!" + text[22:], "damaged"),
+                     ("card-style-1:" + "A" * MAX_KEY, "at most")]:
+        with pytest.raises(StyleKeyError, match=msg):
+            decode(bad)
+
+
+@pytest.fixture(scope="module")
+def studio(tiny_artifacts, tmp_path_factory):
+    s = tiny_studio(tiny_artifacts, tmp_path_factory.mktemp("owner"))
+    yield s
+    s.store.close()
+
+
+def test_style_key_round_trip_into_another_studio(studio, tmp_path):
+    studio.save_history("kim", [Item(y=t) for t in TERSE], "tweets")
+    studio.fit("kim")
+    key = studio.style_key("kim")
+    assert key.startswith("card-style-1:") and len(key) <= MAX_KEY
+    mine = studio.store.style("kim", studio.engine.artifacts_id)
+    build = BuildInfo.of_engine(studio.engine)
+    assert BuildInfo.of_folder(studio.engine.folder) == build  # the CLI reads the same facts without the model
+
+    other = Store(tmp_path / "elsewhere.db")
+    res = import_keys(other, build, key, "kim-elsewhere")
+    got = other.style("kim-elsewhere", build.artifacts)
+    assert np.array_equal(got.lam, mine.lam) and got.helps == mine.helps
+    assert dict(zip(got.bias_ids.tolist(), got.bias.tolist())) == dict(zip(mine.bias_ids.tolist(), mine.bias.tolist()))
+    assert len(got.values) == 0  # the memory is the history's data: it does not travel
+    for k in build.ks:
+        assert other.assignment("kim-elsewhere", build.artifacts, k)["cluster"] == \
+            studio.store.assignment("kim", build.artifacts, k)["cluster"]
+    assert [v["source"] for v in other.versions("kim-elsewhere", build.artifacts)] == ["import"]
+    assert res["versions"] and other.items("kim-elsewhere") == []
+    # exported again from there, the key carries the same style
+    again = decode(export_keys(other, build, "kim-elsewhere"))
+    assert np.array_equal(again.lam, mine.lam)
+
+    with pytest.raises(StyleKeyError, match="made for the artifacts"):
+        import_keys(other, replace(build, artifacts="another-build"), key)
+    other.close()
+
+
+def test_every_version_exports_and_imports_in_order(studio, tmp_path):
+    studio.save_history("lou", [Item(y=t) for t in TERSE], "tweets")
+    studio.fit("lou")
+    studio.fit("lou")
+    keys = studio.style_key("lou", all_versions=True).splitlines()
+    assert len(keys) == 2 and all(len(k) <= MAX_KEY for k in keys)
+    other = Store(tmp_path / "v.db")
+    res = import_keys(other, BuildInfo.of_engine(studio.engine), "\n".join(keys))
+    versions = other.versions("lou", studio.engine.artifacts_id)
+    assert [v["id"] for v in versions] == res["versions"] and versions[-1]["current"]
+    other.close()
+
+
+def test_style_key_and_forget_from_the_command_line(studio, tmp_path, capsys):
+    art = str(studio.engine.folder)
+    db = Path(studio.cfg.db)
+    studio.save_history("max", [Item(y=t) for t in TERSE], "tweets")
+    studio.fit("max")
+    out = tmp_path / "max.key"
+    assert main(["style-key", "export", "--user", "max", "--out", str(out), "--db", str(db), "--artifacts", art]) == 0
+    assert out.read_text() == studio.style_key("max")  # the file is exactly the key
+    db2 = tmp_path / "two.db"
+    assert main(["style-key", "import", "--file", str(out), "--db", str(db2), "--artifacts", art]) == 0
+    assert "imported 1 version" in capsys.readouterr().out
+    bad = tmp_path / "bad.key"
+    bad.write_text("card-style-1:xyz")
+    assert main(["style-key", "import", "--file", str(bad), "--db", str(db2), "--artifacts", art]) == 2
+    assert "damaged" in capsys.readouterr().err
+    assert main(["forget", "--user", "max", "--db", str(db2)]) == 0
+    assert "forgot max" in capsys.readouterr().out
+    assert main(["forget", "--user", "max", "--db", str(db2)]) == 2
+    assert "unknown user" in capsys.readouterr().err
+
+
+def _bytes_under(folder: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file())
+
+
+def test_forget_me_leaves_nothing_of_the_user(studio):
+    marker = "zanzibar-quokka"
+    db = Path(studio.cfg.db)
+    items = [Item(y=f"{marker} {t}") for t in TERSE]
+    studio.save_history(marker, items, "tweets")
+    studio.fit(marker)
+    s = studio.settings(alpha=2.0, max_new_tokens=5)
+    prompt = studio.task.prompt(f"{marker} news")
+    studio.thumb(marker, prompt, f"{marker} liked this", True, s)
+    pair = studio.new_pair(marker, prompt, ["base", "card"], s)
+    studio.vote(pair.id, "tie", "rater-q")
+    studio.wait_feedback()
+    studio.store.put_blob(marker, "exact_memory", prompt, {"prompt": prompt, "attributes": ["a"]})
+    oppu = db.parent / "oppu" / studio.engine.artifacts_id / adapter_id(marker)
+    oppu.mkdir(parents=True)
+    (oppu / "adapter_model.safetensors").write_text(marker)
+    exports = Path(studio.cfg.export_dir)
+    exports.mkdir(parents=True, exist_ok=True)
+    (exports / "generations.jsonl").write_text(json.dumps({"user": marker, "output": "x"}) + "\n")
+    (exports / "unrelated.csv").write_text("user,output\nsomeone,hello\n")
+    pending = studio.new_pair(marker, prompt, ["base", "card"], s)
+    n_ratings = len(studio.store.ratings())
+    assert marker.encode() in _bytes_under(db.parent)
+
+    res = studio.forget(marker)
+    assert res["items"] == len(items) and res["ratings_anonymised"] == 1 and res["feedback"] == 1
+    assert res["versions"] >= 2 and res["generations"] >= 2 and res["blobs"] >= 1
+    assert marker.encode() not in _bytes_under(db.parent)  # the database, its WAL, adapters, exports
+    assert (exports / "unrelated.csv").exists() and not oppu.exists()
+    ratings = studio.store.ratings()
+    assert len(ratings) == n_ratings  # the verdict stays for the leaderboard, without texts or the user
+    anon = [r for r in ratings if r["rater"] == "rater-q"]
+    assert anon[0]["winner"] == "tie" and anon[0]["user"] is None and anon[0]["output_a"] == ""
+    assert studio.arena.pending(pending.id) is None
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    with pytest.raises(ValueError, match="unknown user"):
+        studio.user_state(marker)
