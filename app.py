@@ -163,6 +163,16 @@ def method_md(o) -> str:
             f"{md(o.text) if o.text else '*(empty output)*'}{extra}")
 
 
+VERSION_COLUMNS = ("version", "created", "source", "note", "votes", "helps", "current")
+
+
+def refine_md(res: dict, method: str, up: bool) -> str:
+    """After a thumb: what was refitted, and CARD's output for the same prompt before and after."""
+    return (f"{'👍' if up else '👎'} on **{md(method)}**: {md(res['message'])}\n\n"
+            f"**CARD before:** {md(res['before']) if res.get('before') else '*(not shown before)*'}\n\n"
+            f"**CARD after:** {md(res['after']) if res.get('after') else '*(empty output)*'}")
+
+
 def pair_md(label: str, output: str) -> str:
     """One side of a blind pair in Rate."""
     return f"**{label}**\n\n{md(output) if output else '*(empty)*'}"
@@ -218,6 +228,14 @@ def build_app(studio: Studio) -> gr.Blocks:
                 item_text = gr.Textbox(label="New text", elem_id="item-text", scale=3)
                 edit = gr.Button("Update item", elem_id="update-item")
                 delete = gr.Button("Delete item", variant="stop", elem_id="delete-item")
+            with gr.Accordion("Forget me", open=False, elem_id="forget-box"):
+                Markdown("Deletes everything the studio keeps of this user: history, styles and their versions, "
+                         "votes, generated outputs, EXACT memory, OPPU adapter and exports that hold them. Ratings "
+                         "keep only their verdict (no texts, no name).")
+                with gr.Row():
+                    forget_ok = gr.Checkbox(label="Yes, delete everything of this user", elem_id="forget-confirm")
+                    forget_btn = gr.Button("Forget me", variant="stop", elem_id="forget-button")
+                forget_status = Markdown(elem_id="forget-status")
 
         # ------------------------------------------------ My cluster
         with gr.Tab("My cluster", id="cluster") as cluster_tab:
@@ -236,6 +254,21 @@ def build_app(studio: Studio) -> gr.Blocks:
             fit_btn = gr.Button("Fit my style", variant="primary", elem_id="fit-button")
             fit_status = Markdown(elem_id="fit-status")
             fit_plot = gr.Plot(elem_id="fit-plot")
+            Markdown("**Versions of your style.** Every fit and every vote (👍 / 👎 in *Compare*, votes on your "
+                     "outputs in *Rate*) refits your style and keeps the new version; any version can be restored.")
+            versions = gr.Dataframe(headers=list(VERSION_COLUMNS), interactive=False, elem_id="versions")
+            with gr.Row():
+                version_id = gr.Number(label="Version", precision=0, elem_id="version-id")
+                restore_btn = gr.Button("Restore this version", elem_id="restore-version")
+                versions_btn = gr.Button("Refresh", elem_id="versions-refresh")
+            Markdown("**Your style key**: your fitted style (λ and word bias), your clusters and this build's id in "
+                     "one line of text, nothing of your writing. Keep it, or paste it into another studio that serves "
+                     "the same build.")
+            with gr.Row():
+                key_btn = gr.Button("Show my style key", elem_id="key-export")
+                key_import_btn = gr.Button("Import the key below", elem_id="key-import")
+            style_key = gr.Textbox(label="Style key", lines=3, max_lines=6, buttons=["copy"], elem_id="style-key")
+            owner_status = Markdown(elem_id="owner-status")
 
         # ------------------------------------------------ Compare
         with gr.Tab("Compare", id="compare"):
@@ -256,12 +289,16 @@ def build_app(studio: Studio) -> gr.Blocks:
                                        elem_id="max-tokens")
             compare_btn = gr.Button("Generate", variant="primary", elem_id="compare-button")
             compare_status = Markdown(elem_id="compare-status")
-            outs = {}
+            outs, cols, thumbs = {}, {}, {}
             with gr.Row(equal_height=True):
                 for m in ALL_METHODS:
-                    with gr.Column(min_width=180):
+                    with gr.Column(min_width=180, visible=m in DEFAULT_METHODS) as cols[m]:
                         outs[m] = Markdown(f"**{m}**", elem_id=f"out-{m}", elem_classes="method-out",
                                            visible=m in DEFAULT_METHODS)
+                        with gr.Row():
+                            thumbs[m, True] = gr.Button("👍 like me", size="sm", elem_id=f"up-{m}")
+                            thumbs[m, False] = gr.Button("👎 not me", size="sm", elem_id=f"down-{m}")
+            refine_status = Markdown(elem_id="refine-status")
 
         # ------------------------------------------------ Why
         with gr.Tab("Why", id="why"):
@@ -440,6 +477,12 @@ def build_app(studio: Studio) -> gr.Blocks:
         cluster_tab.select(cluster_fn, [user, k_slider], cluster_outputs)
         stored.change(cluster_fn, [stored, k_slider], cluster_outputs)
 
+        def versions_fn(name):
+            try:
+                return [[r[c] for c in VERSION_COLUMNS] for r in studio.versions(_need_user(name))]
+            except EXPECTED:
+                return []
+
         # Fit
         def fit_fn(name, k, progress=gr.Progress()):
             try:
@@ -477,7 +520,55 @@ def build_app(studio: Studio) -> gr.Blocks:
             lines.append(f"\nStored: {vec} bytes.")
             return "\n".join(lines), (loss_figure(fit.loss_curve) if fit.loss_curve else None)
 
-        fit_btn.click(fit_fn, [user, user_k], [fit_status, fit_plot], concurrency_id="model", api_name="fit")
+        fit_btn.click(fit_fn, [user, user_k], [fit_status, fit_plot], concurrency_id="model", api_name="fit").then(
+            versions_fn, [user], [versions])
+
+        def restore_fn(name, vid):
+            try:
+                if vid is None:
+                    raise ValueError("enter the number of the version to restore (first column of the table)")
+                msg = studio.restore_version(_need_user(name), int(vid))
+            except EXPECTED as e:
+                return _err(e), gr.skip()
+            return md(msg), versions_fn(name)
+
+        restore_btn.click(restore_fn, [user, version_id], [owner_status, versions])
+        versions_btn.click(versions_fn, [user], [versions])
+
+        def key_fn(name):
+            try:
+                key = studio.style_key(_need_user(name))
+            except EXPECTED as e:
+                return _err(e), gr.skip()
+            return f"Your style key ({len(key)} characters): copy it with the button in the box.", key
+
+        def key_import_fn(name, text):
+            try:
+                res = studio.import_style_key(text, (name or "").strip() or None)
+            except EXPECTED as e:
+                return _err(e), gr.skip()
+            return (f"Imported the key's style for **{md(res['user'])}** as version {res['versions'][-1]}"
+                    + (f" ({res['trimmed']} smallest word-bias entries were left out of the key)." if res["trimmed"]
+                       else ".")), versions_fn(res["user"])
+
+        key_btn.click(key_fn, [user], [owner_status, style_key])
+        key_import_btn.click(key_import_fn, [user, style_key], [owner_status, versions])
+
+        def forget_fn(name, ok):
+            try:
+                name = _need_user(name)
+                if not ok:
+                    raise ValueError("tick the box to confirm: forgetting cannot be undone")
+                res = studio.forget(name)
+            except EXPECTED as e:
+                return _err(e), gr.skip(), gr.skip(), gr.skip()
+            gone = sum(v for k_, v in res.items() if isinstance(v, int) and k_ != "ratings_anonymised")
+            return (f"Forgot **{md(name)}**: {gone} stored rows deleted, {res['ratings_anonymised']} rating(s) kept "
+                    f"without texts or name, {len(res['files'])} file(s) removed, database compacted.",
+                    False, [], gr.update(choices=[u["name"] for u in studio.store.users()], value=None))
+
+        forget_btn.click(forget_fn, [user, forget_ok], [forget_status, forget_ok, items, stored],
+                         concurrency_id="model")
 
         # Compare
         def resolve_prompt(text, templated, item):
@@ -532,6 +623,24 @@ def build_app(studio: Studio) -> gr.Blocks:
 
         compare_btn.click(compare_fn, [user, prompt, use_template, item_pick, methods, alpha, top_k, max_tokens, user_k],
                           [compare_status, *outs.values()], concurrency_id="model", api_name="compare")
+
+        methods.change(lambda chosen: [gr.update(visible=m in (chosen or [])) for m in ALL_METHODS], [methods],
+                       list(cols.values()))
+
+        def thumb_fn(method, up):
+            def fn(name, a, k_, mt, k):
+                try:
+                    res = studio.thumb_column(_need_user(name), method, up, studio.settings(a, k_, mt), k)
+                except EXPECTED as e:
+                    return _err(e), gr.skip()
+                if res["version"] is None:
+                    return md(res["message"]), gr.skip()
+                return refine_md(res, method, up), versions_fn(name)
+            return fn
+
+        for (m, up), btn in thumbs.items():
+            btn.click(thumb_fn(m, up), [user, alpha, top_k, max_tokens, user_k], [refine_status, versions],
+                      concurrency_id="model")
 
         # Why
         def why_fn(name, text, templated, item, a, k_, mt, k):

@@ -664,10 +664,26 @@ class Studio:
             r = self.refine(state.name)
         except ValueError as e:  # not fitted: the vote waits for the fit
             return {"version": None, "before": before, "after": None, "message": f"Vote kept. {e}."}
-        after = self._card_text(self.user_state(state.name, k), prompt, s)
+        out = self.run_method("card", self.user_state(state.name, k), prompt, s)  # stored: the next vote's "before"
+        if out.error:
+            raise ValueError(f"card could not run after the refit: {out.error}")
+        after = out.text
         return r | {"before": before, "after": after,
                     "message": f"λ refitted on your history and {r['n_votes']} vote{'s' * (r['n_votes'] != 1)} in "
                                f"{r['seconds']:.2f} s (version {r['version']}). {r['verdict']}"}
+
+    def thumb_column(self, name: str, method: str, up: bool, s: DecodingSettings, k: int | None = None) -> dict:
+        """A thumb on a Compare column: the vote is on that method's newest output for the user (the one shown),
+        and "before" is CARD's output for the same prompt when Compare showed one."""
+        gens = self.store.generations(user=self.store.user(name)["name"], method=method, limit=1)
+        if not gens:
+            raise ValueError(f"no {method} output for {name!r} yet: generate in Compare first")
+        g = gens[0]
+        same = lambda c: c["prompt"] == g["prompt"] and all(  # noqa: E731
+            c["settings"].get(key) == v for key, v in (("alpha", s.alpha), ("top_k", s.top_k),
+                                                       ("max_new_tokens", s.max_new_tokens)))
+        card = [c for c in self.store.generations(user=g["user"], method="card", limit=20) if same(c)]
+        return self.thumb(g["user"], g["prompt"], g["output"], up, s, k, before=card[0]["output"] if card else None)
 
     def _card_text(self, state: UserState, prompt: str, s: DecodingSettings) -> str:
         with self.model_lock:

@@ -496,6 +496,60 @@ def test_browser_path_paste_cluster_fit_compare_vote_leaderboard_export(server, 
         driver.quit()
 
 
+def test_browser_a_thumb_refits_the_style_then_key_versions_and_forget_me(server, tmp_path):
+    """A person votes 👍 on a Compare column and sees CARD before and after; the new version is listed and the
+    first can be restored; their style key is shown; Forget me (confirmed) deletes them."""
+    shots = Path(os.environ.get("SCREENSHOTS") or tmp_path / "shots")
+    driver = _driver(tmp_path)
+    studio = server["studio"]
+    try:
+        p = Page(driver, shots)
+        driver.get(server["url"])
+        p.type("user-name", "bea")
+        p.type("history", HISTORY)
+        p.click("save-history")
+        p.until_text("writing-status", "Saved", "⚠️")
+        p.tab("Fit my style")
+        p.click("fit-button")
+        assert "Fitted bea" in p.until_text("fit-status", "Fitted", "⚠️")
+        assert "history" in p.until_text("versions", "history")
+
+        p.tab("Compare")
+        p.type("prompt", "The river was cold this morning.")
+        p.click("compare-button")
+        assert p.until_text("compare-status", "Done", "⚠️").startswith("Done")
+        p.click("up-base")
+        refined = p.until_text("refine-status", "CARD after", "⚠️")
+        assert "refitted" in refined and "CARD before" in refined, refined
+        base_out = studio.store.generations(user="bea", method="base", limit=1)[0]["output"]
+        assert studio.store.feedback("bea")[0]["preferred"] == base_out
+        p.shot("10-compare-vote")
+
+        p.tab("Fit my style")
+        assert "vote" in p.until_text("versions", "vote")
+        first = studio.versions("bea")[-1]["version"]
+        p.type("version-id", str(first))
+        p.click("restore-version")
+        assert f"Version {first}" in p.until_text("owner-status", "Version", "⚠️")
+        p.click("key-export")
+        p.until_text("owner-status", "style key", "⚠️")
+        key = p.el("#style-key textarea").get_attribute("value")
+        assert key == studio.style_key("bea")
+        p.shot("11-versions-and-key")
+
+        p.tab("My writing")
+        p.click("forget-box")
+        p.click("forget-button")
+        assert "tick the box" in p.until_text("forget-status", "tick", "Forgot")
+        assert studio.store.user("bea")  # nothing deleted without the confirmation
+        p.el("#forget-confirm input").click()
+        p.click("forget-button")
+        assert "Forgot bea" in p.until_text("forget-status", "Forgot")
+        assert "bea" not in [u["name"] for u in studio.store.users()]
+    finally:
+        driver.quit()
+
+
 def test_switching_to_a_task_without_a_build_says_how_to_build_it(server):
     studio = server["studio"]
     served = studio.engine.artifacts_id
