@@ -47,7 +47,9 @@ def onboard(engine: Engine, store: Store, name: str, k: int | None = None, objec
     fit = engine.fit(items, k=k, objective=objective, progress=progress)
     if rewrite_s > 0.01:
         fit.stages_s = {"neutral rewrites": round(rewrite_s, 4), **fit.stages_s}
-    store_assignments(engine, store, name, engine.embed(items))
+    emb = engine.embed(items)
+    # the clusters and the style in one transaction: a crash leaves both old or both new
     store.save_vector(name, engine.artifacts_id, fit.lam, engine.lm.model_id, fit.stats(),
-                      fit.style.extras_bytes() if fit.style is not None else None)
+                      fit.style.extras_bytes() if fit.style is not None else None,
+                      assignments={k: engine.assign(emb, k) for k in engine.clusters.centroids})
     return fit

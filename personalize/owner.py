@@ -87,14 +87,13 @@ def import_keys(store: Store, build: BuildInfo, text: str, name: str | None = No
             raise stylekey.StyleKeyError(f"the key's λ has {len(key.lam)} values; this build's head has {build.d}")
     last = keys[-1]
     user = store.ensure_user(name or last.user, last.task)
-    for k, a in last.clusters.items():
-        if k in build.ks:
-            store.set_assignment(user, build.artifacts, k, a["cluster"], a["distances"])
     cluster = last.clusters.get(build.default_k, {"cluster": 0})["cluster"]
     stats = {"cluster": cluster, "k": build.default_k, "objective": build.objective, "imported": True}
+    clusters = {k: (a["cluster"], a["distances"]) for k, a in last.clusters.items() if k in build.ks}
     vids = [store.save_vector(user, build.artifacts, key.lam, key.model_id,
                               stats | {"diagnostics": {"helps": key.helps}}, key.style.extras_bytes(), source="import",
-                              note=f"{key.source} version of {key.created[:19].replace('T', ' ')}")
+                              note=f"{key.source} version of {key.created[:19].replace('T', ' ')}",
+                              assignments=clusters if key is last else None)
             for key in keys]
     return {"user": user, "versions": vids, "trimmed": sum(k.trimmed for k in keys)}
 

@@ -318,11 +318,14 @@ class Store:
     def set_assignment(self, name: str, artifacts: str, k: int, cluster: int,
                        distances: Sequence[float]) -> None:
         with self._write() as db:
-            name = self._require(name)
-            db["assignments"].upsert(
-                {"user": name, "artifacts": artifacts, "k": int(k), "cluster": int(cluster),
-                 "distances": _dumps([float(d) for d in distances]), "updated": _now()},
-                pk=("user", "artifacts", "k"))
+            self._upsert_assignment(db, self._require(name), artifacts, k, cluster, distances)
+
+    @staticmethod
+    def _upsert_assignment(db, name: str, artifacts: str, k: int, cluster: int, distances: Sequence[float]) -> None:
+        db["assignments"].upsert(
+            {"user": name, "artifacts": artifacts, "k": int(k), "cluster": int(cluster),
+             "distances": _dumps([float(d) for d in distances]), "updated": _now()},
+            pk=("user", "artifacts", "k"))
 
     def assignment(self, name: str, artifacts: str, k: int) -> dict | None:
         r = self._get("assignments", self._require(name), artifacts, int(k))
@@ -331,9 +334,11 @@ class Store:
 
     # user vectors: the current style per (user, artifacts), and every version it had
     def save_vector(self, name: str, artifacts: str, vector: np.ndarray, model_id: str, stats: dict,
-                    style: bytes | None = None, source: str = "history", note: str = "") -> int:
+                    style: bytes | None = None, source: str = "history", note: str = "",
+                    assignments: dict[int, tuple[int, Sequence[float]]] | None = None) -> int:
         """λ, and the rest of the person's style (style.UserStyle.extras_bytes) when there is one, as a new
-        version that becomes the current one; returns the version id."""
+        version that becomes the current one; returns the version id. `assignments` (K -> (cluster, distances))
+        are written in the same transaction, so a crash never leaves a new cluster beside the old λ."""
         vec = np.asarray(vector)
         if vec.ndim != 1:
             raise StoreError(f"user vector must be 1-D, got shape {vec.shape}")
@@ -345,6 +350,8 @@ class Store:
                    "model_id": model_id, "stats": _dumps(stats), "style": style}
             vid = int(db["versions"].insert(row | {"created": _now(), "source": source, "note": note}).last_pk)
             db["vectors"].upsert(row | {"updated": _now(), "version": vid}, pk=("user", "artifacts"))
+            for k, (cluster, distances) in (assignments or {}).items():
+                self._upsert_assignment(db, name, artifacts, k, cluster, distances)
             return vid
 
     def versions(self, name: str, artifacts: str) -> list[dict]:

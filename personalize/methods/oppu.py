@@ -9,6 +9,15 @@ report and a fingerprint of the history it was trained on) and loaded on
 demand; at most `max_in_memory` user adapters stay in the peft model, the
 least recently used is deleted first.
 
+Saving survives a kill at any moment: the new adapter is written whole into
+`<name>.partial-<pid>/` (its `oppu.json` last, with the size of every file),
+then the old folder is renamed to `<name>.old-<pid>` and the new one renamed
+into place; the old copy is removed afterwards. A folder is only used when it
+is complete (`complete_meta`: the meta parses, the weights file holds every
+tensor its header lists, the sizes match), partial folders are never read, and
+a save killed between its two renames leaves the previous adapter in the
+`.old-` folder, which is used until the next save.
+
 Short histories: with fewer than `min_items` items there is nothing to fit
 without memorising one text, so such a user gets the documented fallback,
 the K = 1 model (`prepare` says `cold_start: True`); no adapter is trained.
@@ -19,7 +28,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
+import shutil
 import time
 import warnings
 from collections import OrderedDict
@@ -31,6 +42,10 @@ from ..decoding import DecodingSettings, Generation, generate
 from . import UserContext, fingerprint
 
 META = "oppu.json"
+WEIGHTS = "adapter_model.safetensors"  # what peft's save_pretrained writes (safe serialisation)
+CONFIG = "adapter_config.json"
+PARTIAL = ".partial-"  # <name>.partial-<pid>: a save being written (or killed while writing); never loaded
+ASIDE = ".old-"  # <name>.old-<pid>: the previous adapter, moved aside while the new one is renamed in
 
 
 @dataclass(frozen=True)
@@ -62,6 +77,74 @@ def adapter_id(name: str) -> str:
 
 def _history_key(user) -> str:
     return fingerprint([t for it in user.items for t in (it.x, it.y)])
+
+
+def _whole_safetensors(path: Path) -> bool:
+    """True when the file holds its whole header and every byte of the tensors that header lists (a write cut
+    off anywhere fails this); the tensors themselves are not read."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little")
+            if len(head) < 8 or n > size - 8:
+                return False
+            header = json.loads(f.read(n))
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return False
+    return 8 + n + end == size
+
+
+def complete_meta(path: Path) -> dict | None:
+    """The meta of the adapter saved in `path` when the folder holds a whole adapter, else None: the meta
+    (written last) and peft's config parse, the weights are whole, and every file has the size the meta
+    recorded (adapters saved before sizes were recorded are checked without them)."""
+    try:
+        meta = json.loads((path / META).read_text())
+        json.loads((path / CONFIG).read_text())
+        sizes = meta.get("files", {})
+        if any((path / name).stat().st_size != size for name, size in sizes.items()):
+            return None
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+    return meta if _whole_safetensors(path / WEIGHTS) else None
+
+
+def _fsync(path: Path) -> None:
+    """Flushes a file (or a folder's entries) to disk; folders cannot be opened on every platform."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _pid_of(path: Path, marker: str) -> int | None:
+    try:
+        return int(path.name.rsplit(marker, 1)[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def _abandoned(pid: int | None) -> bool:
+    """True when the process that wrote a leftover folder is gone (or was this one), so it may be removed."""
+    if pid is None or pid == os.getpid():
+        return True
+    if os.name != "posix":  # os.kill(pid, 0) would terminate the process on Windows
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # exists, owned by someone else
+        return False
+    return False
 
 
 class OppuMethod:
@@ -101,16 +184,65 @@ class OppuMethod:
         report = train_adapter(eng.model, eng.tok, ada, examples, steps, settings, eng.cfg.budget)
         loss_after = sft_loss(eng.model, eng.tok, examples, eng.cfg.budget) if self.cfg.report_loss else None
         path = self.folder / ada
-        eng.model.save_pretrained(str(self.folder), selected_adapters=[ada])  # peft writes <folder>/<ada>/
         info = {"method": self.name, "n_items": len(examples), "cold_start": False, "adapter": ada, "path": str(path),
                 "steps": steps, "tokens": report["tokens"], "train_s": report["seconds"],
                 "lora_bytes": lora_bytes(eng.model, ada),
                 "loss_before": loss_before, "loss_after": loss_after, "history": _history_key(user)}
-        (path / META).write_text(json.dumps(info, indent=2))
+        self.save(ada, info)
         info["disk_bytes"] = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
         info["prepare_s"] = round(time.perf_counter() - t0, 4)
         self._record(user, info)
         return info
+
+    def save(self, ada: str, info: dict) -> Path:
+        """Writes the in-memory adapter `ada` with `info` as its meta to `<folder>/<ada>/`, so that a process
+        killed at any moment leaves either the previous adapter or the new one, never a mix (module doc)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        final, pid = self.folder / ada, os.getpid()
+        staging = self.folder / f"{ada}{PARTIAL}{pid}"
+        shutil.rmtree(staging, ignore_errors=True)
+        self.engine.model.save_pretrained(str(staging), selected_adapters=[ada])  # peft writes <staging>/<ada>/
+        new = staging / ada
+        files = sorted(f for f in new.iterdir() if f.is_file())
+        for f in files:
+            _fsync(f)
+        meta = info | {"files": {f.name: f.stat().st_size for f in files}}
+        with open(new / META, "w") as f:  # last: a folder with a meta has everything else
+            f.write(json.dumps(meta, indent=2))
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync(new)
+        aside = self.folder / f"{ada}{ASIDE}{pid}"
+        if final.exists():  # a folder cannot be renamed over a non-empty one: move the old one aside first
+            shutil.rmtree(aside, ignore_errors=True)
+            os.rename(final, aside)
+        os.rename(new, final)
+        _fsync(self.folder)
+        shutil.rmtree(staging, ignore_errors=True)  # now only peft's model card
+        for left in [*self.folder.glob(f"{ada}{ASIDE}*"), *self.folder.glob(f"{ada}{PARTIAL}*")]:
+            if _abandoned(_pid_of(left, ASIDE if ASIDE in left.name else PARTIAL)):  # earlier kills' leftovers
+                shutil.rmtree(left, ignore_errors=True)
+        return final
+
+    def saved(self, ada: str) -> tuple[Path, dict] | None:
+        """(folder, meta) of the user's complete saved adapter, or None: `<folder>/<ada>/` when it is whole,
+        else the previous adapter a save left in `<ada>.old-<pid>` when it was killed between its two renames.
+        `.partial-` folders are never used."""
+        meta = complete_meta(self.folder / ada)
+        if meta is not None:
+            return self.folder / ada, meta
+
+        def age(p: Path) -> float:
+            try:
+                return p.stat().st_mtime
+            except OSError:
+                return 0.0
+
+        for old in sorted(self.folder.glob(f"{ada}{ASIDE}*"), key=age, reverse=True):
+            meta = complete_meta(old)
+            if meta is not None:
+                return old, meta
+        return None
 
     def _record(self, user, info: dict) -> None:
         """The report as a store blob (kind "oppu", key = artifacts id); users not in the store are skipped."""
@@ -127,8 +259,8 @@ class OppuMethod:
         """True when the user's saved adapter was trained on their present history (or none is needed)."""
         if len(user.items) < self.cfg.min_items:
             return True
-        meta = self.folder / adapter_id(user.name) / META
-        return meta.exists() and json.loads(meta.read_text()).get("history") == _history_key(user)
+        saved = self.saved(adapter_id(user.name))
+        return saved is not None and saved[1].get("history") == _history_key(user)
 
     # ------------------------------------------------------------ adapters in memory
     def activate(self, user: UserContext) -> str:
@@ -139,10 +271,11 @@ class OppuMethod:
             return BASE_ADAPTER
         ada = adapter_id(user.name)
         if ada not in self.engine.model.peft_config:
-            path = self.folder / ada
-            if not (path / "adapter_config.json").exists():
-                raise ValueError(f"no OPPU adapter for user {user.name!r} at {path}: run prepare(user) first")
-            meta = json.loads((path / META).read_text()) if (path / META).exists() else {}
+            saved = self.saved(ada)
+            if saved is None:  # none, or only a half-written one
+                raise ValueError(f"no complete OPPU adapter for user {user.name!r} at {self.folder / ada}: "
+                                 "run prepare(user) first")
+            path, meta = saved
             if meta.get("history") not in (None, _history_key(user)):
                 warnings.warn(f"user {user.name!r}: history changed since the OPPU adapter was trained; "
                               "run prepare(user) again to retrain it", stacklevel=2)
