@@ -12,6 +12,7 @@ import json
 import os
 import re
 import tempfile
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -97,15 +98,50 @@ def _size(n: int) -> str:
     return f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n / 1e3:.1f} KB"
 
 
+def _short(text: str, limit: int = 60) -> str:
+    """Text from the user's input fit for an error message: one printable line, not megabytes of it."""
+    text = text if text.isprintable() else repr(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _json(text: str, where: str, line: int | None = None) -> Any:
+    """Parse JSON; every way it can fail is a HistoryError: bad syntax, nesting past the recursion limit, a number
+    past Python's 4300-digit limit, or an unpaired \\ud800 escape (a str no file, database or tokenizer takes)."""
+    at = f"{where} line {line}" if line else where
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise HistoryError(f"{where} line {line or e.lineno}: not valid JSON ({e.msg})") from None
+    except RecursionError:
+        raise HistoryError(f"{at}: not valid JSON (nested too deeply)") from None
+    except ValueError:  # the int digits limit
+        raise HistoryError(f"{at}: not valid JSON (a number has too many digits)") from None
+    if _SURROGATE_ESCAPE.search(text):  # paired escapes (an emoji written with ensure_ascii) are fine, lone ones not
+        stack = [obj]
+        while stack:
+            v = stack.pop()
+            if isinstance(v, dict):
+                stack += [*v, *v.values()]
+            elif isinstance(v, list):
+                stack += v
+            elif isinstance(v, str) and (bad := _SURROGATE.search(v)):
+                raise HistoryError(f"{at}: a string has an unpaired surrogate escape ({ascii(bad.group())}), "
+                                   "which is not valid text")
+    return obj
+
+
 def _load_json(path: Path) -> Any:
     if not path.is_file():
         raise HistoryError(f"{path}: file not found")
     try:
-        return json.loads(path.read_text(encoding="utf-8-sig"))
+        text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError:
         raise HistoryError(f"{path}: not UTF-8 text") from None
-    except json.JSONDecodeError as e:
-        raise HistoryError(f"{path} line {e.lineno}: not valid JSON ({e.msg})") from None
+    return _json(text, str(path))
 
 
 def _item(p: dict[str, Any]) -> Item | None:
@@ -160,7 +196,7 @@ def read_lamp(folder: str | Path, split: str) -> tuple[Task, list[Query]]:
         raise HistoryError(f"{qpath}: no queries")
     ids = [str(q["id"]) for q in raw]
     if len(set(ids)) != len(ids):
-        raise HistoryError(f"{qpath}: duplicate query ids")
+        raise HistoryError(f"{qpath}: duplicate query id {_short(Counter(ids).most_common(1)[0][0])}")
 
     task, golds = None, {}
     if opath.exists():
@@ -172,11 +208,12 @@ def read_lamp(folder: str | Path, split: str) -> tuple[Task, list[Query]]:
         golds = {str(g["id"]): g["output"] for g in out["golds"]}
         unknown = sorted(golds.keys() - set(ids))
         if unknown or len(golds) != len(out["golds"]):
-            raise HistoryError(f"{opath}: output ids do not match {qpath.name} (e.g. {(unknown or ['duplicates'])[0]!r})")
+            raise HistoryError(f"{opath}: output ids do not match {qpath.name} "
+                               f"(e.g. {_short(repr((unknown or ['duplicates'])[0]))})")
         if isinstance(out.get("task"), str):
             task = task_named(out["task"])
             if task is None:
-                raise HistoryError(f"{opath}: unknown task {out['task']!r}; known: {', '.join(TASKS)}")
+                raise HistoryError(f"{opath}: unknown task {_short(repr(out['task']))}; known: {', '.join(TASKS)}")
     task = task or _detect(raw, qpath)
 
     users: dict[str, str] = {}
@@ -195,7 +232,8 @@ def read_lamp(folder: str | Path, split: str) -> tuple[Task, list[Query]]:
             item = _item(p) if isinstance(p, dict) else None
             if item is None:
                 keys = sorted(p) if isinstance(p, dict) else type(p).__name__
-                raise HistoryError(f"{qpath}: query {qid} profile item {j} is unusable (keys: {keys})")
+                raise HistoryError(f"{qpath}: query {_short(qid)} profile item {j} is unusable "
+                                   f"(keys: {_short(str(keys))})")
             profile.append(item)
         queries.append(Query(qid, q["input"], tuple(profile), golds.get(qid), users.get(qid), sources.get(qid)))
     return task, queries
@@ -236,6 +274,9 @@ _BAD_CHARS = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f\ufffd]")
 def _check_text(text: str, source: str) -> None:
     if "\x00" in text or len(_BAD_CHARS.findall(text)) > 0.05 * len(text):
         raise HistoryError(f"{source} looks like binary data, not text")
+    if bad := _SURROGATE.search(text):  # a browser can send half an emoji; no database or tokenizer takes it
+        raise HistoryError(f"{source} has a broken character at position {bad.start()} (half of an emoji or "
+                           "other surrogate pair); remove it and try again")
 
 
 class History(list):
@@ -266,21 +307,23 @@ def parse_history(text: str, max_items: int = 500, max_chars: int = 2_000_000) -
     if len(text) > max_chars:
         raise HistoryError(f"history is {_size(len(text))}; the limit is {_size(max_chars)}")
     _check_text(text, "history")
+    return _blocks(text, max_items, "history")
+
+
+def _blocks(text: str, max_items: int, source: str) -> list[Item]:
+    """Plain text as items; source names the paste or the file in errors."""
     text = text.replace("\r\n", "\n").replace("\r", "\n").strip()
     blank = re.compile(r"\n[ \t]*\n")
     parts = blank.split(text) if blank.search(text) else text.split("\n")
-    return _clean([Item(y=p) for p in parts], max_items, "history")
+    return _clean([Item(y=p) for p in parts], max_items, source)
 
 
 def _from_jsonl(text: str, name: str) -> list[Item]:
     items = []
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(re.split(r"\r\n?|\n", text), 1):  # not splitlines: JSON strings may hold \x85, \u2028
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise HistoryError(f"{name} line {n}: not valid JSON ({e.msg})") from None
+        obj = _json(line, name, n)
         item = Item(y=obj) if isinstance(obj, str) else _item(obj) if isinstance(obj, dict) else None
         if item is None:
             raise HistoryError(f"{name} line {n}: expected a JSON string or an object with a \"text\" or \"output\" field")
@@ -303,16 +346,14 @@ def _from_csv(text: str, name: str) -> list[Item]:
         y = next((i for i in range(len(header))
                   if any(col(i, r).strip() and not re.fullmatch(r"[\d.,:+-]*", col(i, r).strip()) for r in rows)), None)
     if y is None:
-        raise HistoryError(f"{name}: no usable column; expected a \"text\" or \"output\" column (found: {', '.join(header)})")
+        raise HistoryError(f"{name}: no usable column; expected a \"text\" or \"output\" column "
+                           f"(found: {_short(', '.join(header))})")
     x = next((header.index(k) for k in ("input", "x") if k in header), None)
     return [Item(y=col(y, r), x=col(x, r) if x is not None else "") for r in rows]
 
 
 def _from_json(text: str, name: str) -> list[Item]:
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise HistoryError(f"{name} line {e.lineno}: not valid JSON ({e.msg})") from None
+    obj = _json(text, name)
     if isinstance(obj, list) and obj and isinstance(obj[0], dict) and "profile" in obj[0]:
         obj = obj[0]  # a LaMP questions file: the first query's profile
     profile = obj.get("profile") if isinstance(obj, dict) else obj
@@ -340,6 +381,8 @@ def read_history_file(path: str | Path, task: Task | None = None, max_bytes: int
     data = path.read_bytes()
     if not data.strip():
         raise HistoryError(f"{name} is empty")
+    if data.startswith((b"\xff\xfe", b"\xfe\xff", b"\x00\x00\xfe\xff")):  # the BOMs of UTF-16 and UTF-32
+        raise HistoryError(f"{name} is UTF-16 or UTF-32 text; save it as UTF-8 and upload it again")
     if b"\x00" in data:
         raise HistoryError(f"{name} looks like a binary file, not text")
     try:
@@ -349,7 +392,7 @@ def read_history_file(path: str | Path, task: Task | None = None, max_bytes: int
     _check_text(text, name)
     suffix = path.suffix.lower()
     if suffix not in (".jsonl", ".csv", ".json"):
-        return parse_history(text, max_items, max_chars=max_bytes)
+        return _blocks(text, max_items, name)
     items = {".jsonl": _from_jsonl, ".csv": _from_csv, ".json": _from_json}[suffix](text, name)
     if task is not None:  # an input that is not yet a prompt gets the task's template
         items = [replace(it, x=it.x if not it.x or (task.prefix and it.x.startswith(task.prefix)) else task.prompt(it.x))
