@@ -122,7 +122,7 @@ def refine_tokens(engine: Engine, history, n_hold: int, votes: Sequence[Vote], k
     engine.use_adapter(adapter_name(k, cluster))
     diag, _, _ = engine.held_out_style(history, n_hold, head, rows)
     style, curve = engine.fit_style(history, head, rows)
-    style.helps = diag.get("helps")
+    style.helps = True if votes else diag.get("helps")  # the person asked for their style: no fallback
     return Refinement(style, diag, curve, len(votes), time.perf_counter() - t0)
 
 
@@ -148,7 +148,7 @@ def refine_pairs(engine: Engine, objective: str, history: PairData, n_items: int
         diag = diagnostics(head, held, lam_fit, [torch.as_tensor(o) for o in others], hs)
     lam, curve = fit_user(head, data, hs)
     style = UserStyle.of(lam.numpy().astype(np.float32))
-    style.helps = diag.get("helps")
+    style.helps = True if votes else diag.get("helps")
     return Refinement(style, diag, curve, len(votes), time.perf_counter() - t0)
 
 

@@ -80,6 +80,13 @@ CREATE TABLE IF NOT EXISTS blobs (
 USER_TABLES = ("items", "vectors", "versions", "assignments", "generations", "blobs", "feedback")
 
 
+def decodes_own(stats: dict) -> bool | None:
+    """UserStyle.helps from a fit's stats: whether the style beat the cluster model on held-out items. A person
+    who voted has asked for their own style, so CARD's fallback to the cluster model no longer applies to them."""
+    helps = stats.get("diagnostics", {}).get("helps")
+    return True if stats.get("n_votes") else helps
+
+
 class StoreError(ValueError):
     """Clear, user-facing error (unknown user, bad schema version...)."""
 
@@ -386,7 +393,7 @@ class Store:
         if r is None:
             raise StoreError(f"user '{name}' has no version {version} under artifacts {artifacts}")
         stats = json.loads(r[2])
-        helps = stats.get("diagnostics", {}).get("helps")
+        helps = decodes_own(stats)
         return UserStyle.from_bytes(np.frombuffer(r[0], dtype="<f4").astype(np.float32), r[1], helps), stats
 
     def vector(self, name: str, artifacts: str) -> tuple[np.ndarray, dict] | None:
@@ -403,7 +410,7 @@ class Store:
         r = self._get("vectors", self._require(name), artifacts)
         if r is None:
             return None
-        helps = json.loads(r["stats"]).get("diagnostics", {}).get("helps")
+        helps = decodes_own(json.loads(r["stats"]))
         return UserStyle.from_bytes(np.frombuffer(r["vector"], dtype="<f4").astype(np.float32), r.get("style"), helps)
 
     def vector_bytes(self, name: str, artifacts: str) -> int:

@@ -97,7 +97,7 @@ def build_command(task: str, root: str | Path) -> str:
     return f".venv/bin/python -m personalize build --data {data} --split dev --out {Path(root) / task}"
 
 
-def fit_verdict(diagnostics: dict | None, cold_start: bool = False, fallback: bool = True) -> str:
+def fit_verdict(diagnostics: dict | None, cold_start: bool = False, fallback: bool = True, n_votes: int = 0) -> str:
     """In plain words: does the user's vector beat their cluster's model on their held-out items?
     Reads `helps` (own vector vs no head, set by the fit) with `acc_own` and `acc_no_head`; `fallback`: whether
     this build's CARD then shows the cluster model's output (StyleSettings.fallback, chosen by tune)."""
@@ -111,6 +111,9 @@ def fit_verdict(diagnostics: dict | None, cold_start: bool = False, fallback: bo
     a, b = _percents(float(own), float(base))
     if helps:
         return f"Your vector helps: it predicts {a} of your held-out words vs {b} for your cluster's model."
+    if n_votes:
+        return (f"Your style does not beat your cluster's model on your held-out writing ({a} vs {b}), but your "
+                f"{n_votes} vote{'s' * (n_votes != 1)} ask for it, so CARD decodes with your style.")
     if fallback:
         return (f"Your vector does not beat your cluster's model on your held-out items ({a} vs {b}), so CARD will "
                 "show the cluster model's output for you.")
@@ -647,7 +650,7 @@ class Studio:
         vid = self.store.save_vector(name, self.engine.artifacts_id, r.style.lam, self.engine.lm.model_id, keep,
                                      extras, source="vote", note=f"history + {r.n_votes} vote{'s' * (r.n_votes != 1)}")
         return {"version": vid, "n_votes": r.n_votes, "seconds": round(r.seconds, 3), "diagnostics": r.diagnostics,
-                "verdict": fit_verdict(r.diagnostics, fallback=self.engine.cfg.style.fallback)}
+                "verdict": fit_verdict(r.diagnostics, fallback=self.engine.cfg.style.fallback, n_votes=r.n_votes)}
 
     def thumb(self, name: str, prompt: str, text: str, up: bool, s: DecodingSettings, k: int | None = None,
               before: str | None = None) -> dict:

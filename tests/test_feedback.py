@@ -154,3 +154,13 @@ def test_simulated_votes_give_a_curve_per_checkpoint(studio, tiny_artifacts):
     person = res["people"][0]
     assert person["points"][0]["votes"] == 0 and person["points"][1]["votes"] <= 2
     assert "rougeL_eval @2 - @0" in res["differences"]
+
+
+def test_a_person_who_voted_gets_their_style_even_where_it_lost_on_held_out_items():
+    from personalize.store import decodes_own
+    from personalize.studio import fit_verdict
+
+    lost = {"helps": False, "acc_own": 0.30, "acc_no_head": 0.40}
+    assert decodes_own({"diagnostics": lost}) is False  # the fallback applies (CARD shows the cluster model)
+    assert decodes_own({"diagnostics": lost, "n_votes": 2}) is True  # the votes ask for the person's own style
+    assert "2 votes ask for it" in fit_verdict(lost, n_votes=2) and "30% vs 40%" in fit_verdict(lost, n_votes=2)
