@@ -261,7 +261,7 @@ def cmd_simulate_feedback(a) -> None:
 
     s = SimulationSettings(checkpoints=_ints(a.votes), n_eval=a.eval_items, n_vote=a.vote_items,
                            preference=a.preference, seed=a.seed)
-    fs = FeedbackSettings(vote_weight=a.vote_weight)
+    fs = FeedbackSettings(vote_weight=a.vote_weight, rejected_weight=a.rejected_weight)
     engine = _engine(a)
     if "tokens" not in engine.heads:
         raise UsageError("simulate-feedback needs artifacts with a tokens head (build --objectives tokens)")
@@ -279,7 +279,7 @@ def cmd_simulate_feedback(a) -> None:
                    progress=lambda i, n, u: print(f"  [{i}/{n}] {u} ({time.perf_counter() - t0:.0f} s)", flush=True))
     res["settings"] = {"artifacts": engine.artifacts_id, "data": str(a.data), "split": a.split,
                        "sources": sorted({q.source for q in queries if q.source}), "n": len(res["people"]),
-                       "vote_weight": fs.vote_weight, "preference": s.preference, "checkpoints": list(s.checkpoints),
+                       "vote_weight": fs.vote_weight, "rejected_weight": fs.rejected_weight, "preference": s.preference, "checkpoints": list(s.checkpoints),
                        "n_eval": s.n_eval, "n_vote": s.n_vote, "history_items_max": a.max_items,
                        "wall_s": round(time.perf_counter() - t0, 1)}
     for row in res["curve"]:
@@ -539,6 +539,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--vote-items", type=int, default=10, help="further held-out items whose prompts are voted on")
     f.add_argument("--max-items", type=int, default=24, help="history items the style is fitted on")
     f.add_argument("--vote-weight", type=float, default=2.0, help="a vote's token row against one history row")
+    f.add_argument("--rejected-weight", type=float, default=0.0,
+                   help="the other sample's tokens pushed down with this weight (0: the preferred sample alone)")
     f.add_argument("--preference", choices=("closer", "random"), default="closer",
                    help="closer: the sample nearer the person's text; random: a coin (the control)")
     f.add_argument("--seed", type=int, default=0)

@@ -45,11 +45,14 @@ class FeedbackSettings:
     """How much votes count against the history."""
 
     vote_weight: float = 2.0  # a vote's token row (or pair) counts this many history rows
+    # tokens head, a vote between two texts (Rate): the other text's rows pushed down with this weight (0: the
+    # preferred text alone is used; > 0: tokens the two texts share roughly cancel, their differences count)
+    rejected_weight: float = 0.0
     max_votes: int = 200  # the newest votes used in a refit
 
     def __post_init__(self):
-        if not self.vote_weight > 0 or self.max_votes < 1:
-            raise ValueError("vote_weight must be > 0 and max_votes >= 1")
+        if not self.vote_weight > 0 or self.rejected_weight < 0 or self.max_votes < 1:
+            raise ValueError("vote_weight must be > 0, rejected_weight >= 0 and max_votes >= 1")
 
 
 @dataclass(frozen=True)
@@ -103,12 +106,19 @@ class VoteFeatures:
         self._cache.clear()
 
 
-def vote_rows(feats: VoteFeatures, votes: Sequence[Vote], k: int, cluster: int, weight: float) -> TokenData:
-    """The tokens head's rows of the votes: preferred texts raised, thumbs-down texts lowered."""
-    texts = [(v.prompt, v.preferred if v.preferred else v.other) for v in votes]
-    signs = [1.0 if v.preferred else -1.0 for v in votes]
-    parts = [TokenData.from_features([f], weight=sign * weight)
-             for f, sign in zip(feats.get(k, cluster, texts), signs)]
+def vote_rows(feats: VoteFeatures, votes: Sequence[Vote], k: int, cluster: int, weight: float,
+              rejected_weight: float = 0.0) -> TokenData:
+    """The tokens head's rows of the votes: preferred texts raised, thumbs-down texts lowered, and with
+    `rejected_weight` the other text of a two-text vote lowered too."""
+    texts, weights = [], []
+    for v in votes:
+        if v.preferred:
+            texts.append((v.prompt, v.preferred)), weights.append(weight)
+            if v.other and rejected_weight:
+                texts.append((v.prompt, v.other)), weights.append(-rejected_weight)
+        else:
+            texts.append((v.prompt, v.other)), weights.append(-weight)
+    parts = [TokenData.from_features([f], weight=w) for f, w in zip(feats.get(k, cluster, texts), weights)]
     return TokenData.cat(parts)
 
 
@@ -118,7 +128,7 @@ def refine_tokens(engine: Engine, history, n_hold: int, votes: Sequence[Vote], k
     t0 = time.perf_counter()
     votes = list(votes)[-s.max_votes:]
     head = engine.heads["tokens"]
-    rows = vote_rows(feats, votes, k, cluster, s.vote_weight)
+    rows = vote_rows(feats, votes, k, cluster, s.vote_weight, s.rejected_weight)
     engine.use_adapter(adapter_name(k, cluster))
     diag, _, _ = engine.held_out_style(history, n_hold, head, rows)
     style, curve = engine.fit_style(history, head, rows)
