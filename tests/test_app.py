@@ -413,6 +413,15 @@ class Page:
     def until_text(self, elem_id, *needles) -> str:
         return self.wait.until(lambda d: (t := self.settled(elem_id)) is not None and any(n in t for n in needles) and t)
 
+    def choose_methods(self, methods):
+        """Ticks exactly these methods in Compare (on the Compare tab)."""
+        from selenium.webdriver.common.by import By
+
+        for box in self.d.find_elements(By.CSS_SELECTOR, "#methods label"):
+            tick = box.find_element(By.CSS_SELECTOR, "input")
+            if tick.is_selected() != (box.text.strip() in methods):
+                box.click()
+
     def shot(self, name):
         self.shots.mkdir(parents=True, exist_ok=True)
         self.d.save_screenshot(str(self.shots / f"{name}.png"))
@@ -515,6 +524,7 @@ def test_browser_a_thumb_refits_the_style_then_key_versions_and_forget_me(server
         assert "history" in p.until_text("versions", "history")
 
         p.tab("Compare")
+        p.choose_methods(("base", "cluster", "card"))  # no first-use work (EXACT, OPPU) in this test
         p.type("prompt", "The river was cold this morning.")
         p.click("compare-button")
         assert p.until_text("compare-status", "Done", "⚠️").startswith("Done")
@@ -523,6 +533,7 @@ def test_browser_a_thumb_refits_the_style_then_key_versions_and_forget_me(server
         assert "refitted" in refined and "CARD before" in refined, refined
         base_out = studio.store.generations(user="bea", method="base", limit=1)[0]["output"]
         assert studio.store.feedback("bea")[0]["preferred"] == base_out
+        driver.execute_script("document.getElementById('refine-status').scrollIntoView({block: 'center'});")
         p.shot("10-compare-vote")
 
         p.tab("Fit my style")
@@ -576,10 +587,7 @@ def test_browser_two_people_get_their_own_card_outputs_and_nothing_loops(server,
         p = Page(driver, shots)
         driver.get(server["url"])
         p.tab("Compare")  # once per page: base, cluster and card only, and room for a loop to show
-        for box in driver.find_elements(By.CSS_SELECTOR, "#methods label"):
-            tick = box.find_element(By.CSS_SELECTOR, "input")
-            if tick.is_selected() != (box.text.strip() in methods):
-                box.click()
+        p.choose_methods(methods)
         p.type("max-tokens", "32")
         p.el("#max-tokens input").send_keys(Keys.TAB)
         outputs = {}
@@ -712,10 +720,7 @@ def test_browser_text_from_people_and_models_is_shown_never_executed(server, tmp
         nothing_ran("Fit my style")
 
         p.tab("Compare")
-        for box in driver.find_elements(By.CSS_SELECTOR, "#methods label"):  # three methods keep it quick
-            tick = box.find_element(By.CSS_SELECTOR, "input")
-            if tick.is_selected() != (box.text.strip() in ("base", "cluster", "card")):
-                box.click()
+        p.choose_methods(("base", "cluster", "card"))  # three methods keep it quick
         p.type("prompt", XSS_PROMPT)
         p.click("compare-button")
         done = p.until_text("compare-status", "Done", "⚠️")
