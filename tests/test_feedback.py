@@ -164,3 +164,39 @@ def test_a_person_who_voted_gets_their_style_even_where_it_lost_on_held_out_item
     assert decodes_own({"diagnostics": lost}) is False  # the fallback applies (CARD shows the cluster model)
     assert decodes_own({"diagnostics": lost, "n_votes": 2}) is True  # the votes ask for the person's own style
     assert "2 votes ask for it" in fit_verdict(lost, n_votes=2) and "30% vs 40%" in fit_verdict(lost, n_votes=2)
+
+
+@pytest.fixture(scope="module")
+def pairs_studio(tiny_artifacts, tmp_path_factory):
+    """The tiny population built again with the pairs head first (votes become pairs for it)."""
+    from dataclasses import replace
+
+    from personalize.build import build
+    from personalize.engine import artifacts_meta
+    from personalize.config import CardConfig
+
+    root = tmp_path_factory.mktemp("pairs")
+    cfg = CardConfig.from_dict(artifacts_meta(tiny_artifacts["artifacts"])["settings"])
+    cfg = replace(cfg, objectives=("pairs",), head=replace(cfg.head, objective="pairs"), ks=(1, 2))
+    out = build(tiny_artifacts["demo"], "dev", root / "artifacts", cfg, p2p=None)
+    s = tiny_studio({**tiny_artifacts, "artifacts": out}, root)
+    yield s
+    s.store.close()
+
+
+def test_a_pair_heads_vote_is_a_pair_and_refits_lambda(pairs_studio):
+    studio = pairs_studio
+    studio.save_history("yun", [Item(y=t) for t in TERSE], "tweets")
+    studio.fit("yun")
+    s = studio.settings(alpha=2.0, max_new_tokens=5)
+    prompt = studio.task.prompt("the match")
+    before = studio.store.style("yun", studio.engine.artifacts_id)
+    res = studio.thumb("yun", prompt, "ok so the match was fine i guess", True, s)
+    assert res["version"] is not None and res["n_votes"] == 1 and res["diagnostics"].get("unit") != "tokens"
+    after = studio.store.style("yun", studio.engine.artifacts_id)
+    assert after.helps is True and len(after.bias_ids) == 0  # a pair head has λ only
+    if studio.engine.heads["pairs"].U.abs().sum() > 0:  # φ = 0 for an untrained U: no pair can move λ then
+        assert not np.array_equal(after.lam, before.lam)
+    stats = studio.store.vector("yun", studio.engine.artifacts_id)[1]["stats"]
+    assert stats["objective"] == "pairs" and stats["n_votes"] == 1
+    assert [v["source"] for v in studio.versions("yun")][:1] == ["vote"]
