@@ -35,7 +35,7 @@ from .adapters import adapter_name
 from .data import Item
 from .decoding import DecodingSettings
 from .engine import Engine, UserFit, _split
-from .head import PAIR_OBJECTIVES, PairData, TokenData, diagnostics, fit_user
+from .head import PairData, TokenData, diagnostics, fit_user
 from .metrics import rouge_per_query
 from .style import UserStyle, style_diagnostics
 
