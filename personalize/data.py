@@ -305,7 +305,7 @@ def _clean(items: Sequence[Item], max_items: int, source: str) -> History:
 def parse_history(text: str, max_items: int = 500, max_chars: int = 2_000_000) -> list[Item]:
     """A pasted history: blank-line separated blocks if there are blank lines, else one item per line."""
     if len(text) > max_chars:
-        raise HistoryError(f"history is {_size(len(text))}; the limit is {_size(max_chars)}")
+        raise HistoryError(f"history is {len(text):,} characters ({_size(len(text))}); the limit is {max_chars:,}")
     _check_text(text, "history")
     return _blocks(text, max_items, "history")
 
@@ -377,7 +377,7 @@ def read_history_file(path: str | Path, task: Task | None = None, max_bytes: int
         raise HistoryError(f"{name}: file not found")
     size = path.stat().st_size
     if size > max_bytes:
-        raise HistoryError(f"{name} is {_size(size)}; the limit is {_size(max_bytes)}")
+        raise HistoryError(f"{name} is {size:,} bytes ({_size(size)}); the limit is {max_bytes:,}")
     data = path.read_bytes()
     if not data.strip():
         raise HistoryError(f"{name} is empty")

@@ -123,7 +123,7 @@ def test_parse_history_lines_and_blocks() -> None:
         ("  \n\t\n \n", {}, "empty"),
         ("ok\x00\x01", {}, "binary"),
         ("".join(chr(i % 32) for i in range(1, 400)), {}, "binary"),
-        ("x" * 3_000_000, {}, r"history is 3\.0 MB; the limit is 2\.0 MB"),
+        ("x" * 3_000_000, {}, r"history is 3,000,000 characters \(3\.0 MB\); the limit is 2,000,000"),
         ("a\nb\nc\nd", {"max_items": 3}, "has 4 items; the limit is 3"),
     ],
 )
@@ -169,7 +169,7 @@ def test_read_history_file_formats(tmp_path: Path) -> None:
         ("m.json", b'[\n{"text": "a"},\n{"text": }\n]', "m.json line 3: not valid JSON"),
         ("c.csv", b"id,score\n1,2\n2,3.5\n", "no usable column"),
         ("h.csv", b"text\n", "is empty"),
-        ("big.txt", b"x" * 200, r"big.txt is 0\.2 KB; the limit is 0\.1 KB"),
+        ("big.txt", b"x" * 200, r"big.txt is 200 bytes \(0\.2 KB\); the limit is 100"),
         ("many.jsonl", b'"a"\n"b"\n"c"\n', "has 3 items; the limit is 2"),
     ],
 )
