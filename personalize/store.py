@@ -87,6 +87,11 @@ def decodes_own(stats: dict) -> bool | None:
     return True if stats.get("n_votes") else helps
 
 
+# One vote per rater and pair of stored outputs (either order), enforced by SQLite for several processes.
+_ONE_VOTE = ("CREATE UNIQUE INDEX IF NOT EXISTS idx_ratings_one_vote ON ratings(rater, min(gen_a, gen_b), "
+             "max(gen_a, gen_b)) WHERE gen_a IS NOT NULL AND gen_b IS NOT NULL")
+
+
 class StoreError(ValueError):
     """Clear, user-facing error (unknown user, bad schema version...)."""
 
@@ -176,6 +181,10 @@ class Store:
                         f"{self.path} has schema version {version}, but this code only knows "
                         f"version {SCHEMA_VERSION}: upgrade personalize or use another database")
             db.executescript(_SCHEMA)
+            try:  # the one-vote rule across processes; a database that already holds repeated votes keeps the
+                db.execute(_ONE_VOTE)  # rule of Arena.vote alone (it checks has_rating under its lock)
+            except sqlite3.IntegrityError:
+                pass
             db["meta"].upsert({"key": "schema_version", "value": str(SCHEMA_VERSION)}, pk="key")
 
     def close(self) -> None:
@@ -461,13 +470,19 @@ class Store:
             raise StoreError(f"invalid winner {winner!r}: expected one of {', '.join(WINNERS)}")
         if not isinstance(rater, str) or not rater.strip():
             raise StoreError("rater name must not be empty")
-        with self._write() as db:
-            table = db["ratings"].insert(
-                {"created": _now(), "rater": rater.strip(), "prompt": prompt, "user": user,
-                 "method_a": method_a, "output_a": output_a, "method_b": method_b,
-                 "output_b": output_b, "winner": winner, "settings": _dumps(settings),
-                 "gen_a": gen_a, "gen_b": gen_b})
-            return int(table.last_pk)
+        try:
+            with self._write() as db:
+                table = db["ratings"].insert(
+                    {"created": _now(), "rater": rater.strip(), "prompt": prompt, "user": user,
+                     "method_a": method_a, "output_a": output_a, "method_b": method_b,
+                     "output_b": output_b, "winner": winner, "settings": _dumps(settings),
+                     "gen_a": gen_a, "gen_b": gen_b})
+                return int(table.last_pk)
+        except sqlite3.IntegrityError:
+            if self.has_rating(rater, gen_a, gen_b):
+                raise StoreError(f"{rater.strip()} already voted on these two outputs (one vote per rater and "
+                                 "pair)") from None
+            raise
 
     def has_rating(self, rater: str, gen_a: int | None, gen_b: int | None) -> bool:
         """Whether `rater` already voted on these two stored generations (in either order)."""

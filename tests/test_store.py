@@ -303,3 +303,16 @@ INSERT INTO users VALUES ('ann', 'tweets', 't', 't');
     assert len(versions) == 2 and versions[-1]["current"] and not versions[0]["current"]
     store.restore_version("ann", "a1", versions[0]["id"])
     assert np.array_equal(store.style("ann", "a1").lam, np.ones(4))
+
+
+def test_one_vote_per_rater_and_pair_holds_across_connections(tmp_path: Path) -> None:
+    """Two Store objects on one file (two processes, in effect): the database itself refuses the second vote."""
+    one, two = Store(tmp_path / "s.db"), Store(tmp_path / "s.db")
+    one.add_rating("r1", "p", None, "card", "x", "base", "y", "a", {}, 5, 9)
+    with pytest.raises(StoreError, match="already voted"):
+        two.add_rating("r1", "p", None, "base", "y", "card", "x", "b", {}, 9, 5)  # the same pair, other order
+    two.add_rating("r2", "p", None, "card", "x", "base", "y", "a", {}, 5, 9)  # another rater
+    one.add_rating("r1", "p", None, "card", "x", "base", "y", "a", {})  # pairs not stored as generations: no rule
+    one.add_rating("r1", "p", None, "card", "x", "base", "y", "a", {})
+    assert len(one.ratings()) == 4
+    one.close(), two.close()
