@@ -24,7 +24,8 @@ from .data import TASKS, HistoryError, Item, parse_history, read_history_file, r
 from .decoding import DecodingSettings, Generation
 from .engine import CORE_METHODS, ArtifactsError, Engine, UserFit
 from .leaderboard import LeaderboardConfig, leaderboard
-from .methods import METHODS, UserContext, get_method
+from .adapters import adapter_name
+from .methods import METHODS, UserContext, fingerprint, get_method
 from .methods.exact import MEMORY_KIND as EXACT_MEMORY
 from .metrics import rouge_scores
 from .onboard import onboard, prepared_items, store_assignments
@@ -598,22 +599,20 @@ class Studio:
         return leaderboard(self.store.ratings(), cfg)
 
     # ------------------------------------------------------------ votes refine the style
+    def _history_key(self, name: str, k: int, cluster: int, objective: str) -> tuple:
+        stored = self.store.items(name)
+        return (self.engine.artifacts_id, name, k, cluster, objective, fingerprint([f"{s.x}\n{s.y}" for s in stored]))
+
     def _remember_history(self, name: str, k: int, cluster: int, feats, n_hold: int) -> None:
-        key = (self.engine.artifacts_id, name, k, cluster, _fingerprint(self.store.items(name)))
-        self._history[key] = (feats, n_hold)
+        self._history[self._history_key(name, k, cluster, "tokens")] = (feats, n_hold)
         while len(self._history) > 32:
             self._history.pop(next(iter(self._history)))
 
     def _history_data(self, name: str, k: int, cluster: int, objective: str):
         """(history data of the head, n items, n held out): kept from the fit, else one pass (after a restart)."""
         items = prepared_items(self.engine, self.store, name)
-        key = (self.engine.artifacts_id, name, k, cluster, _fingerprint(self.store.items(name)), objective)
-        if objective == "tokens" and key[:-1] in self._history:
-            feats, n_hold = self._history[key[:-1]]
-            return feats, len(items), n_hold
+        key = self._history_key(name, k, cluster, objective)
         if key not in self._history:
-            from .adapters import adapter_name
-
             self.engine.use_adapter(adapter_name(k, cluster))
             data = self.engine.features(items) if objective == "tokens" else self.engine.user_data(items, objective)
             self._history[key] = (data, self.engine.n_held_out(len(items)))
@@ -787,10 +786,6 @@ def text_pieces(tok, steps: Sequence[dict]) -> list[tuple[str, bool]]:
             out.append((text[len(shown):], changed))
         shown, changed = text, False
     return out
-
-
-def _fingerprint(stored) -> int:
-    return hash(tuple((x.id, x.x, x.y) for x in stored))
 
 
 def _lamp_users(folder: Path, split: str = "dev") -> dict[str, list[Item]]:

@@ -126,9 +126,11 @@ def test_a_rate_vote_on_a_users_pair_refines_their_style_in_the_background(studi
     studio.save_history("xia", [Item(y=t) for t in TERSE], "tweets")
     studio.fit("xia")
     s = studio.settings(alpha=2.0, max_new_tokens=5)
-    pair = studio.new_pair("xia", studio.task.prompt("we won"), ["base", "card"], s)
-    if pair.outputs[0].strip() == pair.outputs[1].strip():
-        pytest.skip("the tiny model gave the same text twice: no decided vote possible")
+    drawn = studio.new_pair("xia", studio.task.prompt("we won"), ["base", "card"], s)
+    # the tiny model may write the same text twice (no decided vote): the pair is opened again with two texts
+    # that differ, as a rater sees them, so that the vote is always a decided one
+    other = drawn.outputs[1] + " (edited)" if drawn.outputs[0].strip() == drawn.outputs[1].strip() else drawn.outputs[1]
+    pair = studio.arena.open("xia", drawn.prompt, drawn.methods, (drawn.outputs[0], other), settings=drawn.settings)
     n = len(studio.versions("xia"))
     studio.vote(pair.id, "b", "rater-x")
     studio.wait_feedback()
