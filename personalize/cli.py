@@ -1,4 +1,5 @@
-"""Command line: `python -m personalize {build,onboard,generate,eval,tune,bench,demo,simulate-feedback,style-key,forget}`.
+"""Command line: `python -m personalize {build,onboard,generate,eval,tune,bench,demo,simulate-feedback,style-key,forget,
+campaign}`.
 
 Bad input ends with one clear line on stderr and exit status 2, never a
 traceback, and nothing half-written (artifacts and vectors are replaced only
@@ -336,6 +337,74 @@ def cmd_forget(a) -> None:
           f"{len(res['files'])} file(s) removed; database vacuumed")
 
 
+def cmd_campaign(a) -> None:
+    """Human-eval campaigns: create from a LaMP folder, generate the outputs (resumable), status, export, import,
+    the LLM judge, close."""
+    from . import campaign
+    from .store import Store
+
+    store = Store(a.db)
+    try:
+        camps = campaign.Campaigns(store)
+        if a.action == "create":
+            from .engine import artifacts_meta
+
+            if not (Path(a.artifacts) / "config.json").exists():
+                raise UsageError(f"no artifacts at {a.artifacts}: build them with `python -m personalize build`")
+            meta = artifacts_meta(Path(a.artifacts))
+            c = campaign.create_from_lamp(
+                store, a.name, a.data, a.split, a.limit, a.artifacts, meta.get("id", "unbuilt"), meta["task"],
+                methods=_methods(a.methods), reference=a.reference, mode=a.mode, raters_per_item=a.raters_per_item,
+                attention_every=a.attention_every, alpha=a.alpha, top_k=a.top_k, max_new_tokens=a.max_tokens)
+            out = camps.outputs(a.name)
+            print(f"created campaign {c['name']!r}: {len(camps.items(a.name))} items, arms {', '.join(c['config'].arms)}, "
+                  f"{c['config'].mode}, {c['config'].raters_per_item} ratings per unit; outputs {out['done']}/"
+                  f"{out['total']}: next `python -m personalize campaign generate --name {a.name} --db {a.db}`")
+        elif a.action == "generate":
+            from tqdm import tqdm
+
+            from .studio import Studio, StudioConfig
+
+            c = camps.get(a.name)
+            studio = Studio.load(StudioConfig(artifacts=a.artifacts or c["config"].artifacts, db=a.db))
+            bar = tqdm(total=None, unit="output", desc=f"campaign {a.name}")
+
+            def tick(i, n, what):
+                bar.total = n
+                bar.n = i
+                bar.set_postfix_str(what[:40])
+                bar.refresh()
+            try:
+                res = studio.generate_campaign(a.name, tick)
+            finally:
+                bar.close()
+            print(f"generated {res['generated']} output(s) in {res['seconds']} s; outputs {res['outputs']['done']}/"
+                  f"{res['outputs']['total']}" + "".join(f"\n  failed: {f}" for f in res["failed"]))
+        elif a.action == "status":
+            res = camps.results(a.name)
+            print(json.dumps(res, indent=2, ensure_ascii=False) if a.json else campaign.format_status(res))
+        elif a.action == "export":
+            path, summary, n = camps.export(a.name, a.out)
+            print(f"wrote {n} judgment(s) to {path} and the summary to {summary}")
+        elif a.action == "import":
+            res = camps.import_judgments(a.name, a.file)
+            print(f"imported {res['added']} judgment(s); {res['duplicates']} already here, {res['unmatched']} unmatched")
+        elif a.action == "judge":
+            from .judge import Judge, JudgeConfig
+
+            judge = Judge(JudgeConfig(model=a.model))
+            res = campaign.run_judge(camps, a.name, judge, lambda i, n, w: print(f"  judge {w}", flush=True)
+                                     if i % 10 == 0 else None)
+            corr = camps.results(a.name)["judge"]
+            print(f"{judge.label} judged {res['judged']} unit(s); rank correlation with the raters: "
+                  f"{json.dumps(corr and corr['rank_correlation'])}")
+        elif a.action in ("close", "open"):
+            camps.set_status(a.name, "closed" if a.action == "close" else "open")
+            print(f"campaign {a.name!r} is {'closed' if a.action == 'close' else 'open'}")
+    finally:
+        store.close()
+
+
 def _objectives_first(a) -> tuple[str, ...]:
     """The built heads with --objective first (onboarding and card use the first), checked before models load."""
     from .engine import artifacts_meta
@@ -572,6 +641,42 @@ def build_parser() -> argparse.ArgumentParser:
     fg.add_argument("--db", default=DEFAULT_DB)
     fg.add_argument("--export-dir", default="data/exports")
     fg.set_defaults(fn=cmd_forget)
+
+    cp = sub.add_parser("campaign", help="human-eval campaigns: create, generate, status, export, import, judge, close",
+                        description="A fixed set of (user, prompt) items from a LaMP folder, every method's output "
+                                    "generated ahead, blinded units served to raters in the app's Rate tab.")
+    cc = cp.add_subparsers(dest="action", required=True)
+    cr = cc.add_parser("create", help="a campaign over the first N queries of a LaMP split")
+    cr.add_argument("--name", required=True)
+    cr.add_argument("--artifacts", default=DEMO_ARTIFACTS, help="the build that generates the outputs")
+    cr.add_argument("--data", required=True, help="a LaMP folder (its people are stored from their profiles)")
+    cr.add_argument("--split", default="dev")
+    cr.add_argument("--limit", type=int, default=10, help="the first N queries become the items")
+    cr.add_argument("--methods", default="base,cluster,card", help="comma-separated methods to compare")
+    cr.add_argument("--reference", action="store_true", help="the gold output takes part as one more blinded arm")
+    cr.add_argument("--mode", choices=("pairwise", "rubric"), default="pairwise")
+    cr.add_argument("--raters-per-item", type=int, default=3, help="judgments wanted per unit")
+    cr.add_argument("--attention-every", type=int, default=0,
+                    help="every N-th unit a rater gets is an attention check (needs --reference; 0: none)")
+    _decoding_args(cr)
+    cg = cc.add_parser("generate", help="generate the missing outputs (resumable; each output stored once)")
+    cg.add_argument("--artifacts", default=None, help="the build's folder (default: the one the campaign names)")
+    cs = cc.add_parser("status", help="progress, agreement and leaderboard")
+    cs.add_argument("--json", action="store_true", help="the status as JSON (keys items, outputs, judgments, "
+                                                        "agreement, leaderboard, ...)")
+    ce = cc.add_parser("export", help="one row per judgment (JSONL or CSV by extension) and a summary JSON")
+    ce.add_argument("--out", required=True)
+    ci = cc.add_parser("import", help="merge judgments exported by another studio (no duplicates)")
+    ci.add_argument("--file", required=True)
+    cj = cc.add_parser("judge", help="an LLM judge scores every unit (default: the bundled model, a weak judge)")
+    cj.add_argument("--model", default=None, help="a Hugging Face id or folder (default: the bundled model)")
+    cx = cc.add_parser("close", help="stop serving the campaign to raters")
+    co = cc.add_parser("open", help="serve a closed campaign again")
+    for x in (cr, cg, cs, ce, ci, cj, cx, co):
+        if x is not cr:
+            x.add_argument("--name", required=True)
+        x.add_argument("--db", default=DEFAULT_DB)
+        x.set_defaults(fn=cmd_campaign)
 
     d = sub.add_parser("demo", help="build the demo once, then print methods side by side", description="The demo pipeline.")
     d.add_argument("--data", default="data/demo")

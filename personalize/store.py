@@ -22,7 +22,8 @@ import sqlite_utils
 
 from personalize.data import Item
 
-SCHEMA_VERSION = 3  # 2: vectors.style (token bias, kNN memory); 3: every fitted style kept as a version, votes
+SCHEMA_VERSION = 4  # 2: vectors.style (token bias, kNN memory); 3: every fitted style kept as a version, votes;
+# 4: human-evaluation campaigns (personalize.campaign)
 VERSION_SOURCES = ("history", "vote", "import")  # what produced a version of a user's style
 FEEDBACK_SOURCES = ("rate", "up", "down")  # a Rate vote, a thumbs up / down on a Compare column
 WINNERS = ("a", "b", "tie", "both_bad")
@@ -70,6 +71,31 @@ CREATE TABLE IF NOT EXISTS ratings (
   winner TEXT NOT NULL CHECK (winner IN ('a', 'b', 'tie', 'both_bad')),
   settings TEXT NOT NULL, gen_a INTEGER, gen_b INTEGER);
 CREATE INDEX IF NOT EXISTS idx_ratings_created ON ratings(created);
+CREATE TABLE IF NOT EXISTS campaigns (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL UNIQUE, created TEXT NOT NULL,
+  status TEXT NOT NULL CHECK (status IN ('open', 'closed')), config TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS campaign_items (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, campaign INTEGER NOT NULL REFERENCES campaigns(id), position INTEGER NOT NULL,
+  user TEXT NOT NULL, prompt TEXT NOT NULL, reference TEXT, history TEXT NOT NULL, UNIQUE (campaign, position));
+CREATE TABLE IF NOT EXISTS campaign_outputs (
+  item INTEGER NOT NULL REFERENCES campaign_items(id), method TEXT NOT NULL, output TEXT NOT NULL,
+  seconds REAL NOT NULL, created TEXT NOT NULL, PRIMARY KEY (item, method));
+CREATE TABLE IF NOT EXISTS campaign_units (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, campaign INTEGER NOT NULL REFERENCES campaigns(id),
+  item INTEGER NOT NULL REFERENCES campaign_items(id), method_a TEXT NOT NULL, method_b TEXT NOT NULL,
+  attention INTEGER NOT NULL, UNIQUE (item, method_a, method_b));
+CREATE TABLE IF NOT EXISTS campaign_assignments (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, campaign INTEGER NOT NULL REFERENCES campaigns(id),
+  unit INTEGER NOT NULL REFERENCES campaign_units(id), rater TEXT NOT NULL, swapped INTEGER NOT NULL,
+  status TEXT NOT NULL CHECK (status IN ('pending', 'done', 'skipped')), served TEXT NOT NULL, served_at REAL NOT NULL,
+  UNIQUE (unit, rater));
+CREATE INDEX IF NOT EXISTS idx_campaign_assignments_rater ON campaign_assignments(campaign, rater, status);
+CREATE TABLE IF NOT EXISTS campaign_judgments (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, uid TEXT NOT NULL UNIQUE, campaign INTEGER NOT NULL REFERENCES campaigns(id),
+  unit INTEGER NOT NULL REFERENCES campaign_units(id), rater TEXT NOT NULL, swapped INTEGER NOT NULL,
+  verdict TEXT CHECK (verdict IN ('a', 'b', 'tie', 'both_bad')), scores TEXT, seconds REAL, served TEXT,
+  created TEXT NOT NULL, source TEXT NOT NULL CHECK (source IN ('rater', 'import', 'judge')), UNIQUE (unit, rater));
+CREATE INDEX IF NOT EXISTS idx_campaign_judgments ON campaign_judgments(campaign, source);
 CREATE TABLE IF NOT EXISTS blobs (
   user TEXT NOT NULL, kind TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
   updated TEXT NOT NULL, PRIMARY KEY (user, kind, key));
@@ -176,6 +202,8 @@ class Store:
                         db.execute("UPDATE vectors SET version = ? WHERE user = ? AND artifacts = ?",
                                    [vid, r["user"], r["artifacts"]])
                     version = 3
+                if version == 3:  # v3 → v4: the campaign tables are new (created below)
+                    version = 4
                 if version != SCHEMA_VERSION:
                     raise StoreError(
                         f"{self.path} has schema version {version}, but this code only knows "
@@ -190,6 +218,17 @@ class Store:
     def close(self) -> None:
         with self._lock:
             self.db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite_utils.Database]:
+        """One write transaction for the modules that keep their own tables here (personalize.campaign)."""
+        with self._write() as db:
+            yield db
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[dict]:
+        """Rows of a read as dicts, under the connection's lock."""
+        with self._lock:
+            return [dict(r) for r in self.db.query(sql, list(params))]
 
     @contextmanager
     def _write(self) -> Iterator[sqlite_utils.Database]:

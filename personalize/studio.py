@@ -33,6 +33,7 @@ from .feedback import FeedbackSettings, Refinement, Vote, VoteFeatures, refine_p
 from .head import PAIR_OBJECTIVES
 from .store import Store, StoreError
 from .style import UserStyle
+from . import campaign as campaign_mod
 from . import owner
 
 # Columns of the Compare tab, in order; every name the methods registry knows.
@@ -178,6 +179,8 @@ class Studio:
                  demo_users: dict[str, list[Item]] | None = None, population: dict[str, list[str]] | None = None):
         self.engine, self.store, self.cfg = engine, store, cfg
         self.arena = Arena(store)
+        self.campaigns = campaign_mod.Campaigns(store)
+        self._judges: dict[str | None, object] = {}  # LLM judges by model id, loaded on first use
         self.demo_users = demo_users or {}
         self.population = population or {}
         self.model_lock = threading.RLock()
@@ -597,6 +600,42 @@ class Studio:
 
     def leaderboard(self, cfg: LeaderboardConfig = LeaderboardConfig()) -> dict:
         return leaderboard(self.store.ratings(), cfg)
+
+    # ------------------------------------------------------------ human-eval campaigns (personalize.campaign)
+    def create_campaign(self, name: str, data: str | Path, split: str = "dev", limit: int = 10,
+                        methods: Sequence[str] = ("base", "cluster", "card"), reference: bool = False,
+                        mode: str = "pairwise", raters_per_item: int = 3, attention_every: int = 0,
+                        alpha: float | None = None, top_k: int | None = None,
+                        max_new_tokens: int | None = None) -> dict:
+        """A campaign over the first `limit` queries of a LaMP split, for this build (campaign.create_from_lamp)."""
+        return campaign_mod.create_from_lamp(
+            self.store, name, data, split, limit, self.cfg.artifacts, self.engine.artifacts_id, self.task.name,
+            methods=tuple(methods),
+            reference=bool(reference), mode=mode, raters_per_item=int(raters_per_item),
+            attention_every=int(attention_every), alpha=alpha, top_k=top_k, max_new_tokens=max_new_tokens)
+
+    def generate_campaign(self, name: str, progress: Callable[[int, int, str], None] | None = None) -> dict:
+        return campaign_mod.generate(self, name, progress)
+
+    def next_judgment(self, name: str, rater: str) -> "campaign_mod.Assignment | None":
+        return self.campaigns.next(name, rater)
+
+    def submit_judgment(self, assignment: int, rater: str, verdict: str | None = None,
+                        scores: dict | None = None) -> int:
+        return self.campaigns.submit(assignment, rater, verdict, scores)
+
+    def campaign_results(self, name: str) -> dict:
+        return self.campaigns.results(name)
+
+    def judge_campaign(self, name: str, model: str | None = None,
+                       progress: Callable[[int, int, str], None] | None = None) -> dict:
+        """The LLM judge (campaign.run_judge) on every unit; the judge model is loaded once and kept."""
+        from .judge import Judge, JudgeConfig
+
+        if model not in self._judges:
+            self._judges[model] = Judge(JudgeConfig(model=model))
+        campaign_mod.run_judge(self.campaigns, name, self._judges[model], progress, self.model_lock)
+        return self.campaigns.results(name)
 
     # ------------------------------------------------------------ votes refine the style
     def _history_key(self, name: str, k: int, cluster: int, objective: str) -> tuple:
