@@ -59,6 +59,7 @@ class CampaignConfig:
     build: str = ""  # the build's id: outputs come from this build only
     data: str | None = None  # the LaMP folder and split the items came from, when they did
     split: str | None = None
+    sources: tuple[str, ...] = ()  # only people from these sources (the ones a build left out)
     task: str = ""
     history_shown: int = 20  # history items a rater can scroll through
     pending_ttl_s: float = 1800.0  # a pending assignment older than this no longer counts as a unit's load
@@ -89,7 +90,7 @@ class CampaignConfig:
     def from_json(cls, text: str) -> "CampaignConfig":
         raw = json.loads(text)
         known = {f.name for f in fields(cls)}
-        return cls(**{k: (tuple(v) if k == "methods" else v) for k, v in raw.items() if k in known})
+        return cls(**{k: (tuple(v) if k in ("methods", "sources") else v) for k, v in raw.items() if k in known})
 
 
 @dataclass(frozen=True)
@@ -566,14 +567,16 @@ def _atomic(path: Path, text: str) -> None:
 
 # ------------------------------------------------------------ items from a LaMP folder, and generation
 
-def lamp_items(folder: str | Path, split: str, limit: int, history_shown: int = 20):
-    """The first `limit` queries of a LaMP split as campaign items: (task, items, {user: profile items})."""
+def lamp_items(folder: str | Path, split: str, limit: int, history_shown: int = 20, sources: Sequence[str] = ()):
+    """The first `limit` queries of a LaMP split (of people from `sources` only, when given: people a build left
+    out) as campaign items: (task, items, {user: profile items})."""
+    from .build import select_sources
     from .data import read_lamp
 
     if limit < 1:
         raise CampaignError("--limit must be at least 1")
     task, queries = read_lamp(folder, split)
-    picked = [q for q in queries if len(q.profile) >= 1][:limit]
+    picked = [q for q in select_sources(queries, tuple(sources)) if len(q.profile) >= 1][:limit]
     if not picked:
         raise CampaignError(f"no queries with a profile in {folder} ({split})")
     items, profiles = [], {}
@@ -585,13 +588,14 @@ def lamp_items(folder: str | Path, split: str, limit: int, history_shown: int = 
 
 
 def create_from_lamp(store: Store, name: str, data: str | Path, split: str, limit: int, artifacts: str | Path,
-                     build: str, task: str, **settings) -> dict:
+                     build: str, task: str, sources: Sequence[str] = (), **settings) -> dict:
     """A campaign over the first `limit` queries of a LaMP split, for the build `artifacts` serving `task`; each
     query's person is stored from their profile (a person already stored under that name keeps their history)."""
-    lamp_task, items, profiles = lamp_items(data, split, int(limit))
+    lamp_task, items, profiles = lamp_items(data, split, int(limit), sources=sources)
     if lamp_task.name != task:
         raise CampaignError(f"{data} is a {lamp_task.name} folder, but the build serves {task}")
-    cfg = CampaignConfig(artifacts=str(artifacts), build=build, data=str(data), split=split, task=task, **settings)
+    cfg = CampaignConfig(artifacts=str(artifacts), build=build, data=str(data), split=split, task=task,
+                         sources=tuple(sources), **settings)
     camps = Campaigns(store)
     if (name or "").strip() in camps.names():
         raise CampaignError(f"a campaign named {name.strip()!r} exists already")

@@ -354,7 +354,7 @@ def cmd_campaign(a) -> None:
             meta = artifacts_meta(Path(a.artifacts))
             c = campaign.create_from_lamp(
                 store, a.name, a.data, a.split, a.limit, a.artifacts, meta.get("id", "unbuilt"), meta["task"],
-                methods=_methods(a.methods), reference=a.reference, mode=a.mode, raters_per_item=a.raters_per_item,
+                sources=_list(a.sources), methods=_methods(a.methods), reference=a.reference, mode=a.mode, raters_per_item=a.raters_per_item,
                 attention_every=a.attention_every, alpha=a.alpha, top_k=a.top_k, max_new_tokens=a.max_tokens)
             out = camps.outputs(a.name)
             print(f"created campaign {c['name']!r}: {len(camps.items(a.name))} items, arms {', '.join(c['config'].arms)}, "
@@ -652,6 +652,8 @@ def build_parser() -> argparse.ArgumentParser:
     cr.add_argument("--data", required=True, help="a LaMP folder (its people are stored from their profiles)")
     cr.add_argument("--split", default="dev")
     cr.add_argument("--limit", type=int, default=10, help="the first N queries become the items")
+    cr.add_argument("--sources", default="", help="only people from these sources (comma-separated; e.g. the ones "
+                                                  "the build left out with --exclude-sources)")
     cr.add_argument("--methods", default="base,cluster,card", help="comma-separated methods to compare")
     cr.add_argument("--reference", action="store_true", help="the gold output takes part as one more blinded arm")
     cr.add_argument("--mode", choices=("pairwise", "rubric"), default="pairwise")
