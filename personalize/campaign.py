@@ -19,6 +19,7 @@ import json
 import random
 import time
 import uuid
+from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from itertools import combinations
 from pathlib import Path
@@ -343,10 +344,14 @@ class Campaigns:
             if cur.rowcount != 1:
                 raise CampaignError("nothing pending to skip: load the next one")
 
-    def add_judge(self, name: str, unit: int, judge: str, verdict: str | None, scores: dict | None) -> bool:
-        """An LLM judge's judgment of a unit (canonical order), kept apart from the raters' (source 'judge')."""
+    def add_judge(self, name: str, unit: int, judge: str, verdict: str | None, scores: dict | None,
+                  p_a: float | None = None) -> bool:
+        """An LLM judge's judgment of a unit (canonical order), kept apart from the raters' (source 'judge');
+        `p_a`, the judge's probability that the first arm wins, is kept beside a pairwise verdict."""
         c = self.get(name)
         verdict, scores = _judgment(c["config"].mode, verdict, scores)
+        if p_a is not None and c["config"].mode == "pairwise":
+            scores = {"p_a": float(p_a)}
         with self.store.transaction() as db:
             cur = db.execute(
                 "INSERT OR IGNORE INTO campaign_judgments (uid, campaign, unit, rater, swapped, verdict, scores, "
@@ -484,7 +489,8 @@ class Campaigns:
                                 "position_bias": agreement.position_bias([r["verdict"] for r in main]),
                                 "raters": agreement.rater_agreement(units)}
             res["leaderboard"] = human["methods"]
-            judge_scores = {m["method"]: m["strength"] for m in _strengths(judge_rows, cfg)["methods"]}
+            judge_scores = _judge_wins(judge_rows) or {
+                m["method"]: m["strength"] for m in _strengths(judge_rows, cfg)["methods"]}
             human_scores = {m["method"]: m["strength"] for m in human["methods"]}
         else:
             scored = [{"method": r["method_a"], **r["scores"]} for r in main if r["scores"]]
@@ -505,6 +511,7 @@ class Campaigns:
                             if REFERENCE in ranked else None)
         res["judge"] = None if not judge_rows else {
             "model": judge_rows[0]["rater"], "judgments": len(judge_rows), "scores": judge_scores,
+            "verdicts": dict(Counter(r["verdict"] for r in judge_rows if r["verdict"])),
             "rank_correlation": agreement.rank_correlation(human_scores, judge_scores)}
         return res
 
@@ -513,6 +520,19 @@ def _strengths(rows: Sequence[dict], cfg: LeaderboardConfig) -> dict:
     return leaderboard([{"method_a": r["first"], "method_b": r["second"],
                          "winner": {"a": "a", "b": "b"}.get(r["winner"], r["winner"])} for r in rows if r["winner"]],
                        cfg)
+
+
+def _judge_wins(rows: Sequence[dict]) -> dict[str, float]:
+    """Each arm's mean probability of winning by the judge (its p_a, not its thresholded verdict): a weak judge
+    whose verdicts are mostly ties still ranks the arms. Empty when the judge kept no probabilities."""
+    wins: dict[str, list[float]] = {}
+    for r in rows:
+        p = (r["scores"] or {}).get("p_a")
+        if p is None:
+            return {}
+        wins.setdefault(r["first"], []).append(p)
+        wins.setdefault(r["second"], []).append(1 - p)
+    return {m: round(sum(v) / len(v), 4) for m, v in wins.items()}
 
 
 def _attention(rows: Sequence[dict], mode: str) -> dict:
@@ -652,10 +672,11 @@ def run_judge(camps: Campaigns, name: str, judge, progress: Callable[[int, int, 
             progress(i, len(units), f"unit {i + 1} of {len(units)}")
         with lock or nullcontext():
             if mode == "pairwise":
-                verdict, scores = judge.pairwise(u["history"], u["prompt"], u["output_a"], u["output_b"])["verdict"], None
+                v = judge.pairwise(u["history"], u["prompt"], u["output_a"], u["output_b"])
+                verdict, scores, p_a = v["verdict"], None, v.get("p_a")
             else:
-                verdict, scores = None, judge.rubric(u["history"], u["prompt"], u["output_a"])
-        camps.add_judge(name, u["id"], judge.label, verdict, scores)
+                verdict, scores, p_a = None, judge.rubric(u["history"], u["prompt"], u["output_a"]), None
+        camps.add_judge(name, u["id"], judge.label, verdict, scores, p_a)
     return {"judged": len(units)}
 
 
@@ -691,6 +712,7 @@ def format_status(res: dict) -> str:
         lines.append(f"attention checks: {att['checks']}, passed {num(att['pass_rate'], '{:.0%}')}")
     if res["judge"]:
         rc = res["judge"]["rank_correlation"]
-        lines.append(f"LLM judge {res['judge']['model']}: {res['judge']['judgments']} judgments; rank correlation "
+        lines.append(f"LLM judge {res['judge']['model']}: {res['judge']['judgments']} judgments "
+                     f"({', '.join(f'{k} {v}' for k, v in sorted(res['judge']['verdicts'].items()))}); rank correlation "
                      f"with the raters: Spearman {num(rc['spearman'])}, Kendall {num(rc['kendall'])} (n = {rc['n']})")
     return "\n".join(lines)

@@ -237,7 +237,8 @@ class FakeJudge:
     label = "fake judge"
 
     def pairwise(self, history, prompt, a, b):
-        return {"verdict": "a" if RANK[a.split()[0]] > RANK[b.split()[0]] else "b", "p_a": 0.5}
+        first = RANK[a.split()[0]] > RANK[b.split()[0]]
+        return {"verdict": "a" if first else "b", "p_a": 0.8 if first else 0.2}
 
 
 def test_judge_rank_correlation_with_the_raters(tmp_path):
@@ -254,6 +255,9 @@ def test_judge_rank_correlation_with_the_raters(tmp_path):
     assert rc["n"] == 3 and rc["spearman"] == pytest.approx(1.0) and rc["kendall"] == pytest.approx(1.0)
     human = {m["method"]: m["strength"] for m in res["leaderboard"]}
     assert rc == agreement.rank_correlation(human, res["judge"]["scores"])
+    # the judge's score of an arm is its mean probability of winning: card won both its pairs at 0.8
+    assert res["judge"]["scores"] == {"card": 0.8, "cluster": 0.5, "base": 0.2}
+    assert res["judge"]["verdicts"] == {"a": 4, "b": 8}  # per item: card > cluster (a); base loses twice (b)
 
 
 def _count_outputs(db: Path) -> int:
