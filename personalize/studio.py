@@ -606,11 +606,14 @@ class Studio:
                         methods: Sequence[str] = ("base", "cluster", "card"), reference: bool = False,
                         mode: str = "pairwise", raters_per_item: int = 3, attention_every: int = 0,
                         alpha: float | None = None, top_k: int | None = None,
-                        max_new_tokens: int | None = None) -> dict:
-        """A campaign over the first `limit` queries of a LaMP split, for this build (campaign.create_from_lamp)."""
+                        max_new_tokens: int | None = None, sources: Sequence[str] | str = ()) -> dict:
+        """A campaign over the first `limit` queries of a LaMP split, for this build (campaign.create_from_lamp);
+        `sources` (a list, or comma-separated) keeps people from those sources only."""
+        if isinstance(sources, str):
+            sources = [x.strip() for x in sources.split(",") if x.strip()]
         return campaign_mod.create_from_lamp(
             self.store, name, data, split, limit, self.cfg.artifacts, self.engine.artifacts_id, self.task.name,
-            methods=tuple(methods),
+            sources=tuple(sources), methods=tuple(methods),
             reference=bool(reference), mode=mode, raters_per_item=int(raters_per_item),
             attention_every=int(attention_every), alpha=alpha, top_k=top_k, max_new_tokens=max_new_tokens)
 
@@ -623,6 +626,19 @@ class Studio:
     def submit_judgment(self, assignment: int, rater: str, verdict: str | None = None,
                         scores: dict | None = None) -> int:
         return self.campaigns.submit(assignment, rater, verdict, scores)
+
+    def skip_judgment(self, assignment: int, rater: str) -> None:
+        self.campaigns.skip(assignment, rater)
+
+    def set_campaign_status(self, name: str, status: str) -> None:
+        self.campaigns.set_status(name, status)
+
+    def export_campaign(self, name: str, fmt: str = "jsonl") -> tuple[Path, Path, int]:
+        """The campaign's judgments (JSONL or CSV) and summary JSON in the export folder."""
+        if fmt not in ("jsonl", "csv"):
+            raise ValueError("export format is jsonl or csv")
+        safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name.strip()) or "campaign"
+        return self.campaigns.export(name, Path(self.cfg.export_dir) / f"campaign-{safe}.{fmt}")
 
     def campaign_results(self, name: str) -> dict:
         return self.campaigns.results(name)
@@ -809,6 +825,216 @@ class Studio:
                     tick(f"K = {k} ({m})")
         return {"alpha": alpha_rows, "k": k_rows, "golds": golds, "prompts": prompts, "n_fit": len(rest),
                 "default_alpha": s.alpha}
+
+    # ---- rules the UI calls (moved from app.py)
+    def need_user(self, name: str | None) -> str:
+        """The user name typed at the top of the page, stripped; every tab that acts for a person needs one."""
+        if not name or not name.strip():
+            raise ValueError("enter a user name first (top of the page)")
+        return name.strip()
+
+    def user_names(self) -> list[str]:
+        """The stored users' names (the page's "open a stored user" list)."""
+        return [u["name"] for u in self.store.users()]
+
+    def open_user(self, name: str) -> dict:
+        """A stored user picked from the list: {"name", "task", "n_items", ...}; StoreError when unknown."""
+        return self.store.user(name)
+
+    def demo_pick(self, demo: str | None, name: str | None) -> tuple[str, str]:
+        """A demo user's history as the text to save, and the name to save it under (the typed one, else the
+        demo user's)."""
+        if not demo:
+            raise ValueError("pick a demo user first")
+        return self.demo_history(demo), (name or demo)
+
+    def history_from(self, text: str | None, file: str | None = None, demo: str | None = None) -> list[Item]:
+        """Which history Save stores: an uploaded file first; else the demo user's items (their prompts come with
+        their texts) while the box still holds that demo user's history; else the pasted text."""
+        if file:
+            return self.parse(file=file)
+        if demo and text and text.strip() == self.demo_history(demo).strip():
+            return self.demo_items(demo)
+        return self.parse(text=text)
+
+    def save_from(self, name: str | None, text: str | None, file: str | None, task: str,
+                  demo: str | None = None) -> dict:
+        """My writing's Save: the name checked, the history chosen (history_from), stored (save_history)."""
+        name = self.need_user(name)
+        return self.save_history(name, self.history_from(text, file, demo), task)
+
+    def item_choices(self, name: str | None) -> list[tuple[str, int]]:
+        """The user's items as Compare's prompt choices: ("id: the first 80 characters", id)."""
+        return [(f"{r[0]}: {r[1][:80]}", r[0]) for r in self.item_rows(name)]
+
+    def update_item(self, name: str | None, item_id: float | None, text: str) -> str:
+        """Edits one of the user's own items (another user's id is refused); returns the status line."""
+        name = self.need_user(name)
+        if item_id is None:
+            raise ValueError("enter the id of the item to change (first column of the table)")
+        if int(item_id) not in {s.id for s in self.store.items(name)}:
+            raise ValueError(f"item {int(item_id)} is not one of {name}'s items")
+        self.store.update_item(int(item_id), text)
+        return f"Item {int(item_id)} updated. Refit to use it."
+
+    def delete_item(self, name: str | None, item_id: float | None) -> str:
+        """Deletes one of the user's own items, never their last one; returns the status line."""
+        name = self.need_user(name)
+        items = self.store.items(name)
+        if item_id is None or int(item_id) not in {s.id for s in items}:
+            raise ValueError("enter the id of one of this user's items")
+        if len(items) <= 1:
+            raise ValueError("this is the user's last item: a user needs at least one")
+        self.store.delete_item(int(item_id))
+        return f"Item {int(item_id)} deleted. Refit to forget it."
+
+    def item_reference(self, item_id: float | None) -> str | None:
+        """The text of the history item picked as Compare's prompt (what its outputs are read against)."""
+        if item_id is None:
+            return None
+        st = next(iter(self.store.items_by_id([int(item_id)])), None)
+        return None if st is None else st.y
+
+    def resolve_prompt(self, text: str | None, templated: bool, item_id: float | None = None) -> tuple[str, str | None]:
+        """(prompt, reference) for Compare and Why: a picked history item, when no text is typed, gives its own
+        prompt (its task prompt, else the task template around its neutral rewrite) and its text as the
+        reference; else the typed text, in the task template when `templated`, and no reference."""
+        if item_id is not None and (not text or not text.strip()):
+            st = next(iter(self.store.items_by_id([int(item_id)])), None)
+            if st is None:
+                raise ValueError("that history item no longer exists")
+            return st.x or self.task.prompt(st.neutral or st.y), st.y
+        text = self.check_prompt(text)
+        return (self.task.prompt(text) if templated else text), None
+
+    def pair_prompt(self, text: str | None, fallback: str | None, templated: bool) -> str:
+        """Quick pair's prompt: its own box, else Compare's; in the task template when `templated`, unless the
+        text is already in it."""
+        full = self.check_prompt(text if text and text.strip() else fallback)
+        return self.task.prompt(full) if templated and not full.startswith(self.task.prefix) else full
+
+    def parse_alphas(self, text: str | None, most: int = 12) -> list[float]:
+        """Explore's α values: numbers separated by commas (or semicolons), at most `most` of them."""
+        try:
+            values = [float(v) for v in (text or "").replace(";", ",").split(",") if v.strip()]
+        except ValueError:
+            raise ValueError(f"α values must be numbers separated by commas, got {text!r}") from None
+        if len(values) > most:
+            raise ValueError(f"at most {most} α values per sweep")
+        return values
+
+    def cluster_view(self, name: str | None, k: float | None, previous: int | None = None) -> dict:
+        """My cluster: K snapped to a built one (onwards in the slider's direction from `previous`), the
+        population map (with the user's star), and for a named user their state at K and texts from their
+        cluster. Returns {"k", "map", "state": UserState | None (no name), "examples"}."""
+        k = self.snap_k(k, previous)
+        name = (name or "").strip() or None
+        m = self.population_map(name, k)
+        if name is None:
+            return {"k": k, "map": m, "state": None, "examples": []}
+        st = self.user_state(name, k)
+        return {"k": k, "map": m, "state": st, "examples": self.cluster_examples(k, st.cluster)}
+
+    def fit_message(self, name: str, fit: UserFit, total_s: float, shown_name: str | None = None) -> str:
+        """Fit my style's report as Markdown: the verdict in plain words, seconds per stage (and the wait for a
+        busy model), held-out accuracies, bytes stored. `shown_name`: the name as the page shows it (the caller
+        escapes it); default `name`."""
+        lines = [f"Fitted **{shown_name or name}** in **{total_s:.2f} s** ({fit.n_items} items, cluster "
+                 f"{fit.cluster} of K = {fit.k}, objective {fit.objective}).", "", "| stage | seconds |", "|---|---|"]
+        waited = total_s - fit.total_s
+        if waited > 0.5:  # the model was busy: the rewrites started at Save (or another person's request)
+            lines.append(f"| waiting for the model (neutral rewrites started at Save) | {waited:.3f} |")
+        lines += [f"| {s} | {v:.3f} |" for s, v in fit.stages_s.items()]
+        d = fit.diagnostics
+        if fit.cold_start:
+            lines.append(f"\n**Cold start**: fewer than {self.engine.cfg.min_fit_items} items, so λ = 1 "
+                         "(your cluster's shared head). Add more writing and refit.")
+        else:  # the answer first, in plain words: does the vector beat the cluster model?
+            lines.insert(1, f"\n**{fit_verdict(d, fallback=self.engine.cfg.style.fallback)}**\n")
+            if d.get("n"):
+                lines.append(f"\nHeld-out accuracy ({d.get('unit', 'tokens')}, n = {d['n']}): own style "
+                             f"**{d.get('acc_own', float('nan')):.3f}**"
+                             + (f", λ = 1 {d['acc_ones']:.3f}" if "acc_ones" in d else "")
+                             + (f", other users' λ {d['acc_other']:.3f}" if "acc_other" in d else "")
+                             + (f", no head {d['acc_no_head']:.3f}" if "acc_no_head" in d else "")
+                             + (f", likelihood rule {d['acc_logprob_rule']:.3f}" if "acc_logprob_rule" in d else "")
+                             + (f", γ·Δlogp alone {d['acc_covariate_only']:.3f}" if "acc_covariate_only" in d
+                                else "")
+                             + (f"; user-specificity gap {d['specificity_gap']:+.4f}" if "specificity_gap" in d
+                                else ""))
+        lines.append(f"\nStored: {self.store.vector_bytes(name, self.engine.artifacts_id)} bytes.")
+        return "\n".join(lines)
+
+    def restore(self, name: str | None, version: float | None) -> str:
+        """Restore from the page: the version number given, then restore_version."""
+        if version is None:
+            raise ValueError("enter the number of the version to restore (first column of the table)")
+        return self.restore_version(self.need_user(name), int(version))
+
+    def forget_me(self, name: str | None, confirmed: bool) -> dict:
+        """"Forget me" from the page: only with the box that confirms it ticked (forget)."""
+        name = self.need_user(name)
+        if not confirmed:
+            raise ValueError("tick the box to confirm: forgetting cannot be undone")
+        return self.forget(name)
+
+    def compare_plan(self, name: str | None, text: str | None, templated: bool, item_id: float | None,
+                     methods: Sequence[str] | None, k: int | None = None) -> dict:
+        """What Compare runs, checked before anything decodes: {"name", "prompt" (resolve_prompt), "state" (at
+        K), "first_use" (method -> its first use for the user does per-user work: EXACT's attribute search,
+        OPPU's training), "order" (the chosen methods, slow first uses last)}."""
+        name = self.need_user(name)
+        if not methods:
+            raise ValueError("choose at least one method")
+        prompt, _ = self.resolve_prompt(text, templated, item_id)
+        state = self.user_state(name, k)
+        first = {m: self.needs_indexing(name, m) for m in methods}
+        return {"name": name, "prompt": prompt, "state": state, "first_use": first,
+                "order": sorted(methods, key=first.get)}
+
+    def explain(self, name: str | None, text: str | None, templated: bool, item_id: float | None,
+                s: DecodingSettings, k: int | None = None) -> dict:
+        """Why: CARD step by step (why) for the user on Compare's prompt (resolve_prompt)."""
+        name = self.need_user(name)
+        return self.why(name, self.resolve_prompt(text, templated, item_id)[0], s, k)
+
+    def quick_pair(self, name: str | None, prompt: str | None, fallback_prompt: str | None, templated: bool,
+                   methods: Sequence[str] | None, s: DecodingSettings, k: int | None = None,
+                   rater: str | None = None, logged_in: str | None = None) -> dict:
+        """Quick pair: a blind pair drawn now (new_pair) on pair_prompt's prompt, and whether the rater
+        (arena.rater_id: the logged-in name under --auth, else the typed id) already voted on these two outputs.
+        Returns {"user", "pair": BlindPair, "rater", "seen": bool}."""
+        from .arena import rater_id
+
+        name = self.need_user(name)
+        who = rater_id(rater, logged_in)
+        pair = self.new_pair(name, self.pair_prompt(prompt, fallback_prompt, templated), methods or [], s, k)
+        return {"user": name, "pair": pair, "rater": who, "seen": self.store.has_rating(who, *pair.gen_ids)}
+
+    def vote_as(self, pair_id: str | None, winner: str, rater: str | None = None,
+                logged_in: str | None = None) -> tuple[BlindPair, int, str]:
+        """A vote from the page, counted under arena.rater_id (with --auth: the logged-in name, always):
+        (pair, rating id, rater)."""
+        from .arena import rater_id
+
+        who = rater_id(rater, logged_in)
+        pair, rid = self.vote(pair_id, winner, who)
+        return pair, rid, who
+
+    def export_table(self, table: str, fmt: str) -> tuple[Path, int]:
+        """Export: a table (votes, generations) as JSONL or CSV in a new time-stamped folder under export_dir."""
+        from .export import export_table
+
+        return export_table(self.store, table, fmt, self._export_folder())
+
+    def export_predictions(self, method: str) -> Path:
+        """Export: `method`'s generations as LaMP predictions for the task served."""
+        from .export import export_predictions
+
+        return export_predictions(self.store, TASKS[self.task.name].lamp_name, method, self._export_folder())
+
+    def _export_folder(self) -> Path:
+        return Path(self.cfg.export_dir) / time.strftime("%Y%m%d-%H%M%S")
 
 
 def text_pieces(tok, steps: Sequence[dict]) -> list[tuple[str, bool]]:

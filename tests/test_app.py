@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import app as studio_app  # noqa: E402
+from personalize.ui import cluster, common, compare, figures, quick_pair  # noqa: E402
 from personalize.studio import Studio, StudioConfig  # noqa: E402
 
 HISTORY = "\n".join(f"omg the {w} was SO good today!!! 🔥🔥" for w in
@@ -194,9 +195,9 @@ def test_app_markdown_of_outputs_examples_and_errors_is_text_only():
 
     o = MethodOutput("exact", XSS_IMG + " " + MD_ACTIVE, 0.5, 3, 1,
                      {"trace": [{"attributes": [XSS_SCRIPT]}], "note": XSS_IMG})
-    pieces = [studio_app.method_md(o), studio_app.method_md(MethodOutput("rag", error=XSS_SCRIPT)),
-              studio_app.pair_md("A", XSS_IMG), studio_app.cluster_examples_md([(XSS_NAME, XSS_IMG)]),
-              studio_app._err(ValueError(f"unknown user {XSS_NAME!r}"))]
+    pieces = [compare.method_md(o), compare.method_md(MethodOutput("rag", error=XSS_SCRIPT)),
+              quick_pair.pair_md("A", XSS_IMG), cluster.cluster_examples_md([(XSS_NAME, XSS_IMG)]),
+              common._err(ValueError(f"unknown user {XSS_NAME!r}"))]
     for markdown in pieces:
         out = _rendered(markdown)
         assert "<img" not in out and "<script" not in out and "<a " not in out, out
@@ -205,10 +206,10 @@ def test_app_markdown_of_outputs_examples_and_errors_is_text_only():
     # plot labels: Plotly reads <b>, <br>, <a>: the figures get entities
     m = {"labels": [0], "xy": [[0.0, 1.0]], "users": [XSS_NAME], "centroids": [[0.0, 0.0]], "k": 1,
          "user": {"name": XSS_NAME, "xy": [1.0, 1.0]}}
-    fig = studio_app.cluster_figure(m).to_plotly_json()
+    fig = figures.cluster_figure(m).to_plotly_json()
     assert "<img" not in str(fig) and "<b>eve" not in str(fig)
     step = {"candidates": [{"token": XSS_IMG, "before": 0.0, "after": 1.0}]}
-    assert "<img" not in str(studio_app.step_figure(step).to_plotly_json())
+    assert "<img" not in str(figures.step_figure(step).to_plotly_json())
 
 
 def test_rater_id_is_the_logged_in_user_when_there_is_one():
@@ -340,7 +341,7 @@ def test_browser_with_auth_the_rater_id_is_the_logged_in_user(auth_server, tmp_p
         password.send_keys("p2")
         p.wait.until(lambda d: next(b for b in d.find_elements(By.TAG_NAME, "button") if "login" in b.text.lower()))
         next(b for b in driver.find_elements(By.TAG_NAME, "button") if "login" in b.text.lower()).click()
-        p.tab("Rate")
+        p.tab("Quick pair")
         box = p.el("#rater input, #rater textarea")
         p.wait.until(lambda d: box.get_attribute("value") == "u2")
         assert box.get_attribute("disabled") is not None or box.get_attribute("readonly") is not None
@@ -468,7 +469,7 @@ def test_browser_path_paste_cluster_fit_compare_vote_leaderboard_export(server, 
         p.tab("Leaderboard")
         before = p.until_text("lb-status", "votes", "No votes")
 
-        p.tab("Rate")
+        p.tab("Quick pair")
         p.type("rater", "tester")
         p.click("new-pair")
         p.until_text("vote-status", "which output", "⚠️")
@@ -644,8 +645,8 @@ def test_browser_two_people_get_their_own_card_outputs_and_nothing_loops(server,
 
 
 def test_browser_text_from_people_and_models_is_shown_never_executed(server, tmp_path, monkeypatch):
-    """History items, the user name, prompts, every method's output, cluster examples, Why's tokens, Rate's
-    outputs and error messages holding <script>, <img onerror=...> and Markdown are shown as written in every
+    """History items, the user name, prompts, every method's output, cluster examples, Why's tokens, Quick
+    pair's outputs and error messages holding <script>, <img onerror=...> and Markdown are shown as written in every
     tab: nothing runs (window.__xss stays undefined), no <img src=x> is made, and the literal text is on the page.
     Model outputs come from the tiny random model, so the studio's outputs are given the same text here."""
     from dataclasses import replace
@@ -684,6 +685,13 @@ def test_browser_text_from_people_and_models_is_shown_never_executed(server, tmp
         seen.append(where)
 
     def shows(elem_id, *texts):
+        from selenium.common.exceptions import TimeoutException
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        try:  # the status line can be drawn a moment before a column's Markdown
+            WebDriverWait(driver, 10, 0.2).until(lambda d: all(t in p.text(elem_id) for t in texts))
+        except TimeoutException:
+            pass
         shown = p.text(elem_id)
         for t in texts:
             assert t in shown, (elem_id, t, shown)
@@ -748,9 +756,9 @@ def test_browser_text_from_people_and_models_is_shown_never_executed(server, tmp
             "return document.querySelector('#why-plot').textContent")
         nothing_ran("Why")
 
-        p.tab("Rate")
+        p.tab("Quick pair")
         p.type("rater", XSS_SCRIPT)
-        p.type("rate-prompt", XSS_PROMPT + " (rate)")
+        p.type("pair-prompt", XSS_PROMPT + " (rate)")
         p.click("new-pair")
         drawn = p.until_text("vote-status", "which output", "⚠️")
         assert XSS_PROMPT in drawn and f"fits {XSS_NAME}'s style" in drawn, drawn
@@ -760,7 +768,7 @@ def test_browser_text_from_people_and_models_is_shown_never_executed(server, tmp
         voted = p.until_text("vote-status", "stored", "⚠️")
         assert f"rater {XSS_SCRIPT}" in voted, voted
         assert studio.store.ratings()[-1]["rater"] == XSS_SCRIPT  # stored as typed (no --auth here)
-        nothing_ran("Rate")
+        nothing_ran("Quick pair")
         p.shot("xss-6-rate")
 
         p.tab("Leaderboard")
@@ -782,7 +790,7 @@ def test_browser_text_from_people_and_models_is_shown_never_executed(server, tmp
         assert "λ fitted on" in p.until_text("explore-status", "Held out")
         nothing_ran("Explore")
         p.shot("xss-9-explore")
-        assert seen == ["My writing", "My cluster", "Fit my style", "Compare", "Why", "Rate", "Leaderboard",
+        assert seen == ["My writing", "My cluster", "Fit my style", "Compare", "Why", "Quick pair", "Leaderboard",
                         "Export", "Explore"]
     finally:
         driver.quit()

@@ -1,0 +1,63 @@
+"""What every tab shares: expected errors as the status line, Markdown that shows text as written, binding
+handlers to the studio, and the versions table (Fit shows it, a thumb in Compare refreshes it)."""
+
+from __future__ import annotations
+
+import functools
+
+import gradio as gr
+
+from ..arena import StalePair
+from ..data import HistoryError
+from ..display import md
+from ..engine import ArtifactsError
+from ..store import StoreError
+
+# Problems a person can cause (bad input, unknown user, a stale vote): answered in the tab's status line.
+EXPECTED = (HistoryError, StoreError, StalePair, ArtifactsError, ValueError, FileNotFoundError)
+CSS = ".method-out {min-height: 6em} #vote-status {font-size: 1.05em}"
+# Every Markdown of the app: no LaTeX (a "$$" in someone's text is text). Text from people and models goes into
+# Markdown only through display.md, so that it is shown as written and never rendered or executed.
+Markdown = functools.partial(gr.Markdown, latex_delimiters=[])
+VERSION_COLUMNS = ("version", "created", "source", "note", "votes", "helps", "current")
+
+
+def _err(e: Exception) -> str:
+    return f"⚠️ {md(e)}"  # error messages quote names, items and input
+
+
+def guarded(n_outputs: int, status_index: int = 0):
+    """Expected errors become the status line; every other output keeps its value (gr.skip)."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def inner(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except EXPECTED as e:
+                out = [gr.skip()] * n_outputs
+                out[status_index] = _err(e)
+                return tuple(out) if n_outputs > 1 else out[0]
+        return inner
+    return wrap
+
+
+def bind(fn, *args):
+    """`fn` with its first arguments fixed (the studio, a method, a vote), named as `fn` on Gradio's API page.
+    Gradio still finds a gr.Progress default in what is left; a gr.Request parameter it finds only on a plain
+    function, so handlers that need the request are wrapped in a closure instead."""
+    bound = functools.partial(fn, *args)
+    bound.__name__ = fn.__name__
+    return bound
+
+
+def logged_in(request: gr.Request | None) -> str | None:
+    """The user name logged in with --auth; None without it."""
+    return getattr(request, "username", None) if request is not None else None
+
+
+def version_rows(studio, name: str | None) -> list[list]:
+    """The user's style versions as table rows, newest first; none without a (known) user."""
+    try:
+        return [[r[c] for c in VERSION_COLUMNS] for r in studio.versions(studio.need_user(name))]
+    except EXPECTED:
+        return []

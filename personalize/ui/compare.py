@@ -1,0 +1,124 @@
+"""Compare: the chosen methods' outputs for one prompt, streamed column by column, with 👍 / 👎 per column
+(a vote refits the user's style)."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from ..display import md
+from ..studio import ALL_METHODS, DEFAULT_METHODS
+from .common import EXPECTED, Markdown, _err, bind, guarded, version_rows
+from .controls import Shared
+
+
+def method_md(o) -> str:
+    """One Compare column: the method's header line, then its output (or error), what it chose and its note,
+    every piece of text from the model or the library shown as written."""
+    if o.error:
+        return f"**{md(o.method)}**\n\n⚠️ {md(o.error)}"
+    extra = ""
+    tr = (o.info.get("trace") or [{}])[0] if o.info else {}
+    if "attributes" in tr:
+        extra = f"\n\n*attributes:* {md(', '.join(map(str, tr['attributes'])))}"
+    elif "retrieved" in tr:
+        extra = f"\n\n*retrieved items:* {md(', '.join(map(str, tr['retrieved'])))}"
+    if o.info and o.info.get("note"):
+        extra += f"\n\n*note:* {md(o.info['note'])}"
+    return (f"**{md(o.method)}** · {o.latency_s:.2f} s · {o.n_tokens} tok · {o.tokens_per_s:.1f} tok/s\n\n"
+            f"{md(o.text) if o.text else '*(empty output)*'}{extra}")
+
+
+def refine_md(res: dict, method: str, up: bool) -> str:
+    """After a thumb: what was refitted, and CARD's output for the same prompt before and after."""
+    return (f"{'👍' if up else '👎'} on **{md(method)}**: {md(res['message'])}\n\n"
+            f"**CARD before:** {md(res['before']) if res.get('before') else '*(not shown before)*'}\n\n"
+            f"**CARD after:** {md(res['after']) if res.get('after') else '*(empty output)*'}")
+
+
+def first_use_md(studio, method: str) -> str:
+    """A column's placeholder while a method does its per-user work for the first time."""
+    if method == "exact":
+        return (f"**exact**\n\n*first use: searching attributes for your {studio.cfg.exact_pairs} newest history "
+                "items (about half a minute each on a 2-core CPU); later prompts reuse them…*")
+    if method == "oppu":
+        return ("**oppu**\n\n*first use: training your own LoRA on your history (about 40 s on a 2-core CPU); later "
+                "prompts reuse it…*")
+    return f"**{method}**\n\n*waiting…*"
+
+
+def columns(chosen) -> list:
+    """Which method columns are shown."""
+    return [gr.update(visible=m in (chosen or [])) for m in ALL_METHODS]
+
+
+def pick_item(studio, item) -> str:
+    ref = studio.item_reference(item)
+    return "" if ref is None else f"**Reference (your text):**\n\n{md(ref)}"
+
+
+def compare(studio, name, text, templated, item, chosen, alpha, top_k, max_tokens, k):
+    """Yields (status, one update per method column) as the outputs come in."""
+    hidden = {m: gr.update(visible=m in (chosen or [])) for m in ALL_METHODS}
+    try:
+        plan = studio.compare_plan(name, text, templated, item, chosen, k)
+        s = studio.settings(alpha, top_k, max_tokens)
+    except EXPECTED as e:
+        yield (_err(e), *hidden.values())
+        return
+    name, state, full = plan["name"], plan["state"], plan["prompt"]
+    note = "" if state.fitted else " (not fitted yet: CARD uses λ = 1, your cluster's shared head)"
+    pending = {m: gr.update(value=first_use_md(studio, m) if plan["first_use"][m] else f"**{m}**\n\n*waiting…*",
+                            visible=True) for m in chosen}
+    yield (f"Generating {len(chosen)} methods for **{md(name)}**, cluster {state.cluster} of K = {state.k}{note}…",
+           *[pending.get(m, hidden[m]) for m in ALL_METHODS])
+    done = {}
+    for o in studio.compare(name, full, plan["order"], s, k):
+        done[o.method] = gr.update(value=method_md(o), visible=True)
+        yield (f"{len(done)}/{len(chosen)} done{note}.", *[done.get(m, pending.get(m, hidden[m])) for m in ALL_METHODS])
+    yield (f"Done: {len(chosen)} methods for **{md(name)}**{note}. Prompt: {md(full, limit=200)}",
+           *[done.get(m, hidden[m]) for m in ALL_METHODS])
+
+
+@guarded(2)
+def thumb(studio, method, up, name, alpha, top_k, max_tokens, k):
+    """👍 / 👎 on a column: (status, the versions table when the style was refitted)."""
+    res = studio.thumb_column(studio.need_user(name), method, up, studio.settings(alpha, top_k, max_tokens), k)
+    if res["version"] is None:
+        return md(res["message"]), gr.skip()
+    return refine_md(res, method, up), version_rows(studio, name)
+
+
+def build(studio, shared: Shared) -> None:
+    p, d = shared.prompt, shared.decoding
+    with gr.Tab("Compare", id="compare"):
+        with gr.Row():
+            p.text.render()
+            p.templated.render()
+        with gr.Row():
+            p.item.render()
+            reference = Markdown(elem_id="reference")
+        methods = gr.CheckboxGroup(list(ALL_METHODS), value=list(DEFAULT_METHODS), label="Methods",
+                                   elem_id="methods")
+        with gr.Row():
+            for slider in d.sliders:
+                slider.render()
+        compare_btn = gr.Button("Generate", variant="primary", elem_id="compare-button")
+        status = Markdown(elem_id="compare-status")
+        outs, cols, thumbs = {}, {}, {}
+        with gr.Row(equal_height=True):
+            for m in ALL_METHODS:
+                with gr.Column(min_width=180, visible=m in DEFAULT_METHODS) as cols[m]:
+                    outs[m] = Markdown(f"**{m}**", elem_id=f"out-{m}", elem_classes="method-out",
+                                       visible=m in DEFAULT_METHODS)
+                    with gr.Row():
+                        thumbs[m, True] = gr.Button("👍 like me", size="sm", elem_id=f"up-{m}")
+                        thumbs[m, False] = gr.Button("👎 not me", size="sm", elem_id=f"down-{m}")
+        refine_status = Markdown(elem_id="refine-status")
+
+    p.item.change(bind(pick_item, studio), [p.item], [reference])
+    compare_btn.click(bind(compare, studio), [shared.user, *p.inputs, methods, *d.inputs], [status, *outs.values()],
+                      concurrency_id="model", api_name="compare")
+    methods.change(columns, [methods], list(cols.values()))
+    for (m, up), btn in thumbs.items():
+        btn.click(bind(thumb, studio, m, up), [shared.user, *d.inputs], [refine_status, shared.versions],
+                  concurrency_id="model")

@@ -1,0 +1,38 @@
+"""Export: votes and generations as JSONL or CSV, a method's generations as LaMP predictions."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from ..display import md
+from ..studio import ALL_METHODS
+from .common import Markdown, bind, guarded
+from .controls import Shared
+
+
+@guarded(2)
+def export_table(studio, table, fmt):
+    path, n = studio.export_table(table, fmt)
+    return f"Exported {table} ({n} rows) to `{path}`.", str(path)
+
+
+@guarded(2)
+def export_predictions(studio, method):
+    path = studio.export_predictions(method)
+    return f"Exported {md(method)}'s generations as LaMP predictions to `{path}`.", str(path)
+
+
+def build(studio, shared: Shared) -> None:
+    with gr.Tab("Export", id="export"):
+        with gr.Row():
+            buttons = {(t, f): gr.Button(f"{t} as {f.upper()}", elem_id=f"export-{t}-{f}")
+                       for t in ("votes", "generations") for f in ("jsonl", "csv")}
+        with gr.Row():
+            method = gr.Dropdown(list(ALL_METHODS), value="card", label="Method", elem_id="pred-method")
+            pred_btn = gr.Button("Generations as LaMP predictions", elem_id="export-predictions")
+        status = Markdown(elem_id="export-status")
+        file = gr.File(label="Download", elem_id="export-file", interactive=False)
+
+    for (t, f), btn in buttons.items():
+        btn.click(bind(export_table, studio, t, f), None, [status, file], concurrency_limit=None)
+    pred_btn.click(bind(export_predictions, studio), [method], [status, file], concurrency_limit=None)

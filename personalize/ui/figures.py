@@ -1,0 +1,86 @@
+"""The app's plots. Names and tokens from people and models enter them only through display.plot_text
+(Plotly reads <b>, <br>, <a> in labels)."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from ..display import plot_text
+
+
+def cluster_figure(m: dict) -> go.Figure:
+    """My cluster: the population's user embeddings (PCA), one colour per cluster, centroids, the user's star."""
+    fig = go.Figure()
+    for c in sorted(set(m["labels"])):
+        idx = [i for i, lab in enumerate(m["labels"]) if lab == c]
+        fig.add_scatter(x=[m["xy"][i][0] for i in idx], y=[m["xy"][i][1] if len(m["xy"][i]) > 1 else 0 for i in idx],
+                        mode="markers", name=f"cluster {c}", text=[plot_text(m["users"][i]) for i in idx],
+                        marker={"size": 8})
+    cx = m["centroids"]
+    fig.add_scatter(x=[p[0] for p in cx], y=[p[1] if len(p) > 1 else 0 for p in cx], mode="markers+text",
+                    name="centroids", text=[str(i) for i in range(len(cx))], textposition="top center",
+                    marker={"symbol": "x", "size": 12, "color": "black"})
+    if "user" in m:
+        u = m["user"]
+        fig.add_scatter(x=[u["xy"][0]], y=[u["xy"][1] if len(u["xy"]) > 1 else 0], mode="markers+text",
+                        name=plot_text(u["name"]), text=[plot_text(u["name"])], textposition="bottom center",
+                        marker={"symbol": "star", "size": 20, "color": "gold", "line": {"width": 1, "color": "black"}})
+    fig.update_layout(title=f"Population (PCA of user embeddings), K = {m['k']}", height=460,
+                      margin={"l": 10, "r": 10, "t": 40, "b": 10})
+    return fig
+
+
+def loss_figure(curve: list[float]) -> go.Figure:
+    fig = go.Figure(go.Scatter(y=curve, mode="lines+markers"))
+    fig.update_layout(title="λ fit: loss per LBFGS iteration", xaxis_title="iteration", yaxis_title="loss", height=320)
+    return fig
+
+
+def step_figure(step: dict) -> go.Figure:
+    """Why: one decoding step's top candidates, logits before (cluster model) and after CARD's correction."""
+    toks = [plot_text(repr(c["token"])) for c in step["candidates"]]
+    fig = go.Figure([go.Bar(name="before (cluster model)", x=toks, y=[c["before"] for c in step["candidates"]]),
+                     go.Bar(name="after (α·Δ added)", x=toks, y=[c["after"] for c in step["candidates"]])])
+    fig.update_layout(barmode="group", title="Top candidates' logits at this step", height=380)
+    return fig
+
+
+def leaderboard_figures(lb: dict) -> tuple[go.Figure, go.Figure]:
+    """Bradley–Terry strengths with their intervals, and the win-rate matrix."""
+    rows = lb["methods"]
+    bt = go.Figure(go.Scatter(
+        x=[plot_text(r["method"]) for r in rows], y=[r["strength"] for r in rows], mode="markers",
+        error_y={"type": "data", "symmetric": False, "array": [r["upper"] - r["strength"] for r in rows],
+                 "arrayminus": [r["strength"] - r["lower"] for r in rows]}, marker={"size": 12}))
+    bt.update_layout(title=f"Bradley–Terry strength (Elo scale), 95% bootstrap intervals, {lb['n_votes']} votes",
+                     height=380)
+    names = [r["method"] for r in rows]
+    z = [[lb["win_rate"][a][b] for b in names] for a in names]
+    shown = [plot_text(n) for n in names]
+    heat = go.Figure(go.Heatmap(z=z, x=shown, y=shown, zmin=0, zmax=1, colorscale="RdBu",
+                                text=[[("" if v is None else f"{v:.2f}") for v in row] for row in z],
+                                texttemplate="%{text}"))
+    heat.update_layout(title="Win rate of row vs column (ties = ½)", height=380)
+    return bt, heat
+
+
+def explore_figures(res: dict) -> tuple[go.Figure, go.Figure]:
+    """Explore: ROUGE-L and output length against α, and against K (cluster model and CARD)."""
+    a = res["alpha"]
+    fa = go.Figure()
+    fa.add_scatter(x=[r["alpha"] for r in a], y=[r["rougeL"] for r in a], name="ROUGE-L", mode="lines+markers")
+    fa.add_scatter(x=[r["alpha"] for r in a], y=[r["length"] for r in a], name="words", mode="lines+markers",
+                   yaxis="y2")
+    fa.update_layout(title="CARD vs steering strength α (α = 0: the cluster model)", xaxis_title="α",
+                     yaxis={"title": "ROUGE-L"}, yaxis2={"title": "words", "overlaying": "y", "side": "right"},
+                     height=380)
+    fk = go.Figure()
+    for m in ("cluster", "card"):
+        rows = [r for r in res["k"] if r["method"] == m]
+        fk.add_scatter(x=[r["k"] for r in rows], y=[r["rougeL"] for r in rows], name=f"{m} ROUGE-L",
+                       mode="lines+markers")
+        fk.add_scatter(x=[r["k"] for r in rows], y=[r["length"] for r in rows], name=f"{m} words",
+                       mode="lines+markers", yaxis="y2", line={"dash": "dot"})
+    fk.update_layout(title="Cluster count K", xaxis_title="K", yaxis={"title": "ROUGE-L"},
+                     yaxis2={"title": "words", "overlaying": "y", "side": "right"}, height=380)
+    return fa, fk

@@ -1,0 +1,84 @@
+"""Fit my style: the user's style fitted on their history, its versions (restore one), and the style key."""
+
+from __future__ import annotations
+
+import time
+
+import gradio as gr
+
+from ..display import md
+from .common import EXPECTED, Markdown, _err, bind, guarded, version_rows
+from .controls import Shared
+from .figures import loss_figure
+
+INTRO = ("Fits your style on your history: neutral rewrites of pasted items (started when you saved), one "
+         "teacher-forced pass of your cluster's model, then milliseconds to fit your user vector λ (128 numbers) "
+         "jointly with a sparse bias over the words you use, beside a memory of what you wrote after each state "
+         "of that pass.")
+STAGES = ["assign", "neutral rewrites", "negatives", "features", "fit"]  # studio.fit's progress, in order
+
+
+def fit(studio, name, k, progress=gr.Progress()):
+    try:
+        name = studio.need_user(name)
+        progress(0, desc="starting")
+        t0 = time.perf_counter()
+        res = studio.fit(name, k, progress=lambda st: progress(
+            (STAGES.index(st) if st in STAGES else 0) / len(STAGES), desc=st))
+        total = time.perf_counter() - t0
+    except EXPECTED as e:
+        return _err(e) + " (the stored vector, if any, is unchanged)", gr.skip()
+    return (studio.fit_message(name, res, total, shown_name=md(name)),
+            loss_figure(res.loss_curve) if res.loss_curve else None)
+
+
+@guarded(2)
+def restore(studio, name, version):
+    return md(studio.restore(name, version)), version_rows(studio, name)
+
+
+@guarded(2)
+def key_export(studio, name):
+    key = studio.style_key(studio.need_user(name))
+    return f"Your style key ({len(key)} characters): copy it with the button in the box.", key
+
+
+@guarded(2)
+def key_import(studio, name, text):
+    res = studio.import_style_key(text, (name or "").strip() or None)
+    return (f"Imported the key's style for **{md(res['user'])}** as version {res['versions'][-1]}"
+            + (f" ({res['trimmed']} smallest word-bias entries were left out of the key)." if res["trimmed"]
+               else ".")), version_rows(studio, res["user"])
+
+
+def build(studio, shared: Shared) -> None:
+    with gr.Tab("Fit my style", id="fit"):
+        Markdown(INTRO)
+        fit_btn = gr.Button("Fit my style", variant="primary", elem_id="fit-button")
+        status = Markdown(elem_id="fit-status")
+        plot = gr.Plot(elem_id="fit-plot")
+        Markdown("**Versions of your style.** Every fit and every vote (👍 / 👎 in *Compare*, votes on your "
+                 "outputs in *Quick pair*) refits your style and keeps the new version; any version can be restored.")
+        shared.versions.render()
+        with gr.Row():
+            version_id = gr.Number(label="Version", precision=0, elem_id="version-id")
+            restore_btn = gr.Button("Restore this version", elem_id="restore-version")
+            refresh_btn = gr.Button("Refresh", elem_id="versions-refresh")
+        Markdown("**Your style key**: your fitted style (λ and word bias), your clusters and this build's id in one "
+                 "line of text, nothing of your writing. Keep it, or paste it into another studio that serves the "
+                 "same build.")
+        with gr.Row():
+            key_btn = gr.Button("Show my style key", elem_id="key-export")
+            import_btn = gr.Button("Import the key below", elem_id="key-import")
+        style_key = gr.Textbox(label="Style key", lines=3, max_lines=6, buttons=["copy"], elem_id="style-key")
+        owner_status = Markdown(elem_id="owner-status")
+
+    user, versions, rows = shared.user, shared.versions, bind(version_rows, studio)
+    # a new name: the page no longer shows the previous person's fit (in the browser, no request to the server)
+    user.input(None, None, [status], js="() => ''", show_progress="hidden")
+    fit_btn.click(bind(fit, studio), [user, shared.decoding.k], [status, plot], concurrency_id="model",
+                  api_name="fit").then(rows, [user], [versions])
+    restore_btn.click(bind(restore, studio), [user, version_id], [owner_status, versions])
+    refresh_btn.click(rows, [user], [versions])
+    key_btn.click(bind(key_export, studio), [user], [owner_status, style_key])
+    import_btn.click(bind(key_import, studio), [user, style_key], [owner_status, versions])

@@ -1,0 +1,128 @@
+"""My writing: the user's history (paste, upload, a demo user), its items edited one by one, the task served,
+and Forget me."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from ..data import TASKS
+from ..display import md, md_quoting
+from .common import Markdown, bind, guarded
+from .controls import N_SERVED, Shared, served_values
+
+FORGET_NOTE = ("Deletes everything the studio keeps of this user: history, styles and their versions, votes, "
+               "generated outputs, EXACT memory, OPPU adapter and exports that hold them. Ratings keep only their "
+               "verdict (no texts, no name).")
+
+
+def item_choices(studio, name: str | None):
+    """Compare's history-item picker, refilled with this user's items."""
+    return gr.update(choices=studio.item_choices(name), value=None)
+
+
+def served(studio) -> tuple:
+    """What a task switch or a page load refreshes: the shared controls, then the demo users of the build."""
+    return (*served_values(studio), gr.update(choices=sorted(studio.demo_users), value=None))
+
+
+@guarded(4, 2)
+def load_demo(studio, demo, name):
+    text, name = studio.demo_pick(demo, name)
+    return text, name, "", None  # the box holds a fresh, unsaved history
+
+
+def user_changed(studio, name, shown_for):
+    res = studio.switch_user(name, shown_for)
+    message = md_quoting(res["message"], (name or "").strip())  # the library's line quotes the name
+    return ("" if res["clear"] else gr.skip()), res["rows"], item_choices(studio, name), message, res["shown_for"]
+
+
+@guarded(1 + N_SERVED + 1)
+def switch_task(studio, task_name):
+    res = studio.switch_task(task_name)
+    if not res["switched"]:
+        return (res["message"], *[gr.skip()] * (N_SERVED + 1))
+    return (res["message"], *served(studio))
+
+
+@guarded(5)
+def save(studio, name, text, file, task_name, demo):
+    res = studio.save_from(name, text, file, task_name, demo)
+    return (studio.save_message({**res, "name": md(res["name"])}), studio.item_rows(res["name"]),
+            gr.update(choices=studio.user_names()), item_choices(studio, res["name"]), res["name"])
+
+
+@guarded(3)
+def update_item(studio, name, item_id, text):
+    msg = studio.update_item(name, item_id, text)
+    return msg, studio.item_rows(name.strip()), item_choices(studio, name.strip())
+
+
+@guarded(3)
+def delete_item(studio, name, item_id):
+    msg = studio.delete_item(name, item_id)
+    return msg, studio.item_rows(name.strip()), item_choices(studio, name.strip())
+
+
+@guarded(7)
+def open_user(studio, name):
+    if not name:
+        return (gr.skip(),) * 7
+    u = studio.open_user(name)
+    # the text box is emptied: it held someone else's text (the opened user's items are in the table)
+    return (f"Opened **{md(u['name'])}** ({u['n_items']} items, task {md(u['task'])}).", name,
+            studio.item_rows(name), item_choices(studio, name), u["task"], "", None)
+
+
+@guarded(4)
+def forget(studio, name, ok):
+    res = studio.forget_me(name, ok)
+    gone = sum(v for k, v in res.items() if isinstance(v, int) and k != "ratings_anonymised")
+    return (f"Forgot **{md(name.strip())}**: {gone} stored rows deleted, {res['ratings_anonymised']} rating(s) "
+            f"kept without texts or name, {len(res['files'])} file(s) removed, database compacted.",
+            False, [], gr.update(choices=studio.user_names(), value=None))
+
+
+def build(studio, shared: Shared) -> None:
+    with gr.Tab("My writing", id="writing"):
+        with gr.Row():
+            task = gr.Dropdown(sorted(TASKS), value=studio.task.name, label="Task", elem_id="task")
+            demo_user = gr.Dropdown(sorted(studio.demo_users), label="Demo user", value=None, elem_id="demo-user")
+            demo_btn = gr.Button("Load demo user", elem_id="load-demo")
+        history = gr.Textbox(lines=10, max_lines=20, label="Your writing history (one item per line, or blocks "
+                             "separated by a blank line)", elem_id="history")
+        upload = gr.File(label="…or upload .txt / .jsonl / .csv / LaMP questions .json",
+                         file_types=[".txt", ".jsonl", ".csv", ".json"], elem_id="upload")
+        save_btn = gr.Button("Save history", variant="primary", elem_id="save-history")
+        status = Markdown(elem_id="writing-status")
+        items = gr.Dataframe(headers=["id", "text", "neutral rewrite"], interactive=False, label="Stored items",
+                             elem_id="items")
+        with gr.Row():
+            item_id = gr.Number(label="Item id", precision=0, elem_id="item-id")
+            item_text = gr.Textbox(label="New text", elem_id="item-text", scale=3)
+            edit_btn = gr.Button("Update item", elem_id="update-item")
+            delete_btn = gr.Button("Delete item", variant="stop", elem_id="delete-item")
+        with gr.Accordion("Forget me", open=False, elem_id="forget-box"):
+            Markdown(FORGET_NOTE)
+            with gr.Row():
+                forget_ok = gr.Checkbox(label="Yes, delete everything of this user", elem_id="forget-confirm")
+                forget_btn = gr.Button("Forget me", variant="stop", elem_id="forget-button")
+            forget_status = Markdown(elem_id="forget-status")
+
+    user, stored, shown_for, pick = shared.user, shared.stored, shared.shown_for, shared.prompt.item
+    served_outputs = [*shared.served_outputs, demo_user]
+    assert len(served_outputs) == N_SERVED + 1
+    demo_btn.click(bind(load_demo, studio), [demo_user, user], [history, user, status, shown_for])
+    user.input(bind(user_changed, studio), [user, shown_for], [history, items, pick, status, shown_for],
+               concurrency_limit=None, trigger_mode="always_last", show_progress="hidden")
+    task.input(bind(switch_task, studio), [task], [status, *served_outputs], concurrency_id="model",
+               api_name="switch_task")
+    shared.saved = save_btn.click(bind(save, studio), [user, history, upload, task, demo_user],
+                                  [status, items, stored, pick, shown_for], api_name="save_history")
+    edit_btn.click(bind(update_item, studio), [user, item_id, item_text], [status, items, pick])
+    delete_btn.click(bind(delete_item, studio), [user, item_id], [status, items, pick])
+    stored.change(bind(open_user, studio), [stored], [status, user, items, pick, task, history, shown_for])
+    forget_btn.click(bind(forget, studio), [user, forget_ok], [forget_status, forget_ok, items, stored],
+                     concurrency_id="model")
+    # a page opened after a switch (in another session) shows the build now served
+    shared.app.load(lambda: (*served(studio), studio.task.name), None, [*served_outputs, task])

@@ -1,0 +1,155 @@
+"""The app's rules (Studio methods the tabs call) and the tabs' handlers, called without a server, on the tiny
+artifacts and a real SQLite file; and the page built from the tab modules, without starting it."""
+
+from __future__ import annotations
+
+import gradio as gr
+import pytest
+
+from personalize.data import Item
+from personalize.store import StoreError
+from personalize.ui import compare, explore, leaderboard, quick_pair, why, writing
+
+from conftest import tiny_studio
+
+LINES = [f"ok so the {w} was fine i guess" for w in ("bus", "tea", "rain", "film", "shop", "walk", "game", "cake")]
+NO_PROGRESS = lambda *a, **k: None  # noqa: E731  (gr.Progress outside an event)
+
+
+@pytest.fixture(scope="module")
+def studio(tiny_artifacts, tmp_path_factory):
+    s = tiny_studio(tiny_artifacts, tmp_path_factory.mktemp("ui"))
+    yield s
+    s.store.close()
+
+
+# ---------------------------------------------------------------- rules the UI calls
+
+def test_user_name_and_alpha_list_rules(studio):
+    assert studio.need_user("  ana ") == "ana"
+    for blank in (None, "", "   "):
+        with pytest.raises(ValueError, match="user name"):
+            studio.need_user(blank)
+    assert studio.parse_alphas("0, 0.5;2 ,") == [0.0, 0.5, 2.0]
+    assert studio.parse_alphas("") == [] and studio.parse_alphas(None) == []
+    with pytest.raises(ValueError, match="numbers separated by commas, got '1, x'"):
+        studio.parse_alphas("1, x")
+    with pytest.raises(ValueError, match="at most 12"):
+        studio.parse_alphas(",".join(["1"] * 13))
+
+
+def test_items_are_changed_only_by_their_owner(studio):
+    res = studio.save_from(" ivy ", "\n".join(LINES), None, "tweets")
+    assert res["name"] == "ivy" and res["n_items"] == 8 and "ivy" in studio.user_names()
+    studio.save_history("jon", [Item(LINES[0])], "tweets")
+    mine, theirs = studio.store.items("ivy")[0].id, studio.store.items("jon")[0].id
+    assert studio.item_choices("ivy")[0] == (f"{mine}: {LINES[0]}", mine)
+    assert studio.update_item("ivy", mine, "edited") == f"Item {mine} updated. Refit to use it."
+    assert studio.store.items("ivy")[0].y == "edited"
+    with pytest.raises(ValueError, match=f"item {theirs} is not one of ivy's items"):
+        studio.update_item("ivy", theirs, "not mine")
+    with pytest.raises(ValueError, match="enter the id"):
+        studio.update_item("ivy", None, "x")
+    with pytest.raises(ValueError, match="one of this user's items"):
+        studio.delete_item("ivy", theirs)
+    with pytest.raises(ValueError, match="last item"):
+        studio.delete_item("jon", theirs)
+    assert studio.store.items("jon")[0].y == LINES[0]  # nothing of jon's changed
+    assert "deleted" in studio.delete_item("ivy", float(mine)) and len(studio.store.items("ivy")) == 7
+    with pytest.raises(StoreError):
+        studio.update_item("nobody", mine, "x")
+
+
+def test_prompts_from_text_an_item_or_compare(studio):
+    studio.save_history("kim", [Item(t) for t in LINES[:4]], "tweets")
+    task = studio.task
+    assert studio.resolve_prompt(" hello ", True) == (task.prompt("hello"), None)
+    assert studio.resolve_prompt("hello", False, None) == ("hello", None)
+    item = studio.store.items("kim")[1]
+    full, ref = studio.resolve_prompt("", True, item.id)  # a picked item, no text: its prompt and its text
+    assert ref == item.y and full == (item.x or task.prompt(item.neutral or item.y))
+    assert studio.resolve_prompt("typed wins", False, item.id) == ("typed wins", None)
+    assert studio.item_reference(item.id) == item.y and studio.item_reference(None) is None
+    with pytest.raises(ValueError, match="no longer exists"):
+        studio.resolve_prompt(None, True, 10**9)
+    with pytest.raises(ValueError, match="empty"):
+        studio.resolve_prompt("  ", True)
+    # Quick pair: its own box, else Compare's; never wrapped twice
+    assert studio.pair_prompt("", "from compare", False) == "from compare"
+    assert studio.pair_prompt("mine", "from compare", True) == task.prompt("mine")
+    assert studio.pair_prompt(None, task.prompt("x"), True) == task.prompt("x")
+
+
+def test_history_choice_cluster_view_and_guards(studio):
+    demo = sorted(studio.demo_users)[0]
+    text, name = studio.demo_pick(demo, "")
+    assert name == demo and studio.demo_pick(demo, "lee")[1] == "lee"
+    with pytest.raises(ValueError, match="pick a demo user"):
+        studio.demo_pick(None, "lee")
+    assert studio.history_from(text, None, demo) == studio.demo_items(demo)  # the demo user's prompts come along
+    assert [it.y for it in studio.history_from(text + "\nmore", None, demo)][-1] == "more"  # edited: a paste
+    view = studio.cluster_view("", 3, previous=2)
+    assert view["state"] is None and view["k"] == 4 and "user" not in view["map"]
+    studio.save_history("mo", [Item(t) for t in LINES], "tweets")
+    view = studio.cluster_view(" mo ", None)
+    assert view["state"].name == "mo" and view["k"] == studio.snap_k(None) and view["map"]["user"]["name"] == "mo"
+    with pytest.raises(ValueError, match="version to restore"):
+        studio.restore("mo", None)
+    with pytest.raises(ValueError, match="tick the box"):
+        studio.forget_me("mo", False)
+    assert studio.store.user("mo")
+    with pytest.raises(ValueError, match="choose at least one method"):
+        studio.compare_plan("mo", "hi", True, None, [])
+    plan = studio.compare_plan("mo", "hi", True, None, ["exact", "base"])
+    assert plan["order"] == ["base", "exact"] and plan["first_use"] == {"exact": True, "base": False}
+
+
+# ---------------------------------------------------------------- handlers, no server
+
+def test_writing_handlers_answer_in_the_status_line(studio):
+    msg, rows, users, picks, shown = writing.save(studio, "nia", "\n".join(LINES), None, "tweets", None)
+    assert "Saved **8** items for **nia**" in msg and len(rows) == 8 and shown == "nia"
+    assert "nia" in users["choices"] and len(picks["choices"]) == 8
+    out = writing.update_item(studio, "nia", 10**9, "x")  # expected errors: the status line, the rest kept
+    assert out[0].startswith("⚠️") and "is not one of nia" in out[0]
+    assert all(isinstance(o, type(gr.skip())) for o in out[1:])
+    out = writing.save(studio, "", "text", None, "tweets", None)
+    assert "user name" in out[0] and len(out) == 5
+    assert writing.open_user(studio, None) == (gr.skip(),) * 7
+
+
+def test_model_handlers_without_a_server(studio):
+    studio.save_history("oz", [Item(t) for t in LINES], "tweets")
+    status, *_ = explore.explore(studio, "oz", "1, x", 4, 1.0, 50, 4, progress=NO_PROGRESS)
+    assert status.startswith("⚠️") and "must be numbers" in status
+    first = next(compare.compare(studio, "oz", "hi", True, None, [], 1.0, 50, 4, None))
+    assert "choose at least one method" in first[0] and len(first) == 1 + len(compare.ALL_METHODS)
+    steps = list(compare.compare(studio, "oz", "the bus", True, None, ["base"], 1.0, 50, 4, None))
+    assert steps[-1][0].startswith("Done: 1 methods for **oz**") and "tok/s" in steps[-1][1]["value"]
+    status, tokens, *_ = why.why(studio, "oz", "the bus", True, None, 1.0, 50, 4, None)
+    assert "the user vector changed" in status and isinstance(tokens, list)
+
+    status, a, b, pid = quick_pair.draw_pair(studio, "oz", "rae", "the tea", ["base", "cluster"], "", True, 1.0, 50,
+                                             4, None)
+    assert "which output fits **oz**'s style" in status and a.startswith("**A**") and pid
+    voted, cleared = quick_pair.vote(studio, "tie", pid, "ignored", login="rae")  # --auth: the logged-in name
+    assert "stored (tie, rater rae)" in voted and cleared is None
+    again, _ = quick_pair.vote(studio, "a", pid, "rae")
+    assert again.startswith("⚠️")  # the pair is closed
+    status, rows, *_ = leaderboard.standings(studio)
+    assert " between " in status and rows
+    studio.wait_feedback()
+
+
+def test_the_page_has_the_tabs_in_order_and_unique_element_ids(studio):
+    import app as studio_app
+
+    page = studio_app.build_app(studio)
+    blocks = list(page.blocks.values())
+    tabs = [b.label for b in blocks if isinstance(b, gr.Tab)]
+    assert tabs == ["My writing", "My cluster", "Fit my style", "Compare", "Why", "Rate", "Quick pair", "Leaderboard",
+                    "Campaigns", "Export", "Explore"]
+    ids = [b.elem_id for b in blocks if getattr(b, "elem_id", None)]
+    assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
+    # the shared decoding controls exist once, shown in Compare
+    assert ids.count("alpha") == ids.count("k-slider") == ids.count("prompt") == ids.count("versions") == 1
