@@ -51,7 +51,7 @@ def rule_overlap(a, rng) -> str:
 
 def rule_noisy(a, rng) -> str:
     if rng.random() < 1 / 6:
-        return "a"
+        return "a"  # whatever is shown (attention checks included)
     v = rule_overlap(a, rng)
     return {"a": "b", "b": "a"}.get(v, v) if rng.random() < 0.2 else v
 
@@ -74,6 +74,8 @@ def main(argv=None) -> int:
     p.add_argument("--limit", type=int, default=8)
     p.add_argument("--methods", default="base,cluster,card")
     p.add_argument("--judge-model", default=None)
+    p.add_argument("--attention-every", type=int, default=6)
+    p.add_argument("--seed", type=int, default=0, help="the assignment's tie-breaks")
     p.add_argument("--db", default=None, help="default: a new database in a temporary folder")
     p.add_argument("--json", default=None)
     p.add_argument("--figure", default=None, help="write the results figure (HTML) here")
@@ -84,11 +86,12 @@ def main(argv=None) -> int:
 
     db = a.db or str(Path(tempfile.mkdtemp(prefix="campaign-study-")) / "studio.db")
     studio = Studio.load(StudioConfig(artifacts=a.artifacts, db=db))
+    studio.campaigns.rng.seed(a.seed)
     name = f"study-{a.limit}"
     timings = {}
     if name not in studio.campaigns.names():
         studio.create_campaign(name, a.data, a.split, a.limit, a.methods.split(","), reference=True,
-                               raters_per_item=len(RATERS), sources=a.sources)
+                               raters_per_item=len(RATERS), attention_every=a.attention_every, sources=a.sources)
     t0 = time.perf_counter()
     gen = studio.generate_campaign(name, lambda i, n, w: print(f"  generate {i}/{n}: {w}", flush=True))
     timings["generate_s"] = round(time.perf_counter() - t0, 1)
