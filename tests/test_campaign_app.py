@@ -5,6 +5,7 @@ raters in two browser sessions with the keyboard, its results read and exported.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import sys
 from collections import Counter
@@ -17,7 +18,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from campaign_serving import load_campaign, run_raters  # noqa: E402
-from test_app import Page, _driver, server  # noqa: E402,F401  (the real server over the tiny artifacts)
+from test_app import Page, _driver, auth_server, server  # noqa: E402,F401  (real servers over the tiny artifacts)
 
 
 def test_twenty_raters_fifty_judgments_each_over_http(server):  # noqa: F811
@@ -44,6 +45,21 @@ def test_twenty_raters_fifty_judgments_each_over_http(server):  # noqa: F811
     print(f"20 raters × 50: median {1000 * sorted(res['latencies'])[500]:.0f} ms per judgment + next unit")
 
 
+def test_with_auth_a_judgment_counts_under_the_logged_in_rater(auth_server):  # noqa: F811
+    from gradio_client import Client
+
+    studio = auth_server["studio"]
+    load_campaign(studio, "auth", n_items=2, raters_per_item=2)
+    c = Client(auth_server["url"], verbose=False, auth=("u1", "p1"))
+    first = c.predict("auth", "mallory", api_name="/campaign_next")  # the typed id is ignored
+    after = c.predict("auth", "mallory", first[0], api_name="/campaign_a")
+    assert str(after[7]).startswith("Judgment #"), after
+    assert [r["rater"] for r in studio.campaigns.judgments("auth")] == ["u1"]
+    c2 = Client(auth_server["url"], verbose=False, auth=("u2", "p2"))
+    stolen = c2.predict("auth", "u1", after[0], api_name="/campaign_b")  # u1's pending unit, sent by u2
+    assert "not yours" in str(stolen[7]) and len(studio.campaigns.judgments("auth")) == 1
+
+
 def _rate_all(pages: dict, total: int) -> dict:
     """Each rater presses keys until nothing is left, taking turns; returns how many each judged."""
     from selenium.webdriver.common.by import By
@@ -64,7 +80,8 @@ def _rate_all(pages: dict, total: int) -> dict:
 
 def test_browser_a_whole_small_campaign(server, tmp_path):  # noqa: F811
     studio = server["studio"]
-    admin = Page(_driver(tmp_path / "admin"), tmp_path / "shots")
+    shots = Path(os.environ.get("SCREENSHOTS") or tmp_path / "shots")
+    admin = Page(_driver(tmp_path / "admin"), shots)
     raters = {}
     try:
         admin.d.get(server["url"])
@@ -78,7 +95,7 @@ def test_browser_a_whole_small_campaign(server, tmp_path):  # noqa: F811
         admin.click("campaign-generate")
         admin.until_text("campaign-status", "outputs 16 / 16")
         for who in ("ana", "ben"):  # two browser sessions
-            p = Page(_driver(tmp_path / who), tmp_path / "shots")
+            p = Page(_driver(tmp_path / who), shots)
             p.d.get(server["url"])
             p.tab("Rate")
             p.type("rate-rater", who)
