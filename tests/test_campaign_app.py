@@ -113,6 +113,7 @@ def test_browser_a_whole_small_campaign(server, tmp_path):  # noqa: F811
         assert "Krippendorff" in summary and "position bias" in summary and "ranks" in summary
         admin.el("#campaign-plot .js-plotly-plot")
         assert "ana" in admin.text("campaign-raters") and "ben" in admin.text("campaign-raters")
+        admin.d.execute_script("document.getElementById('campaign-status').scrollIntoView({block: 'start'})")
         admin.shot("13-campaign-results")
         res = studio.campaign_results("pilot")
         assert res["judgments"] == 48 and res["raters"] == 2 and len(res["leaderboard"]) == 4
