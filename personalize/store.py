@@ -348,7 +348,8 @@ class Store:
         """"Forget me": deletes everything of the user in one transaction and anonymises their ratings (the
         verdicts and methods stay for the leaderboard; prompt, outputs and user name go), then rewrites the
         file (VACUUM) and empties the write-ahead log, so no free page or WAL frame keeps their texts.
-        Returns what was removed: {table: rows} and "ratings_anonymised"."""
+        Returns what was removed: {table: rows}, "ratings_anonymised" and "campaign_items_anonymised" (a campaign
+        keeps the verdicts on the person's items; their prompt, history, reference and outputs go)."""
         with self._write() as db:
             name = self._require(name)
             out = {t: db[t].count_where("user = ?", [name]) for t in USER_TABLES}
@@ -357,6 +358,12 @@ class Store:
             out["ratings_anonymised"] = db["ratings"].count_where("user = ?", [name])
             db.execute("UPDATE ratings SET user = NULL, prompt = '', output_a = '', output_b = '' WHERE user = ?",
                        [name])
+            # campaign items of the person: the judgments keep their verdicts, their texts and outputs go
+            out["campaign_items_anonymised"] = db["campaign_items"].count_where("user = ?", [name])
+            db.execute("UPDATE campaign_outputs SET output = '' WHERE item IN "
+                       "(SELECT id FROM campaign_items WHERE user = ?)", [name])
+            db.execute("UPDATE campaign_items SET user = '(forgotten ' || id || ')', prompt = '', reference = NULL, "
+                       "history = '[]' WHERE user = ?", [name])
             db["users"].delete(name)
         with self._lock:
             self.db.execute("VACUUM")

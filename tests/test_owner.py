@@ -140,6 +140,16 @@ def test_forget_me_leaves_nothing_of_the_user(studio):
     (exports / "unrelated.csv").write_text("user,output\nsomeone,hello\n")
     pending = studio.new_pair(marker, prompt, ["base", "card"], s)
     n_ratings = len(studio.store.ratings())
+    from personalize.campaign import CampaignConfig, CampaignItem  # the person as an item of a campaign
+
+    studio.campaigns.create("forget-campaign", [CampaignItem(marker, prompt, tuple(it.y for it in items),
+                                                             f"{marker} gold")], CampaignConfig(("base", "card"),
+                                                                                                reference=True))
+    for item, m in studio.campaigns.missing("forget-campaign"):
+        studio.campaigns.add_output(item["id"], m, f"{marker} {m} output", 0.1)
+    unit = studio.campaigns.next("forget-campaign", "rater-q")
+    studio.campaigns.submit(unit.id, "rater-q", "a")
+    studio.export_campaign("forget-campaign", "jsonl")
     assert marker.encode() in _bytes_under(db.parent)
 
     res = studio.forget(marker)
@@ -152,6 +162,9 @@ def test_forget_me_leaves_nothing_of_the_user(studio):
     anon = [r for r in ratings if r["rater"] == "rater-q"]
     assert anon[0]["winner"] == "tie" and anon[0]["user"] is None and anon[0]["output_a"] == ""
     assert studio.arena.pending(pending.id) is None
+    assert res["campaign_items_anonymised"] == 1  # the campaign keeps the verdict, not the person's texts
+    kept = studio.campaigns.judgments("forget-campaign")
+    assert [r["verdict"] for r in kept] == ["a"] and kept[0]["prompt"] == "" and marker not in kept[0]["user"]
     with sqlite3.connect(db) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     with pytest.raises(ValueError, match="unknown user"):

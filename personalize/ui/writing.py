@@ -77,9 +77,11 @@ def open_user(studio, name):
 @guarded(4)
 def forget(studio, name, ok):
     res = studio.forget_me(name, ok)
-    gone = sum(v for k, v in res.items() if isinstance(v, int) and k != "ratings_anonymised")
-    return (f"Forgot **{md(name.strip())}**: {gone} stored rows deleted, {res['ratings_anonymised']} rating(s) "
-            f"kept without texts or name, {len(res['files'])} file(s) removed, database compacted.",
+    kept = ("ratings_anonymised", "campaign_items_anonymised")
+    gone = sum(v for k, v in res.items() if isinstance(v, int) and k not in kept)
+    return (f"Forgot **{md(name.strip())}**: {gone} stored rows deleted, {res['ratings_anonymised']} rating(s) and "
+            f"{res.get('campaign_items_anonymised', 0)} campaign item(s) kept without texts or name, "
+            f"{len(res['files'])} file(s) removed, database compacted.",
             False, [], gr.update(choices=studio.user_names(), value=None))
 
 
