@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 
 from . import agreement
 from .leaderboard import LeaderboardConfig, leaderboard
+from .names import ALL_METHODS
 from .store import WINNERS, Store, StoreError, _now
 
 MODES = ("pairwise", "rubric")
@@ -66,8 +67,6 @@ class CampaignConfig:
     pending_ttl_s: float = 1800.0  # a pending assignment older than this no longer counts as a unit's load
 
     def __post_init__(self):
-        from .studio import ALL_METHODS
-
         object.__setattr__(self, "methods", tuple(dict.fromkeys(self.methods)))
         unknown = [m for m in self.methods if m not in ALL_METHODS]
         if unknown:

@@ -691,15 +691,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from .data import HistoryError
-    from .engine import ArtifactsError
-    from .models import ModelLoadError
-    from .store import StoreError
-
     a = build_parser().parse_args(argv)
     try:
         a.fn(a)
-    except (UsageError, HistoryError, StoreError, ArtifactsError, ModelLoadError, ValueError, FileNotFoundError) as e:
+    except (UsageError, ValueError, FileNotFoundError) as e:  # HistoryError, StoreError, ArtifactsError included
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:  # a model that cannot be loaded; looked up lazily so light commands import no torch
+        models = sys.modules.get("personalize.models")
+        if models is None or not isinstance(e, models.ModelLoadError):
+            raise
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -35,11 +35,8 @@ from .store import Store, StoreError
 from .style import UserStyle
 from . import campaign as campaign_mod
 from . import owner
+from .names import ALL_METHODS, DEFAULT_METHODS  # noqa: F401  (re-exported: the UI reads them here)
 
-# Columns of the Compare tab, in order; every name the methods registry knows.
-ALL_METHODS = ("base", "cluster", "card", "exact", "rag", "pag", "cope", "oppu", "p2p")
-# What Compare and Rate start with: the methods that need no per-user training.
-DEFAULT_METHODS = ("base", "cluster", "card", "exact", "rag", "cope")
 
 
 @dataclass(frozen=True)
