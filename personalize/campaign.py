@@ -516,9 +516,9 @@ class Campaigns:
 
 
 def _strengths(rows: Sequence[dict], cfg: LeaderboardConfig) -> dict:
-    return leaderboard([{"method_a": r["first"], "method_b": r["second"],
-                         "winner": {"a": "a", "b": "b"}.get(r["winner"], r["winner"])} for r in rows if r["winner"]],
-                       cfg)
+    """Bradley–Terry over the judgments in canonical order (first vs second arm, the winner unswapped)."""
+    return leaderboard([{"method_a": r["first"], "method_b": r["second"], "winner": r["winner"]}
+                        for r in rows if r["winner"]], cfg)
 
 
 def _judge_wins(rows: Sequence[dict]) -> dict[str, float]:

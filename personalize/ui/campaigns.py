@@ -13,11 +13,10 @@ import functools
 import gradio as gr
 import plotly.graph_objects as go
 
-from ..campaign import CRITERIA, REFERENCE, CampaignError
+from ..campaign import CRITERIA, REFERENCE
 from ..display import md, plot_text
 from ..studio import ALL_METHODS, Studio
-
-EXPECTED = (CampaignError, ValueError, FileNotFoundError, OSError)
+from .common import EXPECTED, _err, guarded
 
 
 def _pct(v) -> str:
@@ -83,22 +82,18 @@ def rater_rows(res: dict) -> list[list]:
     return [[r, v["n"], _pct(v["agreement"]), _pct(att.get(r))] for r, v in res["agreement"]["raters"].items()]
 
 
+@guarded(3)
 def show(studio: Studio, name: str | None) -> tuple:
-    try:
-        if not name:
-            raise ValueError("choose or create a campaign first")
-        res = studio.campaign_results(name)
-    except EXPECTED as e:
-        return f"⚠️ {md(e)}", gr.skip(), gr.skip()
+    if not name:
+        raise ValueError("choose or create a campaign first")
+    res = studio.campaign_results(name)
     return results_md(res), results_figure(res), rater_rows(res)
 
 
+@guarded(2)
 def create(studio: Studio, name, data, split, sources, limit, methods, reference, mode, per_item, attention) -> tuple:
-    try:
-        c = studio.create_campaign(name, data, split or "dev", int(limit or 0), methods or [], bool(reference),
-                                   mode, int(per_item or 0), int(attention or 0), sources=sources or "")
-    except EXPECTED as e:
-        return f"⚠️ {md(e)}", gr.skip()
+    c = studio.create_campaign(name, data, split or "dev", int(limit or 0), methods or [], bool(reference),
+                               mode, int(per_item or 0), int(attention or 0), sources=sources or "")
     names = studio.campaigns.names()
     return (f"Created **{md(c['name'])}**: generate its outputs next (below).",
             gr.update(choices=names, value=c["name"]))
@@ -110,7 +105,7 @@ def generate(studio: Studio, name: str | None, progress=gr.Progress()) -> str:
             raise ValueError("choose a campaign first")
         res = studio.generate_campaign(name, lambda i, n, what: progress((i, n), desc=f"generating: {what}"))
     except EXPECTED as e:
-        return f"⚠️ {md(e)}"
+        return _err(e)
     failed = "".join(f"\n- ⚠️ {md(f)}" for f in res["failed"])
     return (f"Generated {res['generated']} output(s) in {res['seconds']} s; outputs {res['outputs']['done']} / "
             f"{res['outputs']['total']}.{failed}")
@@ -123,33 +118,27 @@ def judge(studio: Studio, name: str | None, model: str | None, progress=gr.Progr
         res = studio.judge_campaign(name, (model or "").strip() or None,
                                     lambda i, n, what: progress((i, n), desc=f"LLM judge: {what}"))
     except EXPECTED as e:
-        return f"⚠️ {md(e)}"
+        return _err(e)
     return f"The LLM judge ({md(res['judge']['model']) if res['judge'] else 'none'}) has judged the units."
 
 
+@guarded(1)
 def set_status(studio: Studio, status: str, name: str | None) -> str:
-    try:
-        studio.set_campaign_status(name or "", status)
-    except EXPECTED as e:
-        return f"⚠️ {md(e)}"
+    studio.set_campaign_status(name or "", status)
     return f"Campaign **{md(name)}** is {status}."
 
 
+@guarded(2)
 def export(studio: Studio, name: str | None, fmt: str) -> tuple:
-    try:
-        path, summary, n = studio.export_campaign(name or "", fmt)
-    except EXPECTED as e:
-        return f"⚠️ {md(e)}", gr.skip()
+    path, summary, n = studio.export_campaign(name or "", fmt)
     return f"Exported {n} judgment(s).", [str(path), str(summary)]
 
 
+@guarded(1)
 def import_file(studio: Studio, name: str | None, file) -> str:
-    try:
-        if not file:
-            raise ValueError("choose an exported .jsonl or .csv file")
-        res = studio.campaigns.import_judgments(name or "", file)
-    except EXPECTED as e:
-        return f"⚠️ {md(e)}"
+    if not file:
+        raise ValueError("choose an exported .jsonl or .csv file")
+    res = studio.campaigns.import_judgments(name or "", file)
     return f"Imported {res['added']} judgment(s); {res['duplicates']} were here already, {res['unmatched']} unmatched."
 
 

@@ -55,6 +55,14 @@ def logged_in(request: gr.Request | None) -> str | None:
     return getattr(request, "username", None) if request is not None else None
 
 
+def rater_box(request: gr.Request):
+    """With --auth the rater id is the logged-in user name: shown, and not editable (Quick pair and Rate)."""
+    who = logged_in(request)
+    if not who:
+        return gr.skip()
+    return gr.update(value=who, interactive=False, label="Rater id (the user you logged in as)")
+
+
 def version_rows(studio, name: str | None) -> list[list]:
     """The user's style versions as table rows, newest first; none without a (known) user."""
     try:

@@ -7,7 +7,7 @@ import gradio as gr
 
 from ..display import md
 from ..studio import ALL_METHODS, DEFAULT_METHODS
-from .common import EXPECTED, Markdown, _err, logged_in
+from .common import EXPECTED, Markdown, _err, logged_in, rater_box
 from .controls import Shared
 
 VOTES = {"vote-a": ("a", "A is better"), "vote-b": ("b", "B is better"), "vote-tie": ("tie", "Tie"),
@@ -43,14 +43,6 @@ def vote(studio, winner, pair_id, rater, login: str | None = None):
         return _err(e), gr.skip()
     return (f"Vote #{rid} stored ({LABELS[winner]}, rater {md(who)}). **A was {md(pair.methods[0])}, "
             f"B was {md(pair.methods[1])}.** Draw a new pair to go on.", None)
-
-
-def rater_box(request: gr.Request):
-    """With --auth the rater id is the logged-in user name: shown, and not editable."""
-    who = logged_in(request)
-    if not who:
-        return gr.skip()
-    return gr.update(value=who, interactive=False, label="Rater id (the user you logged in as)")
 
 
 def build(studio, shared: Shared) -> None:

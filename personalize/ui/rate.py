@@ -15,10 +15,10 @@ import functools
 import gradio as gr
 
 from ..arena import rater_id
-from ..campaign import CRITERIA, Assignment, CampaignError
+from ..campaign import CRITERIA, Assignment
 from ..display import md
 from ..studio import Studio
-from .common import logged_in
+from .common import guarded, logged_in, rater_box
 
 VERDICTS = {"campaign-a": ("a", "A is more like them  [1]"), "campaign-b": ("b", "B is more like them  [2]"),
             "campaign-tie": ("tie", "Tie  [3]"), "campaign-bad": ("both_bad", "Both are bad  [4]")}
@@ -35,10 +35,10 @@ SHORTCUTS_JS = """() => {
     if (btn && btn.offsetParent !== null) { e.preventDefault(); btn.click(); }
   });
 }""" % str(SHORTCUTS).replace("'", '"')
-N_OUT = 11  # the outputs every handler returns, in this order (see `_view`)
+N_OUT, STATUS = 11, 9  # the outputs every handler returns, in this order (see `_view`), and the status line's place
 
 
-def _view(a: Assignment | None, status: str, campaign: str | None = None) -> tuple:
+def _view(a: Assignment | None, status: str) -> tuple:
     """(assignment id, progress, instruction, history, prompt, output A, output B, pairwise row, rubric row,
     status, campaign) for one unit, or the end of the work when `a` is None."""
     if a is None:
@@ -53,53 +53,36 @@ def _view(a: Assignment | None, status: str, campaign: str | None = None) -> tup
             status, gr.skip())
 
 
-def _fail(e: Exception) -> tuple:
-    return (gr.skip(),) * 9 + (f"⚠️ {md(e)}", gr.skip())
-
-
 def _done(studio: Studio, campaign: str, rater: str) -> str:
     done, total = studio.campaigns.rater_progress(campaign, rater)
     return f"✅ Nothing left for you in this campaign ({done} of {total} done). Thank you!"
 
 
+@guarded(N_OUT, STATUS)
 def next_unit(studio: Studio, campaign: str | None, typed: str | None, request: gr.Request | None = None) -> tuple:
     """The rater's pending unit, or the next one."""
-    try:
-        rater = rater_id(typed, logged_in(request))
-        if not campaign:
-            raise ValueError("choose a campaign first")
-        a = studio.next_judgment(campaign, rater)
-    except (CampaignError, ValueError) as e:
-        return _fail(e)
+    rater = rater_id(typed, logged_in(request))
+    if not campaign:
+        raise ValueError("choose a campaign first")
+    a = studio.next_judgment(campaign, rater)
     return _view(a, "" if a else _done(studio, campaign, rater))
 
 
+@guarded(N_OUT, STATUS)
 def judge_unit(studio: Studio, verdict: str | None, campaign: str | None, typed: str | None, assignment: float | None,
                *scores, request: gr.Request | None = None) -> tuple:
     """Stores the judgment (a verdict, or the rubric's scores), then serves the next unit."""
-    try:
-        rater = rater_id(typed, logged_in(request))
-        if assignment is None:
-            raise ValueError("load a unit first (Start)")
-        if verdict == "skip":
-            studio.skip_judgment(int(assignment), rater)
-            said = "Skipped."
-        else:
-            rubric = dict(zip(CRITERIA, scores)) if verdict is None else None
-            jid = studio.submit_judgment(int(assignment), rater, verdict, rubric)
-            said = f"Judgment #{jid} stored."
-        a = studio.next_judgment(campaign, rater)
-    except (CampaignError, ValueError) as e:
-        return _fail(e)
+    rater = rater_id(typed, logged_in(request))
+    if assignment is None:
+        raise ValueError("load a unit first (Start)")
+    if verdict == "skip":
+        studio.skip_judgment(int(assignment), rater)
+        said = "Skipped."
+    else:
+        rubric = dict(zip(CRITERIA, scores)) if verdict is None else None
+        said = f"Judgment #{studio.submit_judgment(int(assignment), rater, verdict, rubric)} stored."
+    a = studio.next_judgment(campaign, rater)
     return _view(a, said if a else f"{said} {_done(studio, campaign, rater)}")
-
-
-def rater_box(request: gr.Request):
-    """With --auth the rater id is the logged-in user name: shown, and not editable."""
-    who = logged_in(request)
-    if not who:
-        return gr.skip()
-    return gr.update(value=who, interactive=False, label="Rater id (the user you logged in as)")
 
 
 def campaign_choices(studio: Studio, current: str | None = None):
@@ -140,7 +123,7 @@ def build(studio: Studio, shared=None) -> None:
         assignment = gr.Number(visible=False, precision=0, elem_id="rate-assignment")
     outs = [assignment, progress, instruction, history, prompt, out_a, out_b, pairwise_row, rubric_row, status,
             campaign]
-    assert len(outs) == N_OUT
+    assert len(outs) == N_OUT and outs[STATUS] is status
     ev = dict(queue=False)  # SQLite work of milliseconds: no model, so no queue (and its SSE round trips) at all
 
     # closures, not partials: Gradio hands the request (the logged-in rater) only to a plain function
