@@ -153,3 +153,23 @@ def test_the_page_has_the_tabs_in_order_and_unique_element_ids(studio):
     assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
     # the shared decoding controls exist once, shown in Compare
     assert ids.count("alpha") == ids.count("k-slider") == ids.count("prompt") == ids.count("versions") == 1
+
+
+def test_rate_handlers_serve_units_and_clear_the_rubric_scores(studio):
+    """The Rate tab's handlers without a server: a rubric unit is judged, the next one comes with the scores
+    cleared (no rater resubmits the previous unit's scores by mistake); an incomplete score keeps what was typed."""
+    from personalize.campaign import CampaignConfig, CampaignItem
+    from personalize.ui import rate
+
+    items = [CampaignItem(f"p{i}", f"prompt {i}", tuple(f"h{i}.{j}" for j in range(5))) for i in range(2)]
+    studio.campaigns.create("ui-rubric", items, CampaignConfig(("base", "card"), mode="rubric", raters_per_item=1))
+    for item, m in studio.campaigns.missing("ui-rubric"):
+        studio.campaigns.add_output(item["id"], m, f"{m} text {item['position']}", 0.0)
+    first = rate.next_unit(studio, "ui-rubric", "r1")
+    assert len(first) == rate.N_OUT and first[1].startswith("**0 of 4 done**") and first[0] is not None
+    kept = rate.judge_unit(studio, None, "ui-rubric", "r1", first[0], 4, None, 5)
+    assert "rubric" in kept[rate.STATUS] and all(isinstance(v, dict) for v in kept[-3:])  # gr.skip(): kept
+    after = rate.judge_unit(studio, None, "ui-rubric", "r1", first[0], 4, 3, 5)
+    assert after[rate.STATUS].startswith("Judgment #") and after[0] != first[0]
+    assert after[-3:] == (None, None, None) and after[1].startswith("**1 of 4 done**")
+    assert rate.next_unit(studio, "ui-rubric", "")[rate.STATUS].startswith("⚠️")  # no rater id

@@ -35,22 +35,24 @@ SHORTCUTS_JS = """() => {
     if (btn && btn.offsetParent !== null) { e.preventDefault(); btn.click(); }
   });
 }""" % str(SHORTCUTS).replace("'", '"')
-N_OUT, STATUS = 11, 9  # the outputs every handler returns, in this order (see `_view`), and the status line's place
+N_OUT, STATUS = 14, 9  # the outputs every handler returns, in this order (see `_view`), and the status line's place
 
 
 def _view(a: Assignment | None, status: str) -> tuple:
     """(assignment id, progress, instruction, history, prompt, output A, output B, pairwise row, rubric row,
-    status, campaign) for one unit, or the end of the work when `a` is None."""
+    status, campaign, the three rubric scores) for one unit, or the end of the work when `a` is None. The rubric's
+    scores are cleared for every unit, so a rater never submits the previous unit's scores by mistake."""
+    cleared = (None,) * len(CRITERIA)
     if a is None:
         hidden = gr.update(visible=False)
-        return (None, "", "", "", "", "", "", hidden, hidden, status, gr.skip())
+        return (None, "", "", "", "", "", "", hidden, hidden, status, gr.skip(), *cleared)
     history = "\n\n".join(f"{i + 1}. {md(h, limit=600)}" for i, h in enumerate(a.history))
     shown = [f"**Output {label}**\n\n{md(text)}" for label, text in zip("AB", a.outputs)]
     pairwise = len(a.outputs) == 2
     return (a.id, f"**{a.done} of {a.total} done** · campaign {md(a.campaign)}",
             f"### {md(a.instruction)}", history or "(no history)", f"**Prompt:** {md(a.prompt, limit=2000)}",
             shown[0], shown[1] if pairwise else "", gr.update(visible=pairwise), gr.update(visible=not pairwise),
-            status, gr.skip())
+            status, gr.skip(), *cleared)
 
 
 def _done(studio: Studio, campaign: str, rater: str) -> str:
@@ -122,7 +124,7 @@ def build(studio: Studio, shared=None) -> None:
         status = Markdown(elem_id="rate-status")
         assignment = gr.Number(visible=False, precision=0, elem_id="rate-assignment")
     outs = [assignment, progress, instruction, history, prompt, out_a, out_b, pairwise_row, rubric_row, status,
-            campaign]
+            campaign, *sliders]
     assert len(outs) == N_OUT and outs[STATUS] is status
     ev = dict(queue=False)  # SQLite work of milliseconds: no model, so no queue (and its SSE round trips) at all
 
