@@ -12,7 +12,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from contextlib import nullcontext
+from typing import Callable, ContextManager, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -107,8 +108,11 @@ def train_adapter(
     model: PeftModel, tok, name: str, examples: Sequence[tuple[str, str]], steps: int,
     settings: LoraSettings, budget: TokenBudget, held_out: Sequence[tuple[str, str]] = (),
     progress: Callable[[int, int, float], None] | None = None,
+    step_context: Callable[[], ContextManager] | None = None,
 ) -> dict:
-    """SFT of one adapter; returns its report (tokens trained, seconds, loss curve)."""
+    """SFT of one adapter; returns its report (tokens trained, seconds, loss curve). `step_context`: entered
+    around each step (the studio's model lock, so decodes run between the steps of a background training);
+    the step puts the model in training mode and back, so a decode between steps sees it in eval mode."""
     model.set_adapter(name)
     params = [p for n, p in model.named_parameters() if f".{name}." in n and "lora_" in n]
     for p in params:
@@ -121,7 +125,6 @@ def train_adapter(
     held = list(held_out)[:32]
     if held:
         curve.append((0, sft_loss(model, tok, held, budget)))
-    model.train()
     for step in range(1, steps + 1):
         if len(order) < settings.batch_size:
             more = list(range(len(examples)))
@@ -129,15 +132,21 @@ def train_adapter(
             order += more
         batch = [examples[order.pop()] for _ in range(min(settings.batch_size, len(examples)))]
         ids, mask, labels = sft_batch(tok, batch, budget, model.device)
-        loss = answer_loss(model, ids, mask, labels)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step(), sched.step(), opt.zero_grad(set_to_none=True)
+        with step_context() if step_context else nullcontext():
+            for p in params:  # a switch of adapters between steps (inference mode) froze them
+                p.requires_grad_(True)
+            model.train()
+            loss = answer_loss(model, ids, mask, labels)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step(), sched.step(), opt.zero_grad(set_to_none=True)
+            model.eval()
         tokens += int(mask.sum())
         if progress:
             progress(step, steps, loss.item())
         if held and (step % settings.eval_every == 0 or step == steps):
-            curve.append((step, sft_loss(model, tok, held, budget)))
+            with step_context() if step_context else nullcontext():
+                curve.append((step, sft_loss(model, tok, held, budget)))
     model.eval()
     for p in params:
         p.requires_grad_(False)

@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from .adapters import BASE_ADAPTER, adapter_name, load_adapters
+from .batch import CardSteer, DecodeRow, decode_rows
 from .cluster import assign, user_embeddings
 from .config import FORMAT_VERSION, CardConfig
 from .data import Item, Task, TASKS
@@ -351,6 +352,45 @@ class Engine:
             for i, g in zip(rest, gens):
                 out[i] = g
         return out
+
+    def rows(self, prompts: Sequence[str], method: str, cluster: int | None = None, lam=None, k: int | None = None,
+             settings: DecodingSettings | None = None, objective: str | None = None, trace: bool = False,
+             budget=None, items: Sequence[Item] | None = None) -> list[DecodeRow]:
+        """`generate`'s work as mixed-batch rows (batch.py): the same prompts, adapters and CARD rule per row."""
+        s = settings or self.cfg.decoding
+        k = k or self.cfg.default_k
+        budget = budget or self.cfg.budget
+        if method == "base":
+            return [DecodeRow(p, budget, s) for p in prompts]
+        if method not in ("cluster", *CARD_METHODS):
+            raise ValueError(f"unknown method {method!r}; choose from {(*CORE_METHODS, *VARIANTS)}")
+        ada = adapter_name(k, cluster or 0) if k > 1 else BASE_ADAPTER
+        if method == "cluster":
+            return [DecodeRow(p, budget, s, ada) for p in prompts]
+        objective = objective or self.cfg.objectives[0]
+        head = self.heads[objective]
+        style = variant(method, self.cfg.style)
+        styles = self._styles(lam, len(prompts), head.d)
+        s = replace(s, standardize=objective in PAIR_OBJECTIVES)
+        if objective != "tokens":
+            style = replace(style, bias=False, memory=False)
+        out: list[DecodeRow] = []
+        for p, st in zip(prompts, styles):
+            if style.fallback and st.helps is False:
+                out.append(DecodeRow(p, budget, s, ada, note=FALLBACK_NOTE))
+                continue
+            card_prompt, card_budget = p, budget
+            if style.retrieval and items:
+                (card_prompt,), card_budget = self.retrieval_prompts(items, [p], budget)
+            out.append(DecodeRow(card_prompt, card_budget, s, ada, CardSteer(head, st, style, self.cfg.head.n_layers),
+                                 want_trace=trace))
+        return out
+
+    def decode_rows(self, rows: Sequence[DecodeRow], on_step=None) -> list[Generation]:
+        """Rows of any adapters in one batch (batch.decode_rows); the adapter layers must be on for that."""
+        if self._active is None:
+            self.use_adapter(BASE_ADAPTER)
+        return decode_rows(self.model, self.tok, rows, on_step)
 
     def retrieval_prompts(self, items: Sequence[Item], prompts: Sequence[str], budget):
         """Each prompt with the person's BM25-nearest history items before it, and the budget widened to fit."""

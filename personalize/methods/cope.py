@@ -17,17 +17,17 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from ..adapters import BASE_ADAPTER, adapter_name
+from ..batch import NO_ADAPTER, CopeSteer, DecodeRow
 from ..decoding import DecodingSettings, Generation, repetition_processors
 from ..tokens import decode, left_pad, prompt_ids
 from . import UserContext
 
-NO_ADAPTER = "__base__"  # peft's name for "no LoRA" in a mixed-adapter batch
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,17 @@ class CopeMethod:
         u, b = self.adapters(user)
         return {"method": self.name, "user_adapter": u, "base_adapter": b, "n_items": len(user.items),
                 "prepare_s": round(time.perf_counter() - t0, 4)}
+
+    def is_prepared(self, user: UserContext) -> bool:
+        return True
+
+    def rows(self, user: UserContext, prompts: list[str], settings: DecodingSettings,
+             trace: bool = False) -> list[DecodeRow]:
+        """One row per prompt on π_user, with a twin on π_base (batch.py); COPE is greedy."""
+        user_ad, base_ad = self.adapters(user)
+        s = replace(settings, do_sample=False)
+        return [DecodeRow(p, self.engine.cfg.budget, s, user_ad, CopeSteer(self.cfg.alpha, self.cfg.tau, base_ad),
+                          want_trace=trace) for p in prompts]
 
     @torch.no_grad()
     def generate(self, user: UserContext, prompts: list[str], settings: DecodingSettings,

@@ -34,10 +34,13 @@ import shutil
 import time
 import warnings
 from collections import OrderedDict
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 from ..adapters import BASE_ADAPTER, add_warm_adapter, lora_bytes, sft_loss, train_adapter
+from ..batch import DecodeRow
 from ..decoding import DecodingSettings, Generation, generate
 from . import UserContext, fingerprint
 
@@ -155,10 +158,12 @@ class OppuMethod:
         self.engine, self.store, self.cfg = engine, store, cfg
         self.folder = Path(cfg.folder) if cfg.folder else Path("data") / "oppu" / str(engine.artifacts_id)
         self._loaded: OrderedDict[str, None] = OrderedDict()  # user adapters in the peft model, oldest first
+        self.lock = nullcontext()  # the studio's model lock: training takes it per step, so decodes interleave
 
     # ------------------------------------------------------------ onboarding
-    def prepare(self, user: UserContext) -> dict:
-        """Trains, saves and loads the user's adapter; returns its report (time, tokens, bytes, loss)."""
+    def prepare(self, user: UserContext, progress: Callable[[int, int], None] | None = None) -> dict:
+        """Trains, saves and loads the user's adapter; returns its report (time, tokens, bytes, loss).
+        The model lock is held per training step (and for the short set-up), never for the whole training."""
         t0 = time.perf_counter()
         if len(user.items) < self.cfg.min_items:
             info = {"method": self.name, "n_items": len(user.items), "cold_start": True, "adapter": BASE_ADAPTER,
@@ -171,18 +176,30 @@ class OppuMethod:
         lora = eng.cfg.lora
         settings = replace(lora, lr=self.cfg.lr or lora.lr, batch_size=self.cfg.batch_size or lora.batch_size)
         steps = min(self.cfg.max_steps, max(1, math.ceil(self.cfg.epochs * len(examples) / settings.batch_size)))
-        if ada in eng.model.peft_config:  # re-onboarding: start again from the K = 1 weights
-            self._unload(ada)
-        self._make_room(keep=None)
         loss_before = None
-        if self.cfg.report_loss:
-            eng.use_adapter(BASE_ADAPTER)
-            loss_before = sft_loss(eng.model, eng.tok, examples, eng.cfg.budget)
-        add_warm_adapter(eng.model, ada, settings, source=BASE_ADAPTER)
-        self._loaded[ada] = None
-        eng.use_adapter(ada)  # through the engine, so its record of the active adapter stays true
-        report = train_adapter(eng.model, eng.tok, ada, examples, steps, settings, eng.cfg.budget)
-        loss_after = sft_loss(eng.model, eng.tok, examples, eng.cfg.budget) if self.cfg.report_loss else None
+        with self.lock:
+            if ada in eng.model.peft_config:  # re-onboarding: start again from the K = 1 weights
+                self._unload(ada)
+            self._make_room(keep=None)
+            if self.cfg.report_loss:
+                eng.use_adapter(BASE_ADAPTER)
+                loss_before = sft_loss(eng.model, eng.tok, examples, eng.cfg.budget)
+            add_warm_adapter(eng.model, ada, settings, source=BASE_ADAPTER)
+            self._loaded[ada] = None
+            eng.use_adapter(ada)  # through the engine, so its record of the active adapter stays true
+
+        @contextmanager
+        def step():
+            with self.lock:  # another request may have switched adapters since the last step
+                eng.use_adapter(ada)
+                yield
+
+        report = train_adapter(eng.model, eng.tok, ada, examples, steps, settings, eng.cfg.budget,
+                               progress=None if progress is None else lambda i, n, _loss: progress(i, n),
+                               step_context=step)
+        with self.lock:
+            eng.use_adapter(ada)
+            loss_after = sft_loss(eng.model, eng.tok, examples, eng.cfg.budget) if self.cfg.report_loss else None
         path = self.folder / ada
         info = {"method": self.name, "n_items": len(examples), "cold_start": False, "adapter": ada, "path": str(path),
                 "steps": steps, "tokens": report["tokens"], "train_s": report["seconds"],
@@ -308,7 +325,18 @@ class OppuMethod:
             self.engine.model.delete_adapter(ada)
         self._loaded.pop(ada, None)
 
+    is_prepared = is_current
+
     # ------------------------------------------------------------ generation
+    def rows(self, user: UserContext, prompts: list[str], settings: DecodingSettings,
+             trace: bool = False) -> list[DecodeRow]:
+        """Rows on the user's own adapter (loaded into the peft model now: call under the model lock);
+        the adapter must be trained already (prepare, a background job in the studio)."""
+        if not self.is_current(user):
+            raise ValueError(f"OPPU: no adapter for {user.name!r}'s present history yet: prepare it first")
+        ada = self.activate(user)
+        return [DecodeRow(p, self.engine.cfg.budget, settings, ada, trace=[{"adapter": ada}]) for p in prompts]
+
     def generate(self, user: UserContext, prompts: list[str], settings: DecodingSettings) -> list[Generation]:
         """Greedy (or sampled) decoding with the user's own adapter, trained first when it is missing or was
         trained on an older history (so an app's first OPPU request for a user is slow); trace = [{"adapter"}]."""

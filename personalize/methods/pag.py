@@ -43,6 +43,16 @@ class PagMethod(RagMethod):
         return info | {"summary": value["summary"], "summary_generated": made,
                        "summary_s": round(time.perf_counter() - t0, 4)}
 
+    def is_prepared(self, user: UserContext) -> bool:
+        """True when this history's summary exists (else the first use writes it: one short decode)."""
+        if not user.items:
+            return True
+        key = fingerprint([it.y for it in user.items] + [self.engine.lm.model_id])
+        value = self._summaries.get(user.name)
+        if (value is None or value["history"] != key) and self.store is not None:
+            value = self.store.blob(user.name, SUMMARY_KIND, SUMMARY_KEY)
+        return value is not None and value.get("history") == key
+
     def summary(self, user: UserContext) -> tuple[dict, bool]:
         """The stored summary when it matches this history and LM, else a new one; (value, newly made)."""
         if not user.items:
@@ -86,7 +96,14 @@ class PagMethod(RagMethod):
 
     def generate(self, user: UserContext, prompts: list[str], settings: DecodingSettings) -> list[Generation]:
         """RAG's prompt after a line with the summary; trace adds {"summary": ...}."""
+        built, summary = self._built(user, prompts)
+        return self._decode(user, built, self.extra_tokens, settings, info={"summary": summary})
+
+    def rows(self, user: UserContext, prompts: list[str], settings: DecodingSettings, trace: bool = False):
+        built, summary = self._built(user, prompts)
+        return self._rows(user, built, self.extra_tokens, settings, info={"summary": summary})
+
+    def _built(self, user: UserContext, prompts: list[str]):
         summary = self.summary(user)[0]["summary"]
         prefix = f"About this author: {clip(self.engine.tok, summary, self.cfg.summary_tokens)}" if summary else ""
-        built = [self.build_prompt(user, p, prefix=prefix) for p in prompts]
-        return self._decode(user, built, self.extra_tokens, settings, info={"summary": summary})
+        return [self.build_prompt(user, p, prefix=prefix) for p in prompts], summary

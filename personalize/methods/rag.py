@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from rank_bm25 import BM25Okapi
 
+from ..batch import DecodeRow
 from ..data import Item
 from ..decoding import DecodingSettings, Generation, generate
 from . import UserContext, clip, fingerprint, n_tokens, task_input, widened, words
@@ -111,6 +112,23 @@ class RagMethod:
         built = [self.build_prompt(user, p) for p in prompts]
         return self._decode(user, built, self.extra_tokens, settings)
 
+    def is_prepared(self, user: UserContext) -> bool:
+        return True  # the BM25 index is built on the fly (milliseconds)
+
+    def rows(self, user: UserContext, prompts: list[str], settings: DecodingSettings,
+             trace: bool = False) -> list[DecodeRow]:
+        """`generate`'s decoding as mixed-batch rows: the augmented prompts on the frozen LM."""
+        return self._rows(user, [self.build_prompt(user, p) for p in prompts], self.extra_tokens, settings)
+
+    def _rows(self, user, built, extra: int, settings, info: dict | None = None) -> list[DecodeRow]:
+        budget = widened(self.engine.cfg.budget, extra)
+        return [DecodeRow(b, budget, settings, None, trace=self._trace(user, hits, info)) for b, hits in built]
+
+    @staticmethod
+    def _trace(user, hits, info):
+        return [{"retrieved": [user.items[i].id or str(i) for i, _ in hits], "scores": [round(s, 4) for _, s in hits],
+                 **(info or {})}]
+
     def _decode(self, user, built, extra: int, settings, info: dict | None = None) -> list[Generation]:
         if not built:
             return []
@@ -118,6 +136,5 @@ class RagMethod:
         outs = generate(self.engine.model, self.engine.tok, [b for b, _ in built],
                         widened(self.engine.cfg.budget, extra), settings)
         for g, (_, hits) in zip(outs, built):
-            g.trace = [{"retrieved": [user.items[i].id or str(i) for i, _ in hits],
-                        "scores": [round(s, 4) for _, s in hits], **(info or {})}]
+            g.trace = self._trace(user, hits, info)
         return outs
