@@ -2,14 +2,17 @@
 
 app.py only lays out widgets and calls these methods, so the behaviour (what is
 stored, what an error says, what a sweep measures) is tested without a browser.
-One lock serialises use of the model: the engine switches adapters in place, so
-two requests must never decode at once; store reads and votes do not take it.
+Every decode goes through one scheduler (scheduler.py): the requests of all
+sessions that arrive within a few tens of ms decode as one mixed batch. The model
+lock is held per batch and by fits and trainings (per step, for the background
+first-use work of EXACT and OPPU); store reads and votes do not take it.
 """
 
 from __future__ import annotations
 
 import gc
 import json
+import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,8 +32,10 @@ from .methods import METHODS, UserContext, fingerprint, get_method
 from .methods.exact import MEMORY_KIND as EXACT_MEMORY
 from .metrics import rouge_scores
 from .onboard import onboard, prepared_items, store_assignments
+from .tokens import decode as decode_text
 from .feedback import FeedbackSettings, Refinement, Vote, VoteFeatures, refine_pairs, refine_tokens
 from .head import PAIR_OBJECTIVES
+from .scheduler import DecodeScheduler, SchedulerConfig
 from .store import Store, StoreError
 from .style import UserStyle
 from . import campaign as campaign_mod
@@ -53,6 +58,9 @@ class StudioConfig:
     # EXACT's first use scores 42 attributes × 3 steps per history pair (~15-40 s a pair for the 135M model on
     # 2 CPU cores); the app indexes the newest few pairs, ratings add more. `eval` uses the method's default.
     exact_pairs: int = 4
+    scheduler: SchedulerConfig = SchedulerConfig()  # the cross-request batching window
+    # the app's Save starts EXACT's attribute search and OPPU's training for the person in the background
+    first_use_in_background: bool = True
     feedback: FeedbackSettings = FeedbackSettings()  # how much a vote counts against the history when λ is refitted
 
     def __post_init__(self):
@@ -181,7 +189,11 @@ class Studio:
         self.demo_users = demo_users or {}
         self.population = population or {}
         self.model_lock = threading.RLock()
+        self.scheduler = DecodeScheduler(engine, self.model_lock, cfg.scheduler)
         self._methods: dict[str, object] = {}
+        # first-use work (EXACT's attribute search, OPPU's training): one at a time, beside the decodes
+        self._first_use = ThreadPoolExecutor(max_workers=1, thread_name_prefix="studio-first-use")
+        self.jobs: dict[tuple[str, str], dict] = {}  # (user, method) -> {"state", "done", "total", "error", ...}
         # one background worker for model work nobody waits on: EXACT feedback, the rewrites of a saved history
         self._feedback = ThreadPoolExecutor(max_workers=1, thread_name_prefix="studio-background")
         self._rewrites = None
@@ -259,7 +271,9 @@ class Studio:
             except (KeyError, TypeError) as e:  # a config.json from another version of this code
                 raise ArtifactsError(f"the build at {folder} cannot be read ({e!r}): rebuild it") from None
             old, self.engine = self.engine, engine
+            self.scheduler.engine = engine  # the next batch decodes with the new build
             self._methods = {}  # methods hold the engine they were made with
+            self.jobs = {}
             self.population = _population_texts(engine)
             data, split = engine.meta.get("data"), engine.meta.get("split", "dev")
             # the demo users on offer are the build's own population, when its data is on this machine
@@ -438,7 +452,9 @@ class Studio:
             cfg = {"max_pairs": self.cfg.exact_pairs} if name == "exact" else {}
             if name == "oppu":  # user adapters live beside the database they belong to
                 cfg = {"folder": str(Path(self.cfg.db).parent / "oppu" / str(self.engine.artifacts_id))}
-            self._methods[name] = get_method(name, self.engine, self.store, **cfg)
+            self._methods[name] = m = get_method(name, self.engine, self.store, **cfg)
+            if hasattr(m, "lock"):  # background first-use work takes the model lock per step, not for minutes
+                m.lock = self.model_lock
         return self._methods[name]
 
     def needs_indexing(self, name: str, method: str) -> bool:
@@ -452,6 +468,45 @@ class Studio:
             except (ValueError, StoreError):  # no rewrites yet, or no such user: the first use will tell
                 return True
         return False
+
+    def start_first_use(self, name: str, method: str) -> dict:
+        """The method's per-user work (EXACT's attribute search, OPPU's training) as a background job, started
+        once per user and history; the job dict shows its progress ("done" of "total") while it runs."""
+        key = (name, method)
+        job = self.jobs.get(key)
+        if job is not None and job["state"] in ("queued", "running"):
+            return job
+        job = self.jobs[key] = {"user": name, "method": method, "state": "queued", "done": 0, "total": 0,
+                                "error": None, "started": time.time()}
+
+        def progress(done: int, total: int) -> None:
+            job["done"], job["total"] = done, total
+
+        def work() -> None:
+            job["state"] = "running"
+            try:
+                with self.model_lock:  # the rewrites: a few short decodes, once per history
+                    prepared_items(self.engine, self.store, name)
+                user = UserContext.from_store(self.store, name, self.task)
+                m = self.method(method)
+                if not m.is_prepared(user):
+                    m.prepare(user, progress=progress)
+                job["state"] = "done"
+            except Exception as e:  # a deleted user or a failed pass: the column says so when it runs
+                job["state"], job["error"] = "error", str(e)
+            job["seconds"] = round(time.time() - job["started"], 1)
+
+        self._first_use.submit(work)
+        return job
+
+    def after_fit(self, name: str) -> None:
+        """The app's Fit: the methods' first use starts in the background as after a save."""
+        if self.cfg.first_use_in_background:
+            self.prepare_first_use(name)
+
+    def prepare_first_use(self, name: str) -> list[dict]:
+        """Background first use of every method that needs per-user work (after a save or a fit)."""
+        return [self.start_first_use(name, m) for m in ("exact", "oppu") if self.needs_indexing(name, m)]
 
     def check_prompt(self, prompt: str | None) -> str:
         if not prompt or not prompt.strip():
@@ -468,15 +523,24 @@ class Studio:
                    if v is not None}
         return replace(s, **changes)
 
-    def _decode(self, method: str, state: UserState, prompt: str, s: DecodingSettings) -> Generation:
+    def _rows(self, method: str, state: UserState, prompt: str, s: DecodingSettings,
+              trace: bool = False) -> list:
+        """The method's rows for one prompt (batch.DecodeRow); built in the scheduler's worker."""
         if method in CORE_METHODS:
-            return self.engine.generate([prompt], method, state.cluster, state.lam, k=state.k, settings=s,
-                                        items=self._card_items(method, state))[0]
+            return self.engine.rows([prompt], method, state.cluster, state.lam, k=state.k, settings=s, trace=trace,
+                                    items=self._card_items(method, state))
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose from {ALL_METHODS}")
         prepared_items(self.engine, self.store, state.name)  # fills missing neutral rewrites, once
         user = UserContext.from_store(self.store, state.name, self.task, state.cluster, state.k, state.lam)
-        return self.method(method).generate(user, [prompt], s)[0]
+        m = self.method(method)
+        if not m.is_prepared(user):  # normally done by the background job; here the caller waits for it
+            m.prepare(user)
+        return m.rows(user, [prompt], s, trace=trace)
+
+    def _decode(self, method: str, state: UserState, prompt: str, s: DecodingSettings,
+                on_step: Callable[[int, int], None] | None = None, trace: bool = False) -> Generation:
+        return self.scheduler.run(lambda: self._rows(method, state, prompt, s, trace), on_step)[0]
 
     def _card_items(self, method: str, state: UserState):
         """The person's history for a CARD whose style retrieves their nearest items into the prompt."""
@@ -485,13 +549,16 @@ class Studio:
         prepared_items(self.engine, self.store, state.name)  # fills missing neutral rewrites, once
         return UserContext.from_store(self.store, state.name, self.task).items
 
-    def run_method(self, method: str, state: UserState, prompt: str, s: DecodingSettings) -> MethodOutput:
+    def run_method(self, method: str, state: UserState, prompt: str, s: DecodingSettings,
+                   on_step: Callable[[int, int], None] | None = None) -> MethodOutput:
         """One method's output, stored as a generation; a method that cannot run says why instead."""
         try:
-            with self.model_lock:
-                g = self._decode(method, state, prompt, s)
+            g = self._decode(method, state, prompt, s, on_step)
         except (ValueError, StoreError, FileNotFoundError, RuntimeError) as e:
             return MethodOutput(method, error=str(e))
+        return self._stored(method, state, prompt, s, g)
+
+    def _stored(self, method: str, state: UserState, prompt: str, s: DecodingSettings, g: Generation) -> MethodOutput:
         info = _jsonable(g.trace)
         note = getattr(g, "note", None)  # why the method did what it did (CARD falling back to the cluster model)
         if note:
@@ -504,14 +571,65 @@ class Studio:
 
     def compare(self, name: str, prompt: str, methods: Sequence[str], s: DecodingSettings,
                 k: int | None = None) -> Iterator[MethodOutput]:
-        """Each chosen method's output as soon as it is ready (the app streams them column by column)."""
+        """Each chosen method's output as soon as it is ready."""
+        for kind, _, value in self.compare_stream(name, prompt, methods, s, k):
+            if kind == "done":
+                yield value
+
+    def compare_stream(self, name: str, prompt: str, methods: Sequence[str], s: DecodingSettings,
+                       k: int | None = None, poll_s: float = 0.5) -> Iterator[tuple[str, str, object]]:
+        """(kind, method, value) events while a Compare runs: ("text", m, the text so far) as tokens are decoded,
+        ("progress", m, a line) while a method's first use prepares in the background, ("done", m,
+        MethodOutput). Every ready method joins one request to the scheduler (one mixed batch, shared with
+        other sessions' requests); a method whose first use needs work waits for its background job, and the
+        other columns do not wait for it."""
         prompt = self.check_prompt(prompt)
         unknown = [m for m in methods if m not in ALL_METHODS]
         if unknown or not methods:
             raise ValueError(f"choose methods among {', '.join(ALL_METHODS)}" + (f" (unknown: {unknown})" if unknown else ""))
         state = self.user_state(name, k)
+        events: queue.Queue = queue.Queue()
+        tok, eos = self.engine.tok, self.engine.tok.eos_token_id
+        tokens: dict[str, list[int]] = {m: [] for m in methods}
+
+        def start(m: str) -> None:
+            def on_step(_row: int, t: int, m=m) -> None:
+                got = tokens[m]
+                if got and got[-1] == eos or len(got) >= s.max_new_tokens:
+                    return
+                got.append(t)
+                events.put(("token", m, None))
+
+            fut = self.scheduler.submit(lambda m=m: self._rows(m, state, prompt, s), on_step)
+            fut.add_done_callback(lambda f, m=m: events.put(("finished", m, f)))
+
+        waiting = {}
         for m in methods:
-            yield self.run_method(m, state, prompt, s)
+            if m in ("exact", "oppu") and self.needs_indexing(state.name, m):
+                waiting[m] = self.start_first_use(state.name, m)
+            else:
+                start(m)
+        left = set(methods)
+        while left:
+            try:
+                kind, m, value = events.get(timeout=poll_s)
+            except queue.Empty:
+                kind = None
+            if kind == "token" and m in left:
+                yield "text", m, decode_text(tok, tokens[m])
+            elif kind == "finished":
+                left.discard(m)
+                try:
+                    out = self._stored(m, state, prompt, s, value.result()[0])
+                except (ValueError, StoreError, FileNotFoundError, RuntimeError) as e:
+                    out = MethodOutput(m, error=str(e))
+                yield "done", m, out
+            for m, job in list(waiting.items()):
+                if job["state"] in ("done", "error"):
+                    del waiting[m]
+                    start(m)  # an error shows when the method runs (it retries the first use in the decode)
+                elif kind is None or kind == "finished":
+                    yield "progress", m, job_line(job)
 
     # ------------------------------------------------------------ Why
     def why(self, name: str, prompt: str, s: DecodingSettings, k: int | None = None) -> dict:
@@ -519,9 +637,7 @@ class Studio:
         logits before and after the correction."""
         prompt = self.check_prompt(prompt)
         state = self.user_state(name, k)
-        with self.model_lock:
-            g = self.engine.generate([prompt], "card", state.cluster, state.lam, k=state.k, settings=s, trace=True,
-                                     items=self._card_items("card", state))[0]
+        g = self._decode("card", state, prompt, s, trace=True)
         tok, steps = self.engine.tok, []
         for st in (g.trace or [])[: g.n_tokens]:
             used = st["cand"][0] >= 0  # the top-k candidates and the memory's extra tokens
@@ -740,8 +856,7 @@ class Studio:
         return self.thumb(g["user"], g["prompt"], g["output"], up, s, k, before=card[0]["output"] if card else None)
 
     def _card_text(self, state: UserState, prompt: str, s: DecodingSettings) -> str:
-        with self.model_lock:
-            return self._decode("card", state, prompt, s).text
+        return self._decode("card", state, prompt, s).text
 
     def versions(self, name: str) -> list[dict]:
         """The user's styles under this build, newest first: id, time, source, note, votes, helps, current."""
@@ -858,7 +973,10 @@ class Studio:
                   demo: str | None = None) -> dict:
         """My writing's Save: the name checked, the history chosen (history_from), stored (save_history)."""
         name = self.need_user(name)
-        return self.save_history(name, self.history_from(text, file, demo), task)
+        res = self.save_history(name, self.history_from(text, file, demo), task)
+        if self.cfg.first_use_in_background:
+            self.prepare_first_use(res["name"])
+        return res
 
     def item_choices(self, name: str | None) -> list[tuple[str, int]]:
         """The user's items as Compare's prompt choices: ("id: the first 80 characters", id)."""
@@ -1032,6 +1150,15 @@ class Studio:
 
     def _export_folder(self) -> Path:
         return Path(self.cfg.export_dir) / time.strftime("%Y%m%d-%H%M%S")
+
+
+def job_line(job: dict) -> str:
+    """A first-use job's progress as the Compare column shows it."""
+    what = {"exact": "searching your attributes", "oppu": "training your own LoRA"}.get(job["method"], "preparing")
+    if job["state"] == "queued":
+        return f"first use: {what} (queued behind another person's first use)…"
+    part = f" {job['done']}/{job['total']}" if job["total"] else ""
+    return f"first use: {what}{part}, {time.time() - job['started']:.0f} s so far; the other columns do not wait…"
 
 
 def text_pieces(tok, steps: Sequence[dict]) -> list[tuple[str, bool]]:

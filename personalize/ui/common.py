@@ -14,6 +14,9 @@ from ..engine import ArtifactsError
 from ..store import StoreError
 
 # Problems a person can cause (bad input, unknown user, a stale vote): answered in the tab's status line.
+# Gradio sessions decoding at once (Compare, Why, Quick pair): their requests meet in the studio's scheduler and
+# decode as one mixed batch; fits, builds and campaign generation keep the "model" group, one at a time.
+DECODE_SESSIONS = 16
 EXPECTED = (HistoryError, StoreError, StalePair, ArtifactsError, ValueError, FileNotFoundError)
 CSS = ".method-out {min-height: 6em} #vote-status {font-size: 1.05em}"
 # Every Markdown of the app: no LaTeX (a "$$" in someone's text is text). Text from people and models goes into

@@ -7,7 +7,7 @@ import gradio as gr
 
 from ..display import md
 from ..studio import ALL_METHODS, DEFAULT_METHODS
-from .common import EXPECTED, Markdown, _err, bind, guarded, version_rows
+from .common import DECODE_SESSIONS, EXPECTED, Markdown, _err, bind, guarded, version_rows
 from .controls import Shared
 
 
@@ -56,8 +56,13 @@ def pick_item(studio, item) -> str:
     return "" if ref is None else f"**Reference (your text):**\n\n{md(ref)}"
 
 
+def streaming_md(method: str, text: str) -> str:
+    """A column while its tokens arrive."""
+    return f"**{md(method)}** · *decoding…*\n\n{md(text)}▌"
+
+
 def compare(studio, name, text, templated, item, chosen, alpha, top_k, max_tokens, k):
-    """Yields (status, one update per method column) as the outputs come in."""
+    """Yields (status, one update per method column) as tokens and outputs come in."""
     hidden = {m: gr.update(visible=m in (chosen or [])) for m in ALL_METHODS}
     try:
         plan = studio.compare_plan(name, text, templated, item, chosen, k)
@@ -67,16 +72,26 @@ def compare(studio, name, text, templated, item, chosen, alpha, top_k, max_token
         return
     name, state, full = plan["name"], plan["state"], plan["prompt"]
     note = "" if state.fitted else " (not fitted yet: CARD uses λ = 1, your cluster's shared head)"
-    pending = {m: gr.update(value=first_use_md(studio, m) if plan["first_use"][m] else f"**{m}**\n\n*waiting…*",
-                            visible=True) for m in chosen}
+    shown = {m: gr.update(value=first_use_md(studio, m) if plan["first_use"][m] else f"**{m}**\n\n*waiting…*",
+                          visible=True) for m in chosen}
     yield (f"Generating {len(chosen)} methods for **{md(name)}**, cluster {state.cluster} of K = {state.k}{note}…",
-           *[pending.get(m, hidden[m]) for m in ALL_METHODS])
-    done = {}
-    for o in studio.compare(name, full, plan["order"], s, k):
-        done[o.method] = gr.update(value=method_md(o), visible=True)
-        yield (f"{len(done)}/{len(chosen)} done{note}.", *[done.get(m, pending.get(m, hidden[m])) for m in ALL_METHODS])
+           *[shown.get(m, hidden[m]) for m in ALL_METHODS])
+    done = set()
+    try:
+        for kind, m, value in studio.compare_stream(name, full, plan["order"], s, k):
+            if kind == "text":
+                shown[m] = gr.update(value=streaming_md(m, value), visible=True)
+            elif kind == "progress":
+                shown[m] = gr.update(value=f"**{md(m)}**\n\n*{md(value)}*", visible=True)
+            else:
+                done.add(m)
+                shown[m] = gr.update(value=method_md(value), visible=True)
+            yield (f"{len(done)}/{len(chosen)} done{note}.", *[shown.get(m, hidden[m]) for m in ALL_METHODS])
+    except EXPECTED as e:
+        yield (_err(e), *[shown.get(m, hidden[m]) for m in ALL_METHODS])
+        return
     yield (f"Done: {len(chosen)} methods for **{md(name)}**{note}. Prompt: {md(full, limit=200)}",
-           *[done.get(m, hidden[m]) for m in ALL_METHODS])
+           *[shown.get(m, hidden[m]) for m in ALL_METHODS])
 
 
 @guarded(2)
@@ -117,7 +132,7 @@ def build(studio, shared: Shared) -> None:
 
     p.item.change(bind(pick_item, studio), [p.item], [reference])
     compare_btn.click(bind(compare, studio), [shared.user, *p.inputs, methods, *d.inputs], [status, *outs.values()],
-                      concurrency_id="model", api_name="compare")
+                      concurrency_id="decode", concurrency_limit=DECODE_SESSIONS, api_name="compare")
     methods.change(columns, [methods], list(cols.values()))
     for (m, up), btn in thumbs.items():
         btn.click(bind(thumb, studio, m, up), [shared.user, *d.inputs], [refine_status, shared.versions],

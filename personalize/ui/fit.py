@@ -26,6 +26,7 @@ def fit(studio, name, k, progress=gr.Progress()):
         res = studio.fit(name, k, progress=lambda st: progress(
             (STAGES.index(st) if st in STAGES else 0) / len(STAGES), desc=st))
         total = time.perf_counter() - t0
+        studio.after_fit(name)
     except EXPECTED as e:
         return _err(e) + " (the stored vector, if any, is unchanged)", gr.skip()
     return (studio.fit_message(name, res, total, shown_name=md(name)),

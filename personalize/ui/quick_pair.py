@@ -7,7 +7,7 @@ import gradio as gr
 
 from ..display import md
 from ..studio import ALL_METHODS, DEFAULT_METHODS
-from .common import EXPECTED, Markdown, _err, logged_in, rater_box
+from .common import DECODE_SESSIONS, EXPECTED, Markdown, _err, logged_in, rater_box
 from .controls import Shared
 
 VOTES = {"vote-a": ("a", "A is better"), "vote-b": ("b", "B is better"), "vote-tie": ("tie", "Tie"),
@@ -74,7 +74,7 @@ def build(studio, shared: Shared) -> None:
 
     p = shared.prompt
     new_pair.click(draw, [shared.user, rater, prompt, methods, p.text, p.templated, *shared.decoding.inputs],
-                   [status, out_a, out_b, pair_id], concurrency_id="model", api_name="new_pair")
+                   [status, out_a, out_b, pair_id], concurrency_id="decode", concurrency_limit=DECODE_SESSIONS, api_name="new_pair")
     for eid, btn in vote_btns.items():
         btn.click(voter(VOTES[eid][0]), [pair_id, rater], [status, pair_id], concurrency_limit=None,
                   api_name=eid.replace("-", "_"))

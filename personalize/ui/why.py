@@ -6,7 +6,7 @@ from __future__ import annotations
 import gradio as gr
 
 from ..display import md
-from .common import EXPECTED, Markdown, _err, bind
+from .common import DECODE_SESSIONS, EXPECTED, Markdown, _err, bind
 from .controls import Shared
 from .figures import step_figure
 
@@ -49,5 +49,5 @@ def build(studio, shared: Shared) -> None:
         trace = gr.State({})
 
     why_btn.click(bind(why, studio), [shared.user, *shared.prompt.inputs, *shared.decoding.inputs],
-                  [status, tokens, step, plot, trace], concurrency_id="model")
+                  [status, tokens, step, plot, trace], concurrency_id="decode", concurrency_limit=DECODE_SESSIONS)
     step.release(why_step, [step, trace], [plot])
