@@ -1,10 +1,11 @@
-"""Comparison methods (METHOD §2-§5): RAG, PAG, EXACT, COPE, OPPU and Profile-to-PEFT, all in one shape.
+"""Comparison methods (METHOD §2-§5): RAG, PAG, EXACT, COPE, OPPU and Profile-to-PEFT, and CARD's own three
+(core.py: base, cluster, card), all in one shape: the `Method` protocol of base.py.
 
 Every method is a module with a frozen `XConfig` (validated where it is built)
-and an `XMethod(engine, store=None, cfg=XConfig())` with `prepare(user) -> dict`
-(per-user onboarding or indexing; timings and info) and
-`generate(user, prompts, settings) -> list[Generation]`, so the app, eval and
-bench treat them alike (the peft-tuners pattern of STYLE.md). What a method
+and an `XMethod(engine, store=None, cfg=XConfig())` with `prepare(user)`,
+`is_prepared(user)`, `generate(user, prompts, settings)` and `rows(...)`, its
+decoding as rows of a mixed batch (batch.py), so the app, eval, bench and the
+scheduler treat them alike (the peft-tuners pattern of STYLE.md). What a method
 chose for an output (retrieved items, attributes) is in `Generation.trace`.
 """
 
@@ -87,6 +88,8 @@ def fingerprint(texts: Sequence[str]) -> str:
 
 # ------------------------------------------------------------ registry (imported last: the modules use the above)
 
+from .base import Method  # noqa: E402
+from .core import BaseMethod, CardMethod, ClusterMethod, CoreConfig  # noqa: E402
 from .cope import CopeConfig, CopeMethod  # noqa: E402
 from .exact import ExactConfig, ExactMethod  # noqa: E402
 from .oppu import OppuConfig, OppuMethod  # noqa: E402
@@ -95,16 +98,19 @@ from .pag import PagConfig, PagMethod  # noqa: E402
 from .rag import RagConfig, RagMethod  # noqa: E402
 
 METHODS: dict[str, type] = {"rag": RagMethod, "pag": PagMethod, "exact": ExactMethod, "cope": CopeMethod,
-                            "oppu": OppuMethod, "p2p": P2PMethod}
+                            "oppu": OppuMethod, "p2p": P2PMethod}  # the compared methods
+CORE: dict[str, type] = {"base": BaseMethod, "cluster": ClusterMethod, "card": CardMethod}
+REGISTRY: dict[str, type] = {**CORE, **METHODS}  # every method the studio serves
 
 
 def get_method(name: str, engine, store=None, **cfg):
     """The method `name` on this engine; keyword arguments are its config's fields."""
-    if name not in METHODS:
-        raise ValueError(f"unknown method {name!r}; choose from {sorted(METHODS)}")
-    cls = METHODS[name]
+    if name not in REGISTRY:
+        raise ValueError(f"unknown method {name!r}; choose from {sorted(REGISTRY)}")
+    cls = REGISTRY[name]
     return cls(engine, store, cls.config_class(**cfg))
 
 
-__all__ = ["UserContext", "METHODS", "get_method", "RagConfig", "RagMethod", "PagConfig", "PagMethod",
+__all__ = ["UserContext", "METHODS", "CORE", "REGISTRY", "Method", "get_method", "BaseMethod", "ClusterMethod",
+           "CardMethod", "CoreConfig", "RagConfig", "RagMethod", "PagConfig", "PagMethod",
            "ExactConfig", "ExactMethod", "CopeConfig", "CopeMethod", "OppuConfig", "OppuMethod", "P2PConfig", "P2PMethod"]

@@ -70,6 +70,7 @@ class CopeLogitsProcessor(LogitsProcessor):
 
 class CopeMethod:
     name = "cope"
+    batch = "a row on π_user (the cluster LoRA) and a twin row on π_base; both get the contrastive scores"
     config_class = CopeConfig
 
     def __init__(self, engine, store=None, cfg: CopeConfig = CopeConfig()):
@@ -84,7 +85,7 @@ class CopeMethod:
                 raise ValueError(f"adapter {n!r} is not loaded; loaded: {sorted(loaded)}")
         return name, self.cfg.base_adapter
 
-    def prepare(self, user: UserContext) -> dict:
+    def prepare(self, user: UserContext, progress=None) -> dict:
         """Nothing to index: the history acts through the cluster adapter chosen at onboarding."""
         t0 = time.perf_counter()
         u, b = self.adapters(user)

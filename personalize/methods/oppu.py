@@ -152,6 +152,7 @@ def _abandoned(pid: int | None) -> bool:
 
 class OppuMethod:
     name = "oppu"
+    batch = "a plain row on the person's own LoRA (loaded into the peft model when the rows are built)"
     config_class = OppuConfig
 
     def __init__(self, engine, store=None, cfg: OppuConfig = OppuConfig()):

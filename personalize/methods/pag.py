@@ -30,13 +30,14 @@ class PagConfig(RagConfig):
 
 class PagMethod(RagMethod):
     name = "pag"
+    batch = "a plain row on the frozen LM; its prompt carries the style summary and retrieved items"
     config_class = PagConfig
 
     def __init__(self, engine, store=None, cfg: PagConfig = PagConfig()):
         super().__init__(engine, store, cfg)
         self._summaries: dict[str, dict] = {}  # in-memory copy (the only copy when there is no store)
 
-    def prepare(self, user: UserContext) -> dict:
+    def prepare(self, user: UserContext, progress=None) -> dict:
         info = super().prepare(user)
         t0 = time.perf_counter()
         value, made = self.summary(user)

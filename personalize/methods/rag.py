@@ -55,6 +55,7 @@ class RagIndex:
 
 class RagMethod:
     name = "rag"
+    batch = "a plain row on the frozen LM; its prompt carries the retrieved items"
     config_class = RagConfig
 
     def __init__(self, engine, store=None, cfg: RagConfig = RagConfig()):
@@ -62,7 +63,7 @@ class RagMethod:
         self._indexes: dict[str, tuple[str, RagIndex]] = {}  # user -> (history fingerprint, index)
 
     # ------------------------------------------------------------ onboarding
-    def prepare(self, user: UserContext) -> dict:
+    def prepare(self, user: UserContext, progress=None) -> dict:
         """Builds the user's BM25 index (kept in memory: it takes milliseconds to rebuild)."""
         t0 = time.perf_counter()
         self._index(user)

@@ -1,0 +1,59 @@
+"""One contract (methods/base.py) checked over every registered method, on the tiny built artifacts: its shape,
+prepare / is_prepared, generate, and its rows decoded in a mixed batch beside other methods' rows giving
+exactly what its own generate gives."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from personalize.batch import DecodeRow
+from personalize.decoding import Generation
+from personalize.methods import REGISTRY, Method, UserContext
+from personalize.methods.p2p import P2PConfig, P2PMethod, train_p2p
+from personalize.studio import prepared_items
+
+from conftest import tiny_studio
+
+PROMPTS = ["Paraphrase: the train was late again", "Paraphrase: we won the match on Sunday"]
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_artifacts, tmp_path_factory):
+    st = tiny_studio(tiny_artifacts, tmp_path_factory.mktemp("contract"))
+    name = sorted(st.demo_users)[0]
+    st.save_history(name, st.demo_items(name), st.engine.task.name)
+    st.fit(name)
+    prepared_items(st.engine, st.store, name)
+    state = st.user_state(name)
+    user = UserContext.from_store(st.store, name, st.task, state.cluster, state.k, state.lam)
+    # the tiny build has no hypernetwork: train one for two steps on the demo population
+    users = {u: st.demo_items(u)[:4] for u in sorted(st.demo_users)[:4]}
+    hyper, _ = train_p2p(st.engine, st.engine.encoder, users, P2PConfig(steps=2, rank=2, hidden=16, eval_users=2))
+    st._methods["p2p"] = P2PMethod(st.engine, st.store, P2PConfig(), hypernet=hyper)
+    yield st, user
+    st.store.close()
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_every_method_keeps_the_contract(setup, name):
+    st, user = setup
+    m = st.method(name)
+    assert isinstance(m, Method) and m.name == name and isinstance(m.batch, str) and m.batch
+    assert dataclasses.is_dataclass(m.config_class) and m.config_class.__dataclass_params__.frozen
+    assert isinstance(m.cfg, m.config_class)
+    assert isinstance(m.is_prepared(user), bool)
+    info = m.prepare(user)
+    assert isinstance(info, dict) and info["method"] == name
+    assert m.is_prepared(user)
+    s = st.engine.cfg.decoding
+    alone = m.generate(user, PROMPTS, s)
+    assert len(alone) == len(PROMPTS) and all(isinstance(g, Generation) and isinstance(g.text, str) for g in alone)
+    rows = m.rows(user, PROMPTS, s)
+    assert len(rows) == len(PROMPTS) and all(isinstance(r, DecodeRow) for r in rows)
+    others = [DecodeRow("Paraphrase: a much longer prompt than the others, to pad them", st.engine.cfg.budget, s),
+              *st.engine.rows([PROMPTS[0]], "cluster", 1, k=2, settings=s)]
+    mixed = st.engine.decode_rows([others[0], *rows, others[1]])[1:-1]
+    assert [(g.text, g.n_tokens) for g in mixed] == [(g.text, g.n_tokens) for g in alone]
+    assert [g.trace for g in mixed] == [g.trace for g in alone] or name in ("card", "cope")  # tensors / by request
