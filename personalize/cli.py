@@ -429,8 +429,9 @@ def cmd_bench(a) -> None:
     unknown = [m for m in _methods(a.methods) if m not in BENCH_METHODS]
     if unknown:
         raise UsageError(f"bench --methods: unknown {unknown}; choose from {list(BENCH_METHODS)}")
-    if a.repeats < 1 or a.users < 1 or a.items < 2:
-        raise UsageError("bench needs --users >= 1, --items >= 2 and --repeats >= 1")
+    if a.repeats < 1 or a.users < 1 or a.items < 2 or a.serving_people < 1 or a.start_repeats < 0:
+        raise UsageError("bench needs --users >= 1, --items >= 2, --repeats >= 1, --serving-people >= 1 and "
+                         "--start-repeats >= 0")
     configs = _method_configs(a)
     engine = _engine(a)
     meta_data = a.data or engine.meta.get("data")
@@ -441,7 +442,9 @@ def cmd_bench(a) -> None:
         raise UsageError(f"no users with at least 2 profile items in {meta_data}")
     methods = _methods(a.methods)
     t0 = time.perf_counter()
-    b = run_bench(engine, users, queries[0].input, repeats=a.repeats, methods=methods, method_configs=configs)
+    b = run_bench(engine, users, queries[0].input, repeats=a.repeats, methods=methods, method_configs=configs,
+                  prompts=[q.input for q in queries],
+                  serving={"n_people": a.serving_people, "exact_pairs": a.exact_pairs, "start_repeats": a.start_repeats})
     b["settings"]["wall_s"] = round(time.perf_counter() - t0, 1)
     print(format_bench(b))
     if a.json:
@@ -587,7 +590,9 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--artifacts", required=True)
     n.add_argument("--data", default=None, help="users to onboard (default: the build's data)")
     n.add_argument("--split", default=None)
-    n.add_argument("--users", type=int, default=6)
+    n.add_argument("--users", type=int, default=8, help="people onboarded")
+    n.add_argument("--serving-people", type=int, default=8, help="people pressing Compare at once (serving)")
+    n.add_argument("--start-repeats", type=int, default=3, help="app starts timed (serving's start_s; 0 = none)")
     n.add_argument("--items", type=int, default=24, help="history items per user")
     n.add_argument("--repeats", type=int, default=5)
     n.add_argument("--methods", default="rag,oppu,p2p,card,exact",

@@ -239,9 +239,12 @@ def _median(xs):
 
 def run_bench(engine: Engine, users: dict[str, list[Item]], prompt: str, repeats: int = 5,
               n_tokens: int = 24, methods: Sequence[str] = BENCH_METHODS,
-              method_configs: dict[str, dict] | None = None) -> dict:
+              method_configs: dict[str, dict] | None = None, prompts: Sequence[str] | None = None,
+              serving: dict | None = None) -> dict:
     """Onboarding by stage, λ fit, CARD decode overhead, user switch, bytes per user; then `methods`
-    side by side (bench_methods; method_configs: config fields per method, e.g. {"oppu": {"max_steps": 8}})."""
+    side by side (bench_methods; method_configs: config fields per method, e.g. {"oppu": {"max_steps": 8}});
+    then serving (serving.bench_serving, `serving` its keyword arguments: mixed batches, the scheduler, EXACT's
+    first use, the app's start), whatever `methods` holds."""
     _check_bench_methods(methods)
     names = list(users)
     with tempfile.TemporaryDirectory() as tmp:
@@ -312,7 +315,13 @@ def run_bench(engine: Engine, users: dict[str, list[Item]], prompt: str, repeats
         contexts = {n: UserContext(n, engine.prepare_items(users[n]), fits[n].cluster, fits[n].k, fits[n].lam,
                                    templated[n]) for n in names}
         table = bench_methods(engine, contexts, prompt, s, repeats, methods, store, Path(tmp), method_configs, fits)
+        from .serving import bench_serving
+
+        served = bench_serving(engine, store, names, list(prompts or [prompt]),
+                               replace(engine.cfg.decoding, max_new_tokens=n_tokens), repeats=min(repeats, 3),
+                               **(serving or {}))
     return {
+        "serving": served,
         "onboarding_s": onboarding, "fit_ms": round(_median(fit_ms), 3),
         "decode_overhead_ratio": round(_median(ratios), 4),
         "decode_ms_per_token": {"cluster": round(_median(t_cluster) * 1000, 2), "card": round(_median(t_card) * 1000, 2)},
@@ -430,6 +439,18 @@ def format_bench(b: dict) -> str:
              ("switch, same cluster (ms)", b["switch_ms"]["same_cluster"]),
              ("switch, across clusters (ms)", b["switch_ms"]["cross_cluster"]),
              ("bytes stored per user", b["bytes_per_user"]), ("history items per user", b["history_items"])]
+    sv = b.get("serving")
+    if sv:
+        c = sv["concurrent"]
+        rows += [(f"Compare of {', '.join(sv['methods'])} (s)", sv["compare_s"]), ("card alone (s)", sv["single_s"]),
+                 ("  compare / single", sv["compare_over_single"]),
+                 (f"{c['people']} people at once, scheduled (s)", c["scheduled_s"]),
+                 ("  one decode at a time (s)", c["sequential_s"]), ("  speed-up", c["speedup"]),
+                 ("  latency p50 / p95 (s)", f"{c['p50_s']} / {c['p95_s']}")]
+        if "exact_first_use_s" in sv:
+            rows += [("EXACT first use (s)", sv["exact_first_use_s"]), ("  old path (s)", sv["exact_first_use_old_s"])]
+        if "start_s" in sv:
+            rows += [("app later start (s)", sv["start_s"])]
     w = max(len(r[0]) for r in rows)
     out = "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows)
     return out + ("\n\n" + format_methods(b["methods"]) if b.get("methods") else "")

@@ -794,3 +794,56 @@ def test_browser_text_from_people_and_models_is_shown_never_executed(server, tmp
                         "Export", "Explore"]
     finally:
         driver.quit()
+
+
+def test_eight_compares_at_once_over_http_and_votes_meanwhile(server):
+    """8 sessions press Compare at the same moment (their requests meet in the scheduler's mixed batches), and
+    raters vote while they decode: every Compare completes with each person's own outputs, every vote is
+    stored. The votes' latency is printed here and measured in benchmarks/serving_load.py."""
+    import time
+
+    studio = server["studio"]
+    people = [f"load{i}" for i in range(8)]
+    c = client(server["url"])
+    for i, p in enumerate(people):
+        lines = HISTORY if i % 2 else FORMAL_HISTORY
+        c.predict(p, lines, None, "tweets", None, api_name="/save_history")
+    methods = ["base", "cluster", "card", "cope"]
+    voters = []
+    for i in range(4):
+        ci = client(server["url"])
+        out = ci.predict(people[i], f"v{i}", f"we won game {i}", ["base", "cluster"], "", True, 1.0, 50, 4,
+                         api_name="/new_pair")
+        assert "which output" in out[0], out[0]
+        voters.append(ci)
+    results, errors, vote_ms = {}, [], []
+    start = threading.Barrier(len(people) + 1)
+
+    def press(p):
+        try:
+            ci = client(server["url"])
+            start.wait()
+            results[p] = ci.predict(p, f"the parade in town {p}", False, None, methods, 1.0, 50, 8, None,
+                                    api_name="/compare")
+        except Exception as e:  # reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=press, args=(p,)) for p in people]
+    [t.start() for t in threads]
+    start.wait()
+    time.sleep(0.5)  # the Compares are decoding now
+    for i, ci in enumerate(voters):
+        t0 = time.perf_counter()
+        assert "stored" in ci.predict(f"v{i}", api_name="/vote_a")
+        vote_ms.append((time.perf_counter() - t0) * 1000)
+    [t.join(timeout=600) for t in threads]
+    assert not errors, errors
+    assert set(results) == set(people) and all(r[0].startswith("Done") for r in results.values())
+    print(f"votes during 8 Compares: {[round(v) for v in vote_ms]} ms")
+    for p in people:  # each person got their own outputs: what the studio gives them alone
+        prompt = f"the parade in town {p}"  # typed, not templated
+        gens = {g["method"]: g["output"] for g in studio.store.generations(user=p, limit=20) if g["prompt"] == prompt}
+        assert set(gens) == set(methods)
+        alone = {o.method: o.text for o in studio.compare(p, prompt, methods, studio.settings(1.0, 50, 8))}
+        assert alone == gens, p
+    assert len([r for r in studio.store.ratings() if r["rater"] in {f"v{i}" for i in range(4)}]) == 4

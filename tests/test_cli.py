@@ -161,7 +161,8 @@ def test_end_to_end_on_the_bundled_model(artifacts, demo_dir, tmp_path):
 
     bench_json = tmp_path / "bench.json"
     r = cli("bench", "--artifacts", artifacts, "--users", "3", "--items", "6", "--repeats", "2", "--json", bench_json,
-            "--methods", "rag,oppu,p2p,card", "--oppu-steps", "1", check=0)  # exact: see test_bench_methods_side_by_side
+            "--methods", "rag,oppu,p2p,card", "--oppu-steps", "1", "--serving-people", "3", "--exact-pairs", "1",
+            "--start-repeats", "1", check=0)  # exact: see test_bench_methods_side_by_side
     b = json.loads(bench_json.read_text())
     assert b["bytes_per_user"] > 512 and b["fit_ms"] > 0 and b["decode_overhead_ratio"] > 0  # λ + bias + memory
     assert {"same_cluster", "cross_cluster"} <= set(b["switch_ms"]) and b["onboarding_s"]["total"] > 0
@@ -172,6 +173,12 @@ def test_end_to_end_on_the_bundled_model(artifacts, demo_dir, tmp_path):
     assert b["methods"]["card"]["bytes_per_user"] == b["bytes_per_user"]
     assert b["methods"]["oppu"]["bytes_per_user"] > 10 * b["methods"]["card"]["bytes_per_user"]  # a LoRA vs a style
     assert "| p2p |" in r.stdout and "latency s/query" in r.stdout
+    sv = b["serving"]  # mixed batches and the scheduler (serving.py), names fixed
+    assert sv["methods"] == ["base", "cluster", "card", "cope", "p2p"] and sv["compare_s"] > 0 and sv["single_s"] > 0
+    assert {"sequential_s", "scheduled_s", "p50_s", "p95_s"} <= set(sv["concurrent"])
+    assert max(x["requests"] for x in sv["concurrent"]["batches"]) > 1  # people shared a batch
+    assert sv["exact_first_use_s"] > 0 and sv["exact_first_use_old_s"] > 0 and sv["exact_same_attributes"]
+    assert 0 < sv["start_s"] < 180 and "app later start" in r.stdout
     r = cli("bench", "--artifacts", artifacts, "--methods", "rag,nope", check=2)
     assert "unknown ['nope']" in r.stderr and "Traceback" not in r.stderr
 
