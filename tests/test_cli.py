@@ -193,3 +193,35 @@ def test_bad_history_files_are_refused_and_nothing_is_written(artifacts, tmp_pat
     r = cli("onboard", "--artifacts", artifacts, "--history", tmp_path / "missing.txt", "--db", db, check=2)
     assert "not found" in r.stderr
     assert not db.exists() or Store(db).users() == []
+
+
+def test_mixed_batch_on_the_bundled_model_equals_each_method_alone(artifacts, demo_dir, tmp_path):
+    """Issue 12: base, cluster, card, cope and p2p rows of two people and two prompts in ONE generate give,
+    row by row, what each method gives alone (greedy), on the bundled SmolLM2 build."""
+    from personalize.data import read_lamp
+    from personalize.methods import UserContext
+    from personalize.onboard import prepared_items
+    from personalize.studio import Studio, StudioConfig
+
+    st = Studio.load(StudioConfig(artifacts=str(artifacts), db=str(tmp_path / "s.db"), demo_data=str(demo_dir),
+                                  first_use_in_background=False))
+    try:
+        _, queries = read_lamp(demo_dir, "dev")
+        people, plan = [q for q in queries if len(q.profile) >= 5][:2], []
+        for q in people:
+            st.save_history(q.user, q.profile, "tweets")
+            st.fit(q.user)
+            prepared_items(st.engine, st.store, q.user)
+            state = st.user_state(q.user)
+            user = UserContext.from_store(st.store, q.user, st.task, state.cluster, state.k, state.lam)
+            plan += [(m, user, p) for m in ("base", "cluster", "card", "cope", "p2p") for p in (q.input, people[0].input)]
+        s = st.engine.cfg.decoding
+        rows = [r for m, u, p in plan for r in st.method(m).rows(u, [p], s)]
+        mixed = st.engine.decode_rows(rows)
+        assert len({r.adapter for r in rows}) >= 3
+        for (m, u, p), g in zip(plan, mixed):
+            ref = st.method(m).generate(u, [p], s)[0]
+            assert (g.text, g.n_tokens) == (ref.text, ref.n_tokens), (m, u.name, p)
+    finally:
+        st.scheduler.close()
+        st.store.close()
