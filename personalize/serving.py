@@ -123,16 +123,22 @@ def _context(studio, state):
 
 
 def exact_first_use(studio, name: str, pairs: int, progress=print) -> dict:
-    """EXACT's attribute search for one person, the shared-prompt path and the old one, same pairs."""
-    try:
-        from .methods.exact import time_first_use
-    except ImportError:  # an EXACT without the shared-prompt search
-        return {}
+    """EXACT's first use (prepare: the negatives' decode, then the attribute search) for one person, with the
+    shared-prefix search and with the old full-sequence pass, on the same pairs; and whether they chose alike."""
+    from .methods.exact import ExactConfig, ExactMethod
+
     user = _context(studio, studio.user_state(name))
-    r = time_first_use(studio.engine, user, pairs=pairs)
-    progress(f"serving: EXACT first use {r['new_s']:.1f} s (old path {r['old_s']:.1f} s, same attributes: {r['same']})")
-    return {"exact_first_use_s": round(r["new_s"], 2), "exact_first_use_old_s": round(r["old_s"], 2),
-            "exact_same_attributes": bool(r["same"]), "exact_pairs": pairs}
+    took, chosen = {}, {}
+    for shared in (True, False):
+        m = ExactMethod(studio.engine, None, ExactConfig(max_pairs=pairs, shared_prefix=shared))
+        t0 = time.perf_counter()
+        m.prepare(user)
+        took[shared] = time.perf_counter() - t0
+        chosen[shared] = {p: e["attributes"] for p, e in m.memory(user.name).items()}
+    progress(f"serving: EXACT first use {took[True]:.1f} s (old path {took[False]:.1f} s, "
+             f"same attributes: {chosen[True] == chosen[False]})")
+    return {"exact_first_use_s": round(took[True], 2), "exact_first_use_old_s": round(took[False], 2),
+            "exact_same_attributes": chosen[True] == chosen[False], "exact_pairs": pairs}
 
 
 def _free_port() -> int:

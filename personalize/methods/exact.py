@@ -2,8 +2,12 @@
 
 Offline, each pair (x, y_w, y_l) gets the k = 3 attributes of the library
 (seeds/004 Table 4) chosen greedily: each step adds the a maximising
-log π(y_w | x, A∪{a}) − log π(y_l | x, A∪{a}), all candidates of a step (of
-every pair) scored in one teacher-forced pass. The memory keeps, per distinct
+log π(y_w | x, A∪{a}) − log π(y_l | x, A∪{a}). The candidates of a step share
+every token up to the candidate attribute (the prompt, "Attributes:" and the
+set chosen so far), so that prefix is read once, its KV cache copied to the
+candidates, and only the rest (the candidate's name, the template's end and
+the answer) is run per candidate (`shared_prefix`; the old full-sequence pass,
+`lm_margins`, stays as the reference: same sequences, same choices). The memory keeps, per distinct
 prompt, the best-scoring set (store blobs of kind "exact_memory", key = the
 prompt). Online, the new prompt's nearest memory prompt (cosine of encoder
 embeddings) lends its attributes, appended as a line "Attributes: a1, a2, a3"
@@ -13,14 +17,20 @@ Generation.trace = [{"attributes", "retrieved_prompt", "similarity"}].
 
 from __future__ import annotations
 
+import copy
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
+import torch
+from transformers import DynamicCache
 
+from ..batch import DecodeRow
 from ..decoding import DecodingSettings, Generation, generate
 from ..features import teacher_forced
+from ..tokens import prompt_ids, target_ids
 from . import UserContext, clip, task_input, widened
 
 # seeds/004 Table 4 (42 attributes, from Drift); the descriptions are ours, for the app's "why" view.
@@ -81,6 +91,7 @@ class ExactConfig:
     library: tuple[str, ...] = tuple(ATTRIBUTES)
     max_pairs: int = 32  # history pairs scored at onboarding (newest first); ratings always count
     batch_size: int = 32  # sequences per forward in the scoring pass (memory, not semantics)
+    shared_prefix: bool = True  # score a step's candidates over one cached prefix (False: the full-sequence pass)
 
     def __post_init__(self):
         if not 1 <= self.k <= len(self.library):
@@ -98,11 +109,14 @@ def attributed(x: str, attrs: Sequence[str]) -> str:
 
 class ExactMethod:
     name = "exact"
+    batch = "a plain row on the frozen LM; its prompt ends with the retrieved attribute line"
     config_class = ExactConfig
 
     def __init__(self, engine, store=None, cfg: ExactConfig = ExactConfig(), score_fn: ScoreFn | None = None):
         self.engine, self.store, self.cfg = engine, store, cfg
-        self.score_fn: ScoreFn = score_fn or self.lm_margins  # injectable: tests plant their own scorer
+        self.score_fn: ScoreFn = score_fn or (self.cached_margins if cfg.shared_prefix else self.lm_margins)
+        self.lock = nullcontext()  # the studio's model lock, taken per forward: decodes run between the chunks
+        self.progress: Callable[[int, int], None] | None = None  # (pairs × steps done, total) while preparing
         self._memory: dict[str, dict[str, dict]] = {}  # user -> prompt -> entry (the store's copy when present)
         self._vectors: dict[str, np.ndarray] = {}  # prompt content -> unit embedding
 
@@ -114,18 +128,84 @@ class ExactMethod:
         for x, yw, yl, attrs in rows:
             p = attributed(clip(e.tok, x, budget.max_prompt_tokens), attrs)
             examples += [(p, yw), (p, yl)]
-        e.use_adapter(None)
-        feats = teacher_forced(e.model, e.tok, examples, 1, widened(budget, ATTR_TOKENS),
-                               batch_size=self.cfg.batch_size)
+        with self.lock:
+            e.use_adapter(None)
+            feats = teacher_forced(e.model, e.tok, examples, 1, widened(budget, ATTR_TOKENS),
+                                   batch_size=self.cfg.batch_size)
         lp = np.array([float(f.logprob.sum()) for f in feats])
         return lp[0::2] - lp[1::2]
+
+    @torch.no_grad()
+    def cached_margins(self, rows: Sequence[Row]) -> np.ndarray:
+        """lm_margins' values with each group of rows that share a pair and a chosen set read over one
+        cached prefix: the same token sequences (each built whole, as lm_margins builds them)."""
+        e = self.engine
+        budget = widened(e.cfg.budget, ATTR_TOKENS)
+        groups: dict[tuple, list[int]] = {}
+        for i, (x, yw, yl, attrs) in enumerate(rows):
+            groups.setdefault((x, yw, yl, attrs[:-1]), []).append(i)
+        out = np.zeros(len(rows))
+        for idx in groups.values():
+            seqs, n_prompt = [], []
+            for i in idx:
+                x, yw, yl, attrs = rows[i]
+                p = prompt_ids(e.tok, attributed(clip(e.tok, x, e.cfg.budget.max_prompt_tokens), attrs), budget)
+                for y in (yw, yl):
+                    seqs.append(p + target_ids(e.tok, y, budget))
+                    n_prompt.append(len(p))
+            lp = self._answer_logprobs(seqs, n_prompt)
+            out[idx] = lp[0::2] - lp[1::2]
+        return out
+
+    def _answer_logprobs(self, seqs: list[list[int]], n_prompt: list[int]) -> np.ndarray:
+        """Σ log π(answer tokens) of each sequence: their common prefix (inside every prompt) is run once and its
+        cache copied to the others, which run right-padded after it; the LM head runs at answer positions only."""
+        e = self.engine
+        lm = e.model.get_base_model()
+        n = min(n_prompt) - 1  # at least one prompt token after the prefix: it predicts the first answer token
+        first = seqs[0]
+        while n > 0 and any(s[:n] != first[:n] for s in seqs):
+            n -= 1
+        dev = e.model.device
+        out = np.zeros(len(seqs))
+        with self.lock:
+            e.use_adapter(None)
+            prefix = DynamicCache()
+            if n:
+                lm.model(input_ids=torch.tensor([first[:n]], device=dev), past_key_values=prefix, use_cache=True)
+        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))  # chunks of like lengths: little padding
+        for c in range(0, len(seqs), self.cfg.batch_size):
+            chunk = order[c: c + self.cfg.batch_size]
+            rest = [seqs[i][n:] for i in chunk]
+            width = max(map(len, rest))
+            ids = torch.full((len(rest), width), e.tok.pad_token_id, dtype=torch.long)
+            mask = torch.zeros((len(rest), n + width), dtype=torch.long)
+            mask[:, :n] = 1
+            for j, r in enumerate(rest):
+                ids[j, : len(r)] = torch.tensor(r)
+                mask[j, n: n + len(r)] = 1
+            cache = copy.deepcopy(prefix)
+            if n:
+                cache.batch_repeat_interleave(len(rest))
+            with self.lock:
+                e.use_adapter(None)
+                h = lm.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), past_key_values=cache, use_cache=True,
+                             position_ids=(n + torch.arange(width)).expand(len(rest), width).to(dev)).last_hidden_state
+                for j, i in enumerate(chunk):  # positions n_prompt-1 .. end-1 predict the answer tokens
+                    pos = torch.arange(n_prompt[i] - 1 - n, len(seqs[i]) - 1 - n, device=dev)
+                    logp = torch.log_softmax(lm.lm_head(h[j, pos]).float(), -1)
+                    tgt = torch.tensor(seqs[i][n_prompt[i]:], device=dev)
+                    out[i] = float(logp[torch.arange(len(tgt), device=dev), tgt].sum())
+        return out
 
     def select(self, pairs: Sequence[tuple[str, str, str]]) -> list[dict]:
         """Greedy k-attribute set per pair, in lockstep: step t scores every pair's candidates in one call."""
         chosen: list[list[str]] = [[] for _ in pairs]
         best = np.zeros(len(pairs))
         base = np.asarray(self.score_fn([(x, yw, yl, ()) for x, yw, yl in pairs]), dtype=float)
-        for _ in range(self.cfg.k):
+        for step in range(self.cfg.k):
+            if self.progress:
+                self.progress(1 + step, 1 + self.cfg.k)
             rows, owner = [], []
             for j, (x, yw, yl) in enumerate(pairs):
                 for a in self.cfg.library:
@@ -190,16 +270,29 @@ class ExactMethod:
                 changed += 1
         return changed
 
-    def prepare(self, user: UserContext) -> dict:
-        """Builds the memory from the history pairs and this user's ratings."""
+    def is_prepared(self, user: UserContext) -> bool:
+        return bool(self.memory(user.name))
+
+    def prepare(self, user: UserContext, progress: Callable[[int, int], None] | None = None) -> dict:
+        """Builds the memory from the history pairs and this user's ratings; `progress(done, total)` counts the
+        negatives' decode and each greedy step."""
         t0 = time.perf_counter()
-        hist = self.history_pairs(user)
+        if progress:
+            progress(0, 1 + self.cfg.k)
+        with self.lock:
+            hist = self.history_pairs(user)
         t1 = time.perf_counter()
         rated = self.rating_pairs(user.name)
         if not hist and not rated:
             raise ValueError(f"{self.name} needs at least one preference pair for user {user.name!r}: "
                              "a history item or a decided rating")
-        entries = self.select(hist + rated)
+        self.progress = progress
+        try:
+            entries = self.select(hist + rated)
+        finally:
+            self.progress = None
+        if progress:
+            progress(1 + self.cfg.k, 1 + self.cfg.k)
         changed = self._merge(user.name, entries[: len(hist)], "history")
         changed += self._merge(user.name, entries[len(hist):], "rating")
         t2 = time.perf_counter()
@@ -235,17 +328,27 @@ class ExactMethod:
         sims = query @ keys.T
         return [(entries[int(i)], float(row[i])) for row, i in zip(sims, sims.argmax(1))]
 
+    def _built(self, user: UserContext, prompts: list[str]) -> list[tuple[str, list]]:
+        """(prompt with the retrieved attributes appended, trace) per prompt."""
+        hits = self.retrieve(user, prompts)
+        budget = self.engine.cfg.budget
+        return [(attributed(clip(self.engine.tok, p, budget.max_prompt_tokens), e["attributes"]),
+                 [{"attributes": list(e["attributes"]), "retrieved_prompt": e["prompt"], "similarity": round(sim, 4)}])
+                for p, (e, sim) in zip(prompts, hits)]
+
     def generate(self, user: UserContext, prompts: list[str], settings: DecodingSettings) -> list[Generation]:
         """Base-model decoding with the retrieved attributes appended to each prompt."""
         if not prompts:
             return []
-        hits = self.retrieve(user, prompts)
-        budget = self.engine.cfg.budget
-        built = [attributed(clip(self.engine.tok, p, budget.max_prompt_tokens), e["attributes"])
-                 for p, (e, _) in zip(prompts, hits)]
+        built = self._built(user, prompts)
         self.engine.use_adapter(None)
-        outs = generate(self.engine.model, self.engine.tok, built, widened(budget, ATTR_TOKENS), settings)
-        for g, (e, sim) in zip(outs, hits):
-            g.trace = [{"attributes": list(e["attributes"]), "retrieved_prompt": e["prompt"],
-                        "similarity": round(sim, 4)}]
+        outs = generate(self.engine.model, self.engine.tok, [b for b, _ in built],
+                        widened(self.engine.cfg.budget, ATTR_TOKENS), settings)
+        for g, (_, trace) in zip(outs, built):
+            g.trace = trace
         return outs
+
+    def rows(self, user: UserContext, prompts: list[str], settings: DecodingSettings,
+             trace: bool = False) -> list[DecodeRow]:
+        budget = widened(self.engine.cfg.budget, ATTR_TOKENS)
+        return [DecodeRow(b, budget, settings, None, trace=t) for b, t in self._built(user, prompts)]
