@@ -1,0 +1,33 @@
+"""Start-up: the one-pass adapter loading gives exactly the adapters peft's load_adapter gives, one by one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from peft import PeftModel
+
+from personalize.adapters import adapter_name, load_adapters
+from personalize.config import CardConfig
+from personalize.engine import artifacts_meta
+from personalize.models import load_lm
+
+
+def test_one_pass_loading_equals_peft_adapter_by_adapter(tiny_artifacts):
+    folder = Path(tiny_artifacts["artifacts"])
+    cfg = CardConfig.from_dict(artifacts_meta(folder)["settings"])
+    names = [adapter_name(k, c) for k in cfg.ks for c in range(k)]
+    new = load_adapters(load_lm(cfg.model).model, folder / "adapters", names)
+    old = PeftModel.from_pretrained(load_lm(cfg.model).model, str(folder / "adapters" / names[0]), adapter_name=names[0])
+    for n in names[1:]:
+        old.load_adapter(str(folder / "adapters" / n), adapter_name=n)
+    a = {k: v for k, v in new.state_dict().items() if "lora_" in k}
+    b = {k: v for k, v in old.state_dict().items() if "lora_" in k}
+    assert set(a) == set(b) and len(a) > 0 and all(torch.equal(a[k], b[k]) for k in a)
+    assert new.peft_config == old.peft_config and new.active_adapter == old.active_adapter == names[0]
+    assert not any(p.requires_grad for p in new.parameters()) and not new.training
+    x = torch.tensor([[1, 2, 3, 4]])
+    for n in names:  # every adapter acts as peft's does
+        new.set_adapter(n), old.set_adapter(n)
+        with torch.no_grad():
+            assert torch.equal(new(input_ids=x).logits, old(input_ids=x).logits), n
