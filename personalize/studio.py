@@ -540,7 +540,16 @@ class Studio:
 
     def _decode(self, method: str, state: UserState, prompt: str, s: DecodingSettings,
                 on_step: Callable[[int, int], None] | None = None, trace: bool = False) -> Generation:
+        if method in ("exact", "oppu") and self.needs_indexing(state.name, method):
+            self.wait_first_use(state.name, method)  # in this thread: the scheduler's worker stays free
         return self.scheduler.run(lambda: self._rows(method, state, prompt, s, trace), on_step)[0]
+
+    def wait_first_use(self, name: str, method: str, poll_s: float = 0.2) -> dict:
+        """Starts (or joins) the method's first-use job for the person and waits for it."""
+        job = self.start_first_use(name, method)
+        while job["state"] in ("queued", "running"):
+            time.sleep(poll_s)
+        return job
 
     def _card_items(self, method: str, state: UserState):
         """The person's history for a CARD whose style retrieves their nearest items into the prompt."""

@@ -36,13 +36,13 @@ def refine_md(res: dict, method: str, up: bool) -> str:
 
 
 def first_use_md(studio, method: str) -> str:
-    """A column's placeholder while a method does its per-user work for the first time."""
+    """A column's placeholder while a method does its per-user work for the first time (a background job,
+    started when the history was saved or fitted; its progress replaces this line)."""
     if method == "exact":
         return (f"**exact**\n\n*first use: searching attributes for your {studio.cfg.exact_pairs} newest history "
-                "items (about half a minute each on a 2-core CPU); later prompts reuse them…*")
+                "items in the background; the other columns do not wait…*")
     if method == "oppu":
-        return ("**oppu**\n\n*first use: training your own LoRA on your history (about 40 s on a 2-core CPU); later "
-                "prompts reuse it…*")
+        return "**oppu**\n\n*first use: training your own LoRA in the background; the other columns do not wait…*"
     return f"**{method}**\n\n*waiting…*"
 
 
