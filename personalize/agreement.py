@@ -13,9 +13,7 @@ import math
 from collections import Counter
 from typing import Any, Hashable, Mapping, Sequence
 
-import krippendorff
 import numpy as np
-from scipy.stats import binomtest, kendalltau, spearmanr
 
 LEVELS = ("nominal", "ordinal", "interval", "ratio")
 
@@ -46,6 +44,8 @@ def krippendorff_alpha(units: Mapping[Hashable, Mapping[str, Any]], level: str =
                 data[row[r], j] = codes[v]
     try:
         with np.errstate(invalid="ignore", divide="ignore"):
+            import krippendorff  # here, not at import: scipy and friends cost ~0.3 s of the app's start
+
             a = krippendorff.alpha(reliability_data=data, level_of_measurement=level)
     except ValueError:  # "more than one value in the domain" / "a unit with values by at least two coders"
         return None
@@ -74,6 +74,8 @@ def position_bias(verdicts: Sequence[str], level: float = 0.95) -> dict:
     n = a + b
     if n == 0:
         return {"a_share": None, "n": 0, "lower": None, "upper": None}
+    from scipy.stats import binomtest
+
     ci = binomtest(a, n).proportion_ci(confidence_level=level, method="wilson")
     return {"a_share": a / n, "n": n, "lower": float(ci.low), "upper": float(ci.high)}
 
@@ -86,6 +88,8 @@ def rank_correlation(x: Mapping[str, float], y: Mapping[str, float]) -> dict:
     out = {"n": len(keys), "spearman": None, "spearman_p": None, "kendall": None, "kendall_p": None}
     if len(keys) < 3 or len(set(xs)) < 2 or len(set(ys)) < 2:
         return out
+    from scipy.stats import kendalltau, spearmanr
+
     rho, kt = spearmanr(xs, ys), kendalltau(xs, ys)
     out.update(spearman=float(rho.statistic), spearman_p=float(rho.pvalue),
                kendall=float(kt.statistic), kendall_p=float(kt.pvalue))

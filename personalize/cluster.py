@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
-from sklearn.cluster import KMeans
 
 
 def user_embeddings(encoder, histories: Sequence[Sequence[str]], batch_size: int = 64) -> np.ndarray:
@@ -28,6 +27,8 @@ def fit_clusters(embeddings: np.ndarray, ks: Sequence[int], seed: int = 0) -> di
     bad = [k for k in ks if k < 1 or k > n]
     if bad:
         raise ValueError(f"cluster counts {bad} are not possible with {n} users (each K must be 1..{n})")
+    from sklearn.cluster import KMeans  # the build's only: the app and onboarding assign with numpy
+
     return {int(k): KMeans(n_clusters=k, n_init=10, random_state=seed).fit(embeddings).cluster_centers_.astype(np.float32)
             for k in ks}
 

@@ -8,6 +8,7 @@ one `set_adapter` call. Onboarding = embed → assign → features → λ fit.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -26,7 +27,7 @@ from .decoding import DecodingSettings, Generation, generate
 from .features import generate_with_states, teacher_forced
 from .head import PAIR_OBJECTIVES, PairData, PersonalizationHead, TokenData, diagnostics, fit_user
 from .style import VARIANTS, StyleSettings, UserStyle, fit_lambda_bias, memory_from_features, style_diagnostics, variant
-from .models import LM, ModelConfig, load_encoder, load_lm
+from .models import LM, EncoderConfig, ModelConfig, load_encoder, load_lm
 from .neutral import neutral
 
 NEUTRAL_TEMPLATE = "Rewrite the following text in plain, neutral English: {text}"
@@ -85,7 +86,9 @@ class UserFit:
 class Engine:
     def __init__(self, cfg: CardConfig, lm: LM, model, encoder, clusters: Clusters,
                  heads: dict[str, PersonalizationHead], task: Task, meta: dict, population_lams: dict | None = None):
-        self.cfg, self.lm, self.model, self.encoder = cfg, lm, model, encoder
+        self.cfg, self.lm, self.model = cfg, lm, model
+        self._encoder = encoder  # the model, or its EncoderConfig: loaded on first use (Engine.load)
+        self._encoder_lock = threading.Lock()
         self.tok = lm.tokenizer
         self.clusters, self.heads, self.task, self.meta = clusters, heads, task, meta
         self.population_lams = population_lams or {}
@@ -121,10 +124,23 @@ class Engine:
             heads[obj] = head.eval().requires_grad_(False)
             lams[obj] = dict(zip(meta["head_users"][obj], t["lambdas"].numpy()))
         task = TASKS[meta["task"]]
-        engine = cls(cfg, replace(lm, model=peft_model), peft_model, load_encoder(cfg.encoder), clusters,
+        engine = cls(cfg, replace(lm, model=peft_model), peft_model, cfg.encoder, clusters,
                      heads, task, meta, lams)
         engine.folder = folder
         return engine
+
+    @property
+    def encoder(self):
+        """The sentence encoder, loaded when first needed (a saved history, a build): a start of the app
+        that serves no new person yet does not pay for it."""
+        with self._encoder_lock:
+            if isinstance(self._encoder, EncoderConfig):
+                self._encoder = load_encoder(self._encoder)
+        return self._encoder
+
+    @encoder.setter
+    def encoder(self, value) -> None:
+        self._encoder = value
 
     @property
     def artifacts_id(self) -> str:

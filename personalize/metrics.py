@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Sequence
 
-from rouge_score import rouge_scorer
 
-_SCORER = rouge_scorer.RougeScorer(["rouge1", "rougeL"], use_stemmer=True)
+@lru_cache(maxsize=1)
+def _scorer():
+    """Made on first use: rouge-score pulls in nltk, which the app's start does not need."""
+    from rouge_score import rouge_scorer
+
+    return rouge_scorer.RougeScorer(["rouge1", "rougeL"], use_stemmer=True)
 
 
 def rouge_per_query(predictions: Sequence[str], golds: Sequence[str]) -> list[float]:
     """ROUGE-L F1 of each query (for paired bootstrap intervals)."""
     if len(predictions) != len(golds):
         raise ValueError("predictions and golds differ in length")
-    return [_SCORER.score(g, p)["rougeL"].fmeasure for p, g in zip(predictions, golds)]
+    return [_scorer().score(g, p)["rougeL"].fmeasure for p, g in zip(predictions, golds)]
 
 
 def rouge_scores(predictions: Sequence[str], golds: Sequence[str]) -> dict[str, float]:
@@ -23,7 +28,7 @@ def rouge_scores(predictions: Sequence[str], golds: Sequence[str]) -> dict[str, 
         return {"rouge1": 0.0, "rougeL": 0.0, "n": 0}
     r1 = rl = 0.0
     for p, g in zip(predictions, golds):
-        s = _SCORER.score(g, p)
+        s = _scorer().score(g, p)
         r1, rl = r1 + s["rouge1"].fmeasure, rl + s["rougeL"].fmeasure
     return {"rouge1": r1 / len(golds), "rougeL": rl / len(golds), "n": len(golds)}
 
