@@ -11,55 +11,24 @@ from __future__ import annotations
 
 import argparse
 import re
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from personalize import serving  # noqa: E402  (the bench's own start timer: one implementation)
 
 
 def one_start(app_args: list[str], timeout: float) -> tuple[float, float | None]:
     """(seconds to HTTP 200, the app's own "ready in" seconds: artifacts, models and UI, imports excluded)."""
-    port = free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        log = Path(tmp) / "app.log"
-        cmd = [sys.executable, "-u", str(ROOT / "app.py"), "--port", str(port), "--db", f"{tmp}/studio.db", *app_args]
-        t0 = time.perf_counter()
-        with log.open("w") as out:
-            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            while True:
-                if proc.poll() is not None:
-                    raise SystemExit(f"app.py exited with {proc.returncode}:\n{log.read_text()[-2000:]}")
-                if "first start" in log.read_text():
-                    proc.kill()
-                    raise SystemExit("the demo artifacts are missing: start the app once (make run) before timing")
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=1) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
-                if time.perf_counter() - t0 > timeout:
-                    raise SystemExit(f"no answer within {timeout:.0f} s")
-                time.sleep(0.1)
-            wall = time.perf_counter() - t0
-        finally:
-            proc.terminate()
-            proc.wait(30)
-        m = re.search(r"ready in ([\d.]+) s", log.read_text())
-        return wall, float(m.group(1)) if m else None
+    try:
+        wall, log = serving.one_start(app_args, timeout)
+    except RuntimeError as e:
+        raise SystemExit(str(e)) from None
+    m = re.search(r"ready in ([\d.]+) s", log)
+    return wall, float(m.group(1)) if m else None
 
 
 def main() -> None:
