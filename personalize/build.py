@@ -287,11 +287,13 @@ def _choose_alpha(engine: Engine, val: dict[str, list[Item]], cfg: CardConfig) -
             continue
         fit = engine.fit(items[1:])
         prompts.append(items[0].x), golds.append(items[0].y), fits.append(fit)
+    # every (α, person) output in one mixed batch (batch.py: each row exactly what it gives decoded alone)
+    rows = [r for a in cfg.alphas for p, f in zip(prompts, fits)
+            for r in engine.rows([p], "card", f.cluster, f.style, settings=replace(cfg.decoding, alpha=a))]
+    texts = [g.text for g in engine.decode_rows(rows)] if rows else []
     sweep = {}
-    for a in cfg.alphas:
-        s = replace(cfg.decoding, alpha=a)
-        outs = [engine.generate([p], "card", f.cluster, f.style, settings=s)[0].text for p, f in zip(prompts, fits)]
-        sweep[a] = round(rouge_scores(outs, golds)["rougeL"], 4)
+    for j, a in enumerate(cfg.alphas):
+        sweep[a] = round(rouge_scores(texts[j * len(prompts): (j + 1) * len(prompts)], golds)["rougeL"], 4)
     best = max(sweep, key=lambda a: (sweep[a], -a))
     return best, {str(a): v for a, v in sweep.items()}
 
