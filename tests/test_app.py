@@ -656,14 +656,14 @@ def test_browser_text_from_people_and_models_is_shown_never_executed(server, tmp
     studio = server["studio"]
     # the population's texts (cluster examples), every method's output and note, and CARD's tokens in Why
     monkeypatch.setattr(studio, "population", {u: [XSS_IMG] for u in studio.engine.clusters.users})
-    run_method = studio.run_method
+    stored = studio._stored  # every decoded output becomes a MethodOutput here (Compare, Quick pair)
 
-    def run_with_markup(*args, **kwargs):
-        o = run_method(*args, **kwargs)
+    def stored_with_markup(*args, **kwargs):
+        o = stored(*args, **kwargs)
         return o if o.error else replace(o, text=f"{XSS_IMG} {XSS_SCRIPT} {MD_ACTIVE} {o.text}",
                                          info={**o.info, "note": XSS_SCRIPT})
 
-    monkeypatch.setattr(studio, "run_method", run_with_markup)
+    monkeypatch.setattr(studio, "_stored", stored_with_markup)
     why = studio.why
 
     def why_with_markup(*args, **kwargs):

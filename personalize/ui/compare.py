@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import time
+
 import gradio as gr
 
 from ..display import md
@@ -56,6 +58,9 @@ def pick_item(studio, item) -> str:
     return "" if ref is None else f"**Reference (your text):**\n\n{md(ref)}"
 
 
+STREAM_EVERY_S = 0.15
+
+
 def streaming_md(method: str, text: str) -> str:
     """A column while its tokens arrive."""
     return f"**{md(method)}** · *decoding…*\n\n{md(text)}▌"
@@ -76,7 +81,7 @@ def compare(studio, name, text, templated, item, chosen, alpha, top_k, max_token
                           visible=True) for m in chosen}
     yield (f"Generating {len(chosen)} methods for **{md(name)}**, cluster {state.cluster} of K = {state.k}{note}…",
            *[shown.get(m, hidden[m]) for m in ALL_METHODS])
-    done = set()
+    done, last, final = set(), 0.0, {}
     try:
         for kind, m, value in studio.compare_stream(name, full, plan["order"], s, k):
             if kind == "text":
@@ -86,12 +91,17 @@ def compare(studio, name, text, templated, item, chosen, alpha, top_k, max_token
             else:
                 done.add(m)
                 shown[m] = gr.update(value=method_md(value), visible=True)
+                final[m] = method_md(value)
+            if kind == "text" and time.perf_counter() - last < STREAM_EVERY_S:
+                continue  # the page gets the text so far a few times a second, not once per token and column
+            last = time.perf_counter()
             yield (f"{len(done)}/{len(chosen)} done{note}.", *[shown.get(m, hidden[m]) for m in ALL_METHODS])
     except EXPECTED as e:
         yield (_err(e), *[shown.get(m, hidden[m]) for m in ALL_METHODS])
         return
+    # every column's final text again, in fresh updates: a page that missed a streamed message still ends right
     yield (f"Done: {len(chosen)} methods for **{md(name)}**{note}. Prompt: {md(full, limit=200)}",
-           *[shown.get(m, hidden[m]) for m in ALL_METHODS])
+           *[gr.update(value=final[m], visible=True) if m in final else hidden[m] for m in ALL_METHODS])
 
 
 @guarded(2)

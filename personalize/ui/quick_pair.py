@@ -76,6 +76,7 @@ def build(studio, shared: Shared) -> None:
     new_pair.click(draw, [shared.user, rater, prompt, methods, p.text, p.templated, *shared.decoding.inputs],
                    [status, out_a, out_b, pair_id], concurrency_id="decode", concurrency_limit=DECODE_SESSIONS, api_name="new_pair")
     for eid, btn in vote_btns.items():
-        btn.click(voter(VOTES[eid][0]), [pair_id, rater], [status, pair_id], concurrency_limit=None,
+        # a vote is SQLite work of milliseconds: no queue, so it is served at once while Compares decode
+        btn.click(voter(VOTES[eid][0]), [pair_id, rater], [status, pair_id], queue=False,
                   api_name=eid.replace("-", "_"))
     shared.app.load(rater_box, None, [rater], show_progress="hidden")
