@@ -436,7 +436,9 @@ def cmd_bench(a) -> None:
     engine = _engine(a)
     meta_data = a.data or engine.meta.get("data")
     task, queries = read_lamp(meta_data, a.split or engine.meta.get("split", "dev"))
-    queries = [q for q in queries if len(q.profile) >= 2][: a.users]
+    queries = [q for q in queries if len(q.profile) >= 2]
+    step = max(1, len(queries) // max(a.users, 1))  # people spread over the file: LaMP files group alike people
+    queries = queries[::step][: a.users]
     users = {(q.user or q.id): list(q.profile[: a.items]) for q in queries}
     if not queries:
         raise UsageError(f"no users with at least 2 profile items in {meta_data}")
