@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -74,7 +74,6 @@ class DecodeRow:
     trace: list | None = None  # what the method chose (Generation.trace), known before decoding
     note: str | None = None  # Generation.note (CARD's fallback to the cluster model)
     want_trace: bool = False  # CARD / COPE: record every step (the Why view)
-    _ids: list[int] | None = field(default=None, repr=False)
 
     def __post_init__(self):
         if isinstance(self.steer, CardSteer) and self.adapter is None:
@@ -159,7 +158,7 @@ def _decode_group(model, tok, rows: Sequence[DecodeRow], on_step) -> list[Genera
     if not rows:
         return []
     n = len(rows)
-    ids = [r._ids or prompt_ids(tok, r.prompt, r.budget) for r in rows]
+    ids = [prompt_ids(tok, r.prompt, r.budget) for r in rows]
     twins = [i for i, r in enumerate(rows) if isinstance(r.steer, CopeSteer)]  # row n + j is row twins[j]'s π_base
     batch = ids + [ids[i] for i in twins]
     adapters = [r.adapter or NO_ADAPTER for r in rows] + [rows[i].steer.base_adapter for i in twins]

@@ -29,7 +29,6 @@ from .engine import CORE_METHODS, ArtifactsError, Engine, UserFit
 from .leaderboard import LeaderboardConfig, leaderboard
 from .adapters import adapter_name
 from .methods import METHODS, UserContext, fingerprint, get_method
-from .methods.exact import MEMORY_KIND as EXACT_MEMORY
 from .metrics import rouge_scores
 from .onboard import onboard, prepared_items, store_assignments
 from .tokens import decode as decode_text
@@ -42,6 +41,9 @@ from . import campaign as campaign_mod
 from . import owner
 from .names import ALL_METHODS, DEFAULT_METHODS  # noqa: F401  (re-exported: the UI reads them here)
 
+
+
+SLOW_FIRST_USE = ("exact", "oppu")  # methods whose per-user work takes minutes: a background job, with progress
 
 
 @dataclass(frozen=True)
@@ -458,16 +460,14 @@ class Studio:
         return self._methods[name]
 
     def needs_indexing(self, name: str, method: str) -> bool:
-        """True when a method's first use for this user will do per-user work (EXACT's attribute search,
-        OPPU's adapter training)."""
-        if method == "exact":
-            return not self.store.blobs(name, EXACT_MEMORY)
-        if method == "oppu":
-            try:
-                return not self.method("oppu").is_current(UserContext.from_store(self.store, name, self.task))
-            except (ValueError, StoreError):  # no rewrites yet, or no such user: the first use will tell
-                return True
-        return False
+        """True when a method's first use for this user will do minutes of per-user work (SLOW_FIRST_USE:
+        EXACT's attribute search, OPPU's adapter training), which runs as a background job."""
+        if method not in SLOW_FIRST_USE:
+            return False
+        try:
+            return not self.method(method).is_prepared(UserContext.from_store(self.store, name, self.task))
+        except (ValueError, StoreError):  # no rewrites yet, or no such user: the first use will tell
+            return True
 
     def start_first_use(self, name: str, method: str) -> dict:
         """The method's per-user work (EXACT's attribute search, OPPU's training) as a background job, started
@@ -506,7 +506,7 @@ class Studio:
 
     def prepare_first_use(self, name: str) -> list[dict]:
         """Background first use of every method that needs per-user work (after a save or a fit)."""
-        return [self.start_first_use(name, m) for m in ("exact", "oppu") if self.needs_indexing(name, m)]
+        return [self.start_first_use(name, m) for m in SLOW_FIRST_USE if self.needs_indexing(name, m)]
 
     def check_prompt(self, prompt: str | None) -> str:
         if not prompt or not prompt.strip():
@@ -540,7 +540,7 @@ class Studio:
 
     def _decode(self, method: str, state: UserState, prompt: str, s: DecodingSettings,
                 on_step: Callable[[int, int], None] | None = None, trace: bool = False) -> Generation:
-        if method in ("exact", "oppu") and self.needs_indexing(state.name, method):
+        if self.needs_indexing(state.name, method):
             self.wait_first_use(state.name, method)  # in this thread: the scheduler's worker stays free
         return self.scheduler.run(lambda: self._rows(method, state, prompt, s, trace), on_step)[0]
 
@@ -614,7 +614,7 @@ class Studio:
 
         waiting = {}
         for m in methods:
-            if m in ("exact", "oppu") and self.needs_indexing(state.name, m):
+            if self.needs_indexing(state.name, m):
                 waiting[m] = self.start_first_use(state.name, m)
             else:
                 start(m)
@@ -1165,7 +1165,7 @@ def job_line(job: dict) -> str:
     """A first-use job's progress as the Compare column shows it."""
     what = {"exact": "searching your attributes", "oppu": "training your own LoRA"}.get(job["method"], "preparing")
     if job["state"] == "queued":
-        return f"first use: {what} (queued behind another person's first use)…"
+        return f"first use: {what} (queued behind other first-use work)…"
     part = f" {job['done']}/{job['total']}" if job["total"] else ""
     return f"first use: {what}{part}, {time.time() - job['started']:.0f} s so far; the other columns do not wait…"
 
