@@ -26,6 +26,7 @@ from .data import Item, Task, TASKS
 from .decoding import DecodingSettings, Generation, generate
 from .features import generate_with_states, teacher_forced
 from .head import PAIR_OBJECTIVES, PairData, PersonalizationHead, TokenData, diagnostics, fit_user
+from .threads import hands_back_team, release_team
 from .style import VARIANTS, StyleSettings, UserStyle, fit_lambda_bias, memory_from_features, style_diagnostics, variant
 from .models import LM, EncoderConfig, ModelConfig, load_encoder, load_lm
 from .neutral import neutral
@@ -127,6 +128,7 @@ class Engine:
         engine = cls(cfg, replace(lm, model=peft_model), peft_model, cfg.encoder, clusters,
                      heads, task, meta, lams)
         engine.folder = folder
+        release_team()  # the loading thread (often the main one) keeps no OpenMP team: see threads.py
         return engine
 
     @property
@@ -188,6 +190,7 @@ class Engine:
         rewrites |= dict(zip(todo, self.neutral_rewrites([items[i].y for i in todo])))
         return [it if it.x else replace(it, x=self.task.prompt(rewrites[i])) for i, it in enumerate(items)]
 
+    @hands_back_team  # asked for on a request's thread too (a K whose assignment is not stored yet)
     def embed(self, items: Sequence[Item]) -> np.ndarray:
         return user_embeddings(self.encoder, [[it.y for it in items]])[0]
 

@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 
 from .batch import DecodeRow
 from .decoding import Generation
+from .threads import release_team
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,8 @@ class DecodeScheduler:
                 for r in pending:
                     if not r.future.done():
                         r.future.set_exception(e)
+            if self._queue.empty():
+                release_team()  # idle: a fit elsewhere must not run throttled beside our team (threads.py)
 
     def _serve(self, pending: list[_Request]) -> None:
         with self.lock:

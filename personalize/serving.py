@@ -38,6 +38,7 @@ def bench_serving(engine, store, names: Sequence[str], prompts: Sequence[str], s
     """The figures of the module docstring; `names` are people already in `store` (onboarded under
     `engine`), `prompts` one per person (cycled)."""
     from .studio import Studio, StudioConfig
+    from .threads import release_team
 
     studio = Studio(engine, store, StudioConfig(artifacts=str(engine.folder), db=str(store.path),
                                                 first_use_in_background=False))
@@ -48,6 +49,7 @@ def bench_serving(engine, store, names: Sequence[str], prompts: Sequence[str], s
     except (ValueError, FileNotFoundError) as e:
         methods.remove("p2p")
         progress(f"serving: p2p left out ({e})")
+    release_team()  # as in the app, the main thread keeps no OpenMP team while the scheduler decodes (threads.py)
     s = dataclasses.replace(settings, max_new_tokens=settings.max_new_tokens, min_new_tokens=settings.max_new_tokens)
     n0, p0 = names[0], prompts[0]
 
@@ -82,6 +84,7 @@ def bench_serving(engine, store, names: Sequence[str], prompts: Sequence[str], s
             with studio.model_lock:
                 studio.method(m).generate(_context(studio, state), [p], s)
     sequential = time.perf_counter() - t0
+    release_team()
     progress(f"serving: {n_people} people one decode at a time {sequential:.1f} s")
 
     latencies: list[float] = [0.0] * len(asks)

@@ -15,7 +15,6 @@ import json
 import queue
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -36,6 +35,7 @@ from .feedback import FeedbackSettings, Refinement, Vote, VoteFeatures, refine_p
 from .head import PAIR_OBJECTIVES
 from .scheduler import DecodeScheduler, SchedulerConfig
 from .store import Store, StoreError
+from .threads import ReleasingExecutor, release_team
 from .style import UserStyle
 from . import campaign as campaign_mod
 from . import owner
@@ -194,15 +194,16 @@ class Studio:
         self.scheduler = DecodeScheduler(engine, self.model_lock, cfg.scheduler)
         self._methods: dict[str, object] = {}
         # first-use work (EXACT's attribute search, OPPU's training): one at a time, beside the decodes
-        self._first_use = ThreadPoolExecutor(max_workers=1, thread_name_prefix="studio-first-use")
+        self._first_use = ReleasingExecutor(max_workers=1, thread_name_prefix="studio-first-use")
         self.jobs: dict[tuple[str, str], dict] = {}  # (user, method) -> {"state", "done", "total", "error", ...}
         # one background worker for model work nobody waits on: EXACT feedback, the rewrites of a saved history
-        self._feedback = ThreadPoolExecutor(max_workers=1, thread_name_prefix="studio-background")
+        self._feedback = ReleasingExecutor(max_workers=1, thread_name_prefix="studio-background")
         self._rewrites = None
         self.feedback_log: list[dict] = []
         # the person's one teacher-forced pass, kept from the fit so a vote costs a pass over its own text only
         self._history: dict[tuple, tuple] = {}
         self._vote_features: VoteFeatures | None = None
+        release_team()  # the thread that loaded the engine and made the studio (the main one) keeps no team
 
     @classmethod
     def load(cls, cfg: StudioConfig = StudioConfig(), engine: Engine | None = None) -> "Studio":

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from ..campaign import CRITERIA, REFERENCE
 from ..display import md, plot_text
 from ..studio import ALL_METHODS, Studio
-from .common import EXPECTED, _err, guarded
+from .common import EXPECTED, _err, bind, guarded
 
 
 def _pct(v) -> str:
@@ -196,9 +196,9 @@ def build(studio: Studio, shared=None) -> None:
     c_create.click(functools.partial(create, studio),
                    [c_name, c_data, c_split, c_sources, c_limit, c_methods, c_ref, c_mode, c_per, c_att], [status, pick]
                    ).then(functools.partial(show, studio), pick, results)
-    gen.click(functools.partial(generate, studio), pick, status, concurrency_id="model"
+    gen.click(bind(generate, studio), pick, status, concurrency_id="model"
               ).then(functools.partial(show, studio), pick, results)
-    j_run.click(functools.partial(judge, studio), [pick, j_model], status, concurrency_id="model"
+    j_run.click(bind(judge, studio), [pick, j_model], status, concurrency_id="model"
                 ).then(functools.partial(show, studio), pick, results)
     for btn, state in ((close, "closed"), (reopen, "open")):
         btn.click(functools.partial(set_status, studio, state), pick, status).then(

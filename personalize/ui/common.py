@@ -12,6 +12,7 @@ from ..data import HistoryError
 from ..display import md
 from ..engine import ArtifactsError
 from ..store import StoreError
+from ..threads import hands_back_team
 
 # Problems a person can cause (bad input, unknown user, a stale vote): answered in the tab's status line.
 # Gradio sessions decoding at once (Compare, Why, Quick pair): their requests meet in the studio's scheduler and
@@ -45,12 +46,13 @@ def guarded(n_outputs: int, status_index: int = 0):
 
 
 def bind(fn, *args):
-    """`fn` with its first arguments fixed (the studio, a method, a vote), named as `fn` on Gradio's API page.
+    """`fn` with its first arguments fixed (the studio, a method, a vote), named as `fn` on Gradio's API page;
+    Gradio's worker thread hands its OpenMP team back afterwards (threads.py).
     Gradio still finds a gr.Progress default in what is left; a gr.Request parameter it finds only on a plain
     function, so handlers that need the request are wrapped in a closure instead."""
     bound = functools.partial(fn, *args)
     bound.__name__ = fn.__name__
-    return bound
+    return hands_back_team(bound)
 
 
 def logged_in(request: gr.Request | None) -> str | None:

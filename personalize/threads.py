@@ -1,0 +1,100 @@
+"""CPU threads: a thread that has finished its torch work hands its OpenMP team back.
+
+Why: libgomp (the OpenMP runtime of torch's Linux wheels) keeps a team of helper threads for every thread
+that ran a parallel op, for as long as that thread lives, and once the helpers of all teams outnumber the
+cores it stops spin-waiting in *every* team (libgomp's `gomp_throttled_spin_count_var`): each of the ~30
+parallel ops of a decode step then sleeps on a futex and waits to be woken. A serving process has many such
+threads (the main thread that loaded the model, Gradio's workers that fit, the first-use and background
+workers, the scheduler's decode thread), so the decode thread ran throttled. Measured on this 2-core machine:
+a six-row Compare decode took 3.1 s in the decode thread with its team alone and 5.3 s once the main
+thread also kept the team it made while loading the model (benchmarks/omp_teams.py prints both).
+
+So whoever goes idle hands its team back with OpenMP 5's `omp_pause_resource_all`, which frees the calling
+thread's team only; the thread's next parallel op makes a new one (a few tens of µs). Elsewhere (another
+OpenMP runtime, no libgomp loaded, macOS) this does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import inspect
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+_OMP_PAUSE_HARD = 2  # omp_pause_resource_t: omp_pause_soft = 1, omp_pause_hard = 2
+SERVING_SWITCH_INTERVAL_S = 0.0005
+
+
+@functools.lru_cache(maxsize=1)
+def _libgomp():
+    """The libgomp this process already loaded (torch's own copy, whatever its file name), or None: loading
+    another copy would have its own teams and free none of torch's."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    paths = {line.split()[-1] for line in maps.splitlines() if "libgomp" in line and "/" in line}
+    for path in sorted(paths):
+        try:
+            lib = ctypes.CDLL(path)
+            lib.omp_pause_resource_all.restype = ctypes.c_int
+            lib.omp_pause_resource_all.argtypes = [ctypes.c_int]
+            return lib
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+def release_team() -> bool:
+    """Frees the calling thread's OpenMP team; True where the runtime did it. Harmless inside a parallel
+    region (the runtime refuses) and on a thread without a team."""
+    lib = _libgomp()
+    return lib is not None and lib.omp_pause_resource_all(_OMP_PAUSE_HARD) == 0
+
+
+def hands_back_team(fn):
+    """`fn` followed by release_team() in the thread that ran it; for a generator function, after each of
+    its steps (Gradio may run a streaming handler's steps on different worker threads)."""
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def steps(*args, **kwargs):
+            it = fn(*args, **kwargs)
+            try:
+                while True:
+                    try:
+                        value = next(it)
+                    except StopIteration as stop:
+                        return stop.value
+                    finally:
+                        release_team()
+                    yield value
+            finally:
+                it.close()  # a page that went away closes us: close the handler too
+        return steps
+
+    @functools.wraps(fn)
+    def inner(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            release_team()
+    return inner
+
+
+class ReleasingExecutor(ThreadPoolExecutor):
+    """A ThreadPoolExecutor whose worker hands its OpenMP team back after every job."""
+
+    def submit(self, fn, /, *args, **kwargs):
+        return super().submit(hands_back_team(fn), *args, **kwargs)
+
+
+def favour_short_requests(interval_s: float = SERVING_SWITCH_INTERVAL_S) -> None:
+    """Hands the GIL over more often (Python's default: every 5 ms) in a serving process. The decode thread
+    holds the GIL between its torch ops, and a vote's handler needs it dozens of times (the event loop, the
+    queue, SQLite, the reply), each time waiting up to one interval: a vote cast while 8 Compares decoded
+    took a median 121 ms at 5 ms (benchmarks/serving_load.py)."""
+    if not 0 < interval_s <= 0.1:
+        raise ValueError("the switch interval is in (0, 0.1] seconds")
+    sys.setswitchinterval(interval_s)
