@@ -125,13 +125,16 @@ def main(argv=None) -> int:
     try:
         if Path(a.artifacts).resolve() == Path(DEMO_ARTIFACTS).resolve():
             ensure_demo(Path(a.demo_data), Path(a.artifacts))
-        studio = Studio.load(StudioConfig(artifacts=a.artifacts, db=a.db, demo_data=a.demo_data))
+        studio = Studio.load(StudioConfig(artifacts=a.artifacts, db=a.db, demo_data=a.demo_data), adapters_later=True)
     except EXPECTED as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     app = build_app(studio)
     print(f"ready in {time.perf_counter() - t0:.1f} s: http://{a.host}:{a.port}", flush=True)
-    app.launch(server_name=a.host, server_port=a.port, auth=auth, share=False, css=CSS, show_error=False)
+    app.launch(server_name=a.host, server_port=a.port, auth=auth, share=False, css=CSS, show_error=False,
+               prevent_thread_lock=True)
+    studio.load_pending()  # the page answers already; the other cluster adapters load now (~1 s)
+    app.block_thread()
     return 0
 
 

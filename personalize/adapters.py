@@ -178,41 +178,50 @@ def save_adapters(model: PeftModel, folder: Path) -> None:
 
 
 def load_adapters(base_model, folder: Path, names: Sequence[str]) -> PeftModel:
-    """Every adapter loaded once into one peft model; switching is then in memory. The first through peft;
-    the others, when they have its structure (targets, rank, alpha: a build's cluster adapters do), in one
-    pass: their LoRA modules added to the existing LoRA layers and all their weights read by one
-    load_state_dict (peft's load_adapter walks the whole model per adapter: ~0.7 s each here)."""
+    """Every adapter loaded once into one peft model; switching is then in memory. The first through peft,
+    the others by add_adapters."""
+    model = PeftModel.from_pretrained(base_model, str(_adapter_path(folder, names[0])), adapter_name=names[0])
+    add_adapters(model, folder, names[1:])
+    return model
+
+
+def add_adapters(model: PeftModel, folder: Path, names: Sequence[str]) -> None:
+    """Adapters added to a loaded peft model. Those with its first adapter's structure (targets, rank,
+    alpha: a build's cluster adapters do) in one pass: their LoRA modules added to the existing LoRA layers
+    and all their weights read by one load_state_dict (peft's load_adapter walks the whole model per
+    adapter: ~0.7 s each here)."""
     folder = Path(folder)
-
-    def path(n):  # peft saves the default-named adapter at the root and the others in subfolders
-        return folder / n if (folder / n / "adapter_config.json").exists() else folder
-
-    model = PeftModel.from_pretrained(base_model, str(path(names[0])), adapter_name=names[0])
-    first = model.peft_config[names[0]]
-    layers = [(key, m) for key, m in model.named_modules() if isinstance(m, LoraLayer) and names[0] in m.lora_A]
+    first_name = next(iter(model.peft_config))
+    first = model.peft_config[first_name]
+    layers = [(key, m) for key, m in model.named_modules() if isinstance(m, LoraLayer) and first_name in m.lora_A]
     state = {}
-    for n in names[1:]:
-        cfg = LoraConfig.from_pretrained(str(path(n)))
+    for n in names:
+        cfg = LoraConfig.from_pretrained(str(_adapter_path(folder, n)))
         if _structure(cfg) != _structure(first):
-            model.load_adapter(str(path(n)), adapter_name=n)  # another shape: peft's own way
+            model.load_adapter(str(_adapter_path(folder, n)), adapter_name=n)  # another shape: peft's own way
             continue
         cfg.inference_mode = True
         model.peft_config[n] = cfg
         fresh = dataclasses.replace(cfg, init_lora_weights=False)  # the weights are read below
         for key, m in layers:
             m.update_layer(n, cfg.r, lora_alpha=cfg.lora_alpha, target_name=key, config=fresh)
-        for k, v in load_file(str(path(n) / "adapter_model.safetensors")).items():
+        for k, v in load_file(str(_adapter_path(folder, n) / "adapter_model.safetensors")).items():
             state[k.replace(".lora_A.weight", f".lora_A.{n}.weight").replace(".lora_B.weight", f".lora_B.{n}.weight")] = v
     if state:
         missing, unexpected = model.load_state_dict(state, strict=False)
-        ours = [k for k in missing if any(f".{n}." in k for n in names[1:])]
+        ours = [k for k in missing if any(f".{n}." in k for n in names)]
         if ours or unexpected:
             raise ValueError(f"adapters in {folder} do not fit the model: missing {ours[:3]}, unexpected "
                              f"{list(unexpected)[:3]}")
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    return model
+
+
+def _adapter_path(folder: Path, name: str) -> Path:
+    """peft saves the default-named adapter at the root and the others in subfolders."""
+    folder = Path(folder)
+    return folder / name if (folder / name / "adapter_config.json").exists() else folder
 
 
 def _structure(cfg: LoraConfig) -> tuple:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from .adapters import BASE_ADAPTER, adapter_name, load_adapters
+from .adapters import BASE_ADAPTER, adapter_name, add_adapters, load_adapters
 from .batch import CardSteer, DecodeRow, decode_rows
 from .cluster import assign, user_embeddings
 from .config import FORMAT_VERSION, CardConfig
@@ -95,10 +95,14 @@ class Engine:
         self.population_lams = population_lams or {}
         self._active: str | None = None
         self.folder: Path | None = None  # the artifacts folder, set by load (methods find their files there)
+        self._pending_adapters: list[str] = []  # cluster adapters load(adapters_later=True) left for later
+        self._adapters_lock = threading.Lock()
 
     # ------------------------------------------------------------ loading
     @classmethod
-    def load(cls, folder: str | Path, model: ModelConfig | None = None) -> "Engine":
+    def load(cls, folder: str | Path, model: ModelConfig | None = None, adapters_later: bool = False) -> "Engine":
+        """The build in `folder`. adapters_later: only the first cluster adapter now, the others on first
+        need or by load_pending_adapters (the app calls it once its page answers: ~1 s of its start)."""
         folder = Path(folder)
         if not (folder / "config.json").exists():
             raise ArtifactsError(f"no CARD artifacts at {folder}: run `python -m personalize build` first")
@@ -111,7 +115,7 @@ class Engine:
             cfg = replace(cfg, model=model)
         lm = load_lm(cfg.model)
         names = [adapter_name(k, c) for k in cfg.ks for c in range(k)]
-        peft_model = load_adapters(lm.model, folder / "adapters", names)
+        peft_model = load_adapters(lm.model, folder / "adapters", names[:1] if adapters_later else names)
         z = np.load(folder / "clusters.npz")
         clusters = Clusters(users=meta["users"], embeddings=z["embeddings"],
                             centroids={k: z[f"centroids_k{k}"] for k in cfg.ks},
@@ -128,6 +132,7 @@ class Engine:
         engine = cls(cfg, replace(lm, model=peft_model), peft_model, cfg.encoder, clusters,
                      heads, task, meta, lams)
         engine.folder = folder
+        engine._pending_adapters = names[1:] if adapters_later else []
         release_team()  # the loading thread (often the main one) keeps no OpenMP team: see threads.py
         return engine
 
@@ -149,8 +154,24 @@ class Engine:
         return self.meta.get("id", "unbuilt")
 
     # ------------------------------------------------------------ adapters
+    @hands_back_team
+    def load_pending_adapters(self) -> None:
+        """The cluster adapters a start left for later, in one pass; callers hold the model (no decode or
+        training runs on it meanwhile: the studio's model lock, or the one thread that uses the engine)."""
+        with self._adapters_lock:
+            if self._pending_adapters:
+                add_adapters(self.model, self.folder / "adapters", self._pending_adapters)
+                self._pending_adapters = []
+
+    def loaded_adapters(self) -> set[str]:
+        if self._pending_adapters:
+            self.load_pending_adapters()
+        return set(self.model.peft_config)
+
     def use_adapter(self, name: str | None) -> None:
         """Switch the active cluster adapter in memory; None = the base model."""
+        if self._pending_adapters:
+            self.load_pending_adapters()
         if name == self._active:
             return
         if name is None:
@@ -407,6 +428,8 @@ class Engine:
 
     def decode_rows(self, rows: Sequence[DecodeRow], on_step=None) -> list[Generation]:
         """Rows of any adapters in one batch (batch.decode_rows); the adapter layers must be on for that."""
+        if self._pending_adapters:
+            self.load_pending_adapters()
         if self._active is None:
             self.use_adapter(BASE_ADAPTER)
         return decode_rows(self.model, self.tok, rows, on_step)

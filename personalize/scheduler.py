@@ -23,17 +23,18 @@ from typing import Callable, Sequence
 
 from .batch import DecodeRow
 from .decoding import Generation
-from .threads import release_team
+from .threads import lower_priority, release_team
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
     window_ms: float = 30.0  # how long the first request of a batch waits for others
     max_rows: int = 64  # rows per generate call (memory; a longer queue decodes in several batches)
+    nice: int = 10  # the decode thread's priority below the request handlers' (0: the same)
 
     def __post_init__(self):
-        if not 0 <= self.window_ms <= 5000 or self.max_rows < 1:
-            raise ValueError("window_ms must be in 0..5000 and max_rows >= 1")
+        if not 0 <= self.window_ms <= 5000 or self.max_rows < 1 or not 0 <= self.nice <= 19:
+            raise ValueError("window_ms must be in 0..5000, max_rows >= 1 and nice in 0..19")
 
 
 @dataclass
@@ -82,6 +83,7 @@ class DecodeScheduler:
 
     # ------------------------------------------------------------ worker
     def _loop(self) -> None:
+        lower_priority(self.cfg.nice)  # a vote or a page load is served between our steps (threads.py)
         while True:
             first = self._queue.get()
             if first is None:

@@ -206,13 +206,21 @@ class Studio:
         release_team()  # the thread that loaded the engine and made the studio (the main one) keeps no team
 
     @classmethod
-    def load(cls, cfg: StudioConfig = StudioConfig(), engine: Engine | None = None) -> "Studio":
-        engine = engine or Engine.load(cfg.artifacts)
+    def load(cls, cfg: StudioConfig = StudioConfig(), engine: Engine | None = None,
+             adapters_later: bool = False) -> "Studio":
+        """adapters_later: the app's start, which answers first and then calls load_pending."""
+        engine = engine or Engine.load(cfg.artifacts, adapters_later=adapters_later)
         store = Store(cfg.db)
         population = _population_texts(engine)
         demo = Path(cfg.demo_data)
         demo_users = _lamp_users(demo) if (demo / "dev_questions.json").exists() else {}
         return cls(engine, store, cfg, demo_users, population)
+
+    def load_pending(self) -> None:
+        """What the start left for after the page answers: the other cluster adapters (~1 s). A request
+        that needs them first loads them itself (Engine.use_adapter, decode_rows)."""
+        with self.model_lock:
+            self.engine.load_pending_adapters()
 
     # ------------------------------------------------------------ builds: one task's artifacts at a time
     @property

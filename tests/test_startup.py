@@ -31,3 +31,24 @@ def test_one_pass_loading_equals_peft_adapter_by_adapter(tiny_artifacts):
         new.set_adapter(n), old.set_adapter(n)
         with torch.no_grad():
             assert torch.equal(new(input_ids=x).logits, old(input_ids=x).logits), n
+
+
+def test_adapters_left_for_later_load_on_first_need_and_decode_alike(tiny_artifacts):
+    """The app's start loads one cluster adapter, answers, then the rest (Studio.load_pending); a request that
+    comes first loads them itself, and every adapter then gives what a full load gives."""
+    from personalize.engine import Engine
+
+    folder = Path(tiny_artifacts["artifacts"])
+    full = Engine.load(folder)
+    later = Engine.load(folder, adapters_later=True)
+    names = sorted(full.model.peft_config)
+    assert len(later.model.peft_config) == 1 < len(names)
+    assert later.loaded_adapters() == set(names)  # asking loads them
+    again = Engine.load(folder, adapters_later=True)
+    x = torch.tensor([[1, 2, 3, 4]])
+    for n in names:  # use_adapter loads what is pending first
+        for e in (full, again):
+            e.use_adapter(n)
+        with torch.no_grad():
+            assert torch.equal(full.model(input_ids=x).logits, again.model(input_ids=x).logits), n
+    assert set(again.model.peft_config) == set(names) and not any(p.requires_grad for p in again.model.parameters())

@@ -101,3 +101,22 @@ def test_wrapping_keeps_name_signature_and_generators():
     assert inspect.isgeneratorfunction(g) and g.__name__ == "stream"  # Gradio streams it as before
     assert list(g(None, "hi")) == ["hi"]
     assert isinstance(release_team(), bool)  # callable anywhere, a thread with no team included
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no per-thread nice value here")
+def test_the_decode_thread_runs_below_the_request_handlers():
+    from personalize.scheduler import DecodeScheduler, SchedulerConfig
+
+    class Echo:  # an engine whose decode reports the priority of the thread that ran it
+        def decode_rows(self, rows, on_step=None):
+            return [os.getpriority(os.PRIO_PROCESS, threading.get_native_id())] * len(rows)
+
+    here = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    s = DecodeScheduler(Echo(), cfg=SchedulerConfig(window_ms=0, nice=3))
+    try:
+        assert s.run(lambda: ["row"]) == [min(19, here + 3)]
+    finally:
+        s.close()
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == here  # the caller's is unchanged
+    with pytest.raises(ValueError, match="nice"):
+        SchedulerConfig(nice=20)

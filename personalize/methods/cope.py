@@ -79,7 +79,7 @@ class CopeMethod:
     def adapters(self, user: UserContext) -> tuple[str, str]:
         """(π_user, π_base) adapter names, checked against the loaded ones."""
         name = adapter_name(user.k, user.cluster) if user.k > 1 else BASE_ADAPTER
-        loaded = set(self.engine.model.peft_config) | {NO_ADAPTER}
+        loaded = self.engine.loaded_adapters() | {NO_ADAPTER}
         for n in (name, self.cfg.base_adapter):
             if n not in loaded:
                 raise ValueError(f"adapter {n!r} is not loaded; loaded: {sorted(loaded)}")
