@@ -57,11 +57,11 @@ def main(argv=None) -> None:
     studio.save_history(name, studio.demo_items(name), studio.task.name)
     studio.fit(name)
     state = studio.user_state(name)
-    prompt = studio.demo_users[name][0].text[:200]
+    prompt = studio.demo_users[name][0].y[:200]
     s = dataclasses.replace(studio.engine.cfg.decoding, max_new_tokens=a.tokens, min_new_tokens=a.tokens)
     rows = [r for m in ("base", "cluster", "card", "cope", "p2p") for r in studio._rows(m, state, prompt, s)]
     card = studio._rows("card", state, prompt, s)
-    print(f"{len(rows)} rows, {a.tokens} tokens, torch threads {torch.get_num_threads()}")
+    print(f"{len(rows)} rows (+ COPE's twin), {a.tokens} tokens, torch threads {torch.get_num_threads()}")
 
     def main_team():
         """The main thread runs a parallel op, as loading the model does, and keeps its team."""

@@ -2,12 +2,12 @@
 
 Why: libgomp (the OpenMP runtime of torch's Linux wheels) keeps a team of helper threads for every thread
 that ran a parallel op, for as long as that thread lives, and once the helpers of all teams outnumber the
-cores it stops spin-waiting in *every* team (libgomp's `gomp_throttled_spin_count_var`): each of the ~30
+cores it stops spin-waiting in *every* team (libgomp's `gomp_throttled_spin_count_var`): each of the hundreds of
 parallel ops of a decode step then sleeps on a futex and waits to be woken. A serving process has many such
 threads (the main thread that loaded the model, Gradio's workers that fit, the first-use and background
-workers, the scheduler's decode thread), so the decode thread ran throttled. Measured on this 2-core machine:
-a six-row Compare decode took 3.1 s in the decode thread with its team alone and 5.3 s once the main
-thread also kept the team it made while loading the model (benchmarks/omp_teams.py prints both).
+workers, the scheduler's decode thread), so the decode thread ran throttled. Measured on this 2-core machine
+(benchmarks/omp_teams.py, medians of 5): a six-row Compare decode took 3.4 s in a worker thread with its
+team alone and 6.3 s once the main thread also kept the team it made while loading the model.
 
 So whoever goes idle hands its team back with OpenMP 5's `omp_pause_resource_all`, which frees the calling
 thread's team only; the thread's next parallel op makes a new one (a few tens of µs). Elsewhere (another

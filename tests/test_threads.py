@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import os
 import threading
+import time
 
 import pytest
 import torch
@@ -12,8 +13,19 @@ import torch
 from personalize.threads import ReleasingExecutor, _libgomp, hands_back_team, release_team
 
 
-def _os_threads() -> int:
-    return len(os.listdir("/proc/self/task"))
+def _tids() -> set[int]:
+    """The process's OS threads (a test process starts and ends threads of its own: compare sets, not counts)."""
+    return {int(t) for t in os.listdir("/proc/self/task")}
+
+
+def _gone(tids: set[int], within_s: float = 2.0) -> bool:
+    """Whether the threads `tids` have exited (a released helper leaves a moment after the release returns)."""
+    deadline = time.monotonic() + within_s
+    while tids & _tids():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def _parallel_op() -> None:
@@ -22,69 +34,69 @@ def _parallel_op() -> None:
         x.exp_().clamp_(max=1.0)
 
 
-@pytest.mark.skipif(_libgomp() is None, reason="torch here does not run on libgomp")
-def test_a_thread_frees_its_team_and_makes_a_new_one_on_its_next_parallel_op():
-    seen = {}
-
-    def body():
-        torch.set_num_threads(2)  # this thread's team has one helper thread, even on a 1-core runner
-        seen["before"] = _os_threads()
-        _parallel_op()
-        seen["with team"] = _os_threads()
-        seen["released"] = release_team()
-        seen["after"] = _os_threads()
-        _parallel_op()  # still works: a new team
-        seen["again"] = _os_threads()
-        release_team()
-
-    n = torch.get_num_threads()
-    try:
-        t = threading.Thread(target=body)
-        t.start()
-        t.join()
-    finally:
-        torch.set_num_threads(n)
-    assert seen["released"] is True
-    assert seen["with team"] == seen["before"] + 1
-    assert seen["after"] == seen["before"]
-    assert seen["again"] == seen["before"] + 1
+def _in_thread(fn):
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", fn()))
+    t.start()
+    t.join()
+    return out["r"]
 
 
-@pytest.mark.skipif(_libgomp() is None, reason="torch here does not run on libgomp")
-def test_handlers_streams_and_background_jobs_leave_no_team_behind():
+@pytest.fixture
+def two_threads():
+    """Teams of one helper thread, even on a 1-core runner."""
     n = torch.get_num_threads()
     torch.set_num_threads(2)
-    try:
-        before = _os_threads()
-        with ReleasingExecutor(max_workers=1) as pool:
-            pool.submit(_parallel_op).result()
-            worker_only = before + 1  # the executor's worker thread, without a helper
-            assert _os_threads() == worker_only
+    yield
+    torch.set_num_threads(n)
 
-        def handler(studio, text):  # a handler as ui.common.bind wraps it
-            _parallel_op()
-            return text.upper()
-        wrapped = hands_back_team(handler)
-        out = {}
-        t = threading.Thread(target=lambda: out.setdefault("r", (wrapped(None, "ok"), _os_threads())))
-        before = _os_threads()
-        t.start()
-        t.join()
-        assert out["r"] == ("OK", before + 1)  # the handler's own thread, no helper of its team
 
-        def stream(studio, n):  # a streaming handler (Compare): each step may run on another worker thread
-            for i in range(n):
-                _parallel_op()
-                yield i, _os_threads()
-        counts = {}
-        t = threading.Thread(target=lambda: counts.setdefault("r", [(i, c, _os_threads())
-                                                                     for i, c in hands_back_team(stream)(None, 2)]))
-        t.start()
-        t.join()
-        assert [(i, after) for i, _, after in counts["r"]] == [(0, before + 1), (1, before + 1)]
-        assert all(during == before + 2 for _, during, _ in counts["r"])  # the team was there while it worked
-    finally:
-        torch.set_num_threads(n)
+@pytest.mark.skipif(_libgomp() is None, reason="torch here does not run on libgomp")
+def test_a_thread_frees_its_team_and_makes_a_new_one_on_its_next_parallel_op(two_threads):
+    def body():
+        torch.set_num_threads(2)
+        seen = {"before": _tids()}
+        _parallel_op()
+        seen["with team"] = _tids()
+        seen["released"] = release_team()
+        seen["after"] = _tids()
+        _parallel_op()  # still works: a new team
+        seen["again"] = _tids()
+        release_team()
+        return seen
+
+    seen = _in_thread(body)
+    helpers = seen["with team"] - seen["before"]
+    assert seen["released"] is True and helpers
+    assert _gone(helpers)  # the team's helper exited when it was handed back
+    assert seen["again"] - seen["after"]  # the next parallel op made a new one
+
+
+@pytest.mark.skipif(_libgomp() is None, reason="torch here does not run on libgomp")
+def test_handlers_streams_and_background_jobs_leave_no_team_behind(two_threads):
+    def helpers_of(work):
+        """Runs work() (in the calling thread), returns the threads it started other than the caller."""
+        before = _tids()
+        work()
+        return _tids() - before - {threading.get_native_id()}
+
+    with ReleasingExecutor(max_workers=1) as pool:
+        helpers = pool.submit(helpers_of, _parallel_op).result()
+        assert helpers and _gone(helpers)  # the worker lives on, its team's helper does not
+
+    def handler(studio, text):  # a handler as ui.common.bind wraps it
+        got["helpers"] = helpers_of(_parallel_op)
+        return text.upper()
+    got = {}
+    assert _in_thread(lambda: (hands_back_team(handler)(None, "ok"), _gone(got["helpers"]))) == ("OK", True)
+    assert got["helpers"]
+
+    def stream(studio, n):  # a streaming handler (Compare): each step may run on another worker thread
+        for i in range(n):
+            yield i, helpers_of(_parallel_op)
+    steps = _in_thread(lambda: [(i, h, _gone(h)) for i, h in hands_back_team(stream)(None, 2)])
+    assert [i for i, _, _ in steps] == [0, 1]
+    assert all(h and gone for _, h, gone in steps)  # each step's team existed while it worked, then left
 
 
 def test_wrapping_keeps_name_signature_and_generators():
