@@ -20,6 +20,7 @@ import ctypes
 import functools
 import inspect
 import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,24 +28,31 @@ from pathlib import Path
 _OMP_PAUSE_HARD = 2  # omp_pause_resource_t: omp_pause_soft = 1, omp_pause_hard = 2
 
 
-@functools.lru_cache(maxsize=1)
+_found: list = []  # [the libgomp handle or None], once it is known
+
+
 def _libgomp():
     """The libgomp this process already loaded (torch's own copy, whatever its file name), or None: loading
-    another copy would have its own teams and free none of torch's."""
+    another copy would have its own teams and free none of torch's. Not settled before torch is imported
+    (torch loads it)."""
+    if _found:
+        return _found[0]
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
-        return None
-    paths = {line.split()[-1] for line in maps.splitlines() if "libgomp" in line and "/" in line}
-    for path in sorted(paths):
+        maps = ""
+    lib = None
+    for path in sorted({line.split()[-1] for line in maps.splitlines() if "libgomp" in line and "/" in line}):
         try:
             lib = ctypes.CDLL(path)
             lib.omp_pause_resource_all.restype = ctypes.c_int
             lib.omp_pause_resource_all.argtypes = [ctypes.c_int]
-            return lib
+            break
         except (OSError, AttributeError):
-            continue
-    return None
+            lib = None
+    if lib is not None or "torch" in sys.modules:
+        _found.append(lib)
+    return lib
 
 
 def release_team() -> bool:
@@ -90,11 +98,10 @@ class ReleasingExecutor(ThreadPoolExecutor):
         return super().submit(hands_back_team(fn), *args, **kwargs)
 
 
-
 def lower_priority(nice: int = 10) -> None:
     """This thread, and the OpenMP helpers it starts from now on, yield the cores to request handlers
     (Linux keeps a nice value per thread, and new threads inherit it). A vote cast while 8 Compares
-    decoded took a median 150 ms with the decode thread at the handlers' priority, 83-86 ms at nice 10
+    decoded took a median ~150 ms with the decode thread at the handlers' priority, 83-86 ms at nice 10
     (benchmarks/serving_load.py): both cores were busy with the decode's team, and the vote waited for
     one. Where threads have no nice value of their own, or it cannot be raised, nothing changes."""
     try:
