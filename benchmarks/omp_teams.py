@@ -11,10 +11,8 @@ Prints medians and ratios; both conditions alternate in one process, so a noisy 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -47,20 +45,10 @@ def main(argv=None) -> None:
 
     import torch
 
-    from personalize.studio import Studio, StudioConfig
+    from personalize.serving import demo_compare
     from personalize.threads import release_team
 
-    tmp = Path(tempfile.mkdtemp())
-    studio = Studio.load(StudioConfig(artifacts=a.artifacts, db=str(tmp / "studio.db"), demo_data=a.demo_data,
-                                      first_use_in_background=False))
-    name = sorted(studio.demo_users)[0]
-    studio.save_history(name, studio.demo_items(name), studio.task.name)
-    studio.fit(name)
-    state = studio.user_state(name)
-    prompt = studio.demo_users[name][0].y[:200]
-    s = dataclasses.replace(studio.engine.cfg.decoding, max_new_tokens=a.tokens, min_new_tokens=a.tokens)
-    rows = [r for m in ("base", "cluster", "card", "cope", "p2p") for r in studio._rows(m, state, prompt, s)]
-    card = studio._rows("card", state, prompt, s)
+    studio, rows, card = demo_compare(a.artifacts, a.demo_data, a.tokens)
     print(f"{len(rows)} rows (+ COPE's twin), {a.tokens} tokens, torch threads {torch.get_num_threads()}")
 
     def main_team():

@@ -16,23 +16,24 @@ make one person's sample depend on who else was in the batch).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList, MinNewTokensLengthLogitsProcessor, StoppingCriteria, \
+from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList, StoppingCriteria, \
     StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from .decoding import CardLogitsProcessor, DecodingSettings, Generation, repetition_processors
-from .features import HiddenCapture
+from .decoding import CardLogitsProcessor, DecodingSettings, Generation, MinNewTokens, repetition_processors
+from .features import HiddenCapture, position_ids
 from .head import PersonalizationHead
 from .style import StyleSettings, StyleTensors, UserStyle
+from .row_lora import NO_ADAPTER, row_loras
+from .skinny import skinny_head
 from .tokens import TokenBudget, decode, left_pad, prompt_ids
-
-NO_ADAPTER = "__base__"  # peft's name for "no LoRA" in a mixed-adapter batch
 
 
 @dataclass(frozen=True)
@@ -139,22 +140,34 @@ def sampling_key(s: DecodingSettings):
 
 
 @torch.no_grad()
-def decode_rows(model, tok, rows: Sequence[DecodeRow], on_step: Callable[[int, int], None] | None = None
-                ) -> list[Generation]:
+def decode_rows(model, tok, rows: Sequence[DecodeRow], on_step: Callable[[int, int], None] | None = None,
+                fast: bool = True) -> list[Generation]:
     """One `generate` per sampling group (one in all for greedy rows) over rows of any adapter and method.
-    `on_step(row, token)` is called as each row's tokens are decoded (the app streams them)."""
-    groups: dict = {}
+    `on_step(row, token)` is called as each row's tokens are decoded (the app streams them).
+
+    fast (the default): each row's LoRA gathered into one matmul pair per module (row_lora.py), the prompt
+    prefilled once per distinct (prompt, LoRA) (shared_prefill), the LM head as W·xᵀ (skinny.py). fast=False:
+    the libraries' own way, peft's `adapter_names`, P2P's row hooks, every row prefilled: the reference the
+    tests and benchmarks/mixed_step.py compare with (same greedy outputs)."""
+    first: dict = {}  # identical plain greedy rows decode once (e.g. a card row that fell back = the cluster row)
+    copies: dict[int, list[int]] = {}
     for i, r in enumerate(rows):
-        groups.setdefault(sampling_key(r.settings), []).append(i)
+        same = (r.prompt, r.budget, r.settings, r.adapter) if r.steer is None and not r.settings.do_sample else i
+        copies.setdefault(first.setdefault(same, i), []).append(i)
+    groups: dict = {}
+    for i in copies:
+        groups.setdefault(sampling_key(rows[i].settings), []).append(i)
     out: list[Generation | None] = [None] * len(rows)
     for idx in groups.values():
-        step = None if on_step is None else (lambda j, t, idx=idx: on_step(idx[j], t))
-        for i, g in zip(idx, _decode_group(model, tok, [rows[i] for i in idx], step)):
-            out[i] = g
+        step = None if on_step is None else \
+            (lambda j, t, idx=idx: [on_step(c, t) for c in copies[idx[j]]])
+        for i, g in zip(idx, _decode_group(model, tok, [rows[i] for i in idx], step, fast)):
+            for c in copies[i]:
+                out[c] = g if c == i else dataclasses.replace(g, trace=rows[c].trace, note=rows[c].note)
     return out
 
 
-def _decode_group(model, tok, rows: Sequence[DecodeRow], on_step) -> list[Generation]:
+def _decode_group(model, tok, rows: Sequence[DecodeRow], on_step, fast: bool) -> list[Generation]:
     if not rows:
         return []
     n = len(rows)
@@ -174,7 +187,16 @@ def _decode_group(model, tok, rows: Sequence[DecodeRow], on_step) -> list[Genera
                 raise ValueError(f"CARD rows of one batch must read the same layers, got {sorted(layers)}")
             capture = stack.enter_context(HiddenCapture(model, layers.pop()))
         loras = [(i, r.steer.lora) for i, r in enumerate(rows) if isinstance(r.steer, P2PSteer)]
-        if loras:
+        t0 = time.perf_counter()
+        prefix = None
+        if fast:
+            if hasattr(model, "peft_config"):
+                _check_adapters(model, adapters)
+            extra = {i: (l, rows[i].steer.scale) for i, l in loras}
+            prefix = shared_prefill(model, input_ids, mask, adapters, extra)
+            stack.enter_context(row_loras(model, adapters, extra))
+            stack.enter_context(skinny_head(model))
+        elif loras:
             from .methods.p2p import applied_rows  # the methods package imports this module's names
 
             scales = {rows[i].steer.scale for i, _ in loras}
@@ -184,7 +206,7 @@ def _decode_group(model, tok, rows: Sequence[DecodeRow], on_step) -> list[Genera
         chains, steppers = [], {}
         for i, r in enumerate(rows):
             s = r.settings
-            first = [MinNewTokensLengthLogitsProcessor(length, s.min_new_tokens, tok.eos_token_id)] \
+            first = [MinNewTokens(length, s.min_new_tokens, tok.eos_token_id)] \
                 if s.min_new_tokens else []
             repeats = repetition_processors(s, length, tok.eos_token_id)
             if isinstance(r.steer, CardSteer):
@@ -213,18 +235,17 @@ def _decode_group(model, tok, rows: Sequence[DecodeRow], on_step) -> list[Genera
                        "top_k": None if any(isinstance(r.steer, CardSteer) for r in rows) else s0.top_k}
         else:
             kwargs |= {"temperature": None, "top_k": None}
-        if hasattr(model, "peft_config"):
-            missing = sorted({a for a in adapters if a != NO_ADAPTER} - set(model.peft_config))
-            if missing:  # peft would silently run such rows without any LoRA
-                raise ValueError(f"adapters {missing} are not loaded; loaded: {sorted(model.peft_config)}")
+        if not fast and hasattr(model, "peft_config"):
+            _check_adapters(model, adapters)
             if any(getattr(m, "disable_adapters", False) for m in model.modules() if hasattr(m, "lora_A")):
                 raise RuntimeError("a mixed batch needs the adapter layers enabled (Engine.decode_rows does it)")
             kwargs["adapter_names"] = adapters
-        elif any(a != NO_ADAPTER for a in adapters):
+        elif not hasattr(model, "peft_config") and any(a != NO_ADAPTER for a in adapters):
             raise ValueError("rows with adapters need a peft model")
         if on_step is not None:
             kwargs["streamer"] = RowStreamer(lambda toks: [on_step(j, t) for j, t in enumerate(toks[:n])])
-        t0 = time.perf_counter()
+        if prefix is not None:
+            kwargs["past_key_values"] = prefix
         generated = model.generate(**kwargs)
         dt = time.perf_counter() - t0
     new = generated[:, length:]
@@ -240,6 +261,36 @@ def _decode_group(model, tok, rows: Sequence[DecodeRow], on_step) -> list[Genera
             trace = _steps(steppers[i], r, new[i], k)
         results.append(Generation(decode(tok, row[:k]), k, dt / n, trace, r.note))
     return results
+
+
+def shared_prefill(model, input_ids: torch.Tensor, mask: torch.Tensor, adapters: Sequence[str],
+                   generated: dict) -> DynamicCache | None:
+    """The KV cache of every row's prompt but its last token, computed once per distinct (prompt, LoRA) and
+    copied to the rows that share it (a Compare's cluster, card and cope rows read one prompt with one
+    adapter); generate then runs the last prompt token of every row. None when no two rows share one."""
+    keys = [(tuple(input_ids[i].tolist()), adapters[i], id(generated[i][0]) if i in generated else None,
+             generated[i][1] if i in generated else None) for i in range(len(adapters))]
+    first: dict = {}
+    for i, k in enumerate(keys):
+        first.setdefault(k, i)
+    if len(first) == len(keys) or input_ids.shape[1] < 2:
+        return None
+    slot = {k: j for j, k in enumerate(first)}
+    uniq = list(first.values())
+    ids, m = input_ids[uniq, :-1], mask[uniq, :-1]
+    cache = DynamicCache(config=model.config)
+    with row_loras(model, [adapters[i] for i in uniq], {j: generated[i] for j, i in enumerate(uniq) if i in generated}):
+        decoder = (model.get_base_model() if hasattr(model, "peft_config") else model).get_decoder()
+        decoder(input_ids=ids, attention_mask=m, position_ids=position_ids(m),
+                past_key_values=cache, use_cache=True)  # the states of the LM head's input; no logits needed
+    cache.batch_select_indices(torch.tensor([slot[k] for k in keys], device=input_ids.device))
+    return cache
+
+
+def _check_adapters(model, adapters: Sequence[str]) -> None:
+    missing = sorted({a for a in adapters if a != NO_ADAPTER} - set(model.peft_config))
+    if missing:  # peft would silently run such rows without any LoRA
+        raise ValueError(f"adapters {missing} are not loaded; loaded: {sorted(model.peft_config)}")
 
 
 def _steps(proc, row: DecodeRow, new: torch.Tensor, k: int) -> list:

@@ -63,13 +63,23 @@ class GeneratedNoRepeatNGram(NoRepeatNGramLogitsProcessor):
         return super().__call__(input_ids[:, self.prompt_length:], scores)
 
 
+class MinNewTokens(MinNewTokensLengthLogitsProcessor):
+    """The library's no-end-of-sequence-yet rule, returning the scores untouched once the minimum is reached:
+    the library scans the vocabulary (arange + isin, ~0.2 ms) at every step of every row, even then."""
+
+    def __call__(self, input_ids, scores):
+        if input_ids.shape[-1] - self.prompt_length_to_skip >= self.min_new_tokens:
+            return scores
+        return super().__call__(input_ids, scores)
+
+
 def repetition_processors(s: DecodingSettings, prompt_length: int, eos_token_id: int | None = None
                           ) -> list[LogitsProcessor]:
     """Repetition control shared by every method, over the generated tokens only; with `eos_token_id`, also
     no end-of-sequence before the first token (a memory's neighbours may vote for it: an empty output)."""
     out: list[LogitsProcessor] = []
     if eos_token_id is not None:
-        out.append(MinNewTokensLengthLogitsProcessor(prompt_length, 1, eos_token_id))
+        out.append(MinNewTokens(prompt_length, 1, eos_token_id))
     if s.repetition_penalty != 1.0:
         out.append(RepetitionPenaltyLogitsProcessor(float(s.repetition_penalty), prompt_ignore_length=prompt_length))
     if s.no_repeat_ngram:

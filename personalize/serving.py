@@ -116,6 +116,24 @@ def bench_serving(engine, store, names: Sequence[str], prompts: Sequence[str], s
     return out
 
 
+def demo_compare(artifacts: str, demo_data: str, tokens: int):
+    """(studio, one Compare's rows, card's rows) for the first demo person, saved and fitted in a throwaway
+    database: the rows a Compare of SERVING_METHODS decodes, at exactly `tokens` tokens (benchmarks)."""
+    from .studio import Studio, StudioConfig
+
+    tmp = Path(tempfile.mkdtemp())
+    studio = Studio.load(StudioConfig(artifacts=artifacts, db=str(tmp / "studio.db"), demo_data=demo_data,
+                                      first_use_in_background=False))
+    name = sorted(studio.demo_users)[0]
+    studio.save_history(name, studio.demo_items(name), studio.task.name)
+    studio.fit(name)
+    state = studio.user_state(name)
+    prompt = studio.demo_users[name][0].y[:200]
+    s = dataclasses.replace(studio.engine.cfg.decoding, max_new_tokens=tokens, min_new_tokens=tokens)
+    rows = [r for m in SERVING_METHODS for r in studio._rows(m, state, prompt, s)]
+    return studio, rows, studio._rows("card", state, prompt, s)
+
+
 def _context(studio, state):
     """The person as the methods see them (prompts filled from the stored rewrites)."""
     from .methods import UserContext

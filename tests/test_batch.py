@@ -136,3 +136,30 @@ def test_eight_threads_comparing_at_once_get_what_each_gets_alone(tiny_artifacts
         assert max(b["requests"] for b in st.scheduler.batches) > len(methods)  # people shared a batch
     finally:
         st.store.close()
+
+
+def test_the_libraries_path_gives_the_same_outputs(studio):
+    """fast=False (peft's adapter_names, P2P's row hooks, every row prefilled, F.linear's head) is the
+    reference the fast path is held to."""
+    from personalize.batch import decode_rows
+
+    s = studio.engine.cfg.decoding
+    e = studio.engine
+    rows = [r for st, u in contexts(studio) for m in METHODS for r in rows_of(studio, m, st, u, PROMPTS[0], s)]
+    fast = e.decode_rows(rows)
+    ref = decode_rows(e.model, e.tok, rows, fast=False)
+    assert [(g.text, g.n_tokens, g.note) for g in fast] == [(g.text, g.n_tokens, g.note) for g in ref]
+
+
+def test_identical_plain_rows_decode_once_and_keep_their_own_note(studio, monkeypatch):
+    e = studio.engine
+    s = e.cfg.decoding
+    plain = e.rows([PROMPTS[0]], "cluster", 0, k=2, settings=s)[0]
+    rows = [plain, dataclasses.replace(plain, note="fell back", trace=[{"x": 1}]), DecodeRow(PROMPTS[1], e.cfg.budget, s)]
+    sizes, generate = [], e.model.generate
+    monkeypatch.setattr(e.model, "generate", lambda **kw: sizes.append(kw["input_ids"].shape[0]) or generate(**kw))
+    steps = {}
+    out = e.decode_rows(rows, on_step=lambda i, t: steps.setdefault(i, []).append(t))
+    assert sizes == [2]  # the two identical rows ran as one
+    assert out[0].text == out[1].text and out[0].note is None and out[1].note == "fell back"
+    assert out[1].trace == [{"x": 1}] and steps[0] == steps[1]

@@ -1,0 +1,134 @@
+"""The fast mixed batch's parts on a tiny peft model: gathered per-row LoRAs (row_lora.py) give each row the
+logits it gets alone under peft (and under P2P's `applied` for a generated LoRA); the W·xᵀ head (skinny.py)
+gives F.linear's logits; both leave the model as they found it."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from peft import LoraConfig, get_peft_model
+
+from personalize.decoding import MinNewTokens
+from personalize.features import position_ids
+from personalize.methods.p2p import applied
+from personalize.row_lora import row_loras
+from personalize.skinny import skinny_head
+from personalize.tokens import TokenBudget, left_pad, prompt_ids
+from transformers import MinNewTokensLengthLogitsProcessor
+
+SCALE = 0.7
+
+
+def peft_model(tiny_model, ranks=(4, 2)):
+    """Two adapters of different ranks on q, k, v, o, with B non-zero so that each one moves the logits."""
+    torch.manual_seed(1)
+    model = get_peft_model(tiny_model, LoraConfig(r=ranks[0], lora_alpha=8, target_modules=["q_proj", "k_proj",
+                                                                                               "v_proj", "o_proj"]),
+                           adapter_name="one")
+    model.add_adapter("two", LoraConfig(r=ranks[1], lora_alpha=3, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5)
+    model.set_adapter("one")
+    return model.eval()
+
+
+def generated_lora(model, rank=3):
+    """A P2P-shaped LoRA: module type -> (A [1, L, r, d_in], B [1, L, d_out, r])."""
+    torch.manual_seed(2)
+    cfg = model.config
+    kv = cfg.num_key_value_heads * cfg.hidden_size // cfg.num_attention_heads
+    L, d = cfg.num_hidden_layers, cfg.hidden_size
+    return {"q_proj": (torch.randn(1, L, rank, d) * 0.3, torch.randn(1, L, d, rank) * 0.3),
+            "v_proj": (torch.randn(1, L, rank, d) * 0.3, torch.randn(1, L, kv, rank) * 0.3)}
+
+
+def batch(tokenizer, texts):
+    seqs = [prompt_ids(tokenizer, f"Paraphrase: {t}", TokenBudget()) for t in texts]
+    ids, mask = left_pad(seqs, tokenizer.pad_token_id)
+    return seqs, ids, mask
+
+
+def alone(model, tokenizer, seq, adapter, lora=None):
+    ids, mask = left_pad([seq], tokenizer.pad_token_id)
+    with torch.no_grad():
+        if adapter == "__base__":
+            with model.disable_adapter():
+                return model(input_ids=ids, attention_mask=mask).logits[0]
+        model.set_adapter(adapter)
+        if lora is None:
+            return model(input_ids=ids, attention_mask=mask).logits[0]
+        with applied(model, lora, SCALE):
+            return model(input_ids=ids, attention_mask=mask).logits[0]
+
+
+def test_each_row_gets_its_own_adapter_and_generated_lora(tiny_model, tokenizer):
+    model = peft_model(tiny_model)
+    lora = generated_lora(model)
+    seqs, ids, mask = batch(tokenizer, ["hello there", "a", "bye now", "the train was late"])
+    adapters = ["one", "__base__", "two", "two"]
+    with torch.no_grad(), row_loras(model, adapters, {3: (lora, SCALE)}):
+        mixed = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits
+    refs = [alone(model, tokenizer, s, a, lora if i == 3 else None) for i, (s, a) in enumerate(zip(seqs, adapters))]
+    for i, (s, ref) in enumerate(zip(seqs, refs)):
+        assert torch.allclose(mixed[i, -len(s):], ref, atol=2e-4), i  # float rounding of logits ~5
+    assert not torch.allclose(refs[2], refs[3][-refs[2].shape[0]:], atol=1e-3)  # the generated LoRA moved row 3
+
+
+def test_the_model_is_left_as_it_was(tiny_model, tokenizer):
+    model = peft_model(tiny_model)
+    _, ids, mask = batch(tokenizer, ["hello there"])
+    with torch.no_grad():
+        before = model(input_ids=ids, attention_mask=mask).logits
+        with row_loras(model, ["two"], {0: (generated_lora(model), SCALE)}):
+            model(input_ids=ids, attention_mask=mask)
+        after = model(input_ids=ids, attention_mask=mask).logits
+    assert torch.equal(before, after)
+    assert not any(m._forward_hooks for m in model.modules())
+    assert not any(getattr(m, "disable_adapters", False) for m in model.modules() if hasattr(m, "lora_A"))
+
+
+def test_a_trained_or_replaced_adapter_is_seen(tiny_model, tokenizer):
+    """The stacked adapters are cached per layer: training an adapter in place (its version counter) or
+    loading another under the same name must show in the next batch."""
+    model = peft_model(tiny_model)
+    seqs, ids, mask = batch(tokenizer, ["hello there"])
+
+    def mixed():
+        with torch.no_grad(), row_loras(model, ["one"]):
+            return model(input_ids=ids, attention_mask=mask).logits[0]
+
+    first = mixed()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B.one" in n:
+                p.mul_(-2.0)
+    trained = mixed()
+    assert not torch.allclose(first, trained, atol=1e-3)
+    assert torch.allclose(trained, alone(model, tokenizer, seqs[0], "one"), atol=2e-4)
+    model.set_adapter("two")
+    model.delete_adapter("one")
+    model.add_adapter("one", LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    assert torch.allclose(mixed(), alone(model, tokenizer, seqs[0], "__base__"), atol=2e-4)  # a new LoRA: B = 0
+
+
+def test_skinny_head_gives_the_linear_logits_and_is_undone(tiny_model):
+    head = tiny_model.get_output_embeddings()
+    x = torch.randn(6, 1, head.in_features)
+    with torch.no_grad(), skinny_head(tiny_model):
+        assert "forward" in head.__dict__
+        got = head(x)
+        long = head(torch.randn(40, head.in_features))  # a prefill's rows: F.linear
+    assert "forward" not in head.__dict__
+    assert got.shape == (6, 1, head.out_features)
+    assert torch.allclose(got, F.linear(x, head.weight), atol=1e-5)
+    assert long.shape == (40, head.out_features)
+
+
+def test_min_new_tokens_is_the_library_rule():
+    torch.manual_seed(0)
+    ours, lib = MinNewTokens(5, 3, [2, 7]), MinNewTokensLengthLogitsProcessor(5, 3, [2, 7])
+    for length in range(5, 11):
+        ids, scores = torch.zeros(2, length, dtype=torch.long), torch.randn(2, 10)
+        assert torch.equal(ours(ids, scores), lib(ids, scores)), length
