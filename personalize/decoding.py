@@ -18,6 +18,7 @@ the diff), so the library's processors are given the prompt length to ignore.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -64,13 +65,16 @@ class GeneratedNoRepeatNGram(NoRepeatNGramLogitsProcessor):
 
 
 class MinNewTokens(MinNewTokensLengthLogitsProcessor):
-    """The library's no-end-of-sequence-yet rule, returning the scores untouched once the minimum is reached:
-    the library scans the vocabulary (arange + isin, ~0.2 ms) at every step of every row, even then."""
+    """The library's no-end-of-sequence-yet rule (its settings and checks), applied by indexing the end ids:
+    the library scans the whole vocabulary (arange + isin + where, ~0.3 ms) at every step of every row,
+    even once the minimum is reached, when the scores pass unchanged."""
 
     def __call__(self, input_ids, scores):
         if input_ids.shape[-1] - self.prompt_length_to_skip >= self.min_new_tokens:
             return scores
-        return super().__call__(input_ids, scores)
+        out = scores.clone()
+        out[:, self.eos_token_id.to(scores.device)] = -math.inf
+        return out
 
 
 def repetition_processors(s: DecodingSettings, prompt_length: int, eos_token_id: int | None = None
