@@ -32,7 +32,7 @@ from .features import HiddenCapture, position_ids
 from .head import PersonalizationHead
 from .style import StyleSettings, StyleTensors, UserStyle
 from .row_lora import NO_ADAPTER, row_loras
-from .skinny import skinny_head
+from .kernels import onednn_linears
 from .tokens import TokenBudget, decode, left_pad, prompt_ids
 
 
@@ -146,9 +146,10 @@ def decode_rows(model, tok, rows: Sequence[DecodeRow], on_step: Callable[[int, i
     `on_step(row, token)` is called as each row's tokens are decoded (the app streams them).
 
     fast (the default): each row's LoRA gathered into one matmul pair per module (row_lora.py), the prompt
-    prefilled once per distinct (prompt, LoRA) (shared_prefill), the LM head as W·xᵀ (skinny.py). fast=False:
-    the libraries' own way, peft's `adapter_names`, P2P's row hooks, every row prefilled: the reference the
-    tests and benchmarks/mixed_step.py compare with (same greedy outputs)."""
+    prefilled once per distinct (prompt, LoRA) (shared_prefill), the linear layers through oneDNN on the CPU
+    (kernels.py). fast=False: the libraries' own way, peft's `adapter_names`, P2P's row hooks, every row
+    prefilled, `F.linear`: the reference the tests and benchmarks/mixed_step.py compare with (same greedy
+    outputs)."""
     first: dict = {}  # identical plain greedy rows decode once (e.g. a card row that fell back = the cluster row)
     copies: dict[int, list[int]] = {}
     for i, r in enumerate(rows):
@@ -193,9 +194,9 @@ def _decode_group(model, tok, rows: Sequence[DecodeRow], on_step, fast: bool) ->
             if hasattr(model, "peft_config"):
                 _check_adapters(model, adapters)
             extra = {i: (l, rows[i].steer.scale) for i, l in loras}
+            stack.enter_context(onednn_linears(model))
             prefix = shared_prefill(model, input_ids, mask, adapters, extra)
             stack.enter_context(row_loras(model, adapters, extra))
-            stack.enter_context(skinny_head(model))
         elif loras:
             from .methods.p2p import applied_rows  # the methods package imports this module's names
 

@@ -1,6 +1,6 @@
 """The fast mixed batch's parts on a tiny peft model: gathered per-row LoRAs (row_lora.py) give each row the
-logits it gets alone under peft (and under P2P's `applied` for a generated LoRA); the W·xᵀ head (skinny.py)
-gives F.linear's logits; both leave the model as they found it."""
+logits it gets alone under peft (and under P2P's `applied` for a generated LoRA); oneDNN's linears (kernels.py)
+give F.linear's logits; both leave the model as they found it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from personalize.decoding import MinNewTokens
 from personalize.features import position_ids
 from personalize.methods.p2p import applied
 from personalize.row_lora import row_loras
-from personalize.skinny import skinny_head
+from personalize.kernels import linears, onednn_linears
 from personalize.tokens import TokenBudget, left_pad, prompt_ids
 from transformers import MinNewTokensLengthLogitsProcessor
 
@@ -113,17 +113,22 @@ def test_a_trained_or_replaced_adapter_is_seen(tiny_model, tokenizer):
     assert torch.allclose(mixed(), alone(model, tokenizer, seqs[0], "__base__"), atol=2e-4)  # a new LoRA: B = 0
 
 
-def test_skinny_head_gives_the_linear_logits_and_is_undone(tiny_model):
+def test_onednn_linears_give_the_linear_outputs_and_are_undone(tiny_model, tokenizer):
+    _, ids, mask = batch(tokenizer, ["hello there", "a"])
     head = tiny_model.get_output_embeddings()
-    x = torch.randn(6, 1, head.in_features)
-    with torch.no_grad(), skinny_head(tiny_model):
-        assert "forward" in head.__dict__
-        got = head(x)
-        long = head(torch.randn(40, head.in_features))  # a prefill's rows: F.linear
-    assert "forward" not in head.__dict__
-    assert got.shape == (6, 1, head.out_features)
-    assert torch.allclose(got, F.linear(x, head.weight), atol=1e-5)
-    assert long.shape == (40, head.out_features)
+    with torch.no_grad():
+        ref = tiny_model(input_ids=ids, attention_mask=mask).logits
+        with onednn_linears(tiny_model):
+            assert "forward" in head.__dict__ and all("forward" in m.__dict__ for m in linears(tiny_model))
+            got = tiny_model(input_ids=ids, attention_mask=mask).logits
+            x = torch.randn(3, 1, head.in_features)
+            assert torch.allclose(head(x), F.linear(x, head.weight), atol=1e-5)
+    assert not any("forward" in m.__dict__ for m in tiny_model.modules())
+    assert torch.allclose(got, ref, atol=1e-4)
+    with onednn_linears(tiny_model):  # with gradients (training): the library's own kernel
+        x = torch.randn(2, head.in_features, requires_grad=True)
+        head(x).sum().backward()
+    assert x.grad is not None
 
 
 def test_min_new_tokens_is_the_library_rule():

@@ -30,6 +30,7 @@ from transformers import DynamicCache
 from ..batch import DecodeRow
 from ..decoding import DecodingSettings, Generation, generate
 from ..features import teacher_forced
+from ..kernels import onednn_linears
 from ..tokens import prompt_ids, target_ids
 from . import UserContext, clip, task_input, widened
 
@@ -138,7 +139,8 @@ class ExactMethod:
     @torch.no_grad()
     def cached_margins(self, rows: Sequence[Row]) -> np.ndarray:
         """lm_margins' values with each group of rows that share a pair and a chosen set read over one
-        cached prefix: the same token sequences (each built whole, as lm_margins builds them)."""
+        cached prefix: the same token sequences (each built whole, as lm_margins builds them), the linear layers
+        through oneDNN on the CPU (kernels.py)."""
         e = self.engine
         budget = widened(e.cfg.budget, ATTR_TOKENS)
         groups: dict[tuple, list[int]] = {}
@@ -168,7 +170,7 @@ class ExactMethod:
             n -= 1
         dev = e.model.device
         out = np.zeros(len(seqs))
-        with self.lock:
+        with self.lock, onednn_linears(e.model):
             e.use_adapter(None)
             prefix = DynamicCache()
             if n:
@@ -187,7 +189,7 @@ class ExactMethod:
             cache = copy.deepcopy(prefix)
             if n:
                 cache.batch_repeat_interleave(len(rest))
-            with self.lock:
+            with self.lock, onednn_linears(e.model):
                 e.use_adapter(None)
                 h = lm.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), past_key_values=cache, use_cache=True,
                              position_ids=(n + torch.arange(width)).expand(len(rest), width).to(dev)).last_hidden_state
