@@ -1,6 +1,6 @@
 """What a mixed batch costs against one row: one Compare's rows (base, cluster, card, cope with its twin, p2p)
 against card alone, with each row's LoRA from peft's `adapter_names` (the reference) and with the fast path
-(gathered LoRAs, shared prefill, the W·xᵀ head), and whether both give the same outputs.
+(gathered LoRAs, shared prefill, oneDNN linears), and whether both give the same outputs.
 
     .venv/bin/python benchmarks/mixed_step.py [--artifacts data/artifacts/demo] [--repeats 5] [--tokens 32]
 

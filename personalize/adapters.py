@@ -29,6 +29,7 @@ from peft.tuners.lora import LoraLayer
 from safetensors.torch import load_file
 from transformers import get_cosine_schedule_with_warmup
 
+from .kernels import onednn_linears
 from .tokens import TokenBudget, left_pad, prompt_ids, target_ids
 
 BASE_ADAPTER = "k1c0"  # the K = 1 adapter: the task-adapted model ("TAM"/"MT-LoRA")
@@ -95,14 +96,15 @@ def sft_batch(tok, examples: Sequence[tuple[str, str]], budget: TokenBudget, dev
 
 @torch.no_grad()
 def sft_loss(model, tok, examples, budget: TokenBudget, batch_size: int = 16) -> float:
-    """Mean answer-token cross-entropy (the held-out curve)."""
+    """Mean answer-token cross-entropy (the held-out curve); the linear layers through oneDNN on the CPU."""
     was_training = model.training
     model.eval()
     total, n = 0.0, 0
-    for i in range(0, len(examples), batch_size):
-        ids, mask, labels = sft_batch(tok, examples[i: i + batch_size], budget, model.device)
-        total += answer_loss(model, ids, mask, labels, reduction="sum").item()
-        n += int((labels != -100).sum())
+    with onednn_linears(model):
+        for i in range(0, len(examples), batch_size):
+            ids, mask, labels = sft_batch(tok, examples[i: i + batch_size], budget, model.device)
+            total += answer_loss(model, ids, mask, labels, reduction="sum").item()
+            n += int((labels != -100).sum())
     model.train(was_training)
     return total / max(n, 1)
 

@@ -13,6 +13,7 @@ from typing import Sequence
 
 import torch
 
+from .kernels import onednn_linears
 from .tokens import TokenBudget, decode, left_pad, prompt_ids, target_ids
 
 
@@ -90,7 +91,8 @@ def teacher_forced(
     model, tok, examples: Sequence[tuple[str, str]], n_layers: int, budget: TokenBudget,
     top_k: int = 0, batch_size: int = 16,
 ) -> list[SequenceFeatures]:
-    """States of the model reading each (x, y): one forward per batch, no generation."""
+    """States of the model reading each (x, y): one forward per batch, no generation (the linear layers
+    through oneDNN on the CPU: kernels.py)."""
     out: list[SequenceFeatures] = []
     for i in range(0, len(examples), batch_size):
         chunk = examples[i: i + batch_size]
@@ -98,7 +100,7 @@ def teacher_forced(
         targets = [target_ids(tok, y, budget) for _, y in chunk]
         ids, mask = left_pad([p + t for p, t in zip(prompts, targets)], tok.pad_token_id, model.device)
         keep = max(len(t) for t in targets) + 1  # left padding: every answer sits in the last columns
-        with HiddenCapture(model, n_layers) as cap:
+        with HiddenCapture(model, n_layers) as cap, onednn_linears(model):
             logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
                            logits_to_keep=keep).logits  # the LM head only where answers are predicted
             h = cap.all()
