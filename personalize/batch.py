@@ -31,7 +31,7 @@ from .decoding import CardLogitsProcessor, DecodingSettings, Generation, MinNewT
 from .features import HiddenCapture, position_ids
 from .head import PersonalizationHead
 from .style import StyleSettings, StyleTensors, UserStyle
-from .row_lora import NO_ADAPTER, row_loras
+from .row_lora import NO_ADAPTER, row_loras, supported
 from .kernels import onednn_linears
 from .tokens import TokenBudget, decode, left_pad, prompt_ids
 
@@ -190,9 +190,10 @@ def _decode_group(model, tok, rows: Sequence[DecodeRow], on_step, fast: bool) ->
         loras = [(i, r.steer.lora) for i, r in enumerate(rows) if isinstance(r.steer, P2PSteer)]
         t0 = time.perf_counter()
         prefix = None
+        if hasattr(model, "peft_config"):
+            _check_adapters(model, adapters)
+            fast = fast and supported(model, adapters)  # a DoRA or merged adapter: peft's own path
         if fast:
-            if hasattr(model, "peft_config"):
-                _check_adapters(model, adapters)
             extra = {i: (l, rows[i].steer.scale) for i, l in loras}
             stack.enter_context(onednn_linears(model))
             prefix = shared_prefill(model, input_ids, mask, adapters, extra)
@@ -237,7 +238,6 @@ def _decode_group(model, tok, rows: Sequence[DecodeRow], on_step, fast: bool) ->
         else:
             kwargs |= {"temperature": None, "top_k": None}
         if not fast and hasattr(model, "peft_config"):
-            _check_adapters(model, adapters)
             if any(getattr(m, "disable_adapters", False) for m in model.modules() if hasattr(m, "lora_A")):
                 raise RuntimeError("a mixed batch needs the adapter layers enabled (Engine.decode_rows does it)")
             kwargs["adapter_names"] = adapters

@@ -52,6 +52,19 @@ def targets(model) -> list[Target]:
     return out
 
 
+def supported(model, adapters: Sequence[str]) -> bool:
+    """Whether the batch's adapters are plain LoRAs on linear layers, unmerged (the gathered form's terms);
+    a DoRA or other peft variant, or a merged adapter, decodes on peft's own path (batch.decode_rows)."""
+    used = set(adapters)
+    for t in targets(model):
+        m = t.module
+        if t.is_peft and not used.isdisjoint(m.lora_A):
+            if getattr(m, "merged", False) or not used.isdisjoint(getattr(m, "lora_variant", {})) or any(
+                    not isinstance(m.lora_A[a], nn.Linear) for a in used if a in m.lora_A):
+                return False
+    return True
+
+
 def _stacks(module, used: set[str]) -> tuple[dict[str, int], torch.Tensor, torch.Tensor]:
     """A peft LoRA layer's adapters stacked once: (name -> index, Aᵀ [n + 1, d_in, r], scaled Bᵀ
     [n + 1, r, d_out]), index 0 all zeros (a row without LoRA), ranks zero-padded to the largest. Rebuilt when

@@ -11,7 +11,7 @@ from peft import LoraConfig, get_peft_model
 from personalize.decoding import MinNewTokens
 from personalize.features import position_ids
 from personalize.methods.p2p import applied
-from personalize.row_lora import row_loras
+from personalize.row_lora import row_loras, supported
 from personalize.kernels import linears, onednn_linears
 from personalize.tokens import TokenBudget, left_pad, prompt_ids
 from transformers import MinNewTokensLengthLogitsProcessor
@@ -137,3 +137,12 @@ def test_min_new_tokens_is_the_library_rule():
     for length in range(5, 11):
         ids, scores = torch.zeros(2, length, dtype=torch.long), torch.randn(2, 10)
         assert torch.equal(ours(ids, scores), lib(ids, scores)), length
+
+
+def test_a_dora_or_merged_adapter_is_left_to_peft(tiny_model):
+    model = peft_model(tiny_model)
+    assert supported(model, ["one", "__base__", "two"])
+    model.add_adapter("dora", LoraConfig(r=2, use_dora=True, target_modules=["q_proj", "v_proj"]))
+    assert not supported(model, ["one", "dora"]) and supported(model, ["one"])
+    model.base_model.merge_adapter(["two"])
+    assert not supported(model, ["two"])
