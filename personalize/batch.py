@@ -30,9 +30,9 @@ from transformers.generation.streamers import BaseStreamer
 from .decoding import CardLogitsProcessor, DecodingSettings, Generation, MinNewTokens, repetition_processors
 from .features import HiddenCapture, position_ids
 from .head import PersonalizationHead
-from .style import StyleSettings, StyleTensors, UserStyle
-from .row_lora import NO_ADAPTER, row_loras, supported
 from .kernels import onednn_linears
+from .row_lora import NO_ADAPTER, gathered, hooked, supported
+from .style import StyleSettings, StyleTensors, UserStyle
 from .tokens import TokenBudget, decode, left_pad, prompt_ids
 
 
@@ -194,10 +194,11 @@ def _decode_group(model, tok, rows: Sequence[DecodeRow], on_step, fast: bool) ->
             _check_adapters(model, adapters)
             fast = fast and supported(model, adapters)  # a DoRA or merged adapter: peft's own path
         if fast:
-            extra = {i: (l, rows[i].steer.scale) for i, l in loras}
+            generated = {i: (l, rows[i].steer.scale) for i, l in loras}
+            weights = gathered(model, adapters, generated)
             stack.enter_context(onednn_linears(model))
-            prefix = shared_prefill(model, input_ids, mask, adapters, extra)
-            stack.enter_context(row_loras(model, adapters, extra))
+            prefix = shared_prefill(model, input_ids, mask, adapters, generated, weights)
+            stack.enter_context(hooked(model, weights))
         elif loras:
             from .methods.p2p import applied_rows  # the methods package imports this module's names
 
@@ -265,10 +266,12 @@ def _decode_group(model, tok, rows: Sequence[DecodeRow], on_step, fast: bool) ->
 
 
 def shared_prefill(model, input_ids: torch.Tensor, mask: torch.Tensor, adapters: Sequence[str],
-                   generated: dict) -> DynamicCache | None:
+                   generated: dict[int, tuple[dict, float]], weights: dict) -> DynamicCache | None:
     """The KV cache of every row's prompt but its last token, computed once per distinct (prompt, LoRA) and
     copied to the rows that share it (a Compare's cluster, card and cope rows read one prompt with one
-    adapter); generate then runs the last prompt token of every row. None when no two rows share one."""
+    adapter); generate then runs the last prompt token of every row. `generated`: row -> (generated LoRA,
+    scale); `weights`: the batch's row_lora.gathered, whose rows the prefill selects. None when no two rows
+    share one."""
     keys = [(tuple(input_ids[i].tolist()), adapters[i], id(generated[i][0]) if i in generated else None,
              generated[i][1] if i in generated else None) for i in range(len(adapters))]
     first: dict = {}
@@ -280,7 +283,8 @@ def shared_prefill(model, input_ids: torch.Tensor, mask: torch.Tensor, adapters:
     uniq = list(first.values())
     ids, m = input_ids[uniq, :-1], mask[uniq, :-1]
     cache = DynamicCache(config=model.config)
-    with row_loras(model, [adapters[i] for i in uniq], {j: generated[i] for j, i in enumerate(uniq) if i in generated}):
+    pick = torch.tensor(uniq)
+    with hooked(model, {mod: (A[pick.to(A.device)], B[pick.to(B.device)]) for mod, (A, B) in weights.items()}):
         decoder = (model.get_base_model() if hasattr(model, "peft_config") else model).get_decoder()
         decoder(input_ids=ids, attention_mask=m, position_ids=position_ids(m),
                 past_key_values=cache, use_cache=True)  # the states of the LM head's input; no logits needed

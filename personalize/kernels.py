@@ -7,7 +7,7 @@ oneDNN's linear (`torch.ops.mkldnn._linear_pointwise`, the kernel torch's own CP
 weight packed into its layout once runs the same products faster at every size measured, the 30 decoder
 blocks of SmolLM2 at 1 / 6 / 48 / 256 rows in 28 / 24 / 74 / 278 ms against MKL's 42 / 46 / 109 / 370 ms,
 its 49k × 576 head in 5 / 4 / 15 / 88 ms against 12 / 13 / 38 / 152 ms (docs/RESULTS.md,
-benchmarks/mixed_step.py). Same products, float rounding aside (the greedy outputs are compared with
+benchmarks/linear_kernels.py). Same products, float rounding aside (the greedy outputs are compared with
 `F.linear`'s in the tests). Only without gradients, in fp32 on the CPU, and for models whose linear weights
 fit MAX_PACKED_BYTES: the packed copies live beside the weights.
 """
@@ -41,28 +41,34 @@ def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return y.reshape(*x.shape[:-1], self.weight.shape[0])
 
 
+def per_adapter_set(model, attr: str, build):
+    """`build(model)`, cached on the model as `attr` until its set of loaded adapters changes (adding one
+    wraps modules; walking the ~6k modules costs ~20 ms, too much for every batch)."""
+    key = frozenset(getattr(model, "peft_config", {}))
+    hit = getattr(model, attr, None)
+    if hit is None or hit[0] != key:
+        hit = (key, build(model))
+        setattr(model, attr, hit)
+    return hit[1]
+
+
 def linears(model) -> list[nn.Linear]:
     """The model's plain fp32 linear layers on the CPU, its head included (under peft: the LoRA layers' base
-    layers, not the LoRA matrices); cached on the model per set of loaded adapters (walking ~6k modules costs
-    ~20 ms)."""
-    key = frozenset(getattr(model, "peft_config", {}))
-    hit = getattr(model, "_onednn_linears", None)
-    if hit is None or hit[0] != key:
-        hit = (key, [m for n, m in model.named_modules() if type(m) is nn.Linear and ".lora_" not in n
-                     and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"])
-        model._onednn_linears = hit
-    return hit[1]
+    layers, not the LoRA matrices); none when oneDNN is missing or their weights exceed MAX_PACKED_BYTES."""
+    def build(model):
+        mods = [m for n, m in model.named_modules() if type(m) is nn.Linear and ".lora_" not in n
+                and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
+        fits = sum(m.weight.numel() * 4 for m in mods) <= MAX_PACKED_BYTES
+        return mods if fits and torch.backends.mkldnn.is_available() else []
+    return per_adapter_set(model, "_onednn_linears", build)
 
 
 @contextmanager
 def onednn_linears(model):
     """While the block runs, the model's CPU linear layers compute through oneDNN (no-ops elsewhere)."""
-    mods = linears(model) if torch.backends.mkldnn.is_available() else []
-    if sum(m.weight.numel() * 4 for m in mods) > MAX_PACKED_BYTES:
-        mods = []
     done = []
     try:
-        for m in mods:
+        for m in linears(model):
             if "forward" not in m.__dict__:
                 m.forward = types.MethodType(_forward, m)
                 done.append(m)

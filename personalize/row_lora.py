@@ -20,8 +20,10 @@ from typing import Sequence
 import torch
 import torch.nn as nn
 
+from .kernels import per_adapter_set
+
 NO_ADAPTER = "__base__"  # peft's name for "no LoRA" in a mixed-adapter batch
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+LAYER_NUMBER = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # a module inside block N of the model
 
 Generated = tuple[dict, float]  # (LoRA: module type -> (A [1, L, r, d_in], B [1, L, d_out, r]), scale)
 
@@ -35,21 +37,17 @@ class Target:
 
 
 def targets(model) -> list[Target]:
-    """Every peft LoRA layer and every linear module in a numbered block (a generated LoRA may target one);
-    cached on the model per set of loaded adapters (walking ~6k modules costs ~20 ms)."""
-    key = frozenset(getattr(model, "peft_config", {}))
-    hit = getattr(model, "_row_lora_targets", None)
-    if hit is not None and hit[0] == key:
-        return hit[1]
-    out = []
-    for name, mod in model.named_modules():
-        is_peft = hasattr(mod, "lora_A") and hasattr(mod, "base_layer")
-        found = _LAYER.search(name)
-        inner = ".base_layer" in name or ".lora_" in name
-        if is_peft or (found and isinstance(mod, nn.Linear) and not inner):
-            out.append(Target(mod, name.rsplit(".", 1)[-1], int(found.group(1)) if found else None, is_peft))
-    model._row_lora_targets = (key, out)
-    return out
+    """Every peft LoRA layer and every linear module in a numbered block (a generated LoRA may target one)."""
+    def build(model):
+        out = []
+        for name, mod in model.named_modules():
+            is_peft = hasattr(mod, "lora_A") and hasattr(mod, "base_layer")
+            found = LAYER_NUMBER.search(name)
+            inner = ".base_layer" in name or ".lora_" in name
+            if is_peft or (found and isinstance(mod, nn.Linear) and not inner):
+                out.append(Target(mod, name.rsplit(".", 1)[-1], int(found.group(1)) if found else None, is_peft))
+        return out
+    return per_adapter_set(model, "_row_lora_targets", build)
 
 
 def supported(model, adapters: Sequence[str]) -> bool:
@@ -138,10 +136,9 @@ def _hook(A: torch.Tensor, B: torch.Tensor):
 
 
 @contextmanager
-def row_loras(model, adapters: Sequence[str], generated: dict[int, Generated] | None = None):
-    """While the block runs, row i of every forward gets the LoRA `adapters[i]` ("__base__": none) and, for rows
-    in `generated`, that generated LoRA too; peft's own LoRA layers are off meanwhile."""
-    weights = gathered(model, adapters, generated)
+def hooked(model, weights: dict[nn.Module, tuple[torch.Tensor, torch.Tensor]]):
+    """While the block runs, each module in `weights` adds its rows' bmm(bmm(x, A), B) (`gathered`'s, or a
+    selection of its rows); peft's own LoRA layers are off meanwhile."""
     peft_layers = [t.module for t in targets(model) if t.is_peft]
     was = [m.disable_adapters for m in peft_layers]
     handles = []
@@ -155,3 +152,9 @@ def row_loras(model, adapters: Sequence[str], generated: dict[int, Generated] | 
             h.remove()
         for m, w in zip(peft_layers, was):
             m._disable_adapters = w
+
+
+def row_loras(model, adapters: Sequence[str], generated: dict[int, Generated] | None = None):
+    """While the block runs, row i of every forward gets the LoRA `adapters[i]` ("__base__": none) and, for rows
+    in `generated`, that generated LoRA too; peft's own LoRA layers are off meanwhile."""
+    return hooked(model, gathered(model, adapters, generated))

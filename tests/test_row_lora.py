@@ -124,6 +124,7 @@ def test_onednn_linears_give_the_linear_outputs_and_are_undone(tiny_model, token
             x = torch.randn(3, 1, head.in_features)
             assert torch.allclose(head(x), F.linear(x, head.weight), atol=1e-5)
     assert not any("forward" in m.__dict__ for m in tiny_model.modules())
+    assert all(hasattr(m, "_onednn_weight") for m in linears(tiny_model))  # oneDNN ran, not F.linear's fallback
     assert torch.allclose(got, ref, atol=1e-4)
     with onednn_linears(tiny_model):  # with gradients (training): the library's own kernel
         x = torch.randn(2, head.in_features, requires_grad=True)
@@ -146,3 +147,33 @@ def test_a_dora_or_merged_adapter_is_left_to_peft(tiny_model):
     assert not supported(model, ["one", "dora"]) and supported(model, ["one"])
     model.base_model.merge_adapter(["two"])
     assert not supported(model, ["two"])
+
+
+def test_shared_prefill_reads_each_distinct_prompt_and_lora_once(tiny_model, tokenizer):
+    """Rows 0 and 2 share prompt and adapter: three rows, two prefills; each row's cache is what a prefill of
+    that row alone (with its own LoRA) leaves."""
+    from transformers import DynamicCache
+
+    from personalize.batch import shared_prefill
+    from personalize.row_lora import gathered, hooked
+
+    model = peft_model(tiny_model)
+    seqs, ids, mask = batch(tokenizer, ["hello there", "hello there", "hello there"])
+    adapters = ["one", "two", "one"]
+    weights = gathered(model, adapters)
+    calls = []
+    decoder = model.get_base_model().get_decoder()
+    handle = decoder.register_forward_pre_hook(lambda mod, args, kw: calls.append(kw["input_ids"].shape[0]),
+                                               with_kwargs=True)
+    with torch.no_grad():
+        cache = shared_prefill(model, ids, mask, adapters, {}, weights)
+    handle.remove()
+    assert calls == [2]
+    assert shared_prefill(model, ids[:2], mask[:2], adapters[:2], {}, gathered(model, adapters[:2])) is None
+    for i, a in enumerate(adapters):
+        own = DynamicCache(config=model.config)
+        with torch.no_grad(), hooked(model, gathered(model, [a])):
+            decoder(input_ids=ids[i:i + 1, :-1], attention_mask=mask[i:i + 1, :-1], past_key_values=own,
+                    use_cache=True)
+        assert torch.allclose(cache.layers[0].keys[i], own.layers[0].keys[0], atol=1e-5), i
+        assert torch.allclose(cache.layers[-1].values[i], own.layers[-1].values[0], atol=1e-5), i

@@ -3,16 +3,15 @@ of a batch (`applied`) or only for chosen rows of a mixed batch (`applied_rows`)
 
 from __future__ import annotations
 
-import re
 from contextlib import contextmanager
 from typing import Sequence
 
 import torch
 import torch.nn as nn
 
+from ...row_lora import LAYER_NUMBER
 from .config import LoRA
 
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
 def lora_targets(model, modules: Sequence[str]) -> list[tuple[nn.Module, str, int]]:
@@ -21,7 +20,7 @@ def lora_targets(model, modules: Sequence[str]) -> list[tuple[nn.Module, str, in
     out = []
     for name, mod in model.named_modules():
         leaf = name.rsplit(".", 1)[-1]
-        found = _LAYER.search(name)
+        found = LAYER_NUMBER.search(name)
         if leaf in modules and found:
             out.append((mod, leaf, int(found.group(1))))
     return out
