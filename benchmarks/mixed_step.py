@@ -66,10 +66,10 @@ def main(argv=None) -> None:
     if a.profile:
         from torch.profiler import ProfilerActivity, profile
 
-        for p, fast in paths.items():
+        for (k, p) in times:
             with profile(activities=[ProfilerActivity.CPU]) as prof:
-                decode_rows(e.model, e.tok, sets["compare"], fast=fast)
-            print(f"--- {p}\n" + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+                decode_rows(e.model, e.tok, sets[k], fast=paths[p])
+            print(f"--- {k}, {p}\n" + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
 
 
 if __name__ == "__main__":
