@@ -9,11 +9,15 @@ blocks of SmolLM2 at 1 / 6 / 48 / 256 rows in 28 / 24 / 74 / 278 ms against MKL'
 its 49k × 576 head in 5 / 4 / 15 / 88 ms against 12 / 13 / 38 / 152 ms (docs/RESULTS.md,
 benchmarks/linear_kernels.py). Same products, float rounding aside (the greedy outputs are compared with
 `F.linear`'s in the tests). Only without gradients, in fp32 on the CPU, and for models whose linear weights
-fit MAX_PACKED_BYTES: the packed copies live beside the weights.
+fit MAX_PACKED_BYTES: the packed copies live beside the weights. PERSONALIZE_ONEDNN=0 in the environment
+keeps `F.linear` everywhere (a CPU where MKL is the faster one; benchmarks/mixed_step.py --kernels).
+With another torch process busy on the same two cores both kernels slowed 5-15x and neither won reliably
+(docs/RESULTS.md).
 """
 
 from __future__ import annotations
 
+import os
 import types
 from contextlib import contextmanager
 
@@ -22,6 +26,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 MAX_PACKED_BYTES = 2 << 30  # a second copy of the weights: fine for SmolLM2 (0.5 GiB), not for an 8B model
+SWITCH = "PERSONALIZE_ONEDNN"
+
+
+def enabled() -> bool:
+    """The environment's switch, read at each use so a benchmark can alternate both kernels in one process."""
+    value = os.environ.get(SWITCH, "1").strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"{SWITCH} must be 0 (torch's F.linear) or 1 (oneDNN, the default), not {value!r}")
+    return value == "1"
 
 
 def packed(module: nn.Linear) -> torch.Tensor:
@@ -68,7 +81,7 @@ def onednn_linears(model):
     """While the block runs, the model's CPU linear layers compute through oneDNN (no-ops elsewhere)."""
     done = []
     try:
-        for m in linears(model):
+        for m in linears(model) if enabled() else ():
             if "forward" not in m.__dict__:
                 m.forward = types.MethodType(_forward, m)
                 done.append(m)

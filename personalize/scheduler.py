@@ -5,8 +5,12 @@ batches calls of one event function with one signature, and a batched function c
 studio must mix requests of different events (a Compare of six methods, a Rate pair, the Why view, a
 campaign's outputs), of any user, cluster and method, and stream each row's tokens back to its own page.
 So every decode goes through `DecodeScheduler.run`: the request's rows are built and decoded in the
-scheduler's one worker thread, with the rows of every request that arrived within `window_ms`
-(batch.decode_rows), and each request gets its own rows' outputs. The model lock is held per batch, not
+scheduler's one worker thread, with the rows of every request that arrived within `window_ms` of the one
+before it (at most `max_wait_ms` after the first; batch.decode_rows), and each request gets its own rows'
+outputs. The window slides because requests sent at one moment do not arrive at one: 8 Compares sent
+together over HTTP reached the scheduler over 57-76 ms (Gradio starts each handler in turn), and with a
+fixed 30 ms window the later ones waited for the first batch to finish (~4 s) before their own began
+(benchmarks/serving_load.py). A batch runs to its end: rows do not join a decode under way. The model lock is held per batch, not
 per request; fits and trainings take the same lock between their steps, so they run one at a time and a
 decode never waits for more than one of their steps.
 """
@@ -28,13 +32,14 @@ from .threads import lower_priority, release_team
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    window_ms: float = 30.0  # how long the first request of a batch waits for others
+    window_ms: float = 50.0  # a batch waits this long after its newest request for another one...
+    max_wait_ms: float = 200.0  # ...but no longer than this after its first
     max_rows: int = 64  # rows per generate call (memory; a longer queue decodes in several batches)
     nice: int = 10  # the decode thread's priority below the request handlers' (0: the same)
 
     def __post_init__(self):
-        if not 0 <= self.window_ms <= 5000 or self.max_rows < 1 or not 0 <= self.nice <= 19:
-            raise ValueError("window_ms must be in 0..5000, max_rows >= 1 and nice in 0..19")
+        if not 0 <= self.window_ms <= self.max_wait_ms <= 5000 or self.max_rows < 1 or not 0 <= self.nice <= 19:
+            raise ValueError("need 0 <= window_ms <= max_wait_ms <= 5000, max_rows >= 1 and nice in 0..19")
 
 
 @dataclass
@@ -88,9 +93,10 @@ class DecodeScheduler:
             first = self._queue.get()
             if first is None:
                 return
-            pending, deadline = [first], time.perf_counter() + self.cfg.window_ms / 1000
+            pending, start = [first], time.perf_counter()
+            last = start
             while True:
-                left = deadline - time.perf_counter()
+                left = min(last + self.cfg.window_ms / 1000, start + self.cfg.max_wait_ms / 1000) - time.perf_counter()
                 try:
                     nxt = self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
                 except queue.Empty:
@@ -99,6 +105,7 @@ class DecodeScheduler:
                     self._queue.put(None)
                     break
                 pending.append(nxt)
+                last = time.perf_counter()
             try:
                 self._serve(pending)
             except BaseException as e:  # never leave a caller waiting

@@ -4,6 +4,7 @@ give F.linear's logits; both leave the model as they found it."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from peft import LoraConfig, get_peft_model
@@ -130,6 +131,20 @@ def test_onednn_linears_give_the_linear_outputs_and_are_undone(tiny_model, token
         x = torch.randn(2, head.in_features, requires_grad=True)
         head(x).sum().backward()
     assert x.grad is not None
+
+
+def test_the_environment_switches_onednn_off(tiny_model, monkeypatch):
+    head = tiny_model.get_output_embeddings()
+    monkeypatch.setenv("PERSONALIZE_ONEDNN", "0")
+    with onednn_linears(tiny_model):
+        assert "forward" not in head.__dict__
+    monkeypatch.setenv("PERSONALIZE_ONEDNN", "yes")
+    with pytest.raises(ValueError, match="PERSONALIZE_ONEDNN must be 0"):
+        with onednn_linears(tiny_model):
+            pass
+    monkeypatch.setenv("PERSONALIZE_ONEDNN", "1")
+    with onednn_linears(tiny_model):
+        assert "forward" in head.__dict__
 
 
 def test_min_new_tokens_is_the_library_rule():
