@@ -65,9 +65,8 @@ class Rater:
         if self.via == "client":
             msg = self.client.predict(self.name, api_name="/vote_tie")
         else:  # the page's request: inputs (pair id state, rater) in the session that drew the pair
-            r = http.post(f"{self.url}gradio_api/run/vote_tie", json={
-                "data": [None, self.name], "fn_index": self.client._infer_fn_index("/vote_tie", None),
-                "session_hash": self.client.session_hash})
+            r = http.post(f"{self.url}gradio_api/run/vote_tie",
+                          json={"data": [None, self.name], "session_hash": self.client.session_hash})
             r.raise_for_status()
             msg = r.json()["data"][0]
         ms = (time.perf_counter() - t0) * 1000
@@ -122,7 +121,7 @@ def clients(url: str, people: list[str], a: argparse.Namespace, r: int, out) -> 
 
 
 def quantiles(ms: list[float]) -> str:
-    p95 = statistics.quantiles(ms, n=20)[18] if len(ms) > 1 else ms[0]
+    p95 = statistics.quantiles(ms, n=20, method="inclusive")[18] if len(ms) > 1 else ms[0]  # within the data
     return f"n={len(ms)} median {statistics.median(ms):.0f} ms, p95 {p95:.0f} ms, max {max(ms):.0f} ms"
 
 
