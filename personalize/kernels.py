@@ -11,8 +11,8 @@ benchmarks/linear_kernels.py). Same products, float rounding aside (the greedy o
 `F.linear`'s in the tests). Only without gradients, in fp32 on the CPU, and for models whose linear weights
 fit MAX_PACKED_BYTES: the packed copies live beside the weights. PERSONALIZE_ONEDNN=0 in the environment
 keeps `F.linear` everywhere (a CPU where MKL is the faster one; benchmarks/mixed_step.py --kernels).
-With another torch process busy on the same two cores both kernels slowed 5-15x and neither won reliably
-(docs/RESULTS.md).
+With another torch process busy on the same two cores every decode slowed 3-15x and swung 4x between
+repeats whichever kernel ran it; oneDNN's median stayed ahead (docs/RESULTS.md).
 """
 
 from __future__ import annotations

@@ -8,11 +8,11 @@ So every decode goes through `DecodeScheduler.run`: the request's rows are built
 scheduler's one worker thread, with the rows of every request that arrived within `window_ms` of the one
 before it (at most `max_wait_ms` after the first; batch.decode_rows), and each request gets its own rows'
 outputs. The window slides because requests sent at one moment do not arrive at one: 8 Compares sent
-together over HTTP reached the scheduler over 57-76 ms (Gradio starts each handler in turn), and with a
+together over HTTP reached the scheduler over 57-90 ms (Gradio starts each handler in turn), and with a
 fixed 30 ms window the later ones waited for the first batch to finish (~4 s) before their own began
-(benchmarks/serving_load.py). A batch runs to its end: rows do not join a decode under way. The model lock is held per batch, not
-per request; fits and trainings take the same lock between their steps, so they run one at a time and a
-decode never waits for more than one of their steps.
+(benchmarks/serving_load.py). A batch runs to its end: rows do not join a decode under way. The model
+lock is held per batch, not per request; fits and trainings take the same lock between their steps, so
+they run one at a time and a decode never waits for more than one of their steps.
 """
 
 from __future__ import annotations
