@@ -13,7 +13,6 @@ from ...row_lora import LAYER_NUMBER
 from .config import LoRA
 
 
-
 def lora_targets(model, modules: Sequence[str]) -> list[tuple[nn.Module, str, int]]:
     """(module, module type, layer) for every q_proj/v_proj-like module; on a peft model these are the
     LoRA wrappers, so a hook's output already holds the active adapter's delta."""
