@@ -87,7 +87,7 @@ def clients(url: str, people: list[str], a: argparse.Namespace, r: int, out) -> 
         idle, busy = raters[: a.votes], raters[a.votes:]
         with httpx.Client() as http:
             idle_ms = [rater.vote(http) for rater in idle]
-            barrier = threading.Barrier(len(people) + 1)
+            barrier = threading.Barrier(len(people) + 1, timeout=300)  # a session that failed to open breaks it
             errors, walls = [], []
 
             def press(p):
