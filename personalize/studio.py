@@ -609,6 +609,8 @@ class Studio:
         events: queue.Queue = queue.Queue()
         tok, eos = self.engine.tok, self.engine.tok.eos_token_id
         tokens: dict[str, list[int]] = {m: [] for m in methods}
+        pressed = time.perf_counter()
+        last_token: dict[str, float] = {}  # a column's latency is its own: from the press to its last token
 
         def start(m: str) -> None:
             def on_step(_row: int, t: int, m=m) -> None:
@@ -616,6 +618,7 @@ class Studio:
                 if got and got[-1] == eos or len(got) >= s.max_new_tokens:
                     return
                 got.append(t)
+                last_token[m] = time.perf_counter()
                 events.put(("token", m, None))
 
             fut = self.scheduler.submit(lambda m=m: self._rows(m, state, prompt, s), on_step)
@@ -638,7 +641,9 @@ class Studio:
             elif kind == "finished":
                 left.discard(m)
                 try:
-                    out = self._stored(m, state, prompt, s, value.result()[0])
+                    g = value.result()[0]
+                    g = replace(g, latency_s=last_token.get(m, time.perf_counter()) - pressed)
+                    out = self._stored(m, state, prompt, s, g)
                 except (ValueError, StoreError, FileNotFoundError, RuntimeError) as e:
                     out = MethodOutput(m, error=str(e))
                 yield "done", m, out

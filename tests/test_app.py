@@ -851,3 +851,38 @@ def test_eight_compares_at_once_over_http_and_votes_meanwhile(server):
         alone = {o.method: o.text for o in studio.compare(p, prompt, methods, studio.settings(1.0, 50, 8))}
         assert alone == gens, p
     assert len([r for r in studio.store.ratings() if r["rater"] in {f"v{i}" for i in range(4)}]) == 4
+
+
+def test_finished_columns_show_their_final_text_while_a_first_use_goes_on(server):
+    """A Compare whose OPPU column waits for its first use (held here behind another job in the first-use
+    queue): the finished columns show their final text within 2 s of their end, not the streamed "decoding…";
+    and each column's latency is its own (press to last token): OPPU's includes its wait, the cluster's does not."""
+    import time
+
+    studio = server["studio"]
+    c = client(server["url"])
+    gate = threading.Event()
+    studio._first_use.submit(gate.wait)  # another person's first use, ahead of this one's in the queue
+    try:
+        c.predict("latecols", TERSE_HISTORY, None, "tweets", None, api_name="/save_history")  # queues OPPU's
+        job = c.submit("latecols", "the parade in town", False, None, ["cluster", "card", "oppu"], 1.0, 50, 6, None,
+                       api_name="/compare")
+        deadline = time.time() + 120
+        while time.time() < deadline and not any(o[0].startswith("2/3 done") for o in job.outputs()):
+            time.sleep(0.1)
+        assert any(o[0].startswith("2/3 done") for o in job.outputs()), job.outputs()[-1:]
+        time.sleep(2.0)
+        last = job.outputs()[-1]
+        cols = dict(zip(compare.ALL_METHODS, last[1:]))
+        for m in ("cluster", "card"):
+            value = cols[m].get("value") if isinstance(cols[m], dict) else cols[m]
+            assert value and value.startswith(f"**{m}** ·") and "decoding" not in value, (m, cols[m])
+        assert "oppu" in str(cols["oppu"]) and "decoding" not in str(cols["oppu"])
+        held = 3.0
+        time.sleep(held)
+    finally:
+        gate.set()
+    final = job.result()
+    cols = dict(zip(compare.ALL_METHODS, final[1:]))
+    latency = {m: float(re.search(r"· ([\d.]+) s ·", cols[m]["value"]).group(1)) for m in ("cluster", "card", "oppu")}
+    assert latency["oppu"] >= held + 2.0 > latency["cluster"], latency

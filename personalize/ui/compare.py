@@ -77,31 +77,33 @@ def compare(studio, name, text, templated, item, chosen, alpha, top_k, max_token
         return
     name, state, full = plan["name"], plan["state"], plan["prompt"]
     note = "" if state.fitted else " (not fitted yet: CARD uses λ = 1, your cluster's shared head)"
-    shown = {m: gr.update(value=first_use_md(studio, m) if plan["first_use"][m] else f"**{m}**\n\n*waiting…*",
-                          visible=True) for m in chosen}
+    # each column's current Markdown; every yield sends fresh updates of all of them, since Gradio drops the value
+    # of an update object yielded a second time (a finished column would keep its streamed text)
+    shown = {m: first_use_md(studio, m) if plan["first_use"][m] else f"**{m}**\n\n*waiting…*" for m in chosen}
+
+    def updates():
+        return [gr.update(value=shown[m], visible=True) if m in shown else gr.update(visible=False) for m in ALL_METHODS]
+
     yield (f"Generating {len(chosen)} methods for **{md(name)}**, cluster {state.cluster} of K = {state.k}{note}…",
-           *[shown.get(m, hidden[m]) for m in ALL_METHODS])
-    done, last, final = set(), 0.0, {}
+           *updates())
+    done, last = set(), 0.0
     try:
         for kind, m, value in studio.compare_stream(name, full, plan["order"], s, k):
             if kind == "text":
-                shown[m] = gr.update(value=streaming_md(m, value), visible=True)
+                shown[m] = streaming_md(m, value)
             elif kind == "progress":
-                shown[m] = gr.update(value=f"**{md(m)}**\n\n*{md(value)}*", visible=True)
+                shown[m] = f"**{md(m)}**\n\n*{md(value)}*"
             else:
                 done.add(m)
-                shown[m] = gr.update(value=method_md(value), visible=True)
-                final[m] = method_md(value)
+                shown[m] = method_md(value)
             if kind == "text" and time.perf_counter() - last < STREAM_EVERY_S:
                 continue  # the page gets the text so far a few times a second, not once per token and column
             last = time.perf_counter()
-            yield (f"{len(done)}/{len(chosen)} done{note}.", *[shown.get(m, hidden[m]) for m in ALL_METHODS])
+            yield (f"{len(done)}/{len(chosen)} done{note}.", *updates())
     except EXPECTED as e:
-        yield (_err(e), *[shown.get(m, hidden[m]) for m in ALL_METHODS])
+        yield (_err(e), *updates())
         return
-    # every column's final text again, in fresh updates: a page that missed a streamed message still ends right
-    yield (f"Done: {len(chosen)} methods for **{md(name)}**{note}. Prompt: {md(full, limit=200)}",
-           *[gr.update(value=final[m], visible=True) if m in final else hidden[m] for m in ALL_METHODS])
+    yield (f"Done: {len(chosen)} methods for **{md(name)}**{note}. Prompt: {md(full, limit=200)}", *updates())
 
 
 @guarded(2)
