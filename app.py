@@ -28,7 +28,7 @@ from personalize.studio import Studio, StudioConfig
 from personalize.ui import (campaigns, cluster, compare, explore, export, fit, leaderboard, quick_pair, rate, why,
                             writing)
 from personalize.ui.common import CSS, EXPECTED
-from personalize.ui.controls import page_top
+from personalize.ui.controls import forget_previous_person, page_top
 
 # The tabs in page order: each lays itself out and wires its events, reading the shared components.
 TABS = (
@@ -51,6 +51,7 @@ def build_app(studio: Studio) -> gr.Blocks:
         shared = page_top(studio, app)
         for build in TABS:
             build(studio, shared)
+        forget_previous_person(studio, shared)  # no tab keeps the previous person's results after a switch
     app.queue(default_concurrency_limit=1)
     return app
 

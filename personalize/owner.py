@@ -100,29 +100,93 @@ def import_keys(store: Store, build: BuildInfo, text: str, name: str | None = No
 
 def forget_user(store: Store, name: str, oppu_root: Path, export_dir: Path) -> dict:
     """Deletes the user from the store (store.forget: one transaction, ratings anonymised, file vacuumed) and
-    the files beside it that hold them: their OPPU adapters (every build, partial saves included) and exports
-    that quote their name or one of their texts. Returns what went."""
+    what of them is in the files beside it: their OPPU adapters (every build, partial saves included), and
+    their records in exports (the other people's records stay; a file of no known format that quotes them
+    goes whole). Returns what went: "files" removed, "exports" rewritten with the records dropped from each."""
     name = store.user(name)["name"]
     texts = [s.y for s in store.items(name)]
+    gen_ids = {str(g["extra"].get("question_id", g["id"])) for g in store.generations(user=name)}  # LaMP ids
     out = store.forget(name)
-    files = user_files(name, Path(oppu_root), Path(export_dir), texts)
-    for f in files:
-        if f.is_dir():
-            shutil.rmtree(f, ignore_errors=True)
-        else:
+    needles = _needles(name, texts)
+    removed, rewritten = [], {}
+    oppu_root = Path(oppu_root)
+    for f in sorted(oppu_root.glob(f"*/{_adapter_id(name)}*")) if oppu_root.is_dir() else []:
+        shutil.rmtree(f, ignore_errors=True) if f.is_dir() else f.unlink(missing_ok=True)
+        removed.append(f)
+    long_texts = [t for t in texts if len(t) >= 8]
+    for f in _quoting(Path(export_dir), needles):
+        dropped = _drop_records(f, lambda r: _theirs(r, name, long_texts, gen_ids))
+        if dropped is None or any(n in f.read_text(errors="ignore") for n in needles):  # still quotes them
             f.unlink(missing_ok=True)
-    return out | {"files": [str(f) for f in files]}
+            removed.append(f)
+        else:
+            rewritten[str(f)] = dropped
+    return out | {"files": [str(f) for f in removed], "exports": rewritten}
 
 
-def user_files(name: str, oppu_root: Path, export_dir: Path, texts) -> list[Path]:
+def _adapter_id(name: str) -> str:
     from .methods.oppu import adapter_id
 
-    out = sorted(oppu_root.glob(f"*/{adapter_id(name)}*")) if oppu_root.is_dir() else []
-    # the name as a JSON value or as a whole CSV field, and any of their texts long enough to be theirs
-    needles = [json.dumps(name, ensure_ascii=False), json.dumps(name), f",{name},", f",{name}\n", f"\n{name},",
-               *(t for t in texts if len(t) >= 8)]
-    if export_dir.is_dir():
-        for f in sorted(export_dir.rglob("*")):
-            if f.is_file() and any(n in f.read_text(errors="ignore") for n in needles):
-                out.append(f)
-    return out
+    return adapter_id(name)
+
+
+def _needles(name: str, texts) -> list[str]:
+    """What marks a record as the person's: their name as a JSON value or a whole CSV field, and any of their
+    texts long enough to be theirs."""
+    return [json.dumps(name, ensure_ascii=False), json.dumps(name), f",{name},", f",{name}\n", f"\n{name},",
+            *(t for t in texts if len(t) >= 8)]
+
+
+def _quoting(export_dir: Path, needles) -> list[Path]:
+    if not export_dir.is_dir():
+        return []
+    return [f for f in sorted(export_dir.rglob("*")) if f.is_file() and any(n in f.read_text(errors="ignore")
+                                                                              for n in needles)]
+
+
+def _theirs(record, name: str, texts, gen_ids: set[str]) -> bool:
+    """A record is the person's when a value is their name, quotes one of their texts, or is one of their
+    generations (a LaMP predictions row's id)."""
+    stack = [record]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            if "output" in v and str(v.get("id")) in gen_ids and set(v) <= {"id", "output"}:
+                return True
+            stack += v.values()
+        elif isinstance(v, list):
+            stack += v
+        elif isinstance(v, str) and (v == name or any(t in v for t in texts)):
+            return True
+    return False
+
+
+def _drop_records(path: Path, theirs) -> int | None:
+    """Rewrites an export without the records `theirs` picks (atomically); the number dropped, or None when
+    the file is of no format whose records can be told apart (it then goes whole)."""
+    from .export import to_csv, to_jsonl, write
+
+    text = path.read_text(encoding="utf-8", errors="ignore")
+    try:
+        if path.suffix == ".jsonl":
+            records = [json.loads(line) for line in text.splitlines() if line.strip()]
+            keep = [r for r in records if not theirs(r)]
+            write(path, to_jsonl(keep))
+        elif path.suffix == ".csv":
+            import csv
+            import io
+
+            records = list(csv.DictReader(io.StringIO(text, newline="")))
+            keep = [r for r in records if not theirs(r)]
+            write(path, to_csv(keep) if keep else text.split("\n", 1)[0] + "\n")
+        elif path.suffix == ".json":
+            obj = json.loads(text)
+            if not (isinstance(obj, dict) and isinstance(obj.get("golds"), list)):
+                return None
+            records, keep = obj["golds"], [g for g in obj["golds"] if not theirs(g)]
+            write(path, json.dumps(obj | {"golds": keep}, indent=1, ensure_ascii=False))
+        else:
+            return None
+    except (ValueError, TypeError):
+        return None
+    return len(records) - len(keep)

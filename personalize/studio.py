@@ -351,11 +351,18 @@ class Studio:
                 f"**{res['clusters'][k]}**. Next: *Fit my style*.{note}")
 
     def item_rows(self, name: str | None) -> list[list]:
-        """The stored items table: [id, text, neutral rewrite]; the id is the one Update/Delete take."""
+        """The stored items table: [number, text, neutral rewrite]; the number is the item's place in the person's
+        own history (1, 2, …; kept when others are deleted), the one Update, Delete and Compare's picker take."""
         try:
-            return [[s.id, s.y, s.neutral or ""] for s in self.store.items(name)] if name else []
+            return [[s.position + 1, s.y, s.neutral or ""] for s in self.store.items(name)] if name else []
         except StoreError:  # not stored (yet), or not a valid name
             return []
+
+    def _own_item(self, name: str | None, number: float | None):
+        """The person's item with this number (item_rows), or None: another person's items are never reached."""
+        if number is None or not name or not name.strip():
+            return None
+        return next((s for s in self.store.items(name.strip()) if s.position + 1 == int(number)), None)
 
     def switch_user(self, name: str | None, shown_for: str | None) -> dict:
         """My writing when the user name is edited. `shown_for` is the user whose saved (or opened) history the
@@ -994,8 +1001,12 @@ class Studio:
 
     def save_from(self, name: str | None, text: str | None, file: str | None, task: str,
                   demo: str | None = None) -> dict:
-        """My writing's Save: the name checked, the history chosen (history_from), stored (save_history)."""
+        """My writing's Save: the name checked, the history chosen (history_from), stored (save_history) under
+        the task served (a history is placed, fitted and decoded in the served build's task)."""
         name = self.need_user(name)
+        if task and task != self.task.name:
+            raise ValueError(f"the studio serves {self.task.name} ({self.engine.artifacts_id}), not {task}: choose "
+                             f"{task} in the Task list to switch to its build, or save under {self.task.name}")
         res = self.save_history(name, self.history_from(text, file, demo), task)
         if self.cfg.first_use_in_background:
             self.prepare_first_use(res["name"])
@@ -1006,39 +1017,42 @@ class Studio:
         return [(f"{r[0]}: {r[1][:80]}", r[0]) for r in self.item_rows(name)]
 
     def update_item(self, name: str | None, item_id: float | None, text: str) -> str:
-        """Edits one of the user's own items (another user's id is refused); returns the status line."""
+        """Edits one of the user's own items, by its number in their history; returns the status line."""
         name = self.need_user(name)
         if item_id is None:
-            raise ValueError("enter the id of the item to change (first column of the table)")
-        if int(item_id) not in {s.id for s in self.store.items(name)}:
-            raise ValueError(f"item {int(item_id)} is not one of {name}'s items")
-        self.store.update_item(int(item_id), text)
+            raise ValueError("enter the number of the item to change (first column of the table)")
+        st = self._own_item(name, item_id)
+        if st is None:
+            raise ValueError(f"{name} has no item {int(item_id)}")
+        self.store.update_item(st.id, text)
         return f"Item {int(item_id)} updated. Refit to use it."
 
     def delete_item(self, name: str | None, item_id: float | None) -> str:
-        """Deletes one of the user's own items, never their last one; returns the status line."""
+        """Deletes one of the user's own items (by number), never their last one; returns the status line."""
         name = self.need_user(name)
-        items = self.store.items(name)
-        if item_id is None or int(item_id) not in {s.id for s in items}:
-            raise ValueError("enter the id of one of this user's items")
-        if len(items) <= 1:
+        st = self._own_item(name, item_id)
+        if st is None:
+            raise ValueError("enter the number of one of this user's items (first column of the table)")
+        if len(self.store.items(name)) <= 1:
             raise ValueError("this is the user's last item: a user needs at least one")
-        self.store.delete_item(int(item_id))
+        self.store.delete_item(st.id)
         return f"Item {int(item_id)} deleted. Refit to forget it."
 
-    def item_reference(self, item_id: float | None) -> str | None:
-        """The text of the history item picked as Compare's prompt (what its outputs are read against)."""
-        if item_id is None:
+    def item_reference(self, name: str | None, item_id: float | None) -> str | None:
+        """The text of the person's history item picked as Compare's prompt (what its outputs are read against)."""
+        try:
+            st = self._own_item(name, item_id)
+        except StoreError:  # a name not stored (yet)
             return None
-        st = next(iter(self.store.items_by_id([int(item_id)])), None)
         return None if st is None else st.y
 
-    def resolve_prompt(self, text: str | None, templated: bool, item_id: float | None = None) -> tuple[str, str | None]:
+    def resolve_prompt(self, text: str | None, templated: bool, item_id: float | None = None,
+                       name: str | None = None) -> tuple[str, str | None]:
         """(prompt, reference) for Compare and Why: a picked history item, when no text is typed, gives its own
         prompt (its task prompt, else the task template around its neutral rewrite) and its text as the
         reference; else the typed text, in the task template when `templated`, and no reference."""
         if item_id is not None and (not text or not text.strip()):
-            st = next(iter(self.store.items_by_id([int(item_id)])), None)
+            st = self._own_item(name, item_id)
             if st is None:
                 raise ValueError("that history item no longer exists")
             return st.x or self.task.prompt(st.neutral or st.y), st.y
@@ -1124,7 +1138,7 @@ class Studio:
         name = self.need_user(name)
         if not methods:
             raise ValueError("choose at least one method")
-        prompt, _ = self.resolve_prompt(text, templated, item_id)
+        prompt, _ = self.resolve_prompt(text, templated, item_id, name)
         state = self.user_state(name, k)
         first = {m: self.needs_indexing(name, m) for m in methods}
         return {"name": name, "prompt": prompt, "state": state, "first_use": first,
@@ -1134,7 +1148,7 @@ class Studio:
                 s: DecodingSettings, k: int | None = None) -> dict:
         """Why: CARD step by step (why) for the user on Compare's prompt (resolve_prompt)."""
         name = self.need_user(name)
-        return self.why(name, self.resolve_prompt(text, templated, item_id)[0], s, k)
+        return self.why(name, self.resolve_prompt(text, templated, item_id, name)[0], s, k)
 
     def quick_pair(self, name: str | None, prompt: str | None, fallback_prompt: str | None, templated: bool,
                    methods: Sequence[str] | None, s: DecodingSettings, k: int | None = None,

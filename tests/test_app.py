@@ -548,6 +548,16 @@ def test_browser_a_thumb_refits_the_style_then_key_versions_and_forget_me(server
         assert key == studio.style_key("bea")
         p.shot("11-versions-and-key")
 
+        # another name: no tab shows bea's fit, key, versions or outputs any more (issue 24)
+        p.type("user-name", "someone-else")
+        p.wait.until(lambda d: p.el("#style-key textarea").get_attribute("value") == "")
+        assert p.text("fit-status").strip() == "" and "history" not in p.text("versions")
+        p.tab("Compare")
+        assert p.text("out-card").strip() == "card" and p.text("compare-status").strip() == ""
+        p.tab("Fit my style")
+        p.type("user-name", "bea")  # back: her versions again, her fit not re-run
+        assert "history" in p.until_text("versions", "history")
+
         p.tab("My writing")
         p.click("forget-box")
         p.click("forget-button")
@@ -557,6 +567,7 @@ def test_browser_a_thumb_refits_the_style_then_key_versions_and_forget_me(server
         p.click("forget-button")
         assert "Forgot bea" in p.until_text("forget-status", "Forgot")
         assert "bea" not in [u["name"] for u in studio.store.users()]
+        p.wait.until(lambda d: p.el("#user-name input, #user-name textarea").get_attribute("value") == "")
     finally:
         driver.quit()
 
@@ -565,8 +576,10 @@ def test_switching_to_a_task_without_a_build_says_how_to_build_it(server):
     studio = server["studio"]
     served = studio.engine.artifacts_id
     missing = next(t for t, builds in studio.builds().items() if not builds)
-    msg = client(server["url"]).predict(missing, api_name="/switch_task")[0]
+    out = client(server["url"]).predict(missing, api_name="/switch_task")
+    msg = out[0]
     assert "personalize build --data" in msg and f"--out {studio.artifacts_root / missing}" in msg, msg
+    assert out[-1] == studio.task.name  # the dropdown shows the task still served, not the one without a build
     assert studio.engine.artifacts_id == served  # still serving the build it had
 
 

@@ -136,7 +136,10 @@ def test_forget_me_leaves_nothing_of_the_user(studio):
     (oppu / "adapter_model.safetensors").write_text(marker)
     exports = Path(studio.cfg.export_dir)
     exports.mkdir(parents=True, exist_ok=True)
-    (exports / "generations.jsonl").write_text(json.dumps({"user": marker, "output": "x"}) + "\n")
+    (exports / "generations.jsonl").write_text(json.dumps({"user": marker, "output": "x"}) + "\n"
+                                               + json.dumps({"user": "someone", "output": "kept"}) + "\n")
+    (exports / "votes.csv").write_text(f"user,output\nsomeone,hello\n{marker},bye\nother,{items[0].y} quoted\n")
+    (exports / "predictions_card.json").write_text(json.dumps({"task": "x", "golds": [{"id": "-1", "output": "o"}]}))
     (exports / "unrelated.csv").write_text("user,output\nsomeone,hello\n")
     pending = studio.new_pair(marker, prompt, ["base", "card"], s)
     n_ratings = len(studio.store.ratings())
@@ -157,6 +160,12 @@ def test_forget_me_leaves_nothing_of_the_user(studio):
     assert res["versions"] >= 2 and res["generations"] >= 2 and res["blobs"] >= 1
     assert marker.encode() not in _bytes_under(db.parent)  # the database, its WAL, adapters, exports
     assert (exports / "unrelated.csv").exists() and not oppu.exists()
+    # exports keep every other person's records: only the forgotten person's rows went (issue 24)
+    assert [json.loads(r) for r in (exports / "generations.jsonl").read_text().splitlines()] == [
+        {"user": "someone", "output": "kept"}]
+    assert (exports / "votes.csv").read_text().splitlines() == ["user,output", "someone,hello"]
+    assert json.loads((exports / "predictions_card.json").read_text())["golds"] == [{"id": "-1", "output": "o"}]
+    assert res["exports"][str(exports / "generations.jsonl")] == 1 and res["exports"][str(exports / "votes.csv")] == 2
     ratings = studio.store.ratings()
     assert len(ratings) == n_ratings  # the verdict stays for the leaderboard, without texts or the user
     anon = [r for r in ratings if r["rater"] == "rater-q"]

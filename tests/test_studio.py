@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from personalize.arena import Arena, StalePair, draw_methods
-from personalize.data import HistoryError, Item
+from personalize.data import TASKS, HistoryError, Item
 from personalize.export import export_predictions, export_table, to_csv
 from personalize.leaderboard import LeaderboardConfig, bradley_terry, leaderboard, win_rates
 from personalize.store import Store
@@ -317,8 +317,8 @@ def test_dropped_duplicates_are_reported_on_save(studio):
 def test_items_table_has_one_id_and_a_new_name_starts_an_empty_history(studio):
     studio.save_history("eve", [Item(t) for t in TERSE[:3]], "tweets")
     rows = studio.item_rows("eve")
-    assert [len(r) for r in rows] == [3, 3, 3]  # id, text, neutral rewrite
-    assert [r[0] for r in rows] == [s.id for s in studio.store.items("eve")] and rows[0][1] == TERSE[0]
+    assert [len(r) for r in rows] == [3, 3, 3]  # number (the item's place in eve's own history), text, rewrite
+    assert [r[0] for r in rows] == [1, 2, 3] and rows[0][1] == TERSE[0]
     assert studio.item_rows("nobody-yet") == [] and studio.item_rows("") == []
 
     # the box holds eve's saved text: typing another name empties it, and the table shows the new name's items
@@ -409,7 +409,7 @@ def test_builds_are_listed_per_task_and_choosing_a_task_switches_to_its_build(ti
     try:
         tweets_id = s.engine.artifacts_id
         builds = s.builds()
-        assert set(builds) == {"tweets", "commit_subjects", "headlines", "scholarly_titles"}
+        assert set(builds) == set(TASKS) and {"tweets", "commit_subjects", "headlines"} <= set(builds)
         assert [b.id for b in builds["tweets"]] == [tweets_id] and [b.id for b in builds["commit_subjects"]] == [
             "commits-test"] and builds["headlines"] == []
         s.save_history("ann", [Item(t) for t in TERSE], "tweets")

@@ -39,25 +39,30 @@ def test_user_name_and_alpha_list_rules(studio):
 
 
 def test_items_are_changed_only_by_their_owner(studio):
+    """Item numbers are each person's own (1, 2, … in their history), never the store's global row ids: the
+    second person's items start at 1 too, and a number reaches only the person's own item."""
     res = studio.save_from(" ivy ", "\n".join(LINES), None, "tweets")
     assert res["name"] == "ivy" and res["n_items"] == 8 and "ivy" in studio.user_names()
-    studio.save_history("jon", [Item(LINES[0])], "tweets")
-    mine, theirs = studio.store.items("ivy")[0].id, studio.store.items("jon")[0].id
-    assert studio.item_choices("ivy")[0] == (f"{mine}: {LINES[0]}", mine)
-    assert studio.update_item("ivy", mine, "edited") == f"Item {mine} updated. Refit to use it."
-    assert studio.store.items("ivy")[0].y == "edited"
-    with pytest.raises(ValueError, match=f"item {theirs} is not one of ivy's items"):
-        studio.update_item("ivy", theirs, "not mine")
-    with pytest.raises(ValueError, match="enter the id"):
+    studio.save_history("jon", [Item(LINES[0]), Item(LINES[1])], "tweets")
+    assert [r[0] for r in studio.item_rows("ivy")] == list(range(1, 9))
+    assert [r[0] for r in studio.item_rows("jon")] == [1, 2]  # not 9, 10
+    assert studio.item_choices("jon")[0] == (f"1: {LINES[0]}", 1)
+    assert studio.update_item("ivy", 1, "edited") == "Item 1 updated. Refit to use it."
+    assert studio.store.items("ivy")[0].y == "edited" and studio.store.items("jon")[0].y == LINES[0]
+    with pytest.raises(ValueError, match="ivy has no item 9"):
+        studio.update_item("ivy", 9, "not mine")
+    with pytest.raises(ValueError, match="enter the number"):
         studio.update_item("ivy", None, "x")
     with pytest.raises(ValueError, match="one of this user's items"):
-        studio.delete_item("ivy", theirs)
+        studio.delete_item("ivy", 99)
+    assert "deleted" in studio.delete_item("jon", 1.0)
     with pytest.raises(ValueError, match="last item"):
-        studio.delete_item("jon", theirs)
-    assert studio.store.items("jon")[0].y == LINES[0]  # nothing of jon's changed
-    assert "deleted" in studio.delete_item("ivy", float(mine)) and len(studio.store.items("ivy")) == 7
+        studio.delete_item("jon", 2)
+    assert [r[0] for r in studio.item_rows("jon")] == [2]  # a number stays the item's when another goes
+    assert studio.store.items("jon")[0].y == LINES[1] and len(studio.store.items("ivy")) == 8
+    assert "deleted" in studio.delete_item("ivy", float(3)) and len(studio.store.items("ivy")) == 7
     with pytest.raises(StoreError):
-        studio.update_item("nobody", mine, "x")
+        studio.update_item("nobody", 1, "x")
 
 
 def test_prompts_from_text_an_item_or_compare(studio):
@@ -66,12 +71,14 @@ def test_prompts_from_text_an_item_or_compare(studio):
     assert studio.resolve_prompt(" hello ", True) == (task.prompt("hello"), None)
     assert studio.resolve_prompt("hello", False, None) == ("hello", None)
     item = studio.store.items("kim")[1]
-    full, ref = studio.resolve_prompt("", True, item.id)  # a picked item, no text: its prompt and its text
+    full, ref = studio.resolve_prompt("", True, 2, "kim")  # a picked item (number 2), no text: its prompt, its text
     assert ref == item.y and full == (item.x or task.prompt(item.neutral or item.y))
-    assert studio.resolve_prompt("typed wins", False, item.id) == ("typed wins", None)
-    assert studio.item_reference(item.id) == item.y and studio.item_reference(None) is None
+    assert studio.resolve_prompt("typed wins", False, 2, "kim") == ("typed wins", None)
+    assert studio.item_reference("kim", 2) == item.y and studio.item_reference("kim", None) is None
+    studio.save_history("lou", [Item("lou's own words here")], "tweets")
+    assert studio.item_reference("lou", 2) is None  # kim's second item is not lou's
     with pytest.raises(ValueError, match="no longer exists"):
-        studio.resolve_prompt(None, True, 10**9)
+        studio.resolve_prompt(None, True, 10**9, "kim")
     with pytest.raises(ValueError, match="empty"):
         studio.resolve_prompt("  ", True)
     # Quick pair: its own box, else Compare's; never wrapped twice
@@ -111,7 +118,7 @@ def test_writing_handlers_answer_in_the_status_line(studio):
     assert "Saved **8** items for **nia**" in msg and len(rows) == 8 and shown == "nia"
     assert "nia" in users["choices"] and len(picks["choices"]) == 8
     out = writing.update_item(studio, "nia", 10**9, "x")  # expected errors: the status line, the rest kept
-    assert out[0].startswith("⚠️") and "is not one of nia" in out[0]
+    assert out[0].startswith("⚠️") and "nia has no item" in out[0]
     assert all(isinstance(o, type(gr.skip())) for o in out[1:])
     out = writing.save(studio, "", "text", None, "tweets", None)
     assert "user name" in out[0] and len(out) == 5

@@ -47,10 +47,12 @@ class UserContext:
         items, templated = [], set()
         for i, s in enumerate(store.items(name)):
             if not s.x and not s.neutral:
-                raise ValueError(f"item {s.id} of user {name!r} has no prompt and no neutral rewrite: onboard first")
+                raise ValueError(f"item {s.position + 1} of user {name!r} has no prompt and no neutral rewrite: "
+                                 "onboard first")
             if not s.x:
                 templated.add(i)
-            items.append(Item(y=s.y, x=s.x or task.prompt(s.neutral), id=str(s.id)))
+            # the item's number in the person's own history (as My writing shows it), not the store's row id
+            items.append(Item(y=s.y, x=s.x or task.prompt(s.neutral), id=str(s.position + 1)))
         return cls(name, items, cluster, k, lam, frozenset(templated))
 
 

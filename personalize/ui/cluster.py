@@ -37,6 +37,7 @@ def build(studio, shared: Shared) -> None:
         examples = Markdown(elem_id="cluster-examples")
         plot = gr.Plot(elem_id="cluster-plot")
 
+    shared.of_person((status, ""), (examples, ""), (plot, None))
     fn, outputs = bind(show_cluster, studio), [status, examples, plot, d.k, d.k_slider]
     # `input` fires for the keyboard (arrow keys, the number box) as well as the mouse; `release` is mouse-only.
     # Only the last of a burst of steps is run; the K the slider came from sets the direction of the snap.

@@ -53,8 +53,8 @@ def columns(chosen) -> list:
     return [gr.update(visible=m in (chosen or [])) for m in ALL_METHODS]
 
 
-def pick_item(studio, item) -> str:
-    ref = studio.item_reference(item)
+def pick_item(studio, name, item) -> str:
+    ref = studio.item_reference(name, item)
     return "" if ref is None else f"**Reference (your text):**\n\n{md(ref)}"
 
 
@@ -142,7 +142,8 @@ def build(studio, shared: Shared) -> None:
                         thumbs[m, False] = gr.Button("👎 not me", size="sm", elem_id=f"down-{m}")
         refine_status = Markdown(elem_id="refine-status")
 
-    p.item.change(bind(pick_item, studio), [p.item], [reference])
+    shared.of_person((status, ""), (reference, ""), (refine_status, ""), *((outs[m], f"**{m}**") for m in ALL_METHODS))
+    p.item.change(bind(pick_item, studio), [shared.user, p.item], [reference])
     compare_btn.click(bind(compare, studio), [shared.user, *p.inputs, methods, *d.inputs], [status, *outs.values()],
                       concurrency_id="decode", concurrency_limit=DECODE_SESSIONS, api_name="compare")
     methods.change(columns, [methods], list(cols.values()))

@@ -8,7 +8,7 @@ versions table in Fit my style. Compare, Why, Quick pair, Explore and Fit all re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import gradio as gr
 
@@ -73,6 +73,13 @@ class Shared:
     prompt: PromptInput
     versions: gr.Dataframe  # the user's style versions: shown in Fit, a thumb in Compare adds one
     saved: object = None  # My writing's Save event (set by writing.build): My cluster redraws after it
+    # what shows one person's results (a fit, outputs, a trace, a sweep), with its empty value: emptied when
+    # the user name changes, so no tab shows a person's results under another's name (forget_previous_person)
+    per_person: list = field(default_factory=list)
+
+    def of_person(self, *pairs) -> None:
+        """Registers (component, empty value) pairs as showing one person's results."""
+        self.per_person.extend(pairs)
 
     @property
     def served_outputs(self) -> list:
@@ -113,3 +120,18 @@ def page_top(studio, app: gr.Blocks) -> Shared:
     versions = gr.Dataframe(headers=list(VERSION_COLUMNS), interactive=False, elem_id="versions", render=False)
     app.load(lambda: gr.update(choices=studio.user_names()), None, [stored])
     return Shared(app, header, user, stored, gr.State(None), decoding, prompt, versions)
+
+
+def forget_previous_person(studio, shared: Shared) -> None:
+    """When the user name changes (typed, a stored user opened, a demo user loaded, forgotten), every tab's
+    results of the previous person are emptied and the versions table shows the new person's."""
+    from .common import version_rows
+
+    components = [c for c, _ in shared.per_person]
+    empty = [v for _, v in shared.per_person]
+
+    def switched(name):
+        return (*empty, version_rows(studio, name))
+
+    shared.user.change(switched, [shared.user], [*components, shared.versions], queue=False,
+                       show_progress="hidden")

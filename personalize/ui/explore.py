@@ -42,5 +42,6 @@ def build(studio, shared: Shared) -> None:
         table = gr.Dataframe(headers=["sweep", "value", "method", "ROUGE-L", "words"], interactive=False,
                              elem_id="explore-table")
 
+    shared.of_person((status, ""), (alpha_plot, None), (k_plot, None), (table, []))
     run_btn.click(bind(explore, studio), [shared.user, alphas, n_hold, *shared.decoding.sliders],
                   [status, alpha_plot, k_plot, table], concurrency_id="model")

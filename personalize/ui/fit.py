@@ -75,8 +75,7 @@ def build(studio, shared: Shared) -> None:
         owner_status = Markdown(elem_id="owner-status")
 
     user, versions, rows = shared.user, shared.versions, bind(version_rows, studio)
-    # a new name: the page no longer shows the previous person's fit (in the browser, no request to the server)
-    user.input(None, None, [status], js="() => ''", show_progress="hidden")
+    shared.of_person((status, ""), (plot, None), (style_key, ""), (owner_status, ""))
     fit_btn.click(bind(fit, studio), [user, shared.decoding.k], [status, plot], concurrency_id="model",
                   api_name="fit").then(rows, [user], [versions])
     restore_btn.click(bind(restore, studio), [user, version_id], [owner_status, versions])

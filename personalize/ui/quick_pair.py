@@ -72,6 +72,7 @@ def build(studio, shared: Shared) -> None:
             return vote(studio, winner, pid, typed, logged_in(request))
         return cast
 
+    shared.of_person((out_a, "**A**"), (out_b, "**B**"), (status, ""), (pair_id, None))
     p = shared.prompt
     new_pair.click(draw, [shared.user, rater, prompt, methods, p.text, p.templated, *shared.decoding.inputs],
                    [status, out_a, out_b, pair_id], concurrency_id="decode", concurrency_limit=DECODE_SESSIONS, api_name="new_pair")

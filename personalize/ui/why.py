@@ -48,6 +48,7 @@ def build(studio, shared: Shared) -> None:
         plot = gr.Plot(elem_id="why-plot")
         trace = gr.State({})
 
+    shared.of_person((status, ""), (tokens, None), (plot, None), (trace, {}))
     why_btn.click(bind(why, studio), [shared.user, *shared.prompt.inputs, *shared.decoding.inputs],
                   [status, tokens, step, plot, trace], concurrency_id="decode", concurrency_limit=DECODE_SESSIONS)
     step.release(why_step, [step, trace], [plot])

@@ -37,12 +37,13 @@ def user_changed(studio, name, shown_for):
     return ("" if res["clear"] else gr.skip()), res["rows"], item_choices(studio, name), message, res["shown_for"]
 
 
-@guarded(1 + N_SERVED + 1)
+@guarded(1 + N_SERVED + 2)
 def switch_task(studio, task_name):
+    """The task dropdown always shows the task served: after "no build for it", the one still served."""
     res = studio.switch_task(task_name)
     if not res["switched"]:
-        return (res["message"], *[gr.skip()] * (N_SERVED + 1))
-    return (res["message"], *served(studio))
+        return (res["message"], *[gr.skip()] * (N_SERVED + 1), studio.task.name)
+    return (res["message"], *served(studio), studio.task.name)
 
 
 @guarded(5)
@@ -74,15 +75,17 @@ def open_user(studio, name):
             studio.item_rows(name), item_choices(studio, name), u["task"], "", None)
 
 
-@guarded(4)
+@guarded(7)
 def forget(studio, name, ok):
+    """Forget me: the status line, and the page no longer holds the person (name, history box, items)."""
     res = studio.forget_me(name, ok)
     kept = ("ratings_anonymised", "campaign_items_anonymised")
     gone = sum(v for k, v in res.items() if isinstance(v, int) and k not in kept)
     return (f"Forgot **{md(name.strip())}**: {gone} stored rows deleted, {res['ratings_anonymised']} rating(s) and "
             f"{res.get('campaign_items_anonymised', 0)} campaign item(s) kept without texts or name, "
-            f"{len(res['files'])} file(s) removed, database compacted.",
-            False, [], gr.update(choices=studio.user_names(), value=None))
+            f"{sum(res.get('exports', {}).values())} of their record(s) taken out of {len(res.get('exports', {}))} "
+            f"export(s), {len(res['files'])} file(s) removed, database compacted.",
+            False, [], gr.update(choices=studio.user_names(), value=None), "", "", None)
 
 
 def build(studio, shared: Shared) -> None:
@@ -97,10 +100,10 @@ def build(studio, shared: Shared) -> None:
                          file_types=[".txt", ".jsonl", ".csv", ".json"], elem_id="upload")
         save_btn = gr.Button("Save history", variant="primary", elem_id="save-history")
         status = Markdown(elem_id="writing-status")
-        items = gr.Dataframe(headers=["id", "text", "neutral rewrite"], interactive=False, label="Stored items",
+        items = gr.Dataframe(headers=["#", "text", "neutral rewrite"], interactive=False, label="Stored items",
                              elem_id="items")
         with gr.Row():
-            item_id = gr.Number(label="Item id", precision=0, elem_id="item-id")
+            item_id = gr.Number(None, label="Item number", precision=0, elem_id="item-id")
             item_text = gr.Textbox(label="New text", elem_id="item-text", scale=3)
             edit_btn = gr.Button("Update item", elem_id="update-item")
             delete_btn = gr.Button("Delete item", variant="stop", elem_id="delete-item")
@@ -117,14 +120,14 @@ def build(studio, shared: Shared) -> None:
     demo_btn.click(bind(load_demo, studio), [demo_user, user], [history, user, status, shown_for])
     user.input(bind(user_changed, studio), [user, shown_for], [history, items, pick, status, shown_for],
                concurrency_limit=None, trigger_mode="always_last", show_progress="hidden")
-    task.input(bind(switch_task, studio), [task], [status, *served_outputs], concurrency_id="model",
+    task.input(bind(switch_task, studio), [task], [status, *served_outputs, task], concurrency_id="model",
                api_name="switch_task")
     shared.saved = save_btn.click(bind(save, studio), [user, history, upload, task, demo_user],
                                   [status, items, stored, pick, shown_for], api_name="save_history")
     edit_btn.click(bind(update_item, studio), [user, item_id, item_text], [status, items, pick])
     delete_btn.click(bind(delete_item, studio), [user, item_id], [status, items, pick])
     stored.change(bind(open_user, studio), [stored], [status, user, items, pick, task, history, shown_for])
-    forget_btn.click(bind(forget, studio), [user, forget_ok], [forget_status, forget_ok, items, stored],
-                     concurrency_id="model")
+    forget_btn.click(bind(forget, studio), [user, forget_ok],
+                     [forget_status, forget_ok, items, stored, user, history, shown_for], concurrency_id="model")
     # a page opened after a switch (in another session) shows the build now served
     shared.app.load(lambda: (*served(studio), studio.task.name), None, [*served_outputs, task])
