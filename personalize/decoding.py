@@ -91,6 +91,16 @@ def repetition_processors(s: DecodingSettings, prompt_length: int, eos_token_id:
     return out
 
 
+def _one_scale(scores: torch.Tensor, ids: torch.Tensor, new: torch.Tensor) -> dict:
+    """A step of the Why view on one scale: log-probabilities among the step's candidates (the top-k and the
+    memory's tokens), the cluster model's ("before", from its logits at those ids) and CARD's ("after"); the
+    correction is their difference. CARD's scores are logits without a memory and log-probabilities with
+    one, so neither raw number can stand beside the cluster model's logits."""
+    used = ids >= 0
+    base = scores.detach().float().cpu().gather(-1, ids.clamp(min=0)).masked_fill(~used, float("-inf"))
+    return {"cand": ids.clone(), "before": base.log_softmax(-1), "after": new.float().log_softmax(-1)}
+
+
 class CardLogitsProcessor(LogitsProcessor):
     """Re-ranks the top-k candidates by each row's style and masks every other token."""
 
@@ -109,8 +119,7 @@ class CardLogitsProcessor(LogitsProcessor):
         ids, new = style_scores(self.head, self.styles, self.style, self.capture.last().cpu(), cand.cpu(),
                                 vals.cpu(), self.alpha, self.standardize)
         if self.trace is not None:  # candidates and the memory's extra tokens (id -1: an unused slot)
-            before = torch.cat([vals.cpu(), torch.full((len(ids), ids.shape[1] - cand.shape[1]), float("-inf"))], 1)
-            self.trace.append({"cand": ids.clone(), "before": before, "after": new.clone()})
+            self.trace.append(_one_scale(scores, ids, new))
         out = torch.full_like(scores, float("-inf"))
         valid = ids >= 0
         rows = torch.arange(len(ids))[:, None].expand_as(ids)

@@ -663,8 +663,9 @@ class Studio:
 
     # ------------------------------------------------------------ Why
     def why(self, name: str, prompt: str, s: DecodingSettings, k: int | None = None) -> dict:
-        """CARD's decoding step by step: the token chosen, the cluster model's choice, and the top candidates'
-        logits before and after the correction."""
+        """CARD's decoding step by step: the token chosen, the cluster model's choice, and for the chosen token and
+        its top rivals the log-probability among the step's candidates before (the cluster model), the
+        correction and after (CARD), on one scale."""
         prompt = self.check_prompt(prompt)
         state = self.user_state(name, k)
         g = self._decode("card", state, prompt, s, trace=True)
@@ -675,10 +676,13 @@ class Studio:
             order = after.argsort(descending=True)
             chosen = int(st["chosen"][0]) if st.get("chosen") is not None else int(cand[order[0]])
             cluster_choice = int(cand[before.argmax()])
+            shown = order[:10].tolist()  # the chosen token and the cluster model's are always among those shown
+            shown += [j for j in range(len(cand)) if int(cand[j]) in (chosen, cluster_choice) and j not in shown]
             steps.append({"token": tok.decode([chosen]), "token_id": chosen, "changed": chosen != cluster_choice,
                           "cluster_token": tok.decode([cluster_choice]),
-                          "candidates": [{"token": tok.decode([int(cand[j])]), "before": float(before[j]),
-                                          "after": float(after[j])} for j in order[:10].tolist()]})
+                          "candidates": [{"token": tok.decode([int(cand[j])]), "chosen": int(cand[j]) == chosen,
+                                          "before": float(before[j]), "correction": float(after[j] - before[j]),
+                                          "after": float(after[j])} for j in shown]})
         return {"text": g.text, "steps": steps, "pieces": text_pieces(tok, steps), "alpha": s.alpha,
                 "fitted": state.fitted, "cluster": state.cluster, "k": state.k}
 

@@ -37,11 +37,15 @@ def loss_figure(curve: list[float]) -> go.Figure:
 
 
 def step_figure(step: dict) -> go.Figure:
-    """Why: one decoding step's top candidates, logits before (cluster model) and after CARD's correction."""
-    toks = [plot_text(repr(c["token"])) for c in step["candidates"]]
-    fig = go.Figure([go.Bar(name="before (cluster model)", x=toks, y=[c["before"] for c in step["candidates"]]),
-                     go.Bar(name="after (α·Δ added)", x=toks, y=[c["after"] for c in step["candidates"]])])
-    fig.update_layout(barmode="group", title="Top candidates' logits at this step", height=380)
+    """Why: one decoding step, the chosen token (marked ✓) and its rivals, on one scale: the log-probability
+    among the step's candidates under the cluster model, CARD's correction, and under CARD."""
+    cands = step["candidates"]
+    toks = [plot_text(("✓ " if c.get("chosen") else "") + repr(c["token"])) for c in cands]
+    fig = go.Figure([go.Bar(name="before: cluster model", x=toks, y=[c["before"] for c in cands]),
+                     go.Bar(name="correction (your style)", x=toks, y=[c.get("correction", 0.0) for c in cands]),
+                     go.Bar(name="after: CARD", x=toks, y=[c["after"] for c in cands])])
+    fig.update_layout(barmode="group", height=380, yaxis_title="log-probability among the candidates",
+                      title="The chosen token (✓) and its rivals: before + correction = after")
     return fig
 
 
