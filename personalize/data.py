@@ -55,8 +55,14 @@ TASKS: dict[str, Task] = {
         Task("commit_subjects", "CommitSubjectGeneration", "{text}"),
         Task("headlines", "NewsHeadlineGeneration", "Generate a headline for the following article: {text}"),
         Task("tweets", "TweetParaphrasing", "Paraphrase the following tweet without any explanation before or after it: {text}"),
+        Task("changelog_entries", "DebianChangelogGeneration", "{text}"),
+        Task("writing", "PersonalWriting", "{text}"),
+        Task("rewrite", "PersonalRewrite",
+             "Rewrite the following text in your own words, without any explanation before or after it: {text}"),
     )
 }
+# Tasks whose inputs are full prompts (template "{text}", so no Task.prefix) but start with a fixed instruction.
+_PROMPT_STARTS = {"Write the Debian changelog entry": "changelog_entries"}
 # Names other files use for the same tasks (the LaMP benchmark numbers its tasks).
 _ALIASES = {"lamp_4": "headlines", "lamp_5": "scholarly_titles", "lamp_7": "tweets"}
 
@@ -171,6 +177,9 @@ def items_to_lamp_profile(items: Sequence[Item]) -> list[dict[str, str]]:
 def _detect(raw: list[dict[str, Any]], where: Path) -> Task:
     """The task of a questions file without an outputs file: by its prompt, else by its profile keys."""
     first = str(raw[0]["input"])
+    for start, name in _PROMPT_STARTS.items():
+        if first.startswith(start):
+            return TASKS[name]
     for t in TASKS.values():
         if t.prefix and first.startswith(t.prefix):
             return t

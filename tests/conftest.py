@@ -46,12 +46,25 @@ def tiny_model(tokenizer):
     return model
 
 
+def save_tiny_lm(tokenizer, folder: Path) -> Path:
+    """A tiny random Llama with the bundled tokenizer saved as a local model folder (the path a user's own
+    checkpoint takes): builds in seconds instead of the bundled model's minutes."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                      tie_word_embeddings=True, initializer_range=0.3)
+    LlamaForCausalLM(cfg).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_artifacts(tokenizer, tmp_path_factory):
     """CARD artifacts built by the real `build` on a small demo population, with a tiny random Llama saved
     as a local model folder (the path a user's own checkpoint takes): seconds instead of minutes."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from personalize.adapters import LoraSettings
     from personalize.build import build
     from personalize.config import CardConfig
@@ -62,13 +75,7 @@ def tiny_artifacts(tokenizer, tmp_path_factory):
     from personalize.tokens import TokenBudget
 
     root = tmp_path_factory.mktemp("tiny")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                      tie_word_embeddings=True, initializer_range=0.3)
-    LlamaForCausalLM(cfg).save_pretrained(root / "lm")
-    tokenizer.save_pretrained(root / "lm")
+    save_tiny_lm(tokenizer, root / "lm")
     demo = write_demo(root / "demo", n_users_per_style=2, n_items=10)
     card = CardConfig(model=ModelConfig(str(root / "lm"), device="cpu"), ks=(1, 2, 4), default_k=2,
                       budget=TokenBudget(32, 12), items_per_user=8, n_val_users=2,
