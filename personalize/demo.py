@@ -8,8 +8,11 @@ sentence, styles differ between clusters and quirks differ between users.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import re
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -245,9 +248,38 @@ def demo_queries(n_users_per_style: int = 8, n_items: int = 20, seed: int = 0) -
 
 
 def write_demo(folder: str | Path = DEMO_DIR, n_users_per_style: int = 8, n_items: int = 20, seed: int = 0) -> Path:
-    """Write the demo population as LaMP split "dev" of task tweets; returns the folder."""
+    """Write the demo population as LaMP split "dev" of task tweets; returns the folder.
+
+    Safe when two processes write the first demo at once: the files are written into a temp folder beside
+    it, which is renamed into place whole; a process that then finds the other's finished folder leaves it
+    (same arguments, same bytes). An existing folder (asked for again on purpose) gets each file replaced
+    atomically, the questions file last, since its presence is what marks the demo as written."""
     folder = Path(folder)
-    write_lamp(folder, SPLIT, TASKS["tweets"], demo_queries(n_users_per_style, n_items, seed))
+    queries = demo_queries(n_users_per_style, n_items, seed)
+    existed = folder.is_dir() and any(folder.iterdir())
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.tmp-"))
+    try:
+        write_lamp(tmp, SPLIT, TASKS["tweets"], queries)
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; this is an ordinary data folder
+        if not existed:
+            try:
+                os.rename(tmp, folder)  # onto a missing or empty folder: atomic
+                return folder
+            except OSError:
+                if (folder / f"{SPLIT}_questions.json").exists():
+                    return folder  # another process finished first: keep its folder
+                if not folder.is_dir():
+                    raise
+        folder.mkdir(exist_ok=True)
+        names = [f"{SPLIT}_{n}.json" for n in ("outputs", "meta", "questions")]
+        for name in names:
+            if (tmp / name).exists():
+                os.replace(tmp / name, folder / name)
+            else:
+                (folder / name).unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return folder
 
 

