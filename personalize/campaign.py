@@ -4,16 +4,19 @@ SQLite, and the study's statistics.
 
 A *unit* is what one judgment judges: in `pairwise` mode the outputs of two arms for one item (every pair of
 the campaign's methods; the reference, the person's real text, is one more blinded arm), in `rubric` mode one
-output. A rater is given the least-rated unit they have not seen, in the A/B order used less often for that unit
-so far (counterbalancing), and keeps it until they judge or skip it: the pending assignment is a row, so a
-reload or a restart gives it back. Attention checks (the reference against a degenerate output) are units of
-their own, flagged, and kept out of every statistic but the raters' pass rate. Every write is one transaction,
+output. A rater is given, among the units they have not seen, one that others have started but that has fewer
+than `min_raters_per_unit` judgments (default 2: so agreement exists from the first two raters on), else the
+least-rated one, in the A/B order used less often for that unit so far (counterbalancing), and keeps it until
+they judge or skip it: the pending assignment is a row, so a reload or a restart gives it back. Attention
+checks (the reference against a degenerate output) are units of their own, flagged, and kept out of every
+statistic but the raters' pass rate. Every write is one transaction,
 so concurrent raters lose nothing and a unit is never judged twice by one rater (a UNIQUE constraint, too).
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import random
@@ -28,7 +31,7 @@ from typing import Any, Callable, Sequence
 from . import agreement
 from .leaderboard import LeaderboardConfig, leaderboard
 from .names import ALL_METHODS
-from .store import WINNERS, Store, StoreError, _now
+from .store import CAMPAIGN_PREFIX, MAX_NAME, WINNERS, Store, StoreError, _now
 
 MODES = ("pairwise", "rubric")
 CRITERIA = ("style", "content", "fluency")
@@ -65,6 +68,10 @@ class CampaignConfig:
     task: str = ""
     history_shown: int = 20  # history items a rater can scroll through
     pending_ttl_s: float = 1800.0  # a pending assignment older than this no longer counts as a unit's load
+    # a unit that has a judgment (or a pending one) goes to further raters until it has this many, before any
+    # unrated unit is opened: the overlap Krippendorff's α needs. None: 2 (raters_per_item when that is 1);
+    # 1: plain least-rated first (raters may then judge disjoint units, and α stays undefined)
+    min_raters_per_unit: int | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "methods", tuple(dict.fromkeys(self.methods)))
@@ -77,6 +84,11 @@ class CampaignConfig:
             raise ValueError("a pairwise campaign compares at least two arms (methods, or a method and the reference)")
         if not 1 <= self.raters_per_item <= 100:
             raise ValueError("raters per item must be between 1 and 100")
+        if self.min_raters_per_unit is None:
+            object.__setattr__(self, "min_raters_per_unit", min(2, self.raters_per_item))
+        if not 1 <= self.min_raters_per_unit <= self.raters_per_item:
+            raise ValueError(f"min raters per unit (before new units are opened) must be between 1 and the raters "
+                             f"per item ({self.raters_per_item}), not {self.min_raters_per_unit}")
         if self.attention_every < 0 or (self.attention_every and not self.reference):
             raise ValueError("attention checks need the reference (--reference) and attention_every >= 0")
         if self.history_shown < 5 or self.pending_ttl_s <= 0:
@@ -228,8 +240,9 @@ class Campaigns:
 
     # ------------------------------------------------------------ assignment
     def next(self, name: str, rater: str) -> Assignment | None:
-        """The rater's pending unit, else a new one: least-rated first among the units whose outputs are ready
-        and that this rater has not seen, ties at random; None when nothing is left for them."""
+        """The rater's pending unit, else a new one among the units whose outputs are ready and that this rater
+        has not seen: first a unit others started that has fewer than `min_raters_per_unit` judgments (pending
+        ones count), else the least-rated one; ties at random; None when nothing is left for them."""
         rater = _rater(rater)
         c = self.get(name)
         if c["status"] != "open":
@@ -278,8 +291,13 @@ class Campaigns:
             rows = [r for r in rows if r[1] < cfg.raters_per_item]
         if not rows:
             return None
-        least = min(r[1] + r[2] for r in rows)
-        uid, _, _, plain, flipped = self.rng.choice([r for r in rows if r[1] + r[2] == least])
+
+        def rank(r) -> tuple[int, int]:  # started units short of the overlap first, then least-rated first
+            load = r[1] + r[2]
+            return (0 if not attention and 0 < load < cfg.min_raters_per_unit else 1), load
+
+        best = min(rank(r) for r in rows)
+        uid, _, _, plain, flipped = self.rng.choice([r for r in rows if rank(r) == best])
         return uid, (plain, flipped)
 
     def _assignment(self, aid: int, c: dict, rater: str) -> Assignment:
@@ -478,7 +496,12 @@ class Campaigns:
         judge_rows = self.judgments(name, judge=True)
         res = {"name": c["name"], "status": c["status"], "mode": conf.mode, "arms": list(conf.arms),
                "items": len(self.items(name)), "outputs": self.outputs(name), "judgments": len(main),
-               "raters": len({r["rater"] for r in main}), "attention": _attention(checks, conf.mode)}
+               "raters": len({r["rater"] for r in main}), "attention": _attention(checks, conf.mode),
+               "min_raters_per_unit": conf.min_raters_per_unit}
+        by_unit: dict[tuple, set] = {}
+        for r in main:
+            by_unit.setdefault((r["first"], r["second"], r["item"]), set()).add(r["rater"])
+        shared = sum(len(v) >= 2 for v in by_unit.values())  # α is defined only over units two raters judged
         if conf.mode == "pairwise":
             human = _strengths(main, cfg)
             units = {}
@@ -486,7 +509,7 @@ class Campaigns:
                 units.setdefault((r["first"], r["second"], r["item"]), {})[r["rater"]] = canonical_label(r)
             res["agreement"] = {"krippendorff_alpha": agreement.krippendorff_alpha(units, "nominal"),
                                 "position_bias": agreement.position_bias([r["verdict"] for r in main]),
-                                "raters": agreement.rater_agreement(units)}
+                                "raters": agreement.rater_agreement(units), "shared_units": shared}
             res["leaderboard"] = human["methods"]
             judge_scores = _judge_wins(judge_rows) or {
                 m["method"]: m["strength"] for m in _strengths(judge_rows, cfg)["methods"]}
@@ -501,7 +524,7 @@ class Campaigns:
             res["agreement"] = {"krippendorff_alpha": {k: agreement.krippendorff_alpha(u, "interval")
                                                        for k, u in per.items()},
                                 "position_bias": None,
-                                "raters": agreement.rater_agreement(per["style"])}
+                                "raters": agreement.rater_agreement(per["style"]), "shared_units": shared}
             judge_scores = {m["method"]: m["mean"] for m in agreement.rubric_means(
                 [{"method": r["method_a"], **r["scores"]} for r in judge_rows if r["scores"]], CRITERIA, n_boot=1)}
             human_scores = {m["method"]: m["mean"] for m in res["leaderboard"]}
@@ -606,10 +629,27 @@ def lamp_items(folder: str | Path, split: str, limit: int, history_shown: int = 
     return task, items, profiles
 
 
+def person_name(task: str, user: str, history: Sequence[str]) -> str:
+    """The name a campaign's person is stored under for generation: in the store's reserved campaign namespace
+    (kept out of the studio's users, so a LaMP folder's people never mix with the studio's own), keyed by the
+    task, the person's id and the history the raters see, so the same id with another profile (another folder
+    or task) is another stored person, and the same person in two campaigns is stored and fitted once."""
+    key = hashlib.sha1(json.dumps([task, user, list(history)]).encode()).hexdigest()[:8]
+    return f"{CAMPAIGN_PREFIX}{key}:{user}"[:MAX_NAME].rstrip()
+
+
+def _stored_person(store: Store, task: str, item: dict) -> str:
+    """The stored user whose style generates an item's outputs: the campaign's own copy of the person, else (a
+    campaign made before people were kept apart, or over the studio's own users) the user of that name."""
+    own = person_name(task, item["user"], item["history"])
+    return own if store.query("SELECT 1 FROM users WHERE name = ?", [own]) else item["user"]
+
+
 def create_from_lamp(store: Store, name: str, data: str | Path, split: str, limit: int, artifacts: str | Path,
                      build: str, task: str, sources: Sequence[str] = (), **settings) -> dict:
     """A campaign over the first `limit` queries of a LaMP split, for the build `artifacts` serving `task`; each
-    query's person is stored from their profile (a person already stored under that name keeps their history)."""
+    query's person is stored from their profile for generation, apart from the studio's users (person_name:
+    a studio user of the same name is neither shown their history nor changed)."""
     lamp_task, items, profiles = lamp_items(data, split, int(limit), sources=sources)
     if lamp_task.name != task:
         raise CampaignError(f"{data} is a {lamp_task.name} folder, but the build serves {task}")
@@ -618,10 +658,12 @@ def create_from_lamp(store: Store, name: str, data: str | Path, split: str, limi
     camps = Campaigns(store)
     if (name or "").strip() in camps.names():
         raise CampaignError(f"a campaign named {name.strip()!r} exists already")
-    known = {u["name"] for u in store.users()}
-    for user, profile in profiles.items():
-        if user not in known:
-            store.add_user(user, profile, task)
+    known = {u["name"] for u in store.users(campaign=True)}
+    for it in items:
+        stored = person_name(task, it.user, it.history[: cfg.history_shown])
+        if stored not in known:
+            store.add_user(stored, profiles[it.user], task, campaign=True)
+            known.add(stored)
     return camps.create(name, items, cfg)
 
 
@@ -641,13 +683,13 @@ def generate(studio, name: str, progress: Callable[[int, int, str], None] | None
     for i, (item, method) in enumerate(todo):
         if progress:
             progress(i, len(todo), f"{method} for {item['user']}")
-        user = item["user"]
+        user = _stored_person(studio.store, cfg.task, item)
         if method == "card" and user not in fitted and not studio.user_state(user).fitted:
             studio.fit(user)
         fitted.add(user)
         out = studio.run_method(method, studio.user_state(user), item["prompt"], s)
         if out.error:
-            failed.append(f"{method} for {user}: {out.error}")
+            failed.append(f"{method} for {item['user']}: {out.error}")
             continue
         made += camps.add_output(item["id"], method, out.text, out.latency_s)
     if progress:
@@ -679,6 +721,13 @@ def run_judge(camps: Campaigns, name: str, judge, progress: Callable[[int, int, 
     return {"judged": len(units)}
 
 
+def overlap_text(res: dict) -> str:
+    """How many units agreement is computed over: "agreement needs 2 raters on a unit: N units have them"."""
+    n, m = res["agreement"].get("shared_units", 0), res.get("min_raters_per_unit") or 1
+    return (f"agreement needs 2 raters on a unit: {n} unit{'' if n == 1 else 's'} {'has' if n == 1 else 'have'} "
+            f"them (a started unit goes to {m} rater{'' if m == 1 else 's'} before new ones open)")
+
+
 def format_status(res: dict) -> str:
     """`campaign status` for a terminal: progress, the leaderboard, agreement, attention, the judge."""
     def num(v, fmt="{:.3f}"):
@@ -702,6 +751,7 @@ def format_status(res: dict) -> str:
                                                      for c in CRITERIA) for m in res["leaderboard"]]
         lines.append("Krippendorff's α (interval): " + ", ".join(f"{k} {num(v)}"
                                                                for k, v in ag["krippendorff_alpha"].items()))
+    lines.append(f"  {overlap_text(res)}")
     if res["reference"]:
         lines.append(f"the reference ranks {res['reference']['rank']} of {res['reference']['of']}")
     lines += [f"  rater {r}: agrees with the others on {num(v['agreement'], '{:.0%}')} of {v['n']} shared units"

@@ -28,6 +28,9 @@ VERSION_SOURCES = ("history", "vote", "import")  # what produced a version of a 
 FEEDBACK_SOURCES = ("rate", "up", "down")  # a Rate vote, a thumbs up / down on a Compare column
 WINNERS = ("a", "b", "tie", "both_bad")
 MAX_NAME = 64
+# People a campaign stores to generate its outputs (personalize.campaign.person_name) are named in this reserved
+# namespace and kept out of users(), the studio's list of its own users; no ordinary user is named so.
+CAMPAIGN_PREFIX = "campaign:"
 
 # Raw DDL because sqlite-utils' create() cannot express AUTOINCREMENT or CHECK constraints.
 # AUTOINCREMENT: generation/rating ids are referenced elsewhere and must never be reused.
@@ -255,8 +258,13 @@ class Store:
         self.db["users"].update(name, {"updated": _now()})
 
     # users
-    def add_user(self, name: str, items: Sequence[Item], task: str, replace: bool = False) -> None:
+    def add_user(self, name: str, items: Sequence[Item], task: str, replace: bool = False,
+                 campaign: bool = False) -> None:
+        """Stores a user with their history; `campaign`: one of a campaign's people (named CAMPAIGN_PREFIX...)."""
         name = _name(name)
+        if name.startswith(CAMPAIGN_PREFIX) != campaign:
+            raise StoreError(f"invalid user name {name!r}: names starting with {CAMPAIGN_PREFIX!r} are (only) "
+                             "a campaign's people")
         if not items:
             raise StoreError(f"user '{name}' needs at least one history item")
         rows = _item_rows(name, items, 0)
@@ -281,16 +289,18 @@ class Store:
                 db["users"].insert({"name": name, "task": task, "created": now, "updated": now})
         return name
 
-    def users(self) -> list[dict]:
-        """[{"name", "task", "n_items", "created", "updated"}] sorted by name."""
+    def users(self, campaign: bool = False) -> list[dict]:
+        """[{"name", "task", "n_items", "created", "updated"}] sorted by name: the studio's users, and with
+        `campaign` the people campaigns stored for generation too."""
         with self._lock:
             return list(self.db.query(
                 "SELECT u.name, u.task, count(i.id) AS n_items, u.created, u.updated FROM users u"
-                " LEFT JOIN items i ON i.user = u.name GROUP BY u.name ORDER BY u.name"))
+                " LEFT JOIN items i ON i.user = u.name WHERE ? OR substr(u.name, 1, ?) != ?"
+                " GROUP BY u.name ORDER BY u.name", [int(campaign), len(CAMPAIGN_PREFIX), CAMPAIGN_PREFIX]))
 
     def user(self, name: str) -> dict:
         name = _name(name)
-        for u in self.users():
+        for u in self.users(campaign=True):
             if u["name"] == name:
                 return u
         raise StoreError(f"unknown user '{name}'")

@@ -59,6 +59,16 @@ def test_units_and_outputs_are_created_with_the_campaign(tmp_path):
         CampaignConfig(("base", "card"), attention_every=3)
     with pytest.raises(CampaignError, match="no reference"):
         camps.create("u", [CampaignItem("u", "p", ("h",) * 5)], CampaignConfig(("base", "card"), reference=True))
+    # the overlap agreement needs: 2 raters on a started unit by default (1 when a unit takes a single rating)
+    assert camps.get("t")["config"].min_raters_per_unit == 2
+    assert CampaignConfig(("base", "card"), raters_per_item=1).min_raters_per_unit == 1
+    assert CampaignConfig(("base", "card"), min_raters_per_unit=3).min_raters_per_unit == 3
+    for bad in (0, 4):
+        with pytest.raises(ValueError, match="min raters per unit"):
+            CampaignConfig(("base", "card"), raters_per_item=3, min_raters_per_unit=bad)
+    old = json.loads(store.query("SELECT config FROM campaigns WHERE name = 't'")[0]["config"])
+    old.pop("min_raters_per_unit")  # a campaign stored before the setting existed gets the default
+    assert CampaignConfig.from_json(json.dumps(old)).min_raters_per_unit == 2
 
 
 def test_no_rater_sees_a_unit_twice_and_everyone_gets_everything(tmp_path):
@@ -79,8 +89,64 @@ def test_no_rater_sees_a_unit_twice_and_everyone_gets_everything(tmp_path):
                        "VALUES (?, ?, 'r1', 0, 'pending', '', 0)", list(row))
 
 
+def test_two_raters_share_units_so_agreement_exists_from_the_start(tmp_path):
+    """Two raters × 4 units, two judgments each: the second rater is given the first one's units (in the other
+    A/B order), so Krippendorff's α is a number. Under least-rated first (min_raters_per_unit=1, the rule before)
+    they judge disjoint units and α is undefined ("—")."""
+    from personalize.campaign import format_status
+
+    for overlap, shared in ((None, 2), (1, 0)):
+        folder = tmp_path / f"overlap-{overlap}"
+        folder.mkdir()
+        store, camps = _campaign(folder, methods=("base", "card"), min_raters_per_unit=overlap)
+        assert len(camps.units("t")) == 4
+        for rater in ("r1", "r2"):
+            for n in range(2):
+                a = camps.next("t", rater)
+                v = _prefer(a)
+                if rater == "r2" and n == 0:  # r2 disagrees once, so the verdicts vary
+                    v = {"a": "b", "b": "a"}[v]
+                camps.submit(a.id, rater, v)
+        rows = camps.judgments("t")
+        units = {}
+        for r in rows:
+            units.setdefault((r["first"], r["second"], r["item"]), {})[r["rater"]] = r
+        res = camps.results("t")
+        alpha = res["agreement"]["krippendorff_alpha"]
+        assert res["agreement"]["shared_units"] == shared
+        assert f"agreement needs 2 raters on a unit: {shared} units have them" in format_status(res)
+        if overlap is None:
+            assert len(units) == 2 and all(set(u) == {"r1", "r2"} for u in units.values())
+            # counterbalanced: the second rater saw each shared unit in the other order
+            assert all(u["r1"]["method_a"] != u["r2"]["method_a"] for u in units.values())
+            # one agreeing and one disagreeing unit over card ×3, base ×1: α = 1 - 3·2/(2·3·1) = 0
+            assert alpha is not None and alpha == pytest.approx(0.0)
+            assert "Krippendorff's α (nominal): 0.000" in format_status(res)
+            assert res["agreement"]["raters"] == {"r1": {"n": 2, "agreement": 0.5}, "r2": {"n": 2, "agreement": 0.5}}
+        else:
+            assert len(units) == 4 and alpha is None
+            assert "Krippendorff's α (nominal): —" in format_status(res)
+        store.close()
+
+
+def test_a_started_unit_goes_to_the_next_rater_even_while_pending(tmp_path):
+    """Raters arriving together get the same unit (its pending assignment counts), until it has
+    min_raters_per_unit; then an unrated unit opens, and the next rater joins that one."""
+    store, camps = _campaign(tmp_path, n_items=2, raters_per_item=3, min_raters_per_unit=3)
+    first = camps.next("t", "r1")
+    key = lambda a: (a.prompt, frozenset(a.arms))  # noqa: E731
+    assert key(camps.next("t", "r2")) == key(first) == key(camps.next("t", "r3"))  # all pending at once
+    for rater in ("r1", "r2", "r3"):
+        camps.submit(camps.next("t", rater).id, rater, "a")
+    fresh = camps.next("t", "r1")  # the first unit is full: an unrated one opens
+    assert key(fresh) != key(first)
+    camps.submit(fresh.id, "r1", "a")
+    assert key(camps.next("t", "r4")) == key(fresh)  # r4 joins the started unit, not one of the 4 unrated
+
+
 def test_least_rated_first_and_counterbalanced(tmp_path):
-    store, camps = _campaign(tmp_path, raters_per_item=4)
+    """The rule without an overlap (min_raters_per_unit=1): an unrated unit before one another rater started."""
+    store, camps = _campaign(tmp_path, raters_per_item=4, min_raters_per_unit=1)
     for _ in range(5):  # r1 rates five units
         a = camps.next("t", "r1")
         camps.submit(a.id, "r1", "a")
@@ -258,6 +324,51 @@ def test_judge_rank_correlation_with_the_raters(tmp_path):
     # the judge's score of an arm is its mean probability of winning: card won both its pairs at 0.8
     assert res["judge"]["scores"] == {"card": 0.8, "cluster": 0.5, "base": 0.2}
     assert res["judge"]["verdicts"] == {"a": 4, "b": 8}  # per item: card > cluster (a); base loses twice (b)
+
+
+def test_campaign_people_are_kept_apart_from_the_studios_users(tiny_artifacts, tmp_path):
+    """A campaign from the demo folder stores its people for generation, but not as the studio's users: the
+    user list (Studio.user_names, the page's dropdown) names none of them, a studio user who has the name of one
+    of them keeps their own history and style, and the campaign still generates and reports results."""
+    from conftest import tiny_studio
+    from personalize.campaign import lamp_items, person_name
+    from personalize.data import Item
+    from personalize.store import CAMPAIGN_PREFIX, StoreError
+
+    studio = tiny_studio(tiny_artifacts, tmp_path)
+    try:
+        _, lamp, _ = lamp_items(tiny_artifacts["demo"], "dev", 3)
+        namesake = lamp[0].user  # the studio's own user, named like one of the campaign's people
+        mine = [Item(x="", y=f"my own text number {i}, written my way") for i in range(6)]
+        studio.save_history(namesake, mine, studio.task.name)
+        before = studio.user_names()
+        c = studio.create_campaign("apart", tiny_artifacts["demo"], "dev", 3, ["base", "card"], reference=True,
+                                   raters_per_item=2)
+        people = {it["user"] for it in studio.campaigns.items("apart")}
+        assert namesake in people and studio.user_names() == before == [namesake]
+        assert not any(u["name"].startswith(CAMPAIGN_PREFIX) for u in studio.store.users())
+        stored = {u["name"] for u in studio.store.users(campaign=True)} - set(before)
+        task = c["config"].task
+        assert stored == {person_name(task, it["user"], it["history"]) for it in studio.campaigns.items("apart")}
+        res = studio.generate_campaign("apart")
+        assert res["failed"] == [] and res["outputs"]["done"] == res["outputs"]["total"] == 3 * 3
+        assert studio.user_names() == before  # generating (fits, generations) stored no user of theirs either
+        assert [it.y for it in studio.store.items(namesake)] == [it.y for it in mine]
+        assert studio.store.vector(namesake, studio.engine.artifacts_id) is None  # the card fit was the copy's
+        for rater in ("r1", "r2"):
+            for _ in range(2):
+                a = studio.next_judgment("apart", rater)
+                studio.submit_judgment(a.id, rater, "a")
+        out = studio.campaign_results("apart")
+        assert out["judgments"] == 4 and out["agreement"]["shared_units"] == 2
+        assert out["agreement"]["krippendorff_alpha"] is not None  # "a" both times, shown in opposite orders
+        with pytest.raises(StoreError, match="reserved|only"):  # nobody saves a history into the namespace
+            studio.store.add_user(f"{CAMPAIGN_PREFIX}me", mine, studio.task.name)
+        # a second campaign over the same people reuses the stored copies
+        studio.create_campaign("apart-2", tiny_artifacts["demo"], "dev", 3, ["base", "card"])
+        assert {u["name"] for u in studio.store.users(campaign=True)} - set(before) == stored
+    finally:
+        studio.store.close()
 
 
 def _count_outputs(db: Path) -> int:

@@ -13,7 +13,7 @@ import functools
 import gradio as gr
 import plotly.graph_objects as go
 
-from ..campaign import CRITERIA, REFERENCE
+from ..campaign import CRITERIA, REFERENCE, overlap_text
 from ..display import md, plot_text
 from ..studio import ALL_METHODS, Studio
 from .common import EXPECTED, _err, bind, guarded
@@ -41,6 +41,7 @@ def results_md(res: dict) -> str:
     else:
         lines.append("Agreement: Krippendorff's α (interval) " + ", ".join(
             f"{c} **{_num(v)}**" for c, v in ag["krippendorff_alpha"].items()))
+    lines[-1] += f" · {overlap_text(res)}"
     if res["reference"]:
         lines.append(f"The reference (the person's real text, blinded) ranks **{res['reference']['rank']} of "
                      f"{res['reference']['of']}**.")
@@ -91,9 +92,11 @@ def show(studio: Studio, name: str | None) -> tuple:
 
 
 @guarded(2)
-def create(studio: Studio, name, data, split, sources, limit, methods, reference, mode, per_item, attention) -> tuple:
+def create(studio: Studio, name, data, split, sources, limit, methods, reference, mode, per_item, attention,
+           min_raters=None) -> tuple:
+    overlap = {"min_raters_per_unit": int(min_raters)} if min_raters else {}  # 0 or empty: the default (2)
     c = studio.create_campaign(name, data, split or "dev", int(limit or 0), methods or [], bool(reference),
-                               mode, int(per_item or 0), int(attention or 0), sources=sources or "")
+                               mode, int(per_item or 0), int(attention or 0), sources=sources or "", **overlap)
     names = studio.campaigns.names()
     return (f"Created **{md(c['name'])}**: generate its outputs next (below).",
             gr.update(choices=names, value=c["name"]))
@@ -164,6 +167,8 @@ def build(studio: Studio, shared=None) -> None:
                                     elem_id="campaign-reference")
                 c_mode = gr.Radio(["pairwise", "rubric"], value="pairwise", label="Mode", elem_id="campaign-mode")
                 c_per = gr.Number(label="Ratings per unit", value=3, precision=0, elem_id="campaign-per-item")
+                c_min = gr.Number(label="Raters on a unit before new ones open (agreement needs 2; 0: 2)",
+                                  value=0, precision=0, elem_id="campaign-min-raters")
                 c_att = gr.Number(label="Attention check every N units (0: none)", value=0, precision=0,
                                   elem_id="campaign-attention")
             c_create = gr.Button("Create", variant="primary", elem_id="campaign-create")
@@ -194,7 +199,8 @@ def build(studio: Studio, shared=None) -> None:
                 imp = gr.Button("Import", elem_id="campaign-import")
     results = [summary, plot, raters]
     c_create.click(functools.partial(create, studio),
-                   [c_name, c_data, c_split, c_sources, c_limit, c_methods, c_ref, c_mode, c_per, c_att], [status, pick]
+                   [c_name, c_data, c_split, c_sources, c_limit, c_methods, c_ref, c_mode, c_per, c_att, c_min],
+                   [status, pick]
                    ).then(functools.partial(show, studio), pick, results)
     gen.click(bind(generate, studio), pick, status, concurrency_id="model"
               ).then(functools.partial(show, studio), pick, results)
