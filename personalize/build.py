@@ -30,11 +30,10 @@ from .cluster import fit_clusters, user_embeddings
 from .config import FORMAT_VERSION, CardConfig
 from .data import Item, Query, read_lamp
 from .engine import Clusters, Engine, _split
-from .head import PairData, PersonalizationHead, diagnostics, fit_user, train_population
+from .head import PairData, PersonalizationHead, diagnostics, train_population
 from .methods import p2p as p2p_mod
 from .methods.p2p import P2PConfig, train_p2p
-from .metrics import rouge_scores
-from .models import load_encoder, load_lm
+from .models import file_lock, load_encoder, load_lm
 
 P2P_STEPS = 20  # build's default hypernetwork steps: a CPU budget (the paper trains 20k steps on a GPU)
 
@@ -53,7 +52,32 @@ def build(data_dir: str | Path, split: str, out: str | Path, cfg: CardConfig = C
     """Run the whole offline stage and write the artifacts folder (replaced only on success).
     p2p: the hypernetwork's training settings (budget and base adapter: the build's); None skips it.
     sources / exclude_sources: keep only (or leave out) users whose query comes from these sources
-    (repositories, venues: `Query.source`), so that eval can score people of a source the build never saw."""
+    (repositories, venues: `Query.source`), so that eval can score people of a source the build never saw.
+
+    Two processes building the same `out` at once (two first starts) take turns under a lock on
+    `<out>.lock`; one that waited and finds `out` freshly written by the other returns it as it is."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    before = _signature(out / "config.json")  # what was there before waiting: a deliberate rebuild replaces it
+    waiting = lambda: _log(f"another process is building {out}; waiting ...")  # noqa: E731
+    with file_lock(out.with_name(out.name + ".lock"), on_wait=waiting) as waited:
+        after = _signature(out / "config.json")
+        if waited and after is not None and after != before:
+            _log(f"{out} was built by the other process meanwhile: using it")
+            return out
+        return _build(data_dir, split, out, cfg, limit_users, seed, p2p, sources, exclude_sources)
+
+
+def _signature(path: Path) -> tuple[int, int] | None:
+    """Which file is at `path` (inode, mtime): a build's rename puts a new one there."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, sources, exclude_sources) -> Path:
     t_all = time.perf_counter()
     report: dict = {"stages_s": {}}
 
@@ -75,9 +99,14 @@ def build(data_dir: str | Path, split: str, out: str | Path, cfg: CardConfig = C
         raise ValueError(f"K={max(cfg.ks)} is larger than the population ({len(users)} users): lower --ks")
     names = list(users)
     rng = random.Random(seed)
-    val_users = set(rng.sample(names, min(cfg.n_val_users, max(0, len(names) - max(cfg.ks)))))
-    _log(f"{task.name}: {len(names)} users ({len(val_users)} held out for α), "
-         f"{sum(len(v) for v in users.values())} items")
+    # validation people choose the decoding settings and guard card against harm: people of the data outside the
+    # population first (their query), then population users held out of training (their newest item)
+    outside = [(q.input, q.gold, list(q.profile[:cfg.items_per_user])) for q in queries
+               if (q.user or q.id) not in users and q.gold and len(q.profile) >= 3][: cfg.n_val_users]
+    need = min(cfg.n_val_users - len(outside), len(names) // 4)  # at most a quarter of the population held out
+    val_users = set(rng.sample(names, min(need, max(0, len(names) - max(cfg.ks))))) if need > 0 else set()
+    _log(f"{task.name}: {len(names)} users ({len(val_users)} held out of training), {len(outside)} people outside "
+         f"the population, {sum(len(v) for v in users.values())} items; {len(outside) + len(val_users)} validation people")
 
     with timed("load models"):
         lm = load_lm(cfg.model)
@@ -150,20 +179,19 @@ def build(data_dir: str | Path, split: str, out: str | Path, cfg: CardConfig = C
     engine.heads = heads
     engine.population_lams = {o: dict(zip(head_users[o], lambdas[o].numpy())) for o in heads}
 
-    alpha = cfg.decoding.alpha
-    if val_users and len(cfg.alphas) > 1:
-        with timed("alpha selection"):
-            val = {n: users[n] for n in sorted(val_users)}
-            report["alpha_by_objective"] = {}
-            for obj in cfg.objectives:  # each head steers with its own α (eval --objective reads it)
-                engine.cfg = replace(cfg, objectives=(obj, *[o for o in cfg.objectives if o != obj]))
-                a, sweep = _choose_alpha(engine, val, cfg)
-                report["alpha_by_objective"][obj] = {"alpha": a, "sweep": sweep}
-                _log(f"α sweep ({obj}) on {len(val_users)} validation users: {sweep} → α = {a}")
-            engine.cfg = cfg
-            alpha = report["alpha_by_objective"][cfg.objectives[0]]["alpha"]
-            report["alpha_sweep"] = report["alpha_by_objective"][cfg.objectives[0]]["sweep"]
-    cfg = replace(cfg, decoding=replace(cfg.decoding, alpha=alpha))
+    val = [(items[0].x, items[0].y, items[1:]) for n in sorted(val_users) if len(items := users[n]) >= 3] + outside
+    if val and any(a > 0 for a in cfg.alphas):
+        with timed("decoding choice"):  # tune's whole choice, then the harm guard (tune.py)
+            cfg, report["tune"] = _choose_decoding(engine, val, cfg)
+            report["alpha_sweep"] = report["tune"].get("alpha", {}).get("sweep")
+            report["alpha_by_objective"] = {cfg.objectives[0]: {"alpha": cfg.decoding.alpha,
+                                                                "sweep": report["alpha_sweep"]}}
+    else:
+        cfg = replace(cfg, decoding=replace(cfg.decoding, alpha=0.0))
+        report["tune"] = {"guard": {"kept": False, "alpha": 0.0, "people": len(val),
+                                    "why": "card decodes as the cluster model (α = 0): no validation people to "
+                                           "show that the person's style helps"}}
+        _log(report["tune"]["guard"]["why"])
 
     hyper = None
     if p2p is None:
@@ -278,24 +306,19 @@ def _population_diagnostics(head, held: dict, lams: dict, cfg: CardConfig) -> di
     return {k: round(float(np.mean([r[k] for r in rows if k in r])), 4) for k in keys} | {"users": len(rows)}
 
 
-def _choose_alpha(engine: Engine, val: dict[str, list[Item]], cfg: CardConfig) -> tuple[float, dict]:
-    """α on validation users' held-out items, never on queries that eval scores (§1.9.2); the rest of the
-    decoding choice (repetition, the style's parts) is `python -m personalize tune` (tune.py)."""
-    prompts, golds, fits = [], [], []
-    for n, items in val.items():
-        if len(items) < 3:
-            continue
-        fit = engine.fit(items[1:])
-        prompts.append(items[0].x), golds.append(items[0].y), fits.append(fit)
-    # every (α, person) output in one mixed batch (batch.py: each row exactly what it gives decoded alone)
-    rows = [r for a in cfg.alphas for p, f in zip(prompts, fits)
-            for r in engine.rows([p], "card", f.cluster, f.style, settings=replace(cfg.decoding, alpha=a))]
-    texts = [g.text for g in engine.decode_rows(rows)] if rows else []
-    sweep = {}
-    for j, a in enumerate(cfg.alphas):
-        sweep[a] = round(rouge_scores(texts[j * len(prompts): (j + 1) * len(prompts)], golds)["rougeL"], 4)
-    best = max(sweep, key=lambda a: (sweep[a], -a))
-    return best, {str(a): v for a, v in sweep.items()}
+def _choose_decoding(engine: Engine, val: list[tuple[str, str, list[Item]]], cfg: CardConfig) -> tuple[CardConfig, dict]:
+    """Repetition, the style's parts, α, the memory weight and the fallback chosen on the validation people (never
+    on queries that eval scores, §1.9.2), then the harm guard: card stays the cluster model unless it beats it."""
+    from .tune import choose_decoding
+
+    prompts, golds, items, fits = [], [], [], []
+    for prompt, gold, profile in tqdm(val, desc="validation people", mininterval=2.0):
+        prompts.append(prompt), golds.append(gold), items.append(engine.prepare_items(profile))
+        fits.append(engine.fit(items[-1]))
+    engine.cfg = cfg
+    engine, report = choose_decoding(engine, prompts, golds, fits, items, progress=lambda m: _log(f"  {m}"),
+                                     alphas=[a for a in cfg.alphas if a > 0])
+    return engine.cfg, report
 
 
 def _save(out: Path, cfg, task, names, head_users, clusters, model, heads, lambdas, report, data_dir, split,

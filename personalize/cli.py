@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import replace
@@ -252,6 +253,8 @@ def cmd_tune(a) -> None:
     t0 = time.perf_counter()
     report = tune(engine, a.data, a.split, a.users, write=not a.dry_run, steps=_list(a.steps) or STEPS)
     print(json.dumps({k: report[k] for k in ("chosen_decoding", "chosen_style", "users", "helps_share")}, indent=1))
+    if "guard" in report:
+        print(report["guard"]["why"])
     print(f"tuned in {time.perf_counter() - t0:.0f} s" + ("" if a.dry_run else f"; written to {a.artifacts}/config.json"))
 
 
@@ -357,7 +360,8 @@ def cmd_campaign(a) -> None:
             c = campaign.create_from_lamp(
                 store, a.name, a.data, a.split, a.limit, a.artifacts, meta.get("id", "unbuilt"), meta["task"],
                 sources=_list(a.sources), methods=_methods(a.methods), reference=a.reference, mode=a.mode, raters_per_item=a.raters_per_item,
-                attention_every=a.attention_every, alpha=a.alpha, top_k=a.top_k, max_new_tokens=a.max_tokens)
+                attention_every=a.attention_every, alpha=a.alpha, top_k=a.top_k, max_new_tokens=a.max_tokens,
+                min_raters_per_unit=a.min_raters_per_unit)
             out = camps.outputs(a.name)
             print(f"created campaign {c['name']!r}: {len(camps.items(a.name))} items, arms {', '.join(c['config'].arms)}, "
                   f"{c['config'].mode}, {c['config'].raters_per_item} ratings per unit; outputs {out['done']}/"
@@ -405,6 +409,32 @@ def cmd_campaign(a) -> None:
             print(f"campaign {a.name!r} is {'closed' if a.action == 'close' else 'open'}")
     finally:
         store.close()
+
+
+def cmd_population(a) -> None:
+    """A LaMP folder from where people's writing already lives: git histories, Debian changelogs, a table."""
+    from . import population
+    from .data import HistoryError
+
+    if a.min_items < 1 or a.max_items < a.min_items:
+        raise UsageError(f"need 1 <= --min-items <= --max-items (got {a.min_items} and {a.max_items})")
+    limits = {"split": a.split, "min_items": a.min_items, "max_items": a.max_items}
+    t0 = time.perf_counter()
+    try:
+        if a.action == "from-git":
+            report = population.from_git(a.repo, a.out, **limits)
+        elif a.action == "from-changelogs":
+            report = population.from_changelogs(a.docs, a.out, **limits)
+        else:
+            report = population.from_table(a.file, a.out, task=a.task, **limits)
+    except HistoryError as e:
+        raise UsageError(str(e)) from None
+    print(report.summary())
+    if report.note:
+        print(f"note: {report.note}")
+    split = "" if a.split == "dev" else f" --split {a.split}"
+    print(f"wrote {a.out} ({a.split}_questions.json, {a.split}_outputs.json, {a.split}_meta.json) in "
+          f"{time.perf_counter() - t0:.1f} s; next: `python -m personalize build --data {a.out}{split}`")
 
 
 def _objectives_first(a) -> tuple[str, ...]:
@@ -455,12 +485,56 @@ def cmd_bench(a) -> None:
         print(f"wrote {a.json}")
 
 
+DEBIAN_DOCS = "/usr/share/doc"
+DEMO_MIN_PEOPLE = 40  # real people the first start wants before it builds on them instead of the synthetic writers
+DEMO_POPULATION = 48  # of them in the build; the others choose its decoding (30) or are new people to try
+
+
+def write_demo_people(demo: Path, docs: str | Path = DEBIAN_DOCS) -> str:
+    """The first start's people: real ones where the machine has them (every Debian system ships its
+    maintainers' changelogs), else the synthetic tweet writers. Returns which, in words."""
+    import shutil
+    import tempfile
+
+    from .data import HistoryError
+    from .demo import write_demo
+    from .population import from_changelogs
+
+    demo.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=demo.parent, prefix=f".{demo.name}."))
+    try:
+        report = from_changelogs(docs, tmp, min_items=12, max_items=24)
+        if report.people >= DEMO_MIN_PEOPLE:
+            try:
+                os.replace(tmp, demo)
+            except OSError:  # another process wrote it first: theirs stands
+                pass
+            return f"{report.people} Debian maintainers' changelog entries from {docs} ({report.summary()})"
+        why = f"only {report.people} maintainers with 12 or more entries under {docs}"
+    except HistoryError as e:
+        why = str(e)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    write_demo(demo)
+    return f"the synthetic tweet writers ({why}; {DEMO_MIN_PEOPLE} real people wanted)"
+
+
+def demo_people_args(demo: Path) -> list[str]:
+    """Who the demo build trains on: the first DEMO_POPULATION real people, the next 30 choose its decoding and
+    guard card, the rest are new people to try; the synthetic writers (48, grouped by style) all train but the
+    6 held out to choose on."""
+    from .data import read_lamp
+
+    task, queries = read_lamp(demo, "dev")
+    if task.name == "tweets":
+        return ["--val-users", "6"]
+    return ["--limit-users", str(min(DEMO_POPULATION, len(queries)))]
+
+
 def ensure_demo(demo: Path, art: Path) -> None:
     """The first-run path of `demo` and the app: write the demo population and build it, once."""
-    from .demo import write_demo
-
     if not (demo / "dev_questions.json").exists():
-        write_demo(demo)
+        print(f"first start: the demo's people are {write_demo_people(demo)}", flush=True)
     from .config import FORMAT_VERSION
     from .engine import ArtifactsError, artifacts_meta
 
@@ -472,7 +546,8 @@ def ensure_demo(demo: Path, art: Path) -> None:
         print(f"the demo artifacts in {art} were built by an older version: rebuilding them", flush=True)
     if old or not (art / "config.json").exists():
         print(f"first start: building the demo artifacts in {art} (a few minutes, once) ...", flush=True)
-        cmd_build(build_parser().parse_args(["build", "--data", str(demo), "--out", str(art), *DEMO_BUILD_ARGS]))
+        cmd_build(build_parser().parse_args(["build", "--data", str(demo), "--out", str(art), *DEMO_BUILD_ARGS,
+                                             *demo_people_args(demo)]))
 
 
 def cmd_demo(a) -> None:
@@ -520,7 +595,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--objectives", default="tokens", help="head objectives to train, first = CARD's default: any of tokens,pairs,hard_pairs "
                         "(METHOD §1.9.3 b, a, c)")
     b.add_argument("--items-per-user", type=int, default=16)
-    b.add_argument("--val-users", type=int, default=6, help="users held out of training to choose α on")
+    b.add_argument("--val-users", type=int, default=30,
+                   help="validation people: the decoding choice and the harm guard (people outside the population "
+                        "first, then population users held out of training)")
     b.add_argument("--base-steps", type=int, default=60, help="K=1 adapter steps (batch 8)")
     b.add_argument("--cluster-steps", type=int, default=8, help="steps per cluster adapter")
     b.add_argument("--head-epochs", type=int, default=20)
@@ -582,7 +659,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--artifacts", required=True)
     t.add_argument("--data", default=None, help="LaMP folder (default: the build's)")
     t.add_argument("--split", default=None)
-    t.add_argument("--users", type=int, default=16, help="validation people")
+    t.add_argument("--users", type=int, default=30, help="validation people (the harm guard wants 30)")
     t.add_argument("--dry-run", action="store_true", help="print the choice, do not write it")
     t.add_argument("--steps", default="", help="re-run only these steps (comma-separated: repetition, style, alpha, "
                                                "knn_weight, fallback); the others keep the build's settings")
@@ -667,6 +744,9 @@ def build_parser() -> argparse.ArgumentParser:
     cr.add_argument("--reference", action="store_true", help="the gold output takes part as one more blinded arm")
     cr.add_argument("--mode", choices=("pairwise", "rubric"), default="pairwise")
     cr.add_argument("--raters-per-item", type=int, default=3, help="judgments wanted per unit")
+    cr.add_argument("--min-raters-per-unit", type=int, default=None,
+                    help="a started unit goes to this many raters before any unrated unit is opened, so agreement "
+                         "(Krippendorff's α) exists from the first raters (default 2; 1: plain least-rated first)")
     cr.add_argument("--attention-every", type=int, default=0,
                     help="every N-th unit a rater gets is an attention check (needs --reference; 0: none)")
     _decoding_args(cr)
@@ -688,6 +768,27 @@ def build_parser() -> argparse.ArgumentParser:
             x.add_argument("--name", required=True)
         x.add_argument("--db", default=DEFAULT_DB)
         x.set_defaults(fn=cmd_campaign)
+
+    pp = sub.add_parser("population", help="a LaMP folder from git histories, Debian changelogs or a table",
+                        description="One query per person (their newest item; the profile: their earlier items, newest "
+                                    "first), written as a LaMP folder that build and eval read. Prints what was kept "
+                                    "and, counted, why the rest was dropped.")
+    pc = pp.add_subparsers(dest="action", required=True)
+    pg = pc.add_parser("from-git", help="commit subjects per author (bots, merges, reverts left out)")
+    pg.add_argument("--repo", action="append", required=True,
+                    help="a git repository (repeat for several; one person per author e-mail across them)")
+    pd = pc.add_parser("from-changelogs", help="Debian changelog entries per maintainer (team uploads, rebuilds left out)")
+    pd.add_argument("--docs", default="/usr/share/doc", help="folder of <package>/changelog.Debian.gz (default /usr/share/doc)")
+    pt = pc.add_parser("from-table", help="rows of user, text (and optionally input, time, source) from .csv or .jsonl")
+    pt.add_argument("--file", required=True, help=".csv (header names case-insensitive) or .jsonl")
+    pt.add_argument("--task", default=None, help="the task the inputs belong to (default: writing with an input column, "
+                                                 "else rewrite, whose prompt is a rule-based neutral version of the text)")
+    for x in (pg, pd, pt):
+        x.add_argument("--out", required=True, help="the LaMP folder to write")
+        x.add_argument("--min-items", type=int, default=8, help="people with fewer earlier items are dropped (default 8)")
+        x.add_argument("--max-items", type=int, default=24, help="profile items kept per person, newest (default 24)")
+        x.add_argument("--split", default="dev", help="split name of the files (default dev)")
+        x.set_defaults(fn=cmd_population)
 
     d = sub.add_parser("demo", help="build the demo once, then print methods side by side", description="The demo pipeline.")
     d.add_argument("--data", default="data/demo")

@@ -37,3 +37,21 @@ def assign(embedding: np.ndarray, centroids: np.ndarray) -> tuple[int, list[floa
     """c(u) = argmin_c ||e_u − μ_c||, with the distance to every centroid."""
     d = np.linalg.norm(centroids - embedding[None, :], axis=1)
     return int(d.argmin()), [float(x) for x in d]
+
+
+def closeness(embeddings: np.ndarray, centroids: np.ndarray, labels: np.ndarray, distance: float) -> tuple[str, float]:
+    """How near a person's nearest centroid is, against the build's own people: (plain words, the share of the
+    population that is further from its own cluster's centre). A raw distance (1.04 or 1.25) says nothing by
+    itself; a person further out than every member of the build is one the build does not describe."""
+    own = np.linalg.norm(embeddings - centroids[labels], axis=-1)
+    further = float((own > distance).mean()) if len(own) else 0.0
+    if further >= 0.5:
+        words = "close to its centre: nearer than most of its own members"
+    elif further >= 0.1:
+        words = "within its usual range"
+    elif further > 0:
+        words = "at its edge: further out than 90 % of the build's people are from their own cluster"
+    else:
+        words = ("far from every cluster of this build: further from the nearest one than any of the build's "
+                 f"{len(own)} people are from theirs, so this build's population may not write like you")
+    return words, further

@@ -37,7 +37,7 @@ class CardConfig:
     objectives: tuple[str, ...] = ("tokens",)  # heads to train; the first one is CARD's default
     items_per_user: int = 16  # newest items of each population user used by the build
     holdout: float = 0.2  # share of each user's items kept out of fits, for diagnostics
-    n_val_users: int = 6  # population users held out of the head, to choose α on
+    n_val_users: int = 30  # validation people (outside the population first): the decoding choice and the harm guard
     alphas: tuple[float, ...] = (0.0, 0.5, 1.0, 2.0, 4.0)
     min_fit_items: int = 2  # fewer items: cold start, λ = 1
 

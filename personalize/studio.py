@@ -29,6 +29,7 @@ from .leaderboard import LeaderboardConfig, leaderboard
 from .adapters import adapter_name
 from .methods import METHODS, UserContext, fingerprint, get_method
 from .metrics import rouge_scores
+from .cluster import closeness
 from .onboard import onboard, prepared_items, store_assignments
 from .tokens import decode as decode_text
 from .feedback import FeedbackSettings, Refinement, Vote, VoteFeatures, refine_pairs, refine_tokens
@@ -335,8 +336,11 @@ class Studio:
         name = self.store.user(name)["name"]
         clusters = self.assign_all(name)
         self._rewrites = self._feedback.submit(self._prepare, name)  # Fit then waits only for what is left
+        k = self.engine.cfg.default_k
+        a = self.store.assignment(name, self.engine.artifacts_id, k)
         return {"name": name, "n_items": len(items), "clusters": clusters,
-                "duplicates": int(getattr(items, "duplicates", 0)), "task": task}
+                "duplicates": int(getattr(items, "duplicates", 0)), "task": task,
+                "closeness": self.closeness(k, a["distances"]) if a else ""}
 
     def save_message(self, res: dict) -> str:
         """The My writing status line after a save."""
@@ -347,8 +351,9 @@ class Studio:
         note = "" if task == self.task.name else (
             f" No build for **{task}** is loaded: these artifacts were built for **{self.task.name}**, so prompts "
             "use that task's template.")
+        near = f", {res['closeness']}" if res.get("closeness") else ""
         return (f"Saved **{n}** item{'' if n == 1 else 's'} for **{res['name']}**{dropped}; cluster at K = {k}: "
-                f"**{res['clusters'][k]}**. Next: *Fit my style*.{note}")
+                f"**{res['clusters'][k]}**{near}. Next: *Fit my style*.{note}")
 
     def item_rows(self, name: str | None) -> list[list]:
         """The stored items table: [number, text, neutral rewrite]; the number is the item's place in the person's
@@ -381,9 +386,19 @@ class Studio:
         return {"clear": clear, "shown_for": None if clear else shown_for, "rows": rows, "message": msg}
 
     def demo_history(self, user: str) -> str:
+        """The demo person's texts as a paste: one a line, or blocks separated by a blank line when a text has
+        several lines (a changelog entry), which is how parse_history reads them back."""
         if user not in self.demo_users:
             raise ValueError(f"unknown demo user {user!r}")
-        return "\n".join(it.y for it in self.demo_users[user])
+        texts = [it.y for it in self.demo_users[user]]
+        return ("\n\n" if any("\n" in t for t in texts) else "\n").join(texts)
+
+    def demo_choices(self) -> list[tuple[str, str]]:
+        """The demo picker: people the build never saw first, marked "new" (they are how a newcomer is placed),
+        then the build's own population."""
+        built = set(self.engine.meta.get("users", []))
+        new = sorted(u for u in self.demo_users if u not in built)
+        return [(f"{u} · new, not in the build", u) for u in new] + [(u, u) for u in sorted(set(self.demo_users) & built)]
 
     def demo_items(self, user: str) -> list[Item]:
         if user not in self.demo_users:
@@ -412,8 +427,15 @@ class Studio:
         rows = [f"| {c} | {d:.4f} | {'◀ you' if c == state.cluster else ''} |" for c, d in enumerate(state.distances)]
         return "\n".join(["| cluster | distance | yours |", "|---|---|---|", *rows])
 
+    def closeness(self, k: int, distances: Sequence[float]) -> str:
+        """The nearest cluster's distance in plain words (cluster.closeness), against the build's own people."""
+        c = self.engine.clusters
+        words, _ = closeness(c.embeddings, c.centroids[k], c.labels[k], min(distances))
+        return words
+
     def cluster_summary(self, state: UserState) -> str:
-        return f"**{state.name}** is in cluster **{state.cluster}** of K = {state.k}.\n\n{self.distance_table(state)}"
+        return (f"**{state.name}** is in cluster **{state.cluster}** of K = {state.k}, "
+                f"{self.closeness(state.k, state.distances)}.\n\n{self.distance_table(state)}")
 
     def cluster_examples(self, k: int, cluster: int, n: int = 4) -> list[tuple[str, str]]:
         """(population user, one of their texts) for up to n users of the cluster."""
@@ -753,7 +775,8 @@ class Studio:
                         methods: Sequence[str] = ("base", "cluster", "card"), reference: bool = False,
                         mode: str = "pairwise", raters_per_item: int = 3, attention_every: int = 0,
                         alpha: float | None = None, top_k: int | None = None,
-                        max_new_tokens: int | None = None, sources: Sequence[str] | str = ()) -> dict:
+                        max_new_tokens: int | None = None, sources: Sequence[str] | str = (),
+                        min_raters_per_unit: int | None = None) -> dict:
         """A campaign over the first `limit` queries of a LaMP split, for this build (campaign.create_from_lamp);
         `sources` (a list, or comma-separated) keeps people from those sources only."""
         if isinstance(sources, str):
@@ -762,7 +785,8 @@ class Studio:
             self.store, name, data, split, limit, self.cfg.artifacts, self.engine.artifacts_id, self.task.name,
             sources=tuple(sources), methods=tuple(methods),
             reference=bool(reference), mode=mode, raters_per_item=int(raters_per_item),
-            attention_every=int(attention_every), alpha=alpha, top_k=top_k, max_new_tokens=max_new_tokens)
+            attention_every=int(attention_every), alpha=alpha, top_k=top_k, max_new_tokens=max_new_tokens,
+            min_raters_per_unit=min_raters_per_unit)
 
     def generate_campaign(self, name: str, progress: Callable[[int, int, str], None] | None = None) -> dict:
         return campaign_mod.generate(self, name, progress)

@@ -7,11 +7,15 @@ keeping the best validation ROUGE-L (ties: the simpler setting):
    + token bias, + kNN memory, both, the retrieved items in the prompt);
 3. α, under the rule the head was trained with (1 = as trained);
 4. the kNN mixture weight w, when the memory is on; 5. the fallback to the cluster model.
+Then the harm guard: `card` keeps the chosen settings only when a paired bootstrap over the
+validation people puts its gain over the cluster model above 0; otherwise α = 0 and `card`
+decodes as the cluster model, and the report says why. A setting chosen on a handful of
+people is noise, so the guard asks for MIN_PEOPLE of them where the data has them.
 
-`build` runs it on its validation users (their newest item); `python -m personalize
-tune` re-runs it on an existing build, by default on people of the build's sources
-who are not in its population (their query), and writes the choice into the
-artifacts' config.json, so a decoding change never needs a rebuild.
+`build` runs it all on its validation people (people held out of the population: their
+query, or their newest item); `python -m personalize tune` re-runs it on an existing build,
+by default on people of the build's sources who are not in its population, and writes the
+choice into the artifacts' config.json, so a decoding change never needs a rebuild.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from .config import FORMAT_VERSION
 from .data import Item, read_lamp
 from .decoding import DecodingSettings
 from .engine import Engine, UserFit
-from .metrics import looping, rouge_scores
+from .metrics import looping, rouge_per_query, rouge_scores
 
 REPETITION = ((1.0, 0), (1.0, 4), (1.0, 3), (1.2, 4))  # (penalty on generated tokens, no-repeat n-gram)
 STYLES = {  # candidates for `card`, simplest first
@@ -40,12 +44,19 @@ STYLES = {  # candidates for `card`, simplest first
 }
 ALPHAS = (0.5, 1.0, 2.0)
 KNN_WEIGHTS = (0.15, 0.3, 0.5)
+MIN_PEOPLE = 30  # validation people the harm guard wants before it lets `card` differ from the cluster model
+
+
+def decode_each(engine: Engine, method: str, prompts, fits, items, s: DecodingSettings) -> list[str]:
+    """Every person's output in one mixed batch (batch.py: each row exactly what it gives decoded alone, as eval
+    decodes it): a setting costs one decode of all the validation people, not one per cluster."""
+    rows = [r for p, f, it in zip(prompts, fits, items)
+            for r in engine.rows([p], method, f.cluster, f.style, k=f.k, settings=s, items=it)]
+    return [g.text for g in engine.decode_rows(rows)] if rows else []
 
 
 def _score(engine: Engine, method: str, prompts, golds, fits, items, s: DecodingSettings) -> dict:
-    from .evaluate import decode_people  # decoded as eval decodes
-
-    outs = decode_people(engine, method, prompts, fits, [f.style for f in fits], items, settings=s)
+    outs = decode_each(engine, method, prompts, fits, items, s)
     return {"rougeL": round(rouge_scores(outs, golds)["rougeL"], 4),
             "looping": round(sum(looping(o) for o in outs) / max(len(outs), 1), 4)}
 
@@ -54,9 +65,11 @@ STEPS = ("repetition", "style", "alpha", "knn_weight", "fallback")
 
 
 def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str], fits: Sequence[UserFit],
-                    items: Sequence[Sequence[Item]], progress=None, steps: Sequence[str] = STEPS) -> tuple[Engine, dict]:
-    """The greedy pass above on (prompt, gold) of validation people fitted on `items`; returns the engine with
-    the chosen settings in engine.cfg and the sweep. `steps` re-runs only some steps, the others kept as built."""
+                    items: Sequence[Sequence[Item]], progress=None, steps: Sequence[str] = STEPS,
+                    alphas: Sequence[float] = ALPHAS, guard: bool = True) -> tuple[Engine, dict]:
+    """The greedy pass above on (prompt, gold) of validation people fitted on `items`, then the harm guard;
+    returns the engine with the chosen settings in engine.cfg and the sweep. `steps` re-runs only some steps,
+    the others kept as built."""
     unknown = [x for x in steps if x not in STEPS]
     if unknown:
         raise ValueError(f"unknown tune steps {unknown}; choose from {STEPS}")
@@ -86,17 +99,56 @@ def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str]
         engine.cfg = replace(engine.cfg, decoding=replace(engine.cfg.decoding, alpha=1.0))
     pick("style", [(k, v) for k, v in STYLES.items()],
          lambda v: replace(engine.cfg, style=replace(engine.cfg.style, fallback=False, **v)))
-    pick("alpha", [(str(a), a) for a in ALPHAS],
+    pick("alpha", [(str(a), a) for a in alphas if a > 0],
          lambda a: replace(engine.cfg, decoding=replace(engine.cfg.decoding, alpha=a)))
     if engine.cfg.style.memory:
         pick("knn_weight", [(str(w), w) for w in KNN_WEIGHTS],
              lambda w: replace(engine.cfg, style=replace(engine.cfg.style, knn_weight=w)))
     pick("fallback", [("off", False), ("on", True)],
          lambda v: replace(engine.cfg, style=replace(engine.cfg.style, fallback=v)))
+    if guard:
+        engine, report["guard"] = harm_guard(engine, prompts, golds, fits, items)
+        if progress:
+            progress(f"guard: {report['guard']['why']}")
     report["chosen_decoding"] = {k: v for k, v in asdict(engine.cfg.decoding).items()
                                  if k in ("alpha", "repetition_penalty", "no_repeat_ngram")}
     report["chosen_style"] = asdict(engine.cfg.style)  # (report["style"] is the style step's sweep)
     return engine, report
+
+
+def harm_guard(engine: Engine, prompts: Sequence[str], golds: Sequence[str], fits: Sequence[UserFit],
+               items: Sequence[Sequence[Item]], n_boot: int = 2000) -> tuple[Engine, dict]:
+    """`card` as chosen, or the cluster model (α = 0) unless the paired bootstrap 95 % interval of card −
+    cluster (ROUGE-L per person) lies above 0 on the validation people. Never a default that harms."""
+    s = engine.cfg.decoding
+    card = _per_person(engine, "card", prompts, golds, fits, items, s)
+    cluster = _per_person(engine, "cluster", prompts, golds, fits, items, s)
+    verdict = guard_verdict(card, cluster, s.alpha, n_boot)
+    if not verdict["kept"]:
+        engine.cfg = replace(engine.cfg, decoding=replace(s, alpha=0.0))
+    return engine, verdict
+
+
+def guard_verdict(card: Sequence[float], cluster: Sequence[float], alpha: float, n_boot: int = 2000) -> dict:
+    """The harm guard's rule on per-person scores: keep α only when the paired bootstrap 95 % interval of
+    card − cluster lies above 0; in plain words, why."""
+    from .evaluate import paired_interval
+
+    gain = paired_interval(np.asarray(card, float) - np.asarray(cluster, float), n_boot)
+    kept = alpha > 0 and gain["ci95"][0] > 0
+    where = f"on {len(card)} validation people" + (
+        f" (fewer than the {MIN_PEOPLE} wanted: the data has no more)" if len(card) < MIN_PEOPLE else "")
+    if kept:
+        why = f"card kept (α = {alpha}): card − cluster {gain['mean']:+.4f} {gain['ci95']} {where}"
+    else:
+        why = (f"card decodes as the cluster model (α = 0): the chosen setting (α = {alpha}) did not beat it, "
+               f"card − cluster ROUGE-L {gain['mean']:+.4f} {gain['ci95']} {where}, an interval not above 0")
+    return {"kept": kept, "alpha_chosen": alpha, "alpha": alpha if kept else 0.0, "people": len(card),
+            "card_minus_cluster": gain, "why": why}
+
+
+def _per_person(engine: Engine, method: str, prompts, golds, fits, items, s: DecodingSettings) -> list[float]:
+    return rouge_per_query(decode_each(engine, method, prompts, fits, items, s), golds)
 
 
 def validation_people(engine: Engine, data_dir: str | Path, split: str, n_users: int, max_items: int = 24):
@@ -112,7 +164,7 @@ def validation_people(engine: Engine, data_dir: str | Path, split: str, n_users:
     return [(q.input, q.gold, list(q.profile[:max_items])) for q in people[:n_users]]
 
 
-def tune(engine: Engine, data_dir: str | Path | None = None, split: str | None = None, n_users: int = 16,
+def tune(engine: Engine, data_dir: str | Path | None = None, split: str | None = None, n_users: int = MIN_PEOPLE,
          write: bool = True, steps: Sequence[str] = STEPS) -> dict:
     """Choose the decoding settings on validation people and (with `write`) save them in the artifacts."""
     data_dir = data_dir or engine.meta.get("data")

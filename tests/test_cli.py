@@ -117,9 +117,15 @@ def test_end_to_end_on_the_bundled_model(artifacts, demo_dir, tmp_path):
     store = Store(db)
     assert len(store.items("ana")) == 8 and all(i.neutral for i in store.items("ana"))
     lam, info = store.vector("ana", meta["id"])
-    style = store.style("ana", meta["id"])  # λ (512 bytes) + the token bias and kNN memory of the 8 items
+    style = store.style("ana", meta["id"])  # λ (512 bytes) + the parts of the style the build's choice kept on
     assert lam.shape == (128,) and store.vector_bytes("ana", meta["id"]) == 512 + len(style.extras_bytes())
-    assert len(style.values) > 8 and style.keys.shape[1] == len(style.lam) and 0 < len(style.bias_ids) <= 512
+    parts = meta["settings"]["style"]  # the build chose them on its validation people (tune's steps)
+    assert meta["report"]["tune"]["style"]["chosen"] in ("lambda", "bias", "memory", "bias+memory",
+                                                         "retrieval+bias+memory")
+    if parts["memory"]:
+        assert len(style.values) > 8 and style.keys.shape[1] == len(style.lam)
+    if parts["bias"]:
+        assert 0 < len(style.bias_ids) <= 512
     assert store.assignment("ana", meta["id"], 2) is not None
 
     # onboarding the same name again without --replace is refused, and the stored user is intact

@@ -295,11 +295,12 @@ def test_build_trains_p2p_into_the_artifacts_and_the_method_finds_it(monkeypatch
     assert (out / "p2p" / WEIGHTS).exists() and (out / "p2p" / CONFIG).exists()
     assert not (tmp_path / "art.partial").exists()
     report = json.loads((out / "config.json").read_text())["report"]
-    assert report["p2p"]["steps"] == 3 and report["p2p"]["tokens"] > 0 and report["p2p"]["users"] == 6
+    # the validation people come from the 4 writers outside the 8 of the population: all 8 train
+    assert report["p2p"]["steps"] == 3 and report["p2p"]["tokens"] > 0 and report["p2p"]["users"] == 8
     assert report["p2p"]["folder"] == "p2p" and len(report["p2p"]["train_loss"]) == 3
     assert report["stages_s"]["p2p hypernetwork"] >= report["p2p"]["seconds"] > 0
     log = capsys.readouterr().out
-    assert "p2p hypernetwork done in" in log and "p2p: 6 users, 3 steps" in log
+    assert "p2p hypernetwork done in" in log and "p2p: 8 users, 3 steps" in log
     saved = json.loads((out / "p2p" / CONFIG).read_text())
     assert saved["config"]["base_adapter"] == "k1c0" and saved["config"]["hidden"] == 16  # the build's adapter
 
@@ -325,9 +326,11 @@ def test_build_trains_the_hard_pairs_head_and_a_new_user_fits_with_it(monkeypatc
                       objectives=("hard_pairs", "pairs"))
     report = json.loads((out / "config.json").read_text())["report"]
     head_report = report["head"]
-    by_objective = report["alpha_by_objective"]  # each head's α, chosen on the validation users
-    assert set(by_objective) == {"hard_pairs", "pairs"} and report["alpha_sweep"] == by_objective["hard_pairs"]["sweep"]
-    assert all(set(v["sweep"]) == {"0.0", "1.0"} and v["alpha"] in (0.0, 1.0) for v in by_objective.values())
+    by_objective = report["alpha_by_objective"]  # the steering head's α: tune's choice on the validation users,
+    assert set(by_objective) == {"hard_pairs"} and report["alpha_sweep"] == by_objective["hard_pairs"]["sweep"]
+    assert set(report["alpha_sweep"]) == {"1.0"} and by_objective["hard_pairs"]["alpha"] in (0.0, 1.0)
+    guard = report["tune"]["guard"]  # ...then the harm guard's (0 unless card beat the cluster model)
+    assert guard["alpha"] == by_objective["hard_pairs"]["alpha"] and guard["people"] >= 1 and guard["why"]
     assert "gamma" in head_report["hard_pairs"] and "gamma" not in head_report["pairs"]
     held = head_report["hard_pairs"]["held_out"]
     assert {"acc_own", "acc_ones", "acc_logprob_rule", "acc_covariate_only", "specificity_gap"} <= set(held)

@@ -445,3 +445,20 @@ def test_builds_are_listed_per_task_and_choosing_a_task_switches_to_its_build(ti
         assert s.builds()["commit_subjects"][0].id == "commits-test"
     finally:
         s.store.close()
+
+
+def test_how_near_a_cluster_is_said_in_plain_words(studio):
+    """The nearest centroid's distance against the build's own people: a member of the population is within
+    its cluster; a person further out than all of them is told the build is far from them."""
+    from personalize.cluster import closeness
+
+    c = studio.engine.clusters
+    k = studio.snap_k(None)
+    own = np.linalg.norm(c.embeddings - c.centroids[k][c.labels[k]], axis=-1)
+    words, further = closeness(c.embeddings, c.centroids[k], c.labels[k], float(np.median(own)) * 0.5)
+    assert further >= 0.5 and "close to its centre" in words
+    words, further = closeness(c.embeddings, c.centroids[k], c.labels[k], float(own.max()) + 0.1)
+    assert further == 0 and "far from every cluster of this build" in words
+    res = studio.save_history("nearme", [Item(t) for t in TERSE], "tweets")
+    assert res["closeness"] and res["closeness"] in studio.save_message(res)
+    assert res["closeness"] in studio.cluster_summary(studio.user_state("nearme"))

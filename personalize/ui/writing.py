@@ -22,7 +22,7 @@ def item_choices(studio, name: str | None):
 
 def served(studio) -> tuple:
     """What a task switch or a page load refreshes: the shared controls, then the demo users of the build."""
-    return (*served_values(studio), gr.update(choices=sorted(studio.demo_users), value=None))
+    return (*served_values(studio), gr.update(choices=studio.demo_choices(), value=None))
 
 
 @guarded(4, 2)
@@ -92,7 +92,7 @@ def build(studio, shared: Shared) -> None:
     with gr.Tab("My writing", id="writing"):
         with gr.Row():
             task = gr.Dropdown(sorted(TASKS), value=studio.task.name, label="Task", elem_id="task")
-            demo_user = gr.Dropdown(sorted(studio.demo_users), label="Demo user", value=None, elem_id="demo-user")
+            demo_user = gr.Dropdown(studio.demo_choices(), label="Demo user", value=None, elem_id="demo-user")
             demo_btn = gr.Button("Load demo user", elem_id="load-demo")
         history = gr.Textbox(lines=10, max_lines=20, label="Your writing history (one item per line, or blocks "
                              "separated by a blank line)", elem_id="history")

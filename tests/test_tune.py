@@ -1,0 +1,57 @@
+"""The harm guard (issue 23): a build never ships a `card` that did not beat the cluster model on its validation
+people; tested on the rule's own numbers and on the tiny build with a harmful α."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+
+from personalize.data import read_lamp
+from personalize.engine import Engine
+from personalize.tune import MIN_PEOPLE, guard_verdict, harm_guard
+
+
+def test_the_guard_keeps_card_only_when_its_gain_is_above_noise():
+    rng = np.random.default_rng(0)
+    cluster = rng.uniform(0.1, 0.3, 40)
+    better = guard_verdict(cluster + 0.05 + rng.normal(0, 0.02, 40), cluster, alpha=1.0)
+    assert better["kept"] and better["alpha"] == 1.0 and better["card_minus_cluster"]["ci95"][0] > 0
+    noisy = guard_verdict(cluster + rng.normal(0.005, 0.1, 40), cluster, alpha=1.0)
+    assert not noisy["kept"] and noisy["alpha"] == 0.0 and "not above 0" in noisy["why"]
+    worse = guard_verdict(cluster - 0.05, cluster, alpha=2.0)
+    assert not worse["kept"] and worse["alpha_chosen"] == 2.0 and worse["alpha"] == 0.0
+    few = guard_verdict(cluster[:6] + 0.1, cluster[:6], alpha=1.0)  # six people can pass, but the build says so
+    assert few["people"] == 6 and f"fewer than the {MIN_PEOPLE} wanted" in few["why"]
+    assert not guard_verdict(cluster + 0.1, cluster, alpha=0.0)["kept"]  # α = 0 is the cluster model already
+
+
+def test_a_harmful_alpha_is_refused_on_the_tiny_build(tiny_artifacts):
+    """People whose real texts are what the cluster model writes: α = 60 steers card away from them (a random
+    tiny model has no better notion of a person's text), so the guard must fall back to the cluster model."""
+    from personalize.evaluate import decode_people
+
+    engine = Engine.load(tiny_artifacts["artifacts"])
+    engine.cfg = replace(engine.cfg, decoding=replace(engine.cfg.decoding, alpha=60.0, max_new_tokens=8),
+                         style=replace(engine.cfg.style, fallback=False))
+    _, queries = read_lamp(tiny_artifacts["demo"], "dev")
+    people = [q for q in queries if q.gold and len(q.profile) >= 3][:8]
+    items = [engine.prepare_items(list(q.profile)) for q in people]
+    fits = [engine.fit(it) for it in items]
+    prompts = [q.input for q in people]
+    golds = decode_people(engine, "cluster", prompts, fits, [f.style for f in fits], items)
+    card = decode_people(engine, "card", prompts, fits, [f.style for f in fits], items)
+    assert sum(c != g for c, g in zip(card, golds)) >= 4  # α = 60 does change the text
+    engine, verdict = harm_guard(engine, prompts, golds, fits, items)
+    assert not verdict["kept"] and verdict["alpha_chosen"] == 60.0, verdict
+    assert engine.cfg.decoding.alpha == 0.0 and "cluster model" in verdict["why"]
+
+
+def test_the_build_reports_its_guard(tiny_artifacts):
+    """The build's own decoding choice ran the guard, on validation people it counted, and shipped its α."""
+    meta = json.loads((tiny_artifacts["artifacts"] / "config.json").read_text())
+    guard = meta["report"]["tune"]["guard"]
+    assert guard["people"] >= 1 and guard["why"]
+    assert meta["settings"]["decoding"]["alpha"] == guard["alpha"]
+    assert guard["alpha"] == 0.0 or guard["card_minus_cluster"]["ci95"][0] > 0
