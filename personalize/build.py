@@ -14,11 +14,12 @@ import hashlib
 import json
 import random
 import shutil
+import threading
 import time
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -36,6 +37,35 @@ from .methods.p2p import P2PConfig, train_p2p
 from .models import file_lock, load_encoder, load_lm
 
 P2P_STEPS = 20  # build's default hypernetwork steps: a CPU budget (the paper trains 20k steps on a GPU)
+# each stage's share of the fraction build's `progress` hook reports, in order (roughly the demo build's times on a
+# 2-core CPU); once a stage starts, every stage before it counts as done, skipped ones too
+STAGE_SHARES = {"load models": 0.03, "neutral rewrites": 0.1, "clusters": 0.02, "K=1 adapter": 0.25,
+                "cluster adapters": 0.25, "head": 0.2, "decoding choice": 0.1, "p2p hypernetwork": 0.05, "save": 0.0}
+
+
+class BuildCancelled(Exception):
+    """build() was stopped by its `cancel` event at a step: no artifacts folder was written (nor left `.partial`)."""
+
+
+class _Steps:
+    """build's optional hooks: `progress(stage, fraction of the whole build)` and a `cancel` event checked at every
+    step (a stage's start, a training step, a person's features, a decoding setting). Without hooks: nothing."""
+
+    def __init__(self, progress: Callable[[str, float], None] | None, cancel: threading.Event | None):
+        self.progress, self.cancel, self.shown = progress, cancel, 0.0
+
+    def __call__(self, stage: str, within: float = 0.0) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise BuildCancelled(f"build cancelled at {stage}")
+        if self.progress is not None:  # never backwards (a second head objective shares the head's part)
+            names, name = list(STAGE_SHARES), stage.split(" (")[0]
+            before = sum(STAGE_SHARES[n] for n in names[: names.index(name)]) if name in names else self.shown
+            self.shown = max(self.shown, min(1.0, before + STAGE_SHARES.get(name, 0.0) * min(1.0, within)))
+            self.progress(stage, self.shown)
+
+
+_NO_HOOKS = _Steps(None, None)  # reports nothing and is never cancelled (shared: it keeps no state without hooks)
+
 
 def _log(msg: str) -> None:
     print(f"[build {datetime.now():%H:%M:%S}] {msg}", flush=True)
@@ -48,11 +78,15 @@ def _bar(desc: str, total: int):
 def build(data_dir: str | Path, split: str, out: str | Path, cfg: CardConfig = CardConfig(),
           limit_users: int | None = None, seed: int = 0,
           p2p: P2PConfig | None = P2PConfig(steps=P2P_STEPS), sources: Sequence[str] = (),
-          exclude_sources: Sequence[str] = ()) -> Path:
+          exclude_sources: Sequence[str] = (), progress: Callable[[str, float], None] | None = None,
+          cancel: threading.Event | None = None) -> Path:
     """Run the whole offline stage and write the artifacts folder (replaced only on success).
     p2p: the hypernetwork's training settings (budget and base adapter: the build's); None skips it.
     sources / exclude_sources: keep only (or leave out) users whose query comes from these sources
     (repositories, venues: `Query.source`), so that eval can score people of a source the build never saw.
+    progress: called with (stage, fraction of the whole build) at every step; cancel: an event checked at every
+    step, and once more before the finished folder is renamed in: set, the build raises BuildCancelled and
+    leaves no artifacts folder behind (the app's Populations tab builds in a thread with both).
 
     Two processes building the same `out` at once (two first starts) take turns under a lock on
     `<out>.lock`; one that waited and finds `out` freshly written by the other returns it as it is."""
@@ -65,7 +99,8 @@ def build(data_dir: str | Path, split: str, out: str | Path, cfg: CardConfig = C
         if waited and after is not None and after != before:
             _log(f"{out} was built by the other process meanwhile: using it")
             return out
-        return _build(data_dir, split, out, cfg, limit_users, seed, p2p, sources, exclude_sources)
+        return _build(data_dir, split, out, cfg, limit_users, seed, p2p, sources, exclude_sources,
+                      _Steps(progress, cancel))
 
 
 def _signature(path: Path) -> tuple[int, int] | None:
@@ -77,13 +112,15 @@ def _signature(path: Path) -> tuple[int, int] | None:
     return st.st_ino, st.st_mtime_ns
 
 
-def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, sources, exclude_sources) -> Path:
+def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, sources, exclude_sources,
+           step: _Steps = _NO_HOOKS) -> Path:
     t_all = time.perf_counter()
     report: dict = {"stages_s": {}}
 
     def timed(name):
         class T:
             def __enter__(s):
+                step(name)
                 s.t = time.perf_counter()
                 _log(f"{name} ...")
 
@@ -116,7 +153,8 @@ def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, 
 
     if any(not it.x for its in users.values() for it in its):
         with timed("neutral rewrites"):
-            for n in tqdm(names, desc="neutral rewrites", mininterval=2.0):
+            for i, n in enumerate(tqdm(names, desc="neutral rewrites", mininterval=2.0)):
+                step("neutral rewrites", i / len(names))
                 users[n] = engine.prepare_items(users[n])
 
     with timed("clusters"):
@@ -133,15 +171,19 @@ def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, 
         ex = [(it.x, it.y) for n in train_names for it in users[n]]
         bar = _bar("K=1 adapter", cfg.lora.base_steps)
         r = train_adapter(model, lm.tokenizer, BASE_ADAPTER, ex, cfg.lora.base_steps, cfg.lora, cfg.budget,
-                          held_out, progress=lambda s, n, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:.3f}")))
+                          held_out, progress=lambda s, n, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:.3f}"),
+                                                                 step("K=1 adapter", s / n)))
         bar.close()
         report["adapters"].append(r)
         _log(f"K=1: {r['tokens']} tokens, held-out loss {r['held_out_loss']}")
     with timed("cluster adapters"):
+        n_adapters, done = sum(k for k in cfg.ks if k != 1), 0
         for k in sorted(cfg.ks):
             if k == 1:
                 continue
             for c in range(k):
+                step("cluster adapters", done / n_adapters)
+                done += 1
                 name = adapter_name(k, c)
                 add_warm_adapter(model, name, cfg.lora)
                 members = [n for n in train_names if labels[k][names.index(n)] == c]
@@ -151,7 +193,8 @@ def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, 
                 if not ex or cfg.lora.cluster_steps == 0:
                     report["adapters"].append({"adapter": name, "steps": 0, "examples": 0, "tokens": 0})
                     continue
-                r = train_adapter(model, lm.tokenizer, name, ex, cfg.lora.cluster_steps, cfg.lora, cfg.budget, held)
+                r = train_adapter(model, lm.tokenizer, name, ex, cfg.lora.cluster_steps, cfg.lora, cfg.budget, held,
+                                  progress=lambda s, n, loss: step("cluster adapters", (done - 1 + s / n) / n_adapters))
                 report["adapters"].append(r)
                 _log(f"{name}: {len(members)} users, {r['tokens']} tokens, {r['seconds']} s, "
                      f"held-out loss {r['held_out_loss'][:1] + r['held_out_loss'][-1:]}")
@@ -162,11 +205,14 @@ def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, 
     for obj in cfg.objectives:
         with timed(f"head ({obj})"):
             cluster = {n: int(labels[kd][names.index(n)]) for n in train_names}
-            fit_data, held_data = head_data(engine, {n: users[n] for n in train_names}, cluster, obj, seed)
+            fit_data, held_data = head_data(engine, {n: users[n] for n in train_names}, cluster, obj, seed,
+                                            on_user=lambda i, n: step(f"head ({obj})", 0.5 * i / n))
             head = PersonalizationHead(lm.hidden_size * cfg.head.n_layers, lm.model.config.vocab_size, cfg.head.d)
             bar = _bar(f"head {obj}", cfg.head.epochs)
-            lams, curve = train_population(head, fit_data, cfg.head, held_out=held_data,
-                                           progress=lambda e, n, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:.4f}")))
+            lams, curve = train_population(
+                head, fit_data, cfg.head, held_out=held_data,
+                progress=lambda e, n, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:.4f}"),
+                                             step(f"head ({obj})", 0.5 + 0.5 * e / n)))
             bar.close()
             head.eval().requires_grad_(False)
             diag = _population_diagnostics(head, held_data, lams, cfg)
@@ -182,7 +228,7 @@ def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, 
     val = [(items[0].x, items[0].y, items[1:]) for n in sorted(val_users) if len(items := users[n]) >= 3] + outside
     if val and any(a > 0 for a in cfg.alphas):
         with timed("decoding choice"):  # tune's whole choice, then the harm guard (tune.py)
-            cfg, report["tune"] = _choose_decoding(engine, val, cfg)
+            cfg, report["tune"] = _choose_decoding(engine, val, cfg, step)
             report["alpha_sweep"] = report["tune"].get("alpha", {}).get("sweep")
             report["alpha_by_objective"] = {cfg.objectives[0]: {"alpha": cfg.decoding.alpha,
                                                                 "sweep": report["alpha_sweep"]}}
@@ -202,23 +248,25 @@ def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, 
         _log(f"P2P hypernetwork skipped: {report['p2p']['skipped']}")
     else:
         with timed("p2p hypernetwork"):
-            hyper, report["p2p"] = _train_p2p(engine, users, train_names, sorted(val_users), p2p, seed)
+            hyper, report["p2p"] = _train_p2p(engine, users, train_names, sorted(val_users), p2p, seed, step)
 
     report["val_users"] = sorted(val_users)  # `tune` re-chooses decoding settings on them
     report["sources"] = {"only": list(sources), "excluded": list(exclude_sources),
                          "built": sorted({q.source for q in queries if q.source})}
     report["total_s"] = round(time.perf_counter() - t_all, 1)
+    step("save")
     return _save(Path(out), cfg, task.name, names, head_users, engine.clusters, model, heads, lambdas, report,
-                 str(data_dir), split, hyper)
+                 str(data_dir), split, hyper, step)
 
 
 def _train_p2p(engine: Engine, users: dict[str, list[Item]], train_names: list[str], val_names: list[str],
-               p2p: P2PConfig, seed: int):
+               p2p: P2PConfig, seed: int, step: _Steps = _NO_HOOKS):
     """f_θ on the adapters' training users, on top of the K = 1 adapter; the α users give its held-out curve."""
     p2p = replace(p2p, base_adapter=BASE_ADAPTER, budget=None, seed=seed, folder=None)
     bar = _bar("p2p hypernetwork", p2p.steps)
     hyper, r = train_p2p(engine, engine.encoder, {n: users[n] for n in train_names}, p2p,
-                         progress=lambda s, n, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:.3f}")),
+                         progress=lambda s, n, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:.3f}"),
+                                                      step("p2p hypernetwork", s / n)),
                          held_out_users={n: users[n] for n in val_names})
     bar.close()
     loss = r["train_users_loss"]
@@ -228,13 +276,16 @@ def _train_p2p(engine: Engine, users: dict[str, list[Item]], train_names: list[s
 
 
 def head_data(engine: Engine, users: dict[str, list[Item]], cluster: dict[str, int], obj: str,
-              seed: int = 0) -> tuple[dict, dict]:
+              seed: int = 0, on_user: Callable[[int, int], None] | None = None) -> tuple[dict, dict]:
     """Each training user's features for one head objective, read by their cluster's model at the default K,
-    split into the items the head fits and the held-out ones that drive early stopping and the diagnostics."""
+    split into the items the head fits and the held-out ones that drive early stopping and the diagnostics.
+    on_user(i, n): called before the i-th of the n users' features are read."""
     cfg = engine.cfg
     kd = cfg.default_k
     data = {}
-    for n in tqdm(users, desc=f"features ({obj})", mininterval=2.0):
+    for i, n in enumerate(tqdm(users, desc=f"features ({obj})", mininterval=2.0)):
+        if on_user is not None:
+            on_user(i, len(users))
         engine.use_adapter(adapter_name(kd, cluster[n]) if kd > 1 else BASE_ADAPTER)
         data[n] = engine.user_data(users[n], obj)
     if obj == "hard_pairs" and cfg.head.n_other:
@@ -306,23 +357,26 @@ def _population_diagnostics(head, held: dict, lams: dict, cfg: CardConfig) -> di
     return {k: round(float(np.mean([r[k] for r in rows if k in r])), 4) for k in keys} | {"users": len(rows)}
 
 
-def _choose_decoding(engine: Engine, val: list[tuple[str, str, list[Item]]], cfg: CardConfig) -> tuple[CardConfig, dict]:
+def _choose_decoding(engine: Engine, val: list[tuple[str, str, list[Item]]], cfg: CardConfig,
+                     step: _Steps = _NO_HOOKS) -> tuple[CardConfig, dict]:
     """Repetition, the style's parts, α, the memory weight and the fallback chosen on the validation people (never
     on queries that eval scores, §1.9.2), then the harm guard: card stays the cluster model unless it beats it."""
     from .tune import choose_decoding
 
     prompts, golds, items, fits = [], [], [], []
-    for prompt, gold, profile in tqdm(val, desc="validation people", mininterval=2.0):
+    for i, (prompt, gold, profile) in enumerate(tqdm(val, desc="validation people", mininterval=2.0)):
+        step("decoding choice", 0.5 * i / len(val))
         prompts.append(prompt), golds.append(gold), items.append(engine.prepare_items(profile))
         fits.append(engine.fit(items[-1]))
     engine.cfg = cfg
-    engine, report = choose_decoding(engine, prompts, golds, fits, items, progress=lambda m: _log(f"  {m}"),
+    engine, report = choose_decoding(engine, prompts, golds, fits, items,
+                                     progress=lambda m: (step("decoding choice", 0.5), _log(f"  {m}")),
                                      alphas=[a for a in cfg.alphas if a > 0])
     return engine.cfg, report
 
 
 def _save(out: Path, cfg, task, names, head_users, clusters, model, heads, lambdas, report, data_dir, split,
-          hyper=None) -> Path:
+          hyper=None, step: _Steps = _NO_HOOKS) -> Path:
     tmp = out.with_name(out.name + ".partial")
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -344,6 +398,11 @@ def _save(out: Path, cfg, task, names, head_users, clusters, model, heads, lambd
     if hyper is not None:
         p2p_mod.save(hyper, tmp / p2p_mod.ARTIFACTS_DIR, {"artifacts_id": meta["id"], "report": report["p2p"]})
     (tmp / "config.json").write_text(json.dumps(meta, indent=2, default=_json_default))
+    try:
+        step("save")  # the last moment a cancel stops the build: the finished folder goes, `out` stays as it was
+    except BuildCancelled:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)

@@ -15,6 +15,10 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import CardConfig
 
 DEFAULT_DB = "data/studio.db"
 DEMO_ARTIFACTS = "data/artifacts/demo"
@@ -80,8 +84,17 @@ def _engine(a):
 # ---------------------------------------------------------------- commands
 
 def cmd_build(a) -> None:
+    from .build import build
+
+    data, out, cfg, kwargs = build_plan(a)
+    build(data, a.split, out, cfg, **kwargs)
+
+
+def build_plan(a) -> tuple[Path, Path, CardConfig, dict]:
+    """What `build`'s arguments ask for: (data, out, the settings, build()'s other keyword arguments); the app's
+    Populations tab builds with the same arguments (population_jobs)."""
     from .adapters import LoraSettings
-    from .build import P2P_STEPS, build
+    from .build import P2P_STEPS
     from .config import CardConfig
     from .head import HeadSettings
     from .methods.p2p import P2PConfig
@@ -105,8 +118,8 @@ def cmd_build(a) -> None:
         raise UsageError("--p2p-steps has no effect with --skip-p2p: give one of them")
     p2p = None if a.skip_p2p else P2PConfig(steps=P2P_STEPS if a.p2p_steps is None else a.p2p_steps)
     out = Path(a.out or f"data/artifacts/{data.name}")
-    build(data, a.split, out, cfg, limit_users=a.limit_users, p2p=p2p, sources=_list(a.sources),
-          exclude_sources=_list(a.exclude_sources))
+    return data, out, cfg, {"limit_users": a.limit_users, "p2p": p2p, "sources": _list(a.sources),
+                            "exclude_sources": _list(a.exclude_sources)}
 
 
 def cmd_onboard(a) -> None:
