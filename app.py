@@ -4,7 +4,7 @@
                   [--auth u1:p1,u2:p2 | --auth @raters.txt]
 
 Tabs: My writing, My cluster, Fit my style, Compare, Why, Rate, Quick pair, Leaderboard, Campaigns, Export,
-Explore; each is a module of personalize/ui with build(studio, shared), listed in page order in TABS. Every
+Explore, Populations; each is a module of personalize/ui with build(studio, shared), listed in page order in TABS. Every
 handler calls one Studio method; what it shows and collects is in the SQLite store.
 Expected problems (bad input, unknown user, a stale vote) are answered in the tab's
 status line and change nothing else; model work runs in Gradio's queue with a progress bar.
@@ -25,8 +25,8 @@ from pathlib import Path
 import gradio as gr
 
 from personalize.studio import Studio, StudioConfig
-from personalize.ui import (campaigns, cluster, compare, explore, export, fit, leaderboard, quick_pair, rate, why,
-                            writing)
+from personalize.ui import (campaigns, cluster, compare, explore, export, fit, leaderboard, populations, quick_pair,
+                            rate, why, writing)
 from personalize.ui.common import CSS, EXPECTED
 from personalize.ui.controls import forget_previous_person, page_top
 
@@ -43,6 +43,7 @@ TABS = (
     campaigns.build,  # Campaigns: create, generate, results, export / import, close
     export.build,  # Export
     explore.build,  # Explore
+    populations.build,  # Populations: make a population (git, Debian changelogs, a table), build it, serve it
 )
 
 

@@ -352,8 +352,9 @@ class Studio:
             f" No build for **{task}** is loaded: these artifacts were built for **{self.task.name}**, so prompts "
             "use that task's template.")
         near = f", {res['closeness']}" if res.get("closeness") else ""
+        nearer = f"\n\n{res['nearer']}" if res.get("nearer") else ""
         return (f"Saved **{n}** item{'' if n == 1 else 's'} for **{res['name']}**{dropped}; cluster at K = {k}: "
-                f"**{res['clusters'][k]}**{near}. Next: *Fit my style*.{note}")
+                f"**{res['clusters'][k]}**{near}. Next: *Fit my style*.{note}{nearer}")
 
     def item_rows(self, name: str | None) -> list[list]:
         """The stored items table: [number, text, neutral rewrite]; the number is the item's place in the person's
@@ -1036,6 +1037,8 @@ class Studio:
             raise ValueError(f"the studio serves {self.task.name} ({self.engine.artifacts_id}), not {task}: choose "
                              f"{task} in the Task list to switch to its build, or save under {self.task.name}")
         res = self.save_history(name, self.history_from(text, file, demo), task)
+        if len(self.build_choices()) > 1:  # another build here may be nearer the person's writing (nearest_build)
+            res["nearer"] = self.nearest_build(res["name"])["message"]
         if self.cfg.first_use_in_background:
             self.prepare_first_use(res["name"])
         return res
@@ -1215,6 +1218,86 @@ class Studio:
 
     def _export_folder(self) -> Path:
         return Path(self.cfg.export_dir) / time.strftime("%Y%m%d-%H%M%S")
+
+    # ------------------------------------------------------------ Populations: make one, build it, serve it
+    # (population_jobs); one build at a time: it takes the CPU for minutes
+    _population_job = None  # the newest PopulationJob started from the app, running or ended
+    _population_start = threading.Lock()
+
+    @property
+    def population_job(self):
+        return self._population_job
+
+    def start_population_build(self, source: str, name: str | None, paths: Sequence[str] | str | None = None,
+                               serve: bool = True, cfg=None, build_kwargs: dict | None = None):
+        """A population from `source` (population_jobs.SOURCES: git repositories, one per line; a Debian docs
+        folder; a .csv / .jsonl table) built into <artifacts root>/<name> by a background PopulationJob (progress,
+        cancel) with its own copy of the served build's model, so every tab keeps answering; served once written
+        when `serve`. cfg / build_kwargs replace the app's build settings (tests)."""
+        from . import population_jobs
+
+        with self._population_start:
+            job = self._population_job
+            if job is not None and job.running:
+                raise ValueError(f"the build of {job.name!r} is still running: wait for it, or cancel it")
+            self._population_job = population_jobs.start(
+                name or "", source, paths.splitlines() if isinstance(paths, str) else list(paths or []),
+                self.artifacts_root, self.artifacts_root.parent / "populations", self.engine.cfg.model,
+                self.engine.cfg.encoder, self.use_build, serve, cfg, build_kwargs)
+            return self._population_job
+
+    def cancel_population_build(self) -> str:
+        """Cancel: the running build stops at its next step and leaves nothing behind; returns the job's line."""
+        job = self._population_job
+        if job is None or not job.running:
+            raise ValueError("no population build is running")
+        job.cancel()
+        return job.line()
+
+    def build_choices(self) -> list[tuple[str, str]]:
+        """Every build under the artifacts root as (label, folder): the one served first, then newest first."""
+        served = self.build
+        here = Path(served.folder).resolve()
+        found = [b for b in find_builds(self.artifacts_root) if Path(b.folder).resolve() != here]
+        return [(f"{b.id} ({b.task}){' · served now' if b is served else ''}", b.folder) for b in [served, *found]]
+
+    def serve_build(self, folder: str | None) -> str:
+        """Serves one of build_choices' builds for every session (use_build); returns the status line."""
+        if not folder:
+            raise ValueError("choose a build first")
+        if Path(folder).resolve() == Path(self.build.folder).resolve():
+            return f"Serving `{self.engine.artifacts_id}` ({self.task.name}) already."
+        if str(Path(folder).resolve()) not in {str(Path(f).resolve()) for _, f in self.build_choices()}:
+            raise ValueError(f"{folder} is not a build under {self.artifacts_root}")
+        t0 = time.perf_counter()
+        self.use_build(folder)
+        return (f"Serving `{self.engine.artifacts_id}` ({self.task.name}, K ∈ {self.ks}) now, loaded in "
+                f"{time.perf_counter() - t0:.1f} s. Save your history again to place it in this build.")
+
+    def nearest_build(self, name: str) -> dict:
+        """Which build's population the person's writing is nearest: the distance of their mean embedding to each
+        build's nearest cluster centre at its default K (only the other builds' clusters.npz is read, no model),
+        for the builds that embed with the served build's encoder, nearest first, each with cluster.closeness's
+        words. Returns {"user", "builds", "nearest", "other_encoder" (ids not comparable), "message": one line
+        when another build is nearer than the served one, else ""}."""
+        from . import population_jobs
+        from .display import md
+
+        name = self.store.user(name)["name"]
+        enc, k, c = self.engine.meta.get("encoder_id"), self.engine.cfg.default_k, self.engine.clusters
+        served = {"folder": self.build.folder, "id": self.engine.artifacts_id, "task": self.task.name, "k": k,
+                  "encoder_id": enc, "served": True, "embeddings": c.embeddings, "centroids": c.centroids[k],
+                  "labels": c.labels[k]}
+        others = [x for _, f in self.build_choices()[1:] if (x := population_jobs.build_centres(f)) is not None]
+        embedding = self.engine.embed([Item(y=s.y) for s in self.store.items(name)])
+        res = population_jobs.nearest(embedding, [served, *(x for x in others if x["encoder_id"] == enc)])
+        res |= {"user": name, "other_encoder": [x["id"] for x in others if x["encoder_id"] != enc], "message": ""}
+        best, here = res["nearest"], next(r for r in res["builds"] if r["served"])
+        if not best["served"]:
+            res["message"] = (f"Of the {len(res['builds'])} builds here, **{md(best['id'])}** ({best['task']}) is "
+                              f"nearest your writing (distance {best['distance']:.2f}, against {here['distance']:.2f} "
+                              f"for the one served): there you are {best['words']}. Serve it in the *Populations* tab.")
+        return res
 
 
 def job_line(job: dict) -> str:

@@ -155,7 +155,7 @@ def test_the_page_has_the_tabs_in_order_and_unique_element_ids(studio):
     blocks = list(page.blocks.values())
     tabs = [b.label for b in blocks if isinstance(b, gr.Tab)]
     assert tabs == ["My writing", "My cluster", "Fit my style", "Compare", "Why", "Rate", "Quick pair", "Leaderboard",
-                    "Campaigns", "Export", "Explore"]
+                    "Campaigns", "Export", "Explore", "Populations"]
     ids = [b.elem_id for b in blocks if getattr(b, "elem_id", None)]
     assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
     # the shared decoding controls exist once, shown in Compare

@@ -73,6 +73,8 @@ class Shared:
     prompt: PromptInput
     versions: gr.Dataframe  # the user's style versions: shown in Fit, a thumb in Compare adds one
     saved: object = None  # My writing's Save event (set by writing.build): My cluster redraws after it
+    task: object = None  # My writing's task list and demo picker (set by writing.build): a build served from
+    demo_user: object = None  # the Populations tab refreshes them too
     # what shows one person's results (a fit, outputs, a trace, a sweep), with its empty value: emptied when
     # the user name changes, so no tab shows a person's results under another's name (forget_previous_person)
     per_person: list = field(default_factory=list)

@@ -115,6 +115,7 @@ def build(studio, shared: Shared) -> None:
             forget_status = Markdown(elem_id="forget-status")
 
     user, stored, shown_for, pick = shared.user, shared.stored, shared.shown_for, shared.prompt.item
+    shared.task, shared.demo_user = task, demo_user
     served_outputs = [*shared.served_outputs, demo_user]
     assert len(served_outputs) == N_SERVED + 1
     demo_btn.click(bind(load_demo, studio), [demo_user, user], [history, user, status, shown_for])
