@@ -1145,8 +1145,22 @@ class Studio:
                                 else "")
                              + (f"; user-specificity gap {d['specificity_gap']:+.4f}" if "specificity_gap" in d
                                 else ""))
+        if not fit.cold_start and (note := self.guard_note()):
+            lines.insert(2, note)
         lines.append(f"\nStored: {self.store.vector_bytes(name, self.engine.artifacts_id)} bytes.")
         return "\n".join(lines)
+
+    def guard_note(self) -> str | None:
+        """In plain words, when the build's harm guard (tune.harm_guard) kept `card` at the cluster model: on this
+        build's task no setting of the style moved the text above noise for its validation people (people who
+        differ in topic more than in form), so Compare's default α is 0 and nothing only looks personal."""
+        guard = self.engine.meta.get("report", {}).get("tune", {}).get("guard")
+        if not guard or guard.get("kept", True) or self.engine.cfg.decoding.alpha > 0:
+            return None
+        return (f"On this build's task (**{self.task.name}**) CARD writes as your cluster's model: on its "
+                f"{guard.get('people', 'validation')} validation people no setting of the style moved the text "
+                "above noise, so α starts at 0 here. Your style is fitted all the same: Why and Explore show it, "
+                "and the α slider in Compare applies it.")
 
     def restore(self, name: str | None, version: float | None) -> str:
         """Restore from the page: the version number given, then restore_version."""

@@ -413,6 +413,14 @@ class Page:
     def until_text(self, elem_id, *needles) -> str:
         return self.wait.until(lambda d: (t := self.settled(elem_id)) is not None and any(n in t for n in needles) and t)
 
+    def fit(self, name) -> str:
+        """Fit my style for the named person; the page's report once it says they were fitted."""
+        self.tab("Fit my style")
+        self.click("fit-button")
+        fit = self.until_text("fit-status", f"Fitted {name}", "⚠️")
+        assert f"Fitted {name}" in fit, fit
+        return fit
+
     def choose_methods(self, methods):
         """Ticks exactly these methods in Compare (on the Compare tab)."""
         from selenium.webdriver.common.by import By
@@ -603,6 +611,8 @@ def test_browser_two_people_get_their_own_card_outputs_and_nothing_loops(server,
         p.choose_methods(methods)
         p.type("max-tokens", "32")
         p.el("#max-tokens input").send_keys(Keys.TAB)
+        p.type("alpha", "2")  # the tiny build's harm guard sets the default α to 0 (card = the cluster model)
+        p.el("#alpha input").send_keys(Keys.TAB)
         outputs = {}
         for name, history, n_dup in (("tess", TERSE_HISTORY, 2), ("fred", FORMAL_HISTORY, 0)):
             p.tab("My writing")
@@ -615,7 +625,7 @@ def test_browser_two_people_get_their_own_card_outputs_and_nothing_loops(server,
             assert f"Saved 10 items for {name}" in saved, saved
             assert (f"({n_dup} duplicate items dropped)" in saved) == bool(n_dup), saved
             header = [th.text.strip().lower() for th in driver.find_elements(By.CSS_SELECTOR, "#items th")]
-            assert sum(h == "id" for h in header) == 1 and "#" not in header, header  # one item id column
+            assert sum(h == "#" for h in header) == 1 and "id" not in header, header  # one item number column, per person
 
             p.tab("My cluster")
             status = p.until_text("cluster-status", f"{name} is in cluster")
@@ -626,16 +636,13 @@ def test_browser_two_people_get_their_own_card_outputs_and_nothing_loops(server,
             slider.send_keys(there)  # one arrow key (2 -> 3 on the tiny build) moves on to the next built K (4)
             k1 = studio.snap_k(k0 + step, previous=k0)
             assert k1 != k0
-            status = p.until_text("cluster-status", f"of K = {k1}.")
+            status = p.until_text("cluster-status", f"of K = {k1},")
             assert status.count("◀ you") == 1, status  # the person's own row is marked
             slider.send_keys(back)
-            p.until_text("cluster-status", f"of K = {studio.snap_k(k1 - step, previous=k1)}.")
+            p.until_text("cluster-status", f"of K = {studio.snap_k(k1 - step, previous=k1)},")
             p.shot(f"two-people-{name}-cluster")
 
-            p.tab("Fit my style")
-            p.click("fit-button")
-            fit = p.until_text("fit-status", f"Fitted {name}", "⚠️")
-            assert f"Fitted {name}" in fit, fit
+            fit = p.fit(name)
             assert any(s in fit for s in ("Your vector helps", "does not beat your cluster's model", "Too few items")), fit
 
             p.tab("Compare")
@@ -653,6 +660,63 @@ def test_browser_two_people_get_their_own_card_outputs_and_nothing_loops(server,
         loops = {(n, m): t for n, outs in outputs.items() for m, t in outs.items() if looping(t)}
         assert not loops, loops
         assert outputs["tess"]["card"] != outputs["fred"]["card"], outputs
+    finally:
+        driver.quit()
+
+
+def _opening(text: str) -> str:
+    """How an entry opens, as its writer's habit: its first two non-blank characters ("* ", "- ", "Up")."""
+    return text.lstrip()[:2]
+
+
+def test_browser_people_the_build_never_saw_are_placed_and_compared(server, tmp_path):
+    """Issue 24's newcomer, twice: two people of the demo's data that the build never saw (the picker marks them
+    new; the build's own people stand in on a build that left nobody out) paste their history, are placed with the
+    distance in plain words, fit, and compare base, cluster and CARD on a prompt of their kind (their own newest
+    entry's). On a build of real people (STUDIO_ARTIFACTS / STUDIO_DEMO = the first start's Debian maintainers),
+    CARD's output must also open as most of their own entries do: it carries their form, not the population's."""
+    from personalize.data import read_lamp
+
+    studio = server["studio"]
+    shots = Path(os.environ.get("SCREENSHOTS") or tmp_path / "shots")
+    real = studio.task.name == "changelog_entries"
+    picks = [u for label, u in studio.demo_choices() if "new" in label][:2] or [u for _, u in studio.demo_choices()][-2:]
+    _, queries = read_lamp(studio.cfg.demo_data, "dev")
+    prompt_of = {q.user: q.input for q in queries}
+    methods = ("base", "cluster", "card")
+    driver = _driver(tmp_path)
+    try:
+        p = Page(driver, shots)
+        driver.get(server["url"])
+        p.tab("Compare")
+        p.choose_methods(methods)
+        for i, person in enumerate(picks):
+            name = f"newcomer{i}"
+            p.tab("My writing")
+            p.type("user-name", name)
+            p.until_text("writing-status", f"New user {name}")
+            p.type("history", studio.demo_history(person))
+            p.click("save-history")
+            saved = p.until_text("writing-status", "Saved", "⚠️")
+            assert f"for {name}; cluster at K = " in saved, saved
+            assert any(w in saved for w in ("close to its centre", "within its usual range", "at its edge",
+                                            "far from every cluster")), saved  # the distance in plain words
+            p.tab("My cluster")
+            p.until_text("cluster-status", f"{name} is in cluster")
+            p.shot(f"new-person-{i}-cluster")
+            p.fit(name)
+            p.tab("Compare")
+            p.type("prompt", prompt_of[person])
+            p.click("compare-button")
+            done = p.until_text("compare-status", f"Done: {len(methods)} methods for {name}", "⚠️")
+            assert done.startswith("Done"), done
+            p.shot(f"new-person-{i}-compare")
+            (card,) = studio.store.generations(user=name, method="card", limit=1)
+            assert card["output"].strip(), card
+            if real:
+                openings = [_opening(it.y) for it in studio.demo_items(person)]
+                theirs = max(set(openings), key=openings.count)
+                assert _opening(card["output"]) == theirs, (person, theirs, card["output"])
     finally:
         driver.quit()
 

@@ -3,6 +3,7 @@ file; the leaderboard's statistics, blind-pair hygiene and exports on planted vo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import csv
 import io
@@ -462,3 +463,21 @@ def test_how_near_a_cluster_is_said_in_plain_words(studio):
     res = studio.save_history("nearme", [Item(t) for t in TERSE], "tweets")
     assert res["closeness"] and res["closeness"] in studio.save_message(res)
     assert res["closeness"] in studio.cluster_summary(studio.user_state("nearme"))
+
+
+def test_fit_says_in_plain_words_when_the_build_keeps_card_at_the_cluster_model(studio, monkeypatch):
+    """Issue 23 item 5: where the build's harm guard found no setting that moves the text above noise, the Fit
+    page says CARD writes as the cluster model there (nothing that only looks personal); where card was kept,
+    it says nothing of the kind."""
+    studio.save_history("topic", studio.demo_items("formal_01"), "tweets")
+    fit = studio.fit("topic")
+    report = studio.engine.meta.setdefault("report", {}).setdefault("tune", {})
+    monkeypatch.setitem(report, "guard", {"kept": False, "alpha": 0.0, "people": 30, "why": "…"})
+    cfg = studio.engine.cfg
+    monkeypatch.setattr(studio.engine, "cfg", dataclasses.replace(cfg, decoding=dataclasses.replace(cfg.decoding, alpha=0.0)))
+    msg = studio.fit_message("topic", fit, 1.0)
+    assert "CARD writes as your cluster's model" in msg and "30 validation people" in msg, msg
+    monkeypatch.setitem(report, "guard", {"kept": True, "alpha": 2.0, "people": 30, "why": "…"})
+    cfg = studio.engine.cfg
+    monkeypatch.setattr(studio.engine, "cfg", dataclasses.replace(cfg, decoding=dataclasses.replace(cfg.decoding, alpha=2.0)))
+    assert "CARD writes as your cluster's model" not in studio.fit_message("topic", fit, 1.0)
