@@ -27,7 +27,8 @@ from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList, Sto
     StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from .decoding import CardLogitsProcessor, DecodingSettings, Generation, MinNewTokens, repetition_processors
+from .decoding import CardLogitsProcessor, DecodingSettings, Generation, MinNewTokens, SeededSampler, \
+    repetition_processors
 from .features import HiddenCapture, position_ids
 from .head import PersonalizationHead
 from .kernels import onednn_linears
@@ -63,6 +64,16 @@ class P2PSteer:
     scale: float
 
 
+@dataclass(frozen=True)
+class SampleSteer:
+    """A sampled row with its own seed (decoding.SeededSampler after the row's repetition control): it decodes in
+    the greedy batch, and its draw does not depend on the batch's other rows (the reranker's candidates)."""
+
+    seed: int
+    temperature: float
+    top_p: float
+
+
 @dataclass
 class DecodeRow:
     """One output to decode: what a method's `rows()` returns, what `decode_rows` turns into a Generation."""
@@ -71,7 +82,7 @@ class DecodeRow:
     budget: TokenBudget
     settings: DecodingSettings
     adapter: str | None = None  # None: the frozen LM
-    steer: CardSteer | CopeSteer | P2PSteer | None = None
+    steer: CardSteer | CopeSteer | P2PSteer | SampleSteer | None = None
     trace: list | None = None  # what the method chose (Generation.trace), known before decoding
     note: str | None = None  # Generation.note (CARD's fallback to the cluster model)
     want_trace: bool = False  # CARD / COPE: record every step (the Why view)
@@ -222,6 +233,9 @@ def _decode_group(model, tok, rows: Sequence[DecodeRow], on_step, fast: bool) ->
 
                 proc = CopeLogitsProcessor(r.steer.alpha, r.steer.tau, 1)
                 chains.append(([i, n + twins.index(i)], [*first, proc, *repeats]))
+            elif isinstance(r.steer, SampleSteer):
+                sampler = SeededSampler(r.steer.seed, r.steer.temperature, r.steer.top_p, s.top_k)
+                chains.append(([i], [*first, *repeats, sampler]))
             else:
                 chains.append(([i], [*first, *repeats]))
             if r.want_trace and isinstance(r.steer, (CardSteer, CopeSteer)):

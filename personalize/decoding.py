@@ -127,6 +127,28 @@ class CardLogitsProcessor(LogitsProcessor):
         return out
 
 
+class SeededSampler(LogitsProcessor):
+    """One row's sampling done as a processor, with the row's own random stream: the row's final scores cut to
+    their top-k and nucleus (top-p) at `temperature`, one token drawn, every other token set to −inf, so the
+    greedy batch it decodes in takes that token. The draw depends on the seed alone, not on the batch's other
+    rows (transformers' sampling shares one stream across the batch); the reranker's candidates (rerank.py)."""
+
+    def __init__(self, seed: int, temperature: float, top_p: float, top_k: int):
+        if temperature <= 0 or not 0 < top_p <= 1 or top_k < 1:
+            raise ValueError("temperature > 0, top_p in (0, 1] and top_k >= 1")
+        self.gen = torch.Generator().manual_seed(seed)
+        self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
+
+    @torch.no_grad()
+    def __call__(self, input_ids, scores):
+        vals, idx = scores.float().cpu().topk(min(self.top_k, scores.shape[-1]), dim=-1)  # sorted, descending
+        probs = torch.softmax(vals / self.temperature, -1)
+        outside = probs.cumsum(-1) - probs >= self.top_p  # the nucleus: the smallest prefix reaching top_p
+        probs = probs.masked_fill(outside, 0.0)
+        pick = idx.gather(-1, torch.multinomial(probs, 1, generator=self.gen))
+        return torch.full_like(scores, float("-inf")).scatter(-1, pick.to(scores.device), 0.0)
+
+
 @dataclass
 class Generation:
     text: str
