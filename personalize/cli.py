@@ -72,6 +72,29 @@ def _decoding(engine, a):
     return replace(s, **changes)
 
 
+def _rerank_changes(spec: str | None) -> dict:
+    """--rerank "n=8,greedy=false": fields of card_rerank's settings (rerank.RerankSettings checks them), read
+    before any model loads."""
+    import dataclasses
+
+    from .rerank import RerankSettings
+
+    defaults, changes = RerankSettings(), {}
+    for part in _list(spec):
+        key, _, value = (x.strip() for x in part.partition("="))
+        if key not in {f.name for f in dataclasses.fields(RerankSettings)}:
+            raise UsageError(f"--rerank: unknown setting {key!r}; settings: {list(dataclasses.asdict(defaults))}")
+        kind = type(getattr(defaults, key))
+        if kind is bool and value.lower() not in ("true", "false"):
+            raise UsageError(f"--rerank: {key} is true or false, got {value!r}")
+        try:
+            changes[key] = value.lower() == "true" if kind is bool else kind(value)
+            replace(defaults, **changes)
+        except ValueError as e:
+            raise UsageError(f"--rerank: {e}") from e
+    return changes
+
+
 def _engine(a):
     from .engine import Engine
 
@@ -236,8 +259,9 @@ def cmd_eval(a) -> None:
 
     configs = _method_configs(a)
     objectives = _objectives_first(a)
+    rerank = _rerank_changes(a.rerank)
     engine = _engine(a)
-    engine.cfg = replace(engine.cfg, objectives=objectives)
+    engine.cfg = replace(engine.cfg, objectives=objectives, rerank=replace(engine.cfg.rerank, **rerank))
     # the head's own α from the build's sweep on validation users (older builds swept the first head only)
     alpha = a.alpha if a.alpha is not None else \
         engine.meta.get("report", {}).get("alpha_by_objective", {}).get(objectives[0], {}).get("alpha")
@@ -252,6 +276,7 @@ def cmd_eval(a) -> None:
     for pair, d in result["differences"].items():
         print(f"  {pair:<28} ROUGE-L {d['mean']:+.4f}  95% CI [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]"
               f"  wins/losses {d['wins']}/{d['losses']}")
+    print("seconds per person:", json.dumps({m: v["seconds_per_person"] for m, v in result["methods"].items()}))
     print("user-specificity:", json.dumps(result["specificity"]))
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
@@ -266,6 +291,8 @@ def cmd_tune(a) -> None:
     t0 = time.perf_counter()
     report = tune(engine, a.data, a.split, a.users, write=not a.dry_run, steps=_list(a.steps) or STEPS)
     print(json.dumps({k: report[k] for k in ("chosen_decoding", "chosen_style", "users", "helps_share")}, indent=1))
+    if "rerank" in report:
+        print("card_rerank:", json.dumps(report["rerank"]))
     if "guard" in report:
         print(report["guard"]["why"])
     print(f"tuned in {time.perf_counter() - t0:.0f} s" + ("" if a.dry_run else f"; written to {a.artifacts}/config.json"))
@@ -660,6 +687,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--sources", default="", help="score only users of these sources (comma-separated, e.g. the ones "
                                                   "the build left out with --exclude-sources)")
     e.add_argument("--alpha", type=float, default=None, help="override the build's α")
+    e.add_argument("--rerank", default=None,
+                   help="card_rerank's settings over the build's, e.g. \"n=8,greedy=false,temperature=1.0\" (n, greedy, "
+                        "temperature, top_p, seed, alpha, length_norm: rerank.RerankSettings)")
     e.add_argument("--objective", default=None,
                    help="which built head onboards users and steers card (tokens, pairs, hard_pairs; default: the build's first)")
     _add_method_budgets(e)
@@ -675,7 +705,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--users", type=int, default=30, help="validation people (the harm guard wants 30)")
     t.add_argument("--dry-run", action="store_true", help="print the choice, do not write it")
     t.add_argument("--steps", default="", help="re-run only these steps (comma-separated: repetition, style, alpha, "
-                                               "knn_weight, fallback); the others keep the build's settings")
+                                               "knn_weight, fallback; and rerank, run only when named: card_rerank's "
+                                               "candidates); the others keep the build's settings")
     t.set_defaults(fn=cmd_tune)
 
     n = sub.add_parser("bench", help="efficiency table measured in one run", description="Onboarding, fit, decoding overhead, switching, storage.")

@@ -15,6 +15,7 @@ from .adapters import LoraSettings
 from .decoding import DecodingSettings
 from .head import OBJECTIVES, HeadSettings
 from .models import EncoderConfig, ModelConfig
+from .rerank import RerankSettings
 from .style import StyleSettings
 from .tokens import TokenBudget
 
@@ -32,6 +33,7 @@ class CardConfig:
     head: HeadSettings = field(default_factory=HeadSettings)
     decoding: DecodingSettings = field(default_factory=DecodingSettings)
     style: StyleSettings = field(default_factory=StyleSettings)  # what `card` decodes with beside λ (METHOD §1.10)
+    rerank: RerankSettings = field(default_factory=RerankSettings)  # `card_rerank`'s candidates and score
     ks: tuple[int, ...] = (1, 2, 4, 8)
     default_k: int = 4  # the cluster count the head is trained on and methods use unless told
     objectives: tuple[str, ...] = ("tokens",)  # heads to train; the first one is CARD's default

@@ -34,6 +34,7 @@ from .neutral import neutral
 NEUTRAL_TEMPLATE = "Rewrite the following text in plain, neutral English: {text}"
 CORE_METHODS = ("base", "cluster", "card")
 CARD_METHODS = ("card", *VARIANTS)  # the default CARD and the variants compared on dev (style.VARIANTS)
+RERANK = "card_rerank"  # the cluster model's candidates rescored by the person's whole style (rerank.py)
 FALLBACK_NOTE = ("your style did not beat your cluster's model on your own held-out items, "
                  "so this is the cluster model's output")
 
@@ -366,16 +367,16 @@ class Engine:
             return generate(self.model, self.tok, list(prompts), budget, s)
         if method not in ("cluster", *CARD_METHODS):
             raise ValueError(f"unknown method {method!r}; choose from {(*CORE_METHODS, *VARIANTS)}")
+        if method == RERANK:
+            from .rerank import Query, rerank
+
+            return rerank(self, [Query(p, cluster or 0, k, st) for p, st in zip(prompts, self._styles(
+                lam, len(prompts), self.heads[objective or self.cfg.objectives[0]].d))], s, objective=objective,
+                budget=budget)
         self.use_adapter(adapter_name(k, cluster or 0) if k > 1 else BASE_ADAPTER)
         if method == "cluster":
             return generate(self.model, self.tok, list(prompts), budget, s)
-        objective = objective or self.cfg.objectives[0]
-        head = self.heads[objective]
-        style = variant(method, self.cfg.style)
-        styles = self._styles(lam, len(prompts), head.d)
-        s = replace(s, standardize=objective in PAIR_OBJECTIVES)
-        if objective != "tokens":  # bias and memory are fitted from the tokens head's pass
-            style = replace(style, bias=False, memory=False)
+        head, style, styles, s = self.card_parts(method, lam, len(prompts), s, objective)
         back = [i for i, st in enumerate(styles) if style.fallback and st.helps is False]
         out: list[Generation | None] = [None] * len(prompts)
         if back:  # the cluster model's own output: its prompt, no retrieved items
@@ -407,13 +408,10 @@ class Engine:
         ada = adapter_name(k, cluster or 0) if k > 1 else BASE_ADAPTER
         if method == "cluster":
             return [DecodeRow(p, budget, s, ada) for p in prompts]
-        objective = objective or self.cfg.objectives[0]
-        head = self.heads[objective]
-        style = variant(method, self.cfg.style)
-        styles = self._styles(lam, len(prompts), head.d)
-        s = replace(s, standardize=objective in PAIR_OBJECTIVES)
-        if objective != "tokens":
-            style = replace(style, bias=False, memory=False)
+        if method == RERANK:
+            raise ValueError(f"{RERANK} decodes in two stages (candidates in one batch, then one scoring pass), so "
+                             "it has no single row: use Engine.generate or rerank.rerank")
+        head, style, styles, s = self.card_parts(method, lam, len(prompts), s, objective)
         out: list[DecodeRow] = []
         for p, st in zip(prompts, styles):
             if style.fallback and st.helps is False:
@@ -425,6 +423,15 @@ class Engine:
             out.append(DecodeRow(card_prompt, card_budget, s, ada, CardSteer(head, st, style, self.cfg.head.n_layers),
                                  want_trace=trace))
         return out
+
+    def card_parts(self, method: str, lam, n: int, s: DecodingSettings, objective: str | None = None):
+        """What a CARD variant decodes with: (head, style settings, one UserStyle per prompt, decoding settings)."""
+        objective = objective or self.cfg.objectives[0]
+        head = self.heads[objective]
+        style = variant(method, self.cfg.style)
+        if objective != "tokens":  # bias and memory are fitted from the tokens head's pass
+            style = replace(style, bias=False, memory=False)
+        return head, style, self._styles(lam, n, head.d), replace(s, standardize=objective in PAIR_OBJECTIVES)
 
     def decode_rows(self, rows: Sequence[DecodeRow], on_step=None) -> list[Generation]:
         """Rows of any adapters in one batch (batch.decode_rows); the adapter layers must be on for that."""

@@ -28,7 +28,7 @@ from tqdm import tqdm
 from .adapters import adapter_name
 from .build import select_sources
 from .data import Item, read_lamp
-from .engine import CARD_METHODS, CORE_METHODS, Engine, UserFit
+from .engine import CARD_METHODS, CORE_METHODS, RERANK, Engine, UserFit
 from .head import fit_user
 from .methods import METHODS, UserContext, get_method
 from .methods.rag import RagIndex
@@ -37,8 +37,9 @@ from .style import VARIANTS, style_diagnostics, variant
 from .store import Store
 
 BENCH_METHODS = ("rag", "oppu", "p2p", "card", "exact")
+SHUFFLED = {"card_shuffled": "card", "card_rerank_shuffled": RERANK}  # the method decoded with another person's style
 # eval's own columns beside the registry's methods: the core, CARD's variants, the shuffled control, the floor
-EVAL_CORE = (*CORE_METHODS, *VARIANTS, "card_shuffled", "bm25_copy")  # paper Table 5 rows, plus EXACT's indexing
+EVAL_CORE = (*CORE_METHODS, *VARIANTS, *SHUFFLED, "bm25_copy")  # paper Table 5 rows, plus EXACT's indexing
 STORED = {  # what bytes_per_user counts, per method
     "rag": "BM25 index with its items (pickled)",
     "oppu": "the user's LoRA adapter on disk",
@@ -86,38 +87,28 @@ def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence
     onboard_s = time.perf_counter() - t0
     partner = shuffled_partners([f.cluster for f in fits], seed)
     preds: dict[str, list[str]] = {}
+    seconds: dict[str, float] = {}
+    candidates: dict[str, list] = {}  # card_rerank's candidates with their scores, per query
     for m in methods:
         preds[m] = [""] * len(queries)
-        if m == "bm25_copy":
-            preds[m] = [bm25_copy(q.input, q.profile) for q in queries]
-            continue
-        if m in METHODS:
-            with tempfile.TemporaryDirectory() as tmp:  # per-user state (EXACT memory, OPPU adapters) is scratch
-                cfg = dict((method_configs or {}).get(m, {}))
-                if m == "oppu":
-                    cfg.setdefault("folder", str(Path(tmp) / "oppu"))
-                store = Store(Path(tmp) / "eval.db")
-                method = get_method(m, engine, store, **cfg)
-                for i, q in enumerate(tqdm(queries, desc=m, mininterval=2.0)):
-                    user = UserContext(q.user or q.id, profiles[i], fits[i].cluster, fits[i].k, fits[i].lam)
-                    store.add_user(user.name, user.items, task.name, replace=True)  # EXACT and PAG keep state per user
-                    preds[m][i] = method.generate(user, [q.input], engine.cfg.decoding)[0].text
-                if hasattr(method, "release"):
-                    method.release()
-            continue
-        styles = [fits[partner[i] if m == "card_shuffled" else i].style for i in range(len(fits))]
-        preds[m] = decode_people(engine, "card" if m == "card_shuffled" else m, [q.input for q in queries], fits,
-                                 styles, profiles, desc=m)
+        t_method = time.perf_counter()
+        if SHUFFLED.get(m, m) == RERANK:
+            candidates[m] = [None] * len(queries)
+        _predict(engine, m, task, queries, profiles, fits, partner, method_configs, preds[m], candidates.get(m))
+        seconds[m] = (time.perf_counter() - t_method) / len(queries)
     golds = [q.gold for q in queries]
     per_query = {m: rouge_per_query(preds[m], golds) for m in methods}
     table = {m: {k: round(v, 4) if isinstance(v, float) else v for k, v in rouge_scores(preds[m], golds).items()}
-             | {"looping": round(sum(looping(p) for p in preds[m]) / len(queries), 4)} for m in methods}
+             | {"looping": round(sum(looping(p) for p in preds[m]) / len(queries), 4),
+                "seconds_per_person": round(seconds[m], 3)} for m in methods}
     diag_keys = sorted({k for f in fits for k in f.diagnostics if isinstance(f.diagnostics[k], (float, bool))})
     diag = {k: round(float(np.mean([f.diagnostics[k] for f in fits if k in f.diagnostics])), 4) for k in diag_keys}
     return {"task": task.name, "methods": table, "diagnostics": diag,
             "differences": paired_differences(per_query, n_boot, seed),
             "specificity": {"decoded_rougeL": _gap(per_query, "card", "card_shuffled"),
-                            "teacher_forced": teacher_forced_specificity(engine, fits, partner)},
+                            "teacher_forced": teacher_forced_specificity(engine, fits, partner)}
+            | ({"decoded_rerank_rougeL": _gap(per_query, RERANK, "card_rerank_shuffled")}
+               if "card_rerank_shuffled" in per_query else {}),
             "settings": {"artifacts": engine.artifacts_id, "data": str(data_dir), "split": split, "n": len(queries),
                          "sources": sorted({q.source for q in queries if q.source}), "sources_in_build": seen,
                          "max_items": max_items, "alpha": engine.cfg.decoding.alpha, "top_k": engine.cfg.decoding.top_k,
@@ -125,16 +116,43 @@ def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence
                          "repetition_penalty": engine.cfg.decoding.repetition_penalty,
                          "no_repeat_ngram": engine.cfg.decoding.no_repeat_ngram, "k": engine.cfg.default_k,
                          "objective": engine.cfg.objectives[0], "style": dataclasses.asdict(engine.cfg.style),
-                         "onboarding_s_total": round(onboard_s, 1), "method_configs": method_configs or {}},
+                         "rerank": dataclasses.asdict(engine.cfg.rerank), "onboarding_s_total": round(onboard_s, 1), "method_configs": method_configs or {}},
             "predictions": [{"id": q.id, "user": q.user, "source": q.source, "gold": q.gold,
-                             **{m: preds[m][i] for m in methods}} for i, q in enumerate(queries)]}
+                             **{m: preds[m][i] for m in methods},
+                             **{f"{m}_candidates": c[i] for m, c in candidates.items()}} for i, q in enumerate(queries)]}
+
+
+def _predict(engine: Engine, m: str, task, queries, profiles, fits, partner, method_configs, out: list[str],
+             candidates: list | None = None) -> None:
+    """Method m's output for every query, into `out` (and a reranking method's candidates into `candidates`)."""
+    if m == "bm25_copy":
+        out[:] = [bm25_copy(q.input, q.profile) for q in queries]
+        return
+    if m in METHODS:
+        with tempfile.TemporaryDirectory() as tmp:  # per-user state (EXACT memory, OPPU adapters) is scratch
+            cfg = dict((method_configs or {}).get(m, {}))
+            if m == "oppu":
+                cfg.setdefault("folder", str(Path(tmp) / "oppu"))
+            store = Store(Path(tmp) / "eval.db")
+            method = get_method(m, engine, store, **cfg)
+            for i, q in enumerate(tqdm(queries, desc=m, mininterval=2.0)):
+                user = UserContext(q.user or q.id, profiles[i], fits[i].cluster, fits[i].k, fits[i].lam)
+                store.add_user(user.name, user.items, task.name, replace=True)  # EXACT and PAG keep state per user
+                out[i] = method.generate(user, [q.input], engine.cfg.decoding)[0].text
+            if hasattr(method, "release"):
+                method.release()
+        return
+    styles = [fits[partner[i] if m in SHUFFLED else i].style for i in range(len(fits))]
+    out[:] = decode_people(engine, SHUFFLED.get(m, m), [q.input for q in queries], fits, styles, profiles, desc=m,
+                           traces=candidates)
 
 
 def decode_people(engine: Engine, method: str, prompts: Sequence[str], fits: Sequence[UserFit],
                   styles: Sequence, items: Sequence[Sequence[Item]], settings=None, batch: int = 8,
-                  desc: str | None = None) -> list[str]:
+                  desc: str | None = None, traces: list | None = None) -> list[str]:
     """One output per person for a core method or CARD variant: people of a cluster decode together in batches;
-    a CARD that retrieves the person's own items into the prompt decodes each person alone."""
+    a CARD that retrieves the person's own items into the prompt decodes each person alone. `traces`: filled
+    with each output's Generation.trace (card_rerank: its candidates and their scores)."""
     out = [""] * len(prompts)
     groups: dict[int, list[int]] = {}
     for i, f in enumerate(fits):
@@ -147,6 +165,8 @@ def decode_people(engine: Engine, method: str, prompts: Sequence[str], fits: Seq
                                    k=fits[b[0]].k, settings=settings, items=items[b[0]] if alone else None)
             for i, g in zip(b, gens):
                 out[i] = g.text
+                if traces is not None:
+                    traces[i] = g.trace
     return out
 
 
@@ -175,7 +195,7 @@ def paired_differences(per_query: dict[str, list[float]], n_boot: int = 1000, se
     """Mean ROUGE-L difference and its paired bootstrap 95 % interval (queries resampled) for each pair that
     the comparison rests on, among the methods present."""
     pairs = [("card", "cluster"), ("cluster", "base"), ("card", "base"), ("card", "card_shuffled"),
-             ("card", "bm25_copy"), ("card", "card_paper")]
+             ("card", "bm25_copy"), ("card", "card_paper"), (RERANK, "card"), (RERANK, "card_rerank_shuffled")]
     pairs += [(v, "cluster") for v in ("card_paper", *VARIANTS, "oppu") if v != "card_shuffled"]
     rng = np.random.default_rng(seed)
     out = {}

@@ -67,6 +67,8 @@ VARIANTS: dict[str, dict] = {
     "card_bias": dict(bias=True, memory=False, retrieval=False, fallback=False),
     "card_knn": dict(bias=False, memory=True, retrieval=False, fallback=False),
     "card_rag": dict(bias=False, memory=False, retrieval=True, fallback=False),
+    # the build's style (λ, bias, memory) as a sequence score: the cluster model's candidates reranked (rerank.py)
+    "card_rerank": dict(retrieval=False, fallback=False),
 }
 
 

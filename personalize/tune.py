@@ -11,6 +11,9 @@ Then the harm guard: `card` keeps the chosen settings only when a paired bootstr
 validation people puts its gain over the cluster model above 0; otherwise α = 0 and `card`
 decodes as the cluster model, and the report says why. A setting chosen on a handful of
 people is noise, so the guard asks for MIN_PEOPLE of them where the data has them.
+Asked for (`--steps rerank`), a last step chooses `card_rerank`'s settings (rerank.py: the cluster
+model's candidates rescored by the person's whole style) among RERANKS and reports card beside
+them; it leaves `card` as chosen (a reranked output is not one row of the app's mixed batch).
 
 `build` runs it all on its validation people (people held out of the population: their
 query, or their newest item); `python -m personalize tune` re-runs it on an existing build,
@@ -31,8 +34,9 @@ from tqdm import tqdm
 from .config import FORMAT_VERSION
 from .data import Item, read_lamp
 from .decoding import DecodingSettings
-from .engine import Engine, UserFit
+from .engine import RERANK, Engine, UserFit
 from .metrics import looping, rouge_per_query, rouge_scores
+from .rerank import Query, RerankSettings, rerank
 
 REPETITION = ((1.0, 0), (1.0, 4), (1.0, 3), (1.2, 4))  # (penalty on generated tokens, no-repeat n-gram)
 STYLES = {  # candidates for `card`, simplest first
@@ -49,7 +53,10 @@ MIN_PEOPLE = 30  # validation people the harm guard wants before it lets `card` 
 
 def decode_each(engine: Engine, method: str, prompts, fits, items, s: DecodingSettings) -> list[str]:
     """Every person's output in one mixed batch (batch.py: each row exactly what it gives decoded alone, as eval
-    decodes it): a setting costs one decode of all the validation people, not one per cluster."""
+    decodes it): a setting costs one decode of all the validation people, not one per cluster. `card_rerank`:
+    every person's candidates in one mixed batch, then one scoring pass (rerank.py)."""
+    if method == RERANK:
+        return [g.text for g in rerank(engine, [Query(p, f.cluster, f.k, f.style) for p, f in zip(prompts, fits)], s)]
     rows = [r for p, f, it in zip(prompts, fits, items)
             for r in engine.rows([p], method, f.cluster, f.style, k=f.k, settings=s, items=it)]
     return [g.text for g in engine.decode_rows(rows)] if rows else []
@@ -62,6 +69,11 @@ def _score(engine: Engine, method: str, prompts, golds, fits, items, s: Decoding
 
 
 STEPS = ("repetition", "style", "alpha", "knn_weight", "fallback")
+# steps run only when asked (`tune --steps rerank`): card_rerank's settings, beside card as chosen; card is unchanged
+OPTIONAL_STEPS = ("rerank",)
+RERANKS = (("4 candidates", RerankSettings(n=4)), ("8 candidates", RerankSettings(n=8)),
+           ("8 samples, no greedy ones", RerankSettings(n=8, greedy=False)),
+           ("8, summed log-probs", RerankSettings(n=8, length_norm=False)))
 
 
 def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str], fits: Sequence[UserFit],
@@ -70,9 +82,9 @@ def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str]
     """The greedy pass above on (prompt, gold) of validation people fitted on `items`, then the harm guard;
     returns the engine with the chosen settings in engine.cfg and the sweep. `steps` re-runs only some steps,
     the others kept as built."""
-    unknown = [x for x in steps if x not in STEPS]
+    unknown = [x for x in steps if x not in (*STEPS, *OPTIONAL_STEPS)]
     if unknown:
-        raise ValueError(f"unknown tune steps {unknown}; choose from {STEPS}")
+        raise ValueError(f"unknown tune steps {unknown}; choose from {(*STEPS, *OPTIONAL_STEPS)}")
     report: dict = {"users": len(prompts)}
 
     def pick(name, options, apply, method="card"):
@@ -106,6 +118,10 @@ def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str]
              lambda w: replace(engine.cfg, style=replace(engine.cfg.style, knn_weight=w)))
     pick("fallback", [("off", False), ("on", True)],
          lambda v: replace(engine.cfg, style=replace(engine.cfg.style, fallback=v)))
+    if "rerank" in steps:  # after card's own choice, so the candidates include card as it will decode
+        card = _score(engine, "card", prompts, golds, fits, items, engine.cfg.decoding)
+        pick("rerank", RERANKS, lambda v: replace(engine.cfg, rerank=v), method=RERANK)
+        report["rerank"]["card"] = card
     if guard:
         engine, report["guard"] = harm_guard(engine, prompts, golds, fits, items)
         if progress:
@@ -189,6 +205,7 @@ def save_choice(folder: Path, engine: Engine, report: dict) -> None:
     meta = json.loads(path.read_text())
     meta["settings"]["decoding"] = asdict(engine.cfg.decoding)
     meta["settings"]["style"] = asdict(engine.cfg.style)
+    meta["settings"]["rerank"] = asdict(engine.cfg.rerank)
     obj = engine.cfg.objectives[0]
     meta["report"].setdefault("alpha_by_objective", {})[obj] = {"alpha": engine.cfg.decoding.alpha,
                                                                 "sweep": report.get("alpha", {}).get("sweep")}
