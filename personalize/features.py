@@ -92,12 +92,16 @@ def teacher_forced(
     top_k: int = 0, batch_size: int = 16,
 ) -> list[SequenceFeatures]:
     """States of the model reading each (x, y): one forward per batch, no generation (the linear layers
-    through oneDNN on the CPU: kernels.py)."""
-    out: list[SequenceFeatures] = []
-    for i in range(0, len(examples), batch_size):
-        chunk = examples[i: i + batch_size]
-        prompts = [prompt_ids(tok, x, budget) for x, _ in chunk]
-        targets = [target_ids(tok, y, budget) for _, y in chunk]
+    through oneDNN on the CPU: kernels.py). Batches are made of examples of similar length (a short entry is
+    not padded to a long one's width: the pass costs what its tokens cost), returned in the order given."""
+    encoded = [(prompt_ids(tok, x, budget), target_ids(tok, y, budget)) for x, y in examples]
+    order = sorted(range(len(examples)), key=lambda i: len(encoded[i][0]) + len(encoded[i][1]))
+    out: list[SequenceFeatures | None] = [None] * len(examples)
+    for i in range(0, len(order), batch_size):
+        rows = order[i: i + batch_size]
+        chunk = [examples[r] for r in rows]
+        prompts = [encoded[r][0] for r in rows]
+        targets = [encoded[r][1] for r in rows]
         ids, mask = left_pad([p + t for p, t in zip(prompts, targets)], tok.pad_token_id, model.device)
         keep = max(len(t) for t in targets) + 1  # left padding: every answer sits in the last columns
         with HiddenCapture(model, n_layers) as cap, onednn_linears(model):
@@ -115,7 +119,7 @@ def teacher_forced(
             if top_k:
                 vals, idx = logits[j, lpos].float().topk(top_k, dim=-1)
                 f.top_ids, f.top_logits = idx.cpu(), vals.cpu()
-            out.append(f)
+            out[rows[j]] = f
     return out
 
 
