@@ -91,7 +91,8 @@ def test_tune_chooses_on_validation_people_and_the_build_reads_the_choice_back(e
     eng, report = choose_decoding(eng, [q.input for q in people], [q.gold for q in people], fits, items)
     assert {"repetition", "style", "alpha", "fallback", "chosen_decoding", "chosen_style"} <= set(report)
     assert report["style"]["chosen"] in report["style"]["sweep"]
-    assert report["alpha"]["chosen"] == str(eng.cfg.decoding.alpha)
+    assert report["alpha"]["chosen"] == str(report["guard"]["alpha_chosen"])  # then the harm guard's verdict:
+    assert eng.cfg.decoding.alpha == (report["guard"]["alpha_chosen"] if report["guard"]["kept"] else 0.0)
     save_choice(folder, eng, report)
     meta = json.loads((folder / "config.json").read_text())
     assert meta["format_version"] == 2 and meta["report"]["tune"]["users"] == 3
