@@ -138,8 +138,8 @@ def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, 
     rng = random.Random(seed)
     # validation people choose the decoding settings and guard card against harm: people of the data outside the
     # population first (their query), then population users held out of training (their newest item)
-    outside = [(q.input, q.gold, list(q.profile[:cfg.items_per_user])) for q in queries
-               if (q.user or q.id) not in users and q.gold and len(q.profile) >= 3][: cfg.n_val_users]
+    chosen_on = [q for q in queries if (q.user or q.id) not in users and q.gold and len(q.profile) >= 3]
+    outside = [(q.input, q.gold, list(q.profile[:cfg.items_per_user])) for q in chosen_on[: cfg.n_val_users]]
     need = min(cfg.n_val_users - len(outside), len(names) // 4)  # at most a quarter of the population held out
     val_users = set(rng.sample(names, min(need, max(0, len(names) - max(cfg.ks))))) if need > 0 else set()
     _log(f"{task.name}: {len(names)} users ({len(val_users)} held out of training), {len(outside)} people outside "
@@ -226,6 +226,9 @@ def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, 
     engine.population_lams = {o: dict(zip(head_users[o], lambdas[o].numpy())) for o in heads}
 
     val = [(items[0].x, items[0].y, items[1:]) for n in sorted(val_users) if len(items := users[n]) >= 3] + outside
+    # who chose the settings, by name: the studio offers people the build never saw at all as its newcomers
+    report["validation_people"] = ([n for n in sorted(val_users) if len(users[n]) >= 3]
+                                   + [q.user or q.id for q in chosen_on[: len(outside)]])
     if val and any(a > 0 for a in cfg.alphas):
         with timed("decoding choice"):  # tune's whole choice, then the harm guard (tune.py)
             cfg, report["tune"] = _choose_decoding(engine, val, cfg, step)

@@ -369,7 +369,8 @@ def changelog_prompt(e: ChangelogEntry) -> str:
 
 def from_changelogs(docs: str | Path, out: str | Path, split: str = "dev", min_items: int = 8, max_items: int = 24,
                     body_chars: int = 400) -> PopulationReport:
-    """Debian changelog entries per maintainer (the signer, keyed by e-mail): every Debian system ships
+    """Debian changelog entries per maintainer (the signer, keyed by name: a maintainer's several e-mail
+    addresses are one person, _person_key): every Debian system ships
     hundreds of people's writing under /usr/share/doc. Team uploads (several authors' "[ Name ]" sections)
     and rebuilds (no words of the signer) are left out; an entry several binary packages share counts once."""
     _check_limits(min_items, max_items)
@@ -410,7 +411,7 @@ def from_changelogs(docs: str | Path, out: str | Path, split: str = "dev", min_i
             elif not e.mail.strip():
                 dropped["entries without a signer's e-mail"] += 1
             else:
-                key, t = e.mail.strip().lower(), when.timestamp()
+                key, t = _person_key(e.name, e.mail), when.timestamp()
                 people[key].append(_Entry(body, changelog_prompt(e), f"{e.package}_{e.version}", e.package, t))
                 if key not in names or t > names[key][0]:
                     names[key] = (t, e.name.strip())
@@ -419,6 +420,13 @@ def from_changelogs(docs: str | Path, out: str | Path, split: str = "dev", min_i
     return write_population(out, split, TASKS["changelog_entries"],
                             {k: _newest_first(v) for k, v in people.items()}, {k: v[1] for k, v in names.items()},
                             min_items, max_items, {k: dropped[k] for k in order})
+
+
+def _person_key(name: str, mail: str) -> str:
+    """Who signed: their name, case and spacing folded (maintainers sign from several addresses over the years,
+    and one person split in two would be "new" to a build that trained on the other half); the e-mail only
+    where no name is given."""
+    return " ".join(name.split()).casefold() or mail.strip().lower()
 
 
 # ---------------------------------------------------------------- a table

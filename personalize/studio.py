@@ -396,10 +396,13 @@ class Studio:
 
     def demo_choices(self) -> list[tuple[str, str]]:
         """The demo picker: people the build never saw first, marked "new" (they are how a newcomer is placed),
-        then the build's own population."""
+        then those outside its training who chose its decoding settings, then the build's own population."""
         built = set(self.engine.meta.get("users", []))
-        new = sorted(u for u in self.demo_users if u not in built)
-        return [(f"{u} · new, not in the build", u) for u in new] + [(u, u) for u in sorted(set(self.demo_users) & built)]
+        chose = set(self.engine.meta.get("report", {}).get("validation_people", [])) - built
+        new = sorted(u for u in self.demo_users if u not in built and u not in chose)
+        return ([(f"{u} · new, not in the build", u) for u in new]
+                + [(f"{u} · not trained on (chose the build's settings)", u) for u in sorted(chose & set(self.demo_users))]
+                + [(u, u) for u in sorted(set(self.demo_users) & built)])
 
     def demo_items(self, user: str) -> list[Item]:
         if user not in self.demo_users:

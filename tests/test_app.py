@@ -698,7 +698,7 @@ def test_browser_people_the_build_never_saw_are_placed_and_compared(server, tmp_
             p.type("history", studio.demo_history(person))
             p.click("save-history")
             saved = p.until_text("writing-status", "Saved", "⚠️")
-            assert f"for {name}; cluster at K = " in saved, saved
+            assert f"items for {name}" in saved and "; cluster at K = " in saved, saved
             assert any(w in saved for w in ("close to its centre", "within its usual range", "at its edge",
                                             "far from every cluster")), saved  # the distance in plain words
             p.tab("My cluster")

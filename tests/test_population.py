@@ -184,6 +184,7 @@ def entry(pkg, version, body, who, day, dist="unstable", urgency="urgency=medium
 
 
 ANA, BEN, CY = ("Ana Maint", "ana@debian.org"), ("Ben Packer", "Ben@Debian.org"), ("Cy Once", "cy@debian.org")
+ANA_HOME = ("Ana  Maint", "ana@home.example")  # the same maintainer signing from another address: one person
 
 
 def write_changelog(folder: Path, entries: list[str]) -> None:
@@ -206,7 +207,7 @@ def docs(tmp_path) -> Path:
     shared = (d / "alpha" / "changelog.Debian.gz").read_bytes()
     (d / "alpha-doc").mkdir()
     (d / "alpha-doc" / "changelog.Debian.gz").write_bytes(shared)  # a second binary package of the same source
-    write_changelog(d / "beta", [entry("beta", f"2.{i}-1", [f"* beta change {i}"], BEN if i % 2 else ANA,
+    write_changelog(d / "beta", [entry("beta", f"2.{i}-1", [f"* beta change {i}"], BEN if i % 2 else ANA_HOME if i < 4 else ANA,
                                        f"Mon, 0{i + 1} Apr") for i in range(8, -1, -1)])
     write_changelog(d / "gamma", [
         entry("gamma", "0.3-1", ["* No-change rebuild against libfoo2"], BEN, "Tue, 02 Jul"),

@@ -481,3 +481,19 @@ def test_fit_says_in_plain_words_when_the_build_keeps_card_at_the_cluster_model(
     cfg = studio.engine.cfg
     monkeypatch.setattr(studio.engine, "cfg", dataclasses.replace(cfg, decoding=dataclasses.replace(cfg.decoding, alpha=2.0)))
     assert "CARD writes as your cluster's model" not in studio.fit_message("topic", fit, 1.0)
+
+
+def test_the_demo_picker_offers_people_the_build_never_saw_before_those_who_chose_its_settings(studio, monkeypatch):
+    """Newcomers to try are people the build never saw at all: those outside its training who chose its decoding
+    settings (build's report["validation_people"]) come after them, marked, then the population."""
+    built = set(studio.engine.meta.get("users", []))
+    outside = sorted(u for u in studio.demo_users if u not in built)
+    if len(outside) < 2:  # the tiny build trains on all but a few: make two of its people outside, one who chose
+        outside = sorted(studio.demo_users)[:2]
+        monkeypatch.setitem(studio.engine.meta, "users", sorted(set(studio.demo_users) - set(outside)))
+    report = studio.engine.meta.setdefault("report", {})
+    monkeypatch.setitem(report, "validation_people", [outside[0]])
+    labels = {u: label for label, u in studio.demo_choices()}
+    order = [u for _, u in studio.demo_choices()]
+    assert "chose the build's settings" in labels[outside[0]] and "new, not in the build" in labels[outside[1]]
+    assert order.index(outside[1]) < order.index(outside[0]) < min(order.index(u) for u in studio.engine.meta["users"])

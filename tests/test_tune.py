@@ -55,3 +55,5 @@ def test_the_build_reports_its_guard(tiny_artifacts):
     assert guard["people"] >= 1 and guard["why"]
     assert meta["settings"]["decoding"]["alpha"] == guard["alpha"]
     assert guard["alpha"] == 0.0 or guard["card_minus_cluster"]["ci95"][0] > 0
+    chose = meta["report"]["validation_people"]  # by name, so the studio offers others as its newcomers
+    assert len(chose) == guard["people"] and len(set(chose)) == len(chose)
