@@ -786,7 +786,7 @@ def test_browser_text_from_people_and_models_is_shown_never_executed(server, tmp
         shows("items", XSS_SCRIPT, XSS_IMG, MD_ACTIVE)
         p.type("item-id", "999999")
         p.click("update-item")
-        assert f"is not one of {XSS_NAME}'s items" in p.until_text("writing-status", "⚠️")
+        assert f"{XSS_NAME} has no item 999999" in p.until_text("writing-status", "⚠️")
         nothing_ran("My writing")
         p.shot("xss-1-my-writing")
 
