@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -65,7 +67,10 @@ def _score(studio, name, text, prompt, style):
     return style_diagnostics(eng.heads["tokens"], rows, style, [], eng.cfg.style, 1.0)["margin_own"]
 
 
-def test_a_thumbs_up_refits_the_style_towards_the_text_as_a_new_version(studio):
+def test_a_thumbs_up_refits_the_style_towards_the_text_as_a_new_version(studio, monkeypatch):
+    # the style with its token bias, whatever the tiny build's decoding choice kept (λ alone barely moves here)
+    cfg = studio.engine.cfg
+    monkeypatch.setattr(studio.engine, "cfg", replace(cfg, style=replace(cfg.style, bias=True)))
     studio.save_history("vic", [Item(y=t) for t in TERSE], "tweets")
     prompt = studio.task.prompt("the match")
     s = studio.settings(max_new_tokens=5)

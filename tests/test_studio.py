@@ -358,7 +358,7 @@ def test_distance_table_marks_the_users_own_cluster(studio):
     assert table[0] == "| cluster | distance | yours |" and len(table) == 2 + 4
     marked = [line for line in table[2:] if "◀ you" in line]
     assert marked == [table[2 + st.cluster]] and all(line.count("|") == 4 for line in table)
-    assert studio.cluster_summary(st).startswith(f"**hal** is in cluster **{st.cluster}** of K = 4.")
+    assert studio.cluster_summary(st).startswith(f"**hal** is in cluster **{st.cluster}** of K = 4,")
 
 
 def test_fit_verdict_says_in_plain_words_whether_the_vector_helps():
