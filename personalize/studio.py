@@ -36,7 +36,7 @@ from .feedback import FeedbackSettings, Refinement, Vote, VoteFeatures, refine_p
 from .head import PAIR_OBJECTIVES
 from .scheduler import DecodeScheduler, SchedulerConfig
 from .store import Store, StoreError
-from .threads import ReleasingExecutor, release_team
+from .threads import ReleasingExecutor, release_team, trim_memory
 from .style import UserStyle
 from . import campaign as campaign_mod
 from . import owner
@@ -536,6 +536,8 @@ class Studio:
                 job["state"] = "done"
             except Exception as e:  # a deleted user or a failed pass: the column says so when it runs
                 job["state"], job["error"] = "error", str(e)
+            finally:
+                trim_memory()  # the training's freed activations back to the system, not kept by the heap
             job["seconds"] = round(time.time() - job["started"], 1)
 
         self._first_use.submit(work)
