@@ -525,12 +525,11 @@ def cmd_bench(a) -> None:
         print(f"wrote {a.json}")
 
 
-DEBIAN_DOCS = "/usr/share/doc"
 DEMO_MIN_PEOPLE = 40  # real people the first start wants before it builds on them instead of the synthetic writers
 DEMO_POPULATION = 48  # of them in the build; the others choose its decoding (30) or are new people to try
 
 
-def write_demo_people(demo: Path, docs: str | Path = DEBIAN_DOCS) -> str:
+def write_demo_people(demo: Path, docs: str | Path | None = None) -> str:
     """The first start's people: real ones where the machine has them (every Debian system ships its
     maintainers' changelogs), else the synthetic tweet writers. Returns which, in words."""
     import shutil
@@ -538,8 +537,9 @@ def write_demo_people(demo: Path, docs: str | Path = DEBIAN_DOCS) -> str:
 
     from .data import HistoryError
     from .demo import write_demo
-    from .population import from_changelogs
+    from .population import DEBIAN_DOCS, from_changelogs
 
+    docs = docs or DEBIAN_DOCS
     demo.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=demo.parent, prefix=f".{demo.name}."))
     try:

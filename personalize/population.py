@@ -28,6 +28,7 @@ from .data import TASKS, HistoryError, Item, Query, Task, _json, _short, task_na
 from .neutral import plain
 
 COMMIT_PROMPT = "Write the commit message subject line for this change.\nFiles changed:\n{stat}Diff excerpt:\n{diff}"
+DEBIAN_DOCS = "/usr/share/doc"  # where every Debian-based system keeps its packages' changelog.Debian.gz
 CHANGELOG_PROMPT = ("Write the Debian changelog entry for this upload.\nPackage: {pkg}\n"
                     "Version: {version} (previous: {previous})\nDistribution: {dists}; {fields}")
 

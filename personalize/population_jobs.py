@@ -31,7 +31,6 @@ from .display import md
 from .threads import lower_priority, release_team
 
 SOURCES = {"git": "a git repository", "changelogs": "Debian maintainers' changelogs", "table": "a table"}
-DEBIAN_DOCS = "/usr/share/doc"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 KS = (1, 2, 4, 8)  # the first start's cluster counts; a population gets those of at most a third of its people
 
@@ -156,7 +155,7 @@ def population_maker(source: str, paths: Sequence[str]) -> Callable[[Path], popu
     if source == "changelogs":
         if len(paths) > 1:
             raise ValueError("give one docs folder (e.g. /usr/share/doc)")
-        docs = paths[0] if paths else DEBIAN_DOCS
+        docs = paths[0] if paths else population.DEBIAN_DOCS
         return lambda out: population.from_changelogs(docs, out)
     if source == "table":
         if len(paths) != 1:

@@ -334,13 +334,14 @@ class Studio:
             raise ValueError(f"unknown task {task!r}; choose from {sorted(TASKS)}")
         self.store.add_user(name, items, task, replace=replace_existing)
         name = self.store.user(name)["name"]
-        clusters = self.assign_all(name)
+        embedding = self.embed_history(name)
+        clusters = self.assign_all(name, embedding)
         self._rewrites = self._feedback.submit(self._prepare, name)  # Fit then waits only for what is left
         k = self.engine.cfg.default_k
         a = self.store.assignment(name, self.engine.artifacts_id, k)
         return {"name": name, "n_items": len(items), "clusters": clusters,
                 "duplicates": int(getattr(items, "duplicates", 0)), "task": task,
-                "closeness": self.closeness(k, a["distances"]) if a else ""}
+                "closeness": self.closeness(k, a["distances"]) if a else "", "embedding": embedding}
 
     def save_message(self, res: dict) -> str:
         """The My writing status line after a save."""
@@ -409,9 +410,13 @@ class Studio:
             raise ValueError(f"unknown demo user {user!r}")
         return list(self.demo_users[user])
 
-    def assign_all(self, name: str) -> dict[int, int]:
-        texts = [Item(y=s.y) for s in self.store.items(name)]
-        return store_assignments(self.engine, self.store, name, self.engine.embed(texts))
+    def embed_history(self, name: str) -> np.ndarray:
+        """The person's mean text embedding (their place among the clusters of every build with this encoder)."""
+        return self.engine.embed([Item(y=s.y) for s in self.store.items(name)])
+
+    def assign_all(self, name: str, embedding: np.ndarray | None = None) -> dict[int, int]:
+        emb = self.embed_history(name) if embedding is None else embedding
+        return store_assignments(self.engine, self.store, name, emb)
 
     # ------------------------------------------------------------ My cluster
     def user_state(self, name: str, k: int | None = None) -> UserState:
@@ -463,7 +468,7 @@ class Studio:
                "labels": [int(c) for c in self.engine.clusters.labels[k]],
                "centroids": pca.transform(self.engine.clusters.centroids[k]).tolist(), "k": k}
         if name:
-            mine = self.engine.embed([Item(y=s.y) for s in self.store.items(name)])
+            mine = self.embed_history(name)
             out["user"] = {"name": name, "xy": pca.transform(mine[None])[0].tolist()}
         return out
 
@@ -1043,7 +1048,7 @@ class Studio:
                              f"{task} in the Task list to switch to its build, or save under {self.task.name}")
         res = self.save_history(name, self.history_from(text, file, demo), task)
         if len(self.build_choices()) > 1:  # another build here may be nearer the person's writing (nearest_build)
-            res["nearer"] = self.nearest_build(res["name"])["message"]
+            res["nearer"] = self.nearest_build(res["name"], res["embedding"])["message"]
         if self.cfg.first_use_in_background:
             self.prepare_first_use(res["name"])
         return res
@@ -1293,7 +1298,7 @@ class Studio:
         return (f"Serving `{self.engine.artifacts_id}` ({self.task.name}, K ∈ {self.ks}) now, loaded in "
                 f"{time.perf_counter() - t0:.1f} s. Save your history again to place it in this build.")
 
-    def nearest_build(self, name: str) -> dict:
+    def nearest_build(self, name: str, embedding: np.ndarray | None = None) -> dict:
         """Which build's population the person's writing is nearest: the distance of their mean embedding to each
         build's nearest cluster centre at its default K (only the other builds' clusters.npz is read, no model),
         for the builds that embed with the served build's encoder, nearest first, each with cluster.closeness's
@@ -1308,7 +1313,7 @@ class Studio:
                   "encoder_id": enc, "served": True, "embeddings": c.embeddings, "centroids": c.centroids[k],
                   "labels": c.labels[k]}
         others = [x for _, f in self.build_choices()[1:] if (x := population_jobs.build_centres(f)) is not None]
-        embedding = self.engine.embed([Item(y=s.y) for s in self.store.items(name)])
+        embedding = self.embed_history(name) if embedding is None else embedding  # Save has just computed it
         res = population_jobs.nearest(embedding, [served, *(x for x in others if x["encoder_id"] == enc)])
         res |= {"user": name, "other_encoder": [x["id"] for x in others if x["encoder_id"] != enc], "message": ""}
         best, here = res["nearest"], next(r for r in res["builds"] if r["served"])

@@ -74,6 +74,19 @@ def test_teacher_forced_features_cover_the_answer(tiny_model, tokenizer):
         assert torch.all(f.logprob <= 0)
 
 
+def test_teacher_forced_batches_by_length_and_answers_in_the_order_given(tiny_model, tokenizer):
+    """Examples are grouped by length inside (batch_size 2 here: the two short ones share a batch), yet each
+    feature comes back at its example's place, the same as that example read alone."""
+    texts = ["a much longer answer than the others, with many more tokens in it", "ok", "late again and again", "no"]
+    examples = [(PROMPTS[i % len(PROMPTS)], y) for i, y in enumerate(texts)]
+    feats = teacher_forced(tiny_model, tokenizer, examples, 2, BUDGET, top_k=5, batch_size=2)
+    assert [f.text for f in feats] == texts
+    for ex, f in zip(examples, feats):
+        (alone,) = teacher_forced(tiny_model, tokenizer, [ex], 2, BUDGET, top_k=5)
+        assert torch.equal(f.ids, alone.ids) and torch.equal(f.top_ids, alone.top_ids)
+        assert torch.allclose(f.logprob, alone.logprob, atol=1e-4)
+
+
 def test_pair_data_is_user_text_against_cluster_output(tiny_model, tokenizer):
     from personalize.head import PairData
 
