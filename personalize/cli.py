@@ -561,13 +561,13 @@ def write_demo_people(demo: Path, docs: str | Path | None = None) -> str:
 
 def demo_people_args(demo: Path) -> list[str]:
     """Who the demo build trains on: the first DEMO_POPULATION real people, the next 30 choose its decoding and
-    guard card, the rest are new people to try; the synthetic writers (48, grouped by style) all train but the
-    6 held out to choose on."""
+    guard card, the rest are new people to try; the synthetic writers (48 in 6 styles) all train but the 6 held out
+    to choose on, at K up to 8 so that no two styles share a cluster."""
     from .data import read_lamp
 
     task, queries = read_lamp(demo, "dev")
     if task.name == "tweets":
-        return ["--val-users", "6"]
+        return ["--val-users", "6", "--ks", "1,2,4,8", "--default-k", "8"]
     return ["--limit-users", str(min(DEMO_POPULATION, len(queries)))]
 
 
@@ -612,8 +612,10 @@ def cmd_demo(a) -> None:
             print(f"{m:>8}: {g.text}")
 
 
-# Sized for the ≤ 10 min first start on a 2-core CPU (docs/RESULTS.md, "The studio"); 32 target tokens = the app's default.
-DEMO_BUILD_ARGS = ["--ks", "1,2,4,8", "--default-k", "8", "--base-steps", "20", "--cluster-steps", "2", "--p2p-steps", "6",
+# Sized for the ≤ 6 min first start on a 2-core CPU (docs/RESULTS.md, "Real people out of the box"): K = 4 gives the
+# demo's 48 people clusters of 12 (at K = 8 some held one or two), half the cluster adapters of K = 1, 2, 4, 8; P2P's
+# hypernetwork gets a token budget of 2 steps. 32 target tokens = the app's default.
+DEMO_BUILD_ARGS = ["--ks", "1,2,4", "--default-k", "4", "--base-steps", "20", "--cluster-steps", "2", "--p2p-steps", "2",
                    "--items-per-user", "12", "--max-prompt-tokens", "64", "--max-target-tokens", "32"]
 
 

@@ -32,7 +32,6 @@ from .threads import lower_priority, release_team
 
 SOURCES = {"git": "a git repository", "changelogs": "Debian maintainers' changelogs", "table": "a table"}
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
-KS = (1, 2, 4, 8)  # the first start's cluster counts; a population gets those of at most a third of its people
 
 
 @dataclass
@@ -172,8 +171,9 @@ def app_build(data: Path, out: Path, people: int):
     from .cli import DEMO_BUILD_ARGS, DEMO_POPULATION, build_parser, build_plan, demo_people_args
 
     trained = min(DEMO_POPULATION, people)
-    ks = [k for k in KS if k == 1 or k <= trained // 3]
     args = list(DEMO_BUILD_ARGS)
+    first_start_ks = [int(k) for k in args[args.index("--ks") + 1].split(",")]
+    ks = [k for k in first_start_ks if k == 1 or k <= trained // 3]
     args[args.index("--ks") + 1] = ",".join(map(str, ks))
     args[args.index("--default-k") + 1] = str(max(ks))
     _, _, cfg, kwargs = build_plan(build_parser().parse_args(

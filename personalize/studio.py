@@ -485,15 +485,18 @@ class Studio:
         """Onboards the user (§1.6); the stored vector is replaced only if the whole fit succeeds."""
         if self._rewrites is not None and not self._rewrites.done() and progress:
             progress("neutral rewrites (started when the history was saved)")
-        with self.model_lock:
-            fit = onboard(self.engine, self.store, name, k=self.snap_k(k), progress=progress)
-            if fit.features is not None:
-                self._remember_history(name, fit.k, fit.cluster, fit.features, fit.n_hold)
-            if not fit.cold_start and self.store.feedback(name):  # the votes already cast count from the first fit
-                if progress:
-                    progress("your votes")
-                self.refine(name)
-            return fit
+        try:
+            with self.model_lock:
+                fit = onboard(self.engine, self.store, name, k=self.snap_k(k), progress=progress)
+                if fit.features is not None:
+                    self._remember_history(name, fit.k, fit.cluster, fit.features, fit.n_hold)
+                if not fit.cold_start and self.store.feedback(name):  # the votes already cast count from the first fit
+                    if progress:
+                        progress("your votes")
+                    self.refine(name)
+                return fit
+        finally:
+            trim_memory()  # a fit's freed activations back to the system: the soak's rise came with the fits
 
     # ------------------------------------------------------------ Compare
     def method(self, name: str):
@@ -880,6 +883,7 @@ class Studio:
                                              self._vote_features, fs)
             else:
                 r = refine_tokens(self.engine, data, n_hold, votes, k, cluster, self._vote_features, fs)
+        trim_memory()  # as after a fit
         keep = dict(stats, diagnostics=r.diagnostics, loss_curve=r.curve, n_votes=r.n_votes,
                     stages_s={"refit on votes": round(r.seconds, 4)})
         extras = r.style.extras_bytes() if objective not in PAIR_OBJECTIVES else None

@@ -62,10 +62,37 @@ def decode_each(engine: Engine, method: str, prompts, fits, items, s: DecodingSe
     return [g.text for g in engine.decode_rows(rows)] if rows else []
 
 
-def _score(engine: Engine, method: str, prompts, golds, fits, items, s: DecodingSettings) -> dict:
-    outs = decode_each(engine, method, prompts, fits, items, s)
-    return {"rougeL": round(rouge_scores(outs, golds)["rougeL"], 4),
-            "looping": round(sum(looping(o) for o in outs) / max(len(outs), 1), 4)}
+class Decoder:
+    """Each setting's outputs decoded once: the choice revisits settings (α = 1 after the style step, the fallback
+    off, the guard's card and cluster), and a decode of every validation person is the choice's whole cost. The
+    key is what the method's rows read: the cluster model ignores α and the style, card reads them all."""
+
+    def __init__(self, engine: Engine, prompts, golds, fits, items):
+        self.engine, self.prompts, self.golds, self.fits, self.items = engine, prompts, golds, fits, items
+        self.outputs: dict = {}
+        self.decodes = 0  # decodes of all the validation people (tests read it)
+
+    def key(self, method: str):
+        cfg = self.engine.cfg
+        if method == "cluster":
+            return method, replace(cfg.decoding, alpha=0.0)
+        return method, cfg.decoding, cfg.style, cfg.rerank if method == RERANK else None
+
+    def texts(self, method: str) -> list[str]:
+        key = self.key(method)
+        if key not in self.outputs:
+            self.decodes += 1
+            self.outputs[key] = decode_each(self.engine, method, self.prompts, self.fits, self.items,
+                                            self.engine.cfg.decoding)
+        return self.outputs[key]
+
+    def score(self, method: str) -> dict:
+        outs = self.texts(method)
+        return {"rougeL": round(rouge_scores(outs, self.golds)["rougeL"], 4),
+                "looping": round(sum(looping(o) for o in outs) / max(len(outs), 1), 4)}
+
+    def per_person(self, method: str) -> list[float]:
+        return rouge_per_query(self.texts(method), self.golds)
 
 
 STEPS = ("repetition", "style", "alpha", "knn_weight", "fallback")
@@ -78,7 +105,8 @@ RERANKS = (("4 candidates", RerankSettings(n=4)), ("8 candidates", RerankSetting
 
 def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str], fits: Sequence[UserFit],
                     items: Sequence[Sequence[Item]], progress=None, steps: Sequence[str] = STEPS,
-                    alphas: Sequence[float] = ALPHAS, guard: bool = True) -> tuple[Engine, dict]:
+                    alphas: Sequence[float] = ALPHAS, guard: bool = True,
+                    decoder: Decoder | None = None) -> tuple[Engine, dict]:
     """The greedy pass above on (prompt, gold) of validation people fitted on `items`, then the harm guard;
     returns the engine with the chosen settings in engine.cfg and the sweep. `steps` re-runs only some steps,
     the others kept as built."""
@@ -86,6 +114,7 @@ def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str]
     if unknown:
         raise ValueError(f"unknown tune steps {unknown}; choose from {(*STEPS, *OPTIONAL_STEPS)}")
     report: dict = {"users": len(prompts)}
+    dec = decoder or Decoder(engine, prompts, golds, fits, items)
 
     def pick(name, options, apply, method="card"):
         if name not in steps:
@@ -93,7 +122,7 @@ def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str]
         scores = {}
         for label, value in options:
             engine.cfg = apply(value)
-            scores[label] = _score(engine, method, prompts, golds, fits, items, engine.cfg.decoding)
+            scores[label] = dec.score(method)
             if progress:
                 progress(f"{name} {label}: {scores[label]}")
         best = max(scores, key=lambda k: scores[k]["rougeL"])  # first of the ties: options go simplest first
@@ -119,11 +148,11 @@ def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str]
     pick("fallback", [("off", False), ("on", True)],
          lambda v: replace(engine.cfg, style=replace(engine.cfg.style, fallback=v)))
     if "rerank" in steps:  # after card's own choice, so the candidates include card as it will decode
-        card = _score(engine, "card", prompts, golds, fits, items, engine.cfg.decoding)
+        card = dec.score("card")
         pick("rerank", RERANKS, lambda v: replace(engine.cfg, rerank=v), method=RERANK)
         report["rerank"]["card"] = card
     if guard:
-        engine, report["guard"] = harm_guard(engine, prompts, golds, fits, items)
+        engine, report["guard"] = harm_guard(engine, prompts, golds, fits, items, decoder=dec)
         if progress:
             progress(f"guard: {report['guard']['why']}")
     report["chosen_decoding"] = {k: v for k, v in asdict(engine.cfg.decoding).items()
@@ -133,12 +162,13 @@ def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str]
 
 
 def harm_guard(engine: Engine, prompts: Sequence[str], golds: Sequence[str], fits: Sequence[UserFit],
-               items: Sequence[Sequence[Item]], n_boot: int = 2000) -> tuple[Engine, dict]:
+               items: Sequence[Sequence[Item]], n_boot: int = 2000,
+               decoder: Decoder | None = None) -> tuple[Engine, dict]:
     """`card` as chosen, or the cluster model (α = 0) unless the paired bootstrap 95 % interval of card −
     cluster (ROUGE-L per person) lies above 0 on the validation people. Never a default that harms."""
     s = engine.cfg.decoding
-    card = _per_person(engine, "card", prompts, golds, fits, items, s)
-    cluster = _per_person(engine, "cluster", prompts, golds, fits, items, s)
+    dec = decoder or Decoder(engine, prompts, golds, fits, items)
+    card, cluster = dec.per_person("card"), dec.per_person("cluster")
     verdict = guard_verdict(card, cluster, s.alpha, n_boot)
     if not verdict["kept"]:
         engine.cfg = replace(engine.cfg, decoding=replace(s, alpha=0.0))
@@ -161,10 +191,6 @@ def guard_verdict(card: Sequence[float], cluster: Sequence[float], alpha: float,
                f"card − cluster ROUGE-L {gain['mean']:+.4f} {gain['ci95']} {where}, an interval not above 0")
     return {"kept": kept, "alpha_chosen": alpha, "alpha": alpha if kept else 0.0, "people": len(card),
             "card_minus_cluster": gain, "why": why}
-
-
-def _per_person(engine: Engine, method: str, prompts, golds, fits, items, s: DecodingSettings) -> list[float]:
-    return rouge_per_query(decode_each(engine, method, prompts, fits, items, s), golds)
 
 
 def validation_people(engine: Engine, data_dir: str | Path, split: str, n_users: int, max_items: int = 24):

@@ -57,3 +57,31 @@ def test_the_build_reports_its_guard(tiny_artifacts):
     assert guard["alpha"] == 0.0 or guard["card_minus_cluster"]["ci95"][0] > 0
     chose = meta["report"]["validation_people"]  # by name, so the studio offers others as its newcomers
     assert len(chose) == guard["people"] and len(set(chose)) == len(chose)
+
+
+def test_each_setting_is_decoded_once_and_the_choice_is_the_same(tiny_artifacts):
+    """The choice revisits settings (α = 1 after the style step, the fallback off, the guard's pair); decoding
+    each once must give the very report that decoding every option afresh gives, with fewer decodes."""
+    from personalize.tune import Decoder, choose_decoding, decode_each
+
+    class Afresh(Decoder):
+        def texts(self, method):
+            self.decodes += 1
+            return decode_each(self.engine, method, self.prompts, self.fits, self.items, self.engine.cfg.decoding)
+
+    engine = Engine.load(tiny_artifacts["artifacts"])
+    engine.cfg = replace(engine.cfg, decoding=replace(engine.cfg.decoding, max_new_tokens=6))
+    start = engine.cfg
+    _, queries = read_lamp(tiny_artifacts["demo"], "dev")
+    people = [q for q in queries if q.gold and len(q.profile) >= 3][:6]
+    items = [engine.prepare_items(list(q.profile)) for q in people]
+    fits = [engine.fit(it) for it in items]
+    prompts, golds = [q.input for q in people], [q.gold for q in people]
+    runs = {}
+    for name, cls in (("once", Decoder), ("afresh", Afresh)):
+        engine.cfg = start
+        dec = cls(engine, prompts, golds, fits, items)
+        engine, report = choose_decoding(engine, prompts, golds, fits, items, decoder=dec)
+        runs[name] = (report, engine.cfg, dec.decodes)
+    assert runs["once"][0] == runs["afresh"][0] and runs["once"][1] == runs["afresh"][1]
+    assert runs["once"][2] < runs["afresh"][2], (runs["once"][2], runs["afresh"][2])
