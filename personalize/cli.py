@@ -276,6 +276,9 @@ def cmd_eval(a) -> None:
     for pair, d in result["differences"].items():
         print(f"  {pair:<28} ROUGE-L {d['mean']:+.4f}  95% CI [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]"
               f"  wins/losses {d['wins']}/{d['losses']}")
+    print("gold log-prob per token under each method:", json.dumps(result["gold_logprob"]))
+    for pair, d in result["gold_logprob_differences"].items():
+        print(f"  {pair:<28} gold log-prob {d['mean']:+.4f}  95% CI [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]")
     print("seconds per person:", json.dumps({m: v["seconds_per_person"] for m, v in result["methods"].items()}))
     print("user-specificity:", json.dumps(result["specificity"]))
     if a.json:

@@ -87,6 +87,8 @@ def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence
     onboard_s = time.perf_counter() - t0
     partner = shuffled_partners([f.cluster for f in fits], seed)
     preds: dict[str, list[str]] = {}
+    gold_lp: dict[str, list[float | None]] = {}  # each gold's log-prob per token under the method's own rows
+    no_gold_lp: dict[str, str] = {}  # methods whose rows the scorer cannot read, and why
     seconds: dict[str, float] = {}
     candidates: dict[str, list] = {}  # card_rerank's candidates with their scores, per query
     for m in methods:
@@ -94,9 +96,14 @@ def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence
         t_method = time.perf_counter()
         if SHUFFLED.get(m, m) == RERANK:
             candidates[m] = [None] * len(queries)
-        _predict(engine, m, task, queries, profiles, fits, partner, method_configs, preds[m], candidates.get(m))
+        gold_lp[m] = [None] * len(queries)
+        _predict(engine, m, task, queries, profiles, fits, partner, method_configs, preds[m], candidates.get(m),
+                 gold_lp[m])
         seconds[m] = (time.perf_counter() - t_method) / len(queries)
+        if any(v is None for v in gold_lp[m]):
+            no_gold_lp[m] = NO_GOLD_LOGPROB.get(SHUFFLED.get(m, m), "its rows are not plain or CARD rows")
     golds = [q.gold for q in queries]
+    scored = {m: v for m, v in gold_lp.items() if m not in no_gold_lp}
     per_query = {m: rouge_per_query(preds[m], golds) for m in methods}
     table = {m: {k: round(v, 4) if isinstance(v, float) else v for k, v in rouge_scores(preds[m], golds).items()}
              | {"looping": round(sum(looping(p) for p in preds[m]) / len(queries), 4),
@@ -105,6 +112,9 @@ def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence
     diag = {k: round(float(np.mean([f.diagnostics[k] for f in fits if k in f.diagnostics])), 4) for k in diag_keys}
     return {"task": task.name, "methods": table, "diagnostics": diag,
             "differences": paired_differences(per_query, n_boot, seed),
+            "gold_logprob": {m: round(float(np.mean(v)), 4) for m, v in scored.items()}
+            | {m: {"none": why} for m, why in no_gold_lp.items()},
+            "gold_logprob_differences": paired_differences(scored, n_boot, seed),
             "specificity": {"decoded_rougeL": _gap(per_query, "card", "card_shuffled"),
                             "teacher_forced": teacher_forced_specificity(engine, fits, partner)}
             | ({"decoded_rerank_rougeL": _gap(per_query, RERANK, "card_rerank_shuffled")}
@@ -119,15 +129,26 @@ def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence
                          "rerank": dataclasses.asdict(engine.cfg.rerank), "onboarding_s_total": round(onboard_s, 1), "method_configs": method_configs or {}},
             "predictions": [{"id": q.id, "user": q.user, "source": q.source, "gold": q.gold,
                              **{m: preds[m][i] for m in methods},
+                             **{f"{m}_gold_logprob": round(v[i], 4) for m, v in scored.items()},
                              **{f"{m}_candidates": c[i] for m, c in candidates.items()}} for i, q in enumerate(queries)]}
 
 
+NO_GOLD_LOGPROB = {  # methods whose gold log-prob eval does not report, and why
+    "bm25_copy": "no model: it copies a past text",
+    RERANK: "two stages (candidates, then a choice): no one distribution over the gold",
+    "cope": "its rows contrast two forward passes (a twin row), which the scorer does not run",
+    "p2p": "its rows carry a generated LoRA, which the scorer does not apply",
+}
+
+
 def _predict(engine: Engine, m: str, task, queries, profiles, fits, partner, method_configs, out: list[str],
-             candidates: list | None = None) -> None:
-    """Method m's output for every query, into `out` (and a reranking method's candidates into `candidates`)."""
+             candidates: list | None = None, gold_lp: list | None = None) -> None:
+    """Method m's output for every query, into `out` (a reranking method's candidates into `candidates`, each
+    gold's teacher-forced log-prob per token under the method's own row into `gold_lp`)."""
     if m == "bm25_copy":
         out[:] = [bm25_copy(q.input, q.profile) for q in queries]
         return
+    s = engine.cfg.decoding
     if m in METHODS:
         with tempfile.TemporaryDirectory() as tmp:  # per-user state (EXACT memory, OPPU adapters) is scratch
             cfg = dict((method_configs or {}).get(m, {}))
@@ -138,13 +159,36 @@ def _predict(engine: Engine, m: str, task, queries, profiles, fits, partner, met
             for i, q in enumerate(tqdm(queries, desc=m, mininterval=2.0)):
                 user = UserContext(q.user or q.id, profiles[i], fits[i].cluster, fits[i].k, fits[i].lam)
                 store.add_user(user.name, user.items, task.name, replace=True)  # EXACT and PAG keep state per user
-                out[i] = method.generate(user, [q.input], engine.cfg.decoding)[0].text
+                out[i] = method.generate(user, [q.input], s)[0].text
+                if gold_lp is not None:  # now, while the person's own adapter (OPPU) is loaded
+                    gold_lp[i] = gold_logprobs(engine, method.rows(user, [q.input], s), [q.gold])[0]
             if hasattr(method, "release"):
                 method.release()
         return
     styles = [fits[partner[i] if m in SHUFFLED else i].style for i in range(len(fits))]
-    out[:] = decode_people(engine, SHUFFLED.get(m, m), [q.input for q in queries], fits, styles, profiles, desc=m,
-                           traces=candidates)
+    prompts = [q.input for q in queries]
+    out[:] = decode_people(engine, SHUFFLED.get(m, m), prompts, fits, styles, profiles, desc=m, traces=candidates)
+    if gold_lp is not None and SHUFFLED.get(m, m) != RERANK:
+        rows = [engine.rows([p], SHUFFLED.get(m, m), f.cluster, st, k=f.k, settings=s, items=it)[0]
+                for p, f, st, it in zip(prompts, fits, styles, profiles)]
+        gold_lp[:] = gold_logprobs(engine, rows, [q.gold for q in queries])
+
+
+def gold_logprobs(engine: Engine, rows: Sequence, golds: Sequence[str]) -> list[float | None]:
+    """Each gold's teacher-forced log-probability per token under its row (rerank.score_sequences: a plain row's
+    softmax under its adapter, a CARD row's decoding distribution): the low-noise figure beside ROUGE. None for
+    a row the scorer does not read (a twin or a generated LoRA)."""
+    from .batch import CardSteer
+    from .rerank import score_sequences
+
+    ok = [i for i, r in enumerate(rows) if r.steer is None or isinstance(r.steer, CardSteer)]
+    out: list[float | None] = [None] * len(rows)
+    if ok:
+        scores = score_sequences(engine.model, engine.tok, [rows[i] for i in ok], [golds[i] for i in ok],
+                                 length_norm=True)
+        for i, v in zip(ok, scores.tolist()):
+            out[i] = v
+    return out
 
 
 def decode_people(engine: Engine, method: str, prompts: Sequence[str], fits: Sequence[UserFit],
@@ -197,6 +241,7 @@ def paired_differences(per_query: dict[str, list[float]], n_boot: int = 1000, se
     pairs = [("card", "cluster"), ("cluster", "base"), ("card", "base"), ("card", "card_shuffled"),
              ("card", "bm25_copy"), ("card", "card_paper"), (RERANK, "card"), (RERANK, "card_rerank_shuffled")]
     pairs += [(v, "cluster") for v in ("card_paper", *VARIANTS, "oppu") if v != "card_shuffled"]
+    pairs += [("card", "oppu")]  # OPPU, the per-person LoRA, is the bar
     rng = np.random.default_rng(seed)
     out = {}
     for a, b in dict.fromkeys(pairs):

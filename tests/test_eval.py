@@ -128,3 +128,29 @@ def test_card_falls_back_with_a_note_and_retrieves_only_for_its_own_rows(engine,
         assert isinstance(lost, UserStyle)
     finally:
         engine.cfg = cfg
+
+
+def test_eval_reports_each_golds_log_prob_under_each_methods_own_rows(engine, two_sources):
+    """The low-noise figure beside ROUGE: base's equals a plain forward pass with every adapter off, OPPU's is
+    read through the person's own LoRA (so it differs from the cluster model's), and a method without one
+    distribution over the gold says why."""
+    import torch
+
+    from personalize.tokens import prompt_ids, target_ids
+
+    folder, left_out = two_sources
+    res = run_eval(engine, folder, "dev", ["base", "cluster", "card", "oppu", "bm25_copy"], sources=["left/out"],
+                   limit=3, n_boot=100, method_configs={"oppu": {"epochs": 2, "max_steps": 2, "report_loss": False}})
+    lp = res["gold_logprob"]
+    assert all(isinstance(lp[m], float) and lp[m] < 0 for m in ("base", "cluster", "card", "oppu"))
+    assert "no model" in lp["bm25_copy"]["none"]
+    first = res["predictions"][0]
+    q = next(q for q in left_out if q.id == first["id"])
+    budget = engine.cfg.budget
+    ids, target = prompt_ids(engine.tok, q.input, budget), target_ids(engine.tok, q.gold, budget)
+    with torch.no_grad(), engine.model.disable_adapter():
+        logits = engine.model(input_ids=torch.tensor([ids + target])).logits[0, len(ids) - 1:-1].float()
+    plain = logits.log_softmax(-1).gather(1, torch.tensor(target)[:, None]).mean().item()
+    assert first["base_gold_logprob"] == pytest.approx(plain, abs=1e-3)
+    assert any(p["oppu_gold_logprob"] != p["cluster_gold_logprob"] for p in res["predictions"])
+    assert "card - oppu" in res["gold_logprob_differences"] and "card - oppu" in res["differences"]
