@@ -184,25 +184,28 @@ class Engine:
         self._active = name
 
     # ------------------------------------------------------------ users
-    def neutral_rewrites(self, texts: Sequence[str], batch_size: int = 12) -> list[str]:
+    def neutral_rewrites(self, texts: Sequence[str]) -> list[str]:
         """The base model's plain rewrite of each text (§1.8); a rule-based plain version where the model's
-        rewrite echoes the instruction or loses the content (neutral.py). Texts go in batches of similar
-        length, each allowed 1.5x its longest text plus a little: a 6-token subject line does not wait for
-        a 40-token tweet's rewrite (the cost is the number of decoding steps)."""
+        rewrite echoes the instruction or loses the content (neutral.py)."""
+        return [neutral(t, r) for t, r in zip(texts, self.raw_rewrites(texts))]
+
+    def raw_rewrites(self, texts: Sequence[str], batch_size: int = 32) -> list[str]:
+        """The base model's rewrites as decoded, all in one mixed batch (batch.decode_rows, the frozen LM) per
+        `batch_size` texts of similar length, each row stopped at its own budget: 1.5x its text plus a little
+        (the cost is the decoding steps; a 6-token subject line does not wait for a 40-token entry). Each is
+        what the text decodes alone. Why one batch: Fit right after Save waited for the rewrites."""
         if not texts:
             return []
-        self.use_adapter(None)
         lengths = [len(self.tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
         order = sorted(range(len(texts)), key=lambda i: lengths[i])
-        out: list[str] = [""] * len(texts)
         cap = self.cfg.budget.max_target_tokens + 8
+        out: list[str] = [""] * len(texts)
         for j in range(0, len(order), batch_size):
             idx = order[j: j + batch_size]
-            steps = min(cap, int(1.5 * max(lengths[i] for i in idx)) + 6)
-            gens = generate(self.model, self.tok, [NEUTRAL_TEMPLATE.format(text=texts[i]) for i in idx],
-                            self.cfg.budget, DecodingSettings(max_new_tokens=steps))
-            for i, g in zip(idx, gens):
-                out[i] = neutral(texts[i], g.text)
+            rows = [DecodeRow(NEUTRAL_TEMPLATE.format(text=texts[i]), self.cfg.budget,
+                              DecodingSettings(max_new_tokens=min(cap, int(1.5 * lengths[i]) + 6))) for i in idx]
+            for i, g in zip(idx, self.decode_rows(rows)):
+                out[i] = g.text
         return out
 
     def prepare_items(self, items: Sequence[Item], neutral: dict[int, str] | None = None) -> list[Item]:

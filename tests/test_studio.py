@@ -497,3 +497,22 @@ def test_the_demo_picker_offers_people_the_build_never_saw_before_those_who_chos
     order = [u for _, u in studio.demo_choices()]
     assert "chose the build's settings" in labels[outside[0]] and "new, not in the build" in labels[outside[1]]
     assert order.index(outside[1]) < order.index(outside[0]) < min(order.index(u) for u in studio.engine.meta["users"])
+
+
+def test_rewrites_decode_in_one_batch_each_as_it_decodes_alone(studio):
+    """The rewrites share one mixed batch, each row stopped at its own budget: every raw rewrite is what its text
+    gives decoded alone with that budget (a short line is not padded to a long one's steps)."""
+    from personalize.decoding import DecodingSettings, generate
+    from personalize.engine import NEUTRAL_TEMPLATE
+
+    eng = studio.engine
+    texts = ["k bus late again", "the release notes for version two are finally written and merged upstream",
+             "coffee", "Fix the crash on start-up when the config file is missing"]
+    together = eng.raw_rewrites(texts)
+    cap = eng.cfg.budget.max_target_tokens + 8
+    for t, got in zip(texts, together):
+        n = len(eng.tok(t, add_special_tokens=False)["input_ids"])
+        eng.use_adapter(None)
+        alone = generate(eng.model, eng.tok, [NEUTRAL_TEMPLATE.format(text=t)], eng.cfg.budget,
+                         DecodingSettings(max_new_tokens=min(cap, int(1.5 * n) + 6)))[0]
+        assert got == alone.text, t
