@@ -615,9 +615,9 @@ def cmd_demo(a) -> None:
             print(f"{m:>8}: {g.text}")
 
 
-# Sized for the ≤ 6 min first start on a 2-core CPU (docs/RESULTS.md, "Real people out of the box"): K = 4 gives the
-# demo's 48 people clusters of 12 (at K = 8 some held one or two), half the cluster adapters of K = 1, 2, 4, 8; P2P's
-# hypernetwork gets a token budget of 2 steps. 32 target tokens = the app's default.
+# Sized for a first start of minutes on a 2-core CPU (docs/RESULTS.md, "Real people out of the box"): K up to 4 for
+# 48 people (6 cluster adapters instead of 14 for K = 1, 2, 4, 8); P2P's hypernetwork gets a token budget of 2 steps.
+# 32 target tokens = the app's default.
 DEMO_BUILD_ARGS = ["--ks", "1,2,4", "--default-k", "4", "--base-steps", "20", "--cluster-steps", "2", "--p2p-steps", "2",
                    "--items-per-user", "12", "--max-prompt-tokens", "64", "--max-target-tokens", "32"]
 
