@@ -24,9 +24,8 @@ from pathlib import Path
 
 import gradio as gr
 
-from personalize.studio import Studio, StudioConfig
-from personalize.ui import (campaigns, cluster, compare, explore, export, fit, leaderboard, populations, quick_pair,
-                            rate, why, writing)
+from personalize.studio.facade import Studio, StudioConfig
+from personalize.ui import campaigns, cluster, compare, explore, export, fit, leaderboard, populations, quick_pair, rate, why, writing
 from personalize.ui.common import CSS, EXPECTED
 from personalize.ui.controls import forget_previous_person, page_top
 

@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     p.add_argument("--items", type=int, default=24)
     a = p.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from personalize.studio import Studio, StudioConfig
+    from personalize.studio.facade import Studio, StudioConfig
 
     folder = Path(tempfile.mkdtemp(prefix="fit-after-save-"))
     st = Studio.load(StudioConfig(artifacts=a.artifacts, db=str(folder / "s.db"), demo_data=a.demo_data,

@@ -35,9 +35,9 @@ def main(argv=None) -> None:
 
     import torch
 
-    from personalize.batch import decode_rows
-    from personalize.serving import demo_compare
-    from personalize.threads import release_team
+    from personalize.serving.runner import decode_rows
+    from personalize.eval.bench_serving import demo_compare
+    from personalize.lm.cpu_threads import release_team
 
     studio, compare, card = demo_compare(a.artifacts, a.demo_data, a.tokens)
     e = studio.engine

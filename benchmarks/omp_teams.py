@@ -45,8 +45,8 @@ def main(argv=None) -> None:
 
     import torch
 
-    from personalize.serving import demo_compare
-    from personalize.threads import release_team
+    from personalize.eval.bench_serving import demo_compare
+    from personalize.lm.cpu_threads import release_team
 
     studio, rows, card = demo_compare(a.artifacts, a.demo_data, a.tokens)
     print(f"{len(rows)} rows (+ COPE's twin), {a.tokens} tokens, torch threads {torch.get_num_threads()}")

@@ -15,7 +15,7 @@ import argparse
 from pathlib import Path
 
 from personalize.data import read_history_file, read_lamp
-from personalize.engine import Engine
+from personalize.methods.engine import Engine
 
 METHODS = ("base", "cluster", "card_paper", "card")
 

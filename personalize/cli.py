@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .config import CardConfig
+    from personalize.card.config import CardConfig
 
 DEFAULT_DB = "data/studio.db"
 DEMO_ARTIFACTS = "data/artifacts/demo"
@@ -51,7 +51,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _model_config(a, base=None):
-    from .models import ModelConfig
+    from personalize.lm.models import ModelConfig
 
     base = base or ModelConfig()
     changes = {k: v for k, v in {"name_or_path": a.model, "device": a.device, "dtype": a.dtype}.items() if v}
@@ -77,7 +77,7 @@ def _rerank_changes(spec: str | None) -> dict:
     before any model loads."""
     import dataclasses
 
-    from .rerank import RerankSettings
+    from personalize.methods.card.rerank import RerankSettings
 
     defaults, changes = RerankSettings(), {}
     for part in _list(spec):
@@ -96,7 +96,7 @@ def _rerank_changes(spec: str | None) -> dict:
 
 
 def _engine(a):
-    from .engine import Engine
+    from personalize.methods.engine import Engine
 
     path = Path(a.artifacts)
     if not (path / "config.json").exists():
@@ -107,7 +107,7 @@ def _engine(a):
 # ---------------------------------------------------------------- commands
 
 def cmd_build(a) -> None:
-    from .build import build
+    from personalize.fitting.build import build
 
     data, out, cfg, kwargs = build_plan(a)
     build(data, a.split, out, cfg, **kwargs)
@@ -116,13 +116,13 @@ def cmd_build(a) -> None:
 def build_plan(a) -> tuple[Path, Path, CardConfig, dict]:
     """What `build`'s arguments ask for: (data, out, the settings, build()'s other keyword arguments); the app's
     Populations tab builds with the same arguments (population_jobs)."""
-    from .adapters import LoraSettings
-    from .build import P2P_STEPS
-    from .config import CardConfig
-    from .head import HeadSettings
-    from .methods.p2p import P2PConfig
-    from .models import EncoderConfig, ModelConfig
-    from .tokens import TokenBudget
+    from personalize.card.adapters import LoraSettings
+    from personalize.fitting.build import P2P_STEPS
+    from personalize.card.config import CardConfig
+    from personalize.card.head import HeadSettings
+    from personalize.methods.p2p import P2PConfig
+    from personalize.lm.models import EncoderConfig, ModelConfig
+    from personalize.lm.tokens import TokenBudget
 
     data = Path(a.data)
     if not data.is_dir():
@@ -146,12 +146,12 @@ def build_plan(a) -> tuple[Path, Path, CardConfig, dict]:
 
 
 def cmd_onboard(a) -> None:
-    from .data import read_history_file
-    from .onboard import onboard
-    from .store import Store
+    from personalize.data import read_history_file
+    from personalize.fitting.person import onboard
+    from personalize.store import Store
 
-    from .data import TASKS
-    from .engine import artifacts_meta
+    from personalize.data import TASKS
+    from personalize.methods.engine import artifacts_meta
 
     if not (Path(a.artifacts) / "config.json").exists():
         raise UsageError(f"no artifacts at {a.artifacts}: build them with `python -m personalize build`")
@@ -185,7 +185,7 @@ def cmd_onboard(a) -> None:
 
 
 def _user_state(engine, store, name, k):
-    from .store import StoreError
+    from personalize.store import StoreError
 
     got = store.vector(name, engine.artifacts_id)
     if got is None:
@@ -201,7 +201,7 @@ def _user_state(engine, store, name, k):
 
 
 def cmd_generate(a) -> None:
-    from .store import Store
+    from personalize.store import Store
 
     if not a.prompt.strip():
         raise UsageError("--prompt is empty")
@@ -210,12 +210,12 @@ def cmd_generate(a) -> None:
     lam, cluster, k = _user_state(engine, store, a.user, a.k)
     s = _decoding(engine, a)
     prompt = engine.task.prompt(a.prompt) if a.template else a.prompt
-    from .engine import CORE_METHODS
-    from .methods import METHODS, UserContext, get_method
+    from personalize.methods.engine import CORE_METHODS
+    from personalize.methods import METHODS, UserContext, get_method
 
     methods = _methods(a.methods)
-    from .engine import CARD_METHODS
-    from .style import variant
+    from personalize.methods.engine import CARD_METHODS
+    from personalize.card.style import variant
     known = [*CORE_METHODS, *CARD_METHODS[1:], *METHODS]
     unknown = [m for m in methods if m not in known]
     if unknown:
@@ -235,7 +235,7 @@ def cmd_generate(a) -> None:
 
 def _method_configs(a) -> dict[str, dict]:
     """The CPU budgets of EXACT and OPPU from --exact-pairs / --oppu-steps, checked before any model loads."""
-    from .methods import ExactConfig, OppuConfig
+    from personalize.methods import ExactConfig, OppuConfig
 
     configs = {"exact": {"max_pairs": a.exact_pairs}}
     if a.oppu_steps is not None:
@@ -255,7 +255,7 @@ def _add_method_budgets(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_eval(a) -> None:
-    from .evaluate import format_table, run_eval
+    from personalize.eval.evaluate import format_table, run_eval
 
     configs = _method_configs(a)
     objectives = _objectives_first(a)
@@ -285,7 +285,7 @@ def cmd_eval(a) -> None:
 
 
 def cmd_tune(a) -> None:
-    from .tune import STEPS, tune
+    from personalize.fitting.tune import STEPS, tune
 
     engine = _engine(a)
     t0 = time.perf_counter()
@@ -299,9 +299,9 @@ def cmd_tune(a) -> None:
 
 
 def cmd_simulate_feedback(a) -> None:
-    from .build import select_sources
-    from .data import read_lamp
-    from .feedback import FeedbackSettings, SimulationSettings, simulate
+    from personalize.fitting.build import select_sources
+    from personalize.data import read_lamp
+    from personalize.fitting.votes import FeedbackSettings, SimulationSettings, simulate
 
     s = SimulationSettings(checkpoints=_ints(a.votes), n_eval=a.eval_items, n_vote=a.vote_items,
                            preference=a.preference, seed=a.seed)
@@ -339,8 +339,8 @@ def cmd_simulate_feedback(a) -> None:
 
 
 def cmd_style_key(a) -> None:
-    from .owner import BuildInfo, export_keys, import_keys
-    from .store import Store
+    from personalize.studio.own_data import BuildInfo, export_keys, import_keys
+    from personalize.store import Store
 
     if not (Path(a.artifacts) / "config.json").exists():
         raise UsageError(f"no artifacts at {a.artifacts}: a style key belongs to a build; give --artifacts DIR")
@@ -367,8 +367,8 @@ def cmd_style_key(a) -> None:
 
 
 def cmd_forget(a) -> None:
-    from .owner import forget_user
-    from .store import Store
+    from personalize.studio.own_data import forget_user
+    from personalize.store import Store
 
     store = Store(a.db)
     try:
@@ -385,14 +385,14 @@ def cmd_forget(a) -> None:
 def cmd_campaign(a) -> None:
     """Human-eval campaigns: create from a LaMP folder, generate the outputs (resumable), status, export, import,
     the LLM judge, close."""
-    from . import campaign
-    from .store import Store
+    from personalize.humaneval import campaign
+    from personalize.store import Store
 
     store = Store(a.db)
     try:
         camps = campaign.Campaigns(store)
         if a.action == "create":
-            from .engine import artifacts_meta
+            from personalize.methods.engine import artifacts_meta
 
             if not (Path(a.artifacts) / "config.json").exists():
                 raise UsageError(f"no artifacts at {a.artifacts}: build them with `python -m personalize build`")
@@ -409,7 +409,7 @@ def cmd_campaign(a) -> None:
         elif a.action == "generate":
             from tqdm import tqdm
 
-            from .studio import Studio, StudioConfig
+            from personalize.studio.facade import Studio, StudioConfig
 
             c = camps.get(a.name)
             studio = Studio.load(StudioConfig(artifacts=a.artifacts or c["config"].artifacts, db=a.db))
@@ -436,7 +436,7 @@ def cmd_campaign(a) -> None:
             res = camps.import_judgments(a.name, a.file)
             print(f"imported {res['added']} judgment(s); {res['duplicates']} already here, {res['unmatched']} unmatched")
         elif a.action == "judge":
-            from .judge import Judge, JudgeConfig
+            from personalize.humaneval.judge import Judge, JudgeConfig
 
             judge = Judge(JudgeConfig(model=a.model))
             res = campaign.run_judge(camps, a.name, judge, lambda i, n, w: print(f"  judge {w}", flush=True)
@@ -453,8 +453,8 @@ def cmd_campaign(a) -> None:
 
 def cmd_population(a) -> None:
     """A LaMP folder from where people's writing already lives: git histories, Debian changelogs, a table."""
-    from . import population
-    from .data import HistoryError
+    from personalize.fitting import population
+    from personalize.data import HistoryError
 
     if a.min_items < 1 or a.max_items < a.min_items:
         raise UsageError(f"need 1 <= --min-items <= --max-items (got {a.min_items} and {a.max_items})")
@@ -479,7 +479,7 @@ def cmd_population(a) -> None:
 
 def _objectives_first(a) -> tuple[str, ...]:
     """The built heads with --objective first (onboarding and card use the first), checked before models load."""
-    from .engine import artifacts_meta
+    from personalize.methods.engine import artifacts_meta
 
     if not (Path(a.artifacts) / "config.json").exists():
         raise UsageError(f"no artifacts at {a.artifacts}: build them with `python -m personalize build`")
@@ -493,8 +493,8 @@ def _objectives_first(a) -> tuple[str, ...]:
 
 
 def cmd_bench(a) -> None:
-    from .data import read_lamp
-    from .evaluate import BENCH_METHODS, format_bench, run_bench
+    from personalize.data import read_lamp
+    from personalize.eval.evaluate import BENCH_METHODS, format_bench, run_bench
 
     unknown = [m for m in _methods(a.methods) if m not in BENCH_METHODS]
     if unknown:
@@ -535,9 +535,9 @@ def write_demo_people(demo: Path, docs: str | Path | None = None) -> str:
     import shutil
     import tempfile
 
-    from .data import HistoryError
-    from .demo import write_demo
-    from .population import DEBIAN_DOCS, from_changelogs
+    from personalize.data import HistoryError
+    from personalize.demo import write_demo
+    from personalize.fitting.population import DEBIAN_DOCS, from_changelogs
 
     docs = docs or DEBIAN_DOCS
     demo.parent.mkdir(parents=True, exist_ok=True)
@@ -563,7 +563,7 @@ def demo_people_args(demo: Path) -> list[str]:
     """Who the demo build trains on: the first DEMO_POPULATION real people, the next 30 choose its decoding and
     guard card, the rest are new people to try; the synthetic writers (48, grouped by style) all train but the
     6 held out to choose on."""
-    from .data import read_lamp
+    from personalize.data import read_lamp
 
     task, queries = read_lamp(demo, "dev")
     if task.name == "tweets":
@@ -575,8 +575,8 @@ def ensure_demo(demo: Path, art: Path) -> None:
     """The first-run path of `demo` and the app: write the demo population and build it, once."""
     if not (demo / "dev_questions.json").exists():
         print(f"first start: the demo's people are {write_demo_people(demo)}", flush=True)
-    from .config import FORMAT_VERSION
-    from .engine import ArtifactsError, artifacts_meta
+    from personalize.card.config import FORMAT_VERSION
+    from personalize.methods.engine import ArtifactsError, artifacts_meta
 
     try:
         old = (art / "config.json").exists() and artifacts_meta(art).get("format_version", 0) < FORMAT_VERSION
@@ -594,8 +594,8 @@ def cmd_demo(a) -> None:
     """The first-run path: write the demo population, build it if missing, show methods side by side."""
     demo, art = Path(a.data), Path(a.artifacts)
     ensure_demo(demo, art)
-    from .data import read_lamp
-    from .engine import Engine
+    from personalize.data import read_lamp
+    from personalize.methods.engine import Engine
 
     t0 = time.perf_counter()
     engine = Engine.load(art)
@@ -850,7 +850,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except RuntimeError as e:  # a model that cannot be loaded; looked up lazily so light commands import no torch
-        models = sys.modules.get("personalize.models")
+        models = sys.modules.get("personalize.lm.models")
         if models is None or not isinstance(e, models.ModelLoadError):
             raise
         print(f"error: {e}", file=sys.stderr)

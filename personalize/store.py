@@ -450,7 +450,7 @@ class Store:
 
     def version_style(self, name: str, artifacts: str, version: int):
         """One stored version as a style.UserStyle, with its stats."""
-        from .style import UserStyle
+        from personalize.card.style import UserStyle
 
         with self._lock:
             r = self.db.execute("SELECT vector, style, stats FROM versions WHERE id = ? AND user = ? AND artifacts = ?",
@@ -470,7 +470,7 @@ class Store:
 
     def style(self, name: str, artifacts: str):
         """The person's whole style (λ, token bias, kNN memory) as a style.UserStyle, or None if not fitted."""
-        from .style import UserStyle
+        from personalize.card.style import UserStyle
 
         r = self._get("vectors", self._require(name), artifacts)
         if r is None:

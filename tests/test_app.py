@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 import app as studio_app  # noqa: E402
 from personalize.ui import cluster, common, compare, figures, quick_pair  # noqa: E402
-from personalize.studio import Studio, StudioConfig  # noqa: E402
+from personalize.studio.facade import Studio, StudioConfig  # noqa: E402
 
 HISTORY = "\n".join(f"omg the {w} was SO good today!!! 🔥🔥" for w in
                     ["coffee", "train", "concert", "pizza", "run", "book", "match", "movie", "beach", "show"])
@@ -191,7 +191,7 @@ def test_plot_text_and_quoting_helpers():
 
 
 def test_app_markdown_of_outputs_examples_and_errors_is_text_only():
-    from personalize.studio import MethodOutput
+    from personalize.studio.facade import MethodOutput
 
     o = MethodOutput("exact", XSS_IMG + " " + MD_ACTIVE, 0.5, 3, 1,
                      {"trace": [{"attributes": [XSS_SCRIPT]}], "note": XSS_IMG})
@@ -213,7 +213,7 @@ def test_app_markdown_of_outputs_examples_and_errors_is_text_only():
 
 
 def test_rater_id_is_the_logged_in_user_when_there_is_one():
-    from personalize.arena import rater_id
+    from personalize.humaneval.arena import rater_id
 
     assert rater_id("mallory", "ann") == "ann"  # with --auth, the typed id is ignored
     assert rater_id(None, "ann") == "ann" and rater_id("", " ann ") == "ann"
@@ -224,7 +224,7 @@ def test_rater_id_is_the_logged_in_user_when_there_is_one():
 
 
 def test_one_vote_per_rater_and_pair_of_outputs(tmp_path):
-    from personalize.arena import AlreadyVoted, Arena, StalePair
+    from personalize.humaneval.arena import AlreadyVoted, Arena, StalePair
     from personalize.store import Store
 
     store = Store(str(tmp_path / "votes.db"))

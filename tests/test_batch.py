@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 import torch
 
-from personalize.batch import CardSteer, DecodeRow
-from personalize.decoding import DecodingSettings
+from personalize.serving.runner import CardSteer, DecodeRow
+from personalize.card.decoding import DecodingSettings
 from personalize.methods import UserContext
 
 from conftest import tiny_studio
@@ -30,7 +30,7 @@ def studio(tiny_artifacts, tmp_path_factory):
 
 
 def contexts(studio):
-    from personalize.studio import prepared_items
+    from personalize.studio.facade import prepared_items
 
     out = []
     for u in studio.users:
@@ -141,7 +141,7 @@ def test_eight_threads_comparing_at_once_get_what_each_gets_alone(tiny_artifacts
 def test_the_libraries_path_gives_the_same_outputs(studio):
     """fast=False (peft's adapter_names, P2P's row hooks, every row prefilled, F.linear's head) is the
     reference the fast path is held to."""
-    from personalize.batch import decode_rows
+    from personalize.serving.runner import decode_rows
 
     s = studio.engine.cfg.decoding
     e = studio.engine

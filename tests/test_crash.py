@@ -399,7 +399,7 @@ def check_vector(store: Store, user: str, artifacts: str, v0: np.ndarray, ref: d
 
 def test_kill_during_fit_keeps_the_previous_vector_or_the_whole_new_one(worker, tiny_artifacts, demo_items,
                                                                        tmp_path, request):
-    from personalize.engine import artifacts_meta
+    from personalize.methods.engine import artifacts_meta
 
     artifacts = artifacts_meta(tiny_artifacts["artifacts"])["id"]
     db = tmp_path / "studio.db"
@@ -473,14 +473,14 @@ def test_kill_during_votes_keeps_every_committed_vote_whole(worker, tmp_path, re
 
 @pytest.fixture(scope="module")
 def engine(tiny_artifacts):
-    from personalize.engine import Engine
+    from personalize.methods.engine import Engine
 
     return Engine.load(tiny_artifacts["artifacts"])
 
 
 def test_kill_during_oppu_training_or_save_never_loads_a_half_written_adapter(worker, engine, demo_items, tmp_path,
                                                                              request):
-    from personalize.adapters import sft_loss
+    from personalize.card.adapters import sft_loss
     from personalize.methods import UserContext
     from personalize.methods.oppu import ASIDE, PARTIAL, OppuConfig, OppuMethod, adapter_id
 

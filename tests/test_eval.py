@@ -9,11 +9,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from personalize.build import select_sources
+from personalize.fitting.build import select_sources
 from personalize.data import Query, read_lamp, write_lamp
-from personalize.engine import Engine
-from personalize.evaluate import paired_differences, run_eval, shuffled_partners
-from personalize.tune import choose_decoding, save_choice
+from personalize.methods.engine import Engine
+from personalize.eval.evaluate import paired_differences, run_eval, shuffled_partners
+from personalize.fitting.tune import choose_decoding, save_choice
 
 
 def test_shuffled_partners_stay_in_the_cluster_and_never_pick_oneself():
@@ -103,7 +103,7 @@ def test_tune_chooses_on_validation_people_and_the_build_reads_the_choice_back(e
 def test_card_falls_back_with_a_note_and_retrieves_only_for_its_own_rows(engine, tiny_artifacts, monkeypatch):
     """A style that lost to the cluster model on its held-out items decodes as the cluster model (its plain prompt,
     a note saying so) when fallback is on; a retrieving style puts the person's items before the prompt."""
-    from personalize.style import UserStyle
+    from personalize.card.style import UserStyle
 
     task, qs = read_lamp(tiny_artifacts["demo"], "dev")
     items = engine.prepare_items(list(qs[0].profile[:6]))

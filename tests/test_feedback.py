@@ -9,13 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from personalize.adapters import adapter_name
+from personalize.card.adapters import adapter_name
 from personalize.data import Item
-from personalize.feedback import FeedbackSettings, SimulationSettings, Vote, simulate, split_person
-from personalize.head import VOTE_ITEM, PairData, TokenData
+from personalize.fitting.votes import FeedbackSettings, SimulationSettings, Vote, simulate, split_person
+from personalize.card.head import VOTE_ITEM, PairData, TokenData
 
 from conftest import tiny_studio
-from personalize.style import style_diagnostics
+from personalize.card.style import style_diagnostics
 
 TERSE = [f"ok so the {w} was fine i guess" for w in ("bus", "tea", "rain", "film", "shop", "walk", "game", "cake")]
 
@@ -165,7 +165,7 @@ def test_simulated_votes_give_a_curve_per_checkpoint(studio, tiny_artifacts):
 
 def test_a_person_who_voted_gets_their_style_even_where_it_lost_on_held_out_items():
     from personalize.store import decodes_own
-    from personalize.studio import fit_verdict
+    from personalize.studio.facade import fit_verdict
 
     lost = {"helps": False, "acc_own": 0.30, "acc_no_head": 0.40}
     assert decodes_own({"diagnostics": lost}) is False  # the fallback applies (CARD shows the cluster model)
@@ -178,9 +178,9 @@ def pairs_studio(tiny_artifacts, tmp_path_factory):
     """The tiny population built again with the pairs head first (votes become pairs for it)."""
     from dataclasses import replace
 
-    from personalize.build import build
-    from personalize.engine import artifacts_meta
-    from personalize.config import CardConfig
+    from personalize.fitting.build import build
+    from personalize.methods.engine import artifacts_meta
+    from personalize.card.config import CardConfig
 
     root = tmp_path_factory.mktemp("pairs")
     cfg = CardConfig.from_dict(artifacts_meta(tiny_artifacts["artifacts"])["settings"])

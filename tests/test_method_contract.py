@@ -8,11 +8,11 @@ import dataclasses
 
 import pytest
 
-from personalize.batch import DecodeRow
-from personalize.decoding import Generation
+from personalize.serving.runner import DecodeRow
+from personalize.card.decoding import Generation
 from personalize.methods import REGISTRY, Method, UserContext
 from personalize.methods.p2p import P2PConfig, P2PMethod, train_p2p
-from personalize.studio import prepared_items
+from personalize.studio.facade import prepared_items
 
 from conftest import tiny_studio
 

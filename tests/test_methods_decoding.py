@@ -7,15 +7,15 @@ import math
 import pytest
 import torch
 
-from personalize.adapters import LoraSettings, add_warm_adapter, new_peft_model
-from personalize.config import CardConfig
+from personalize.card.adapters import LoraSettings, add_warm_adapter, new_peft_model
+from personalize.card.config import CardConfig
 from personalize.data import TASKS, Item
-from personalize.decoding import DecodingSettings
-from personalize.engine import Engine
+from personalize.card.decoding import DecodingSettings
+from personalize.methods.engine import Engine
 from personalize.methods import METHODS, UserContext, get_method
 from personalize.methods.cope import CopeConfig, CopeLogitsProcessor, CopeMethod
-from personalize.models import LM
-from personalize.tokens import TokenBudget, left_pad, prompt_ids
+from personalize.lm.models import LM
+from personalize.lm.tokens import TokenBudget, left_pad, prompt_ids
 
 BUDGET = TokenBudget(max_prompt_tokens=24, max_target_tokens=8)
 PROMPTS = ["Paraphrase: the train was late again", "Paraphrase: coffee is ready", "Paraphrase: we won the match",

@@ -14,11 +14,11 @@ import pytest
 from personalize.cli import main
 from personalize.data import Item
 from personalize.methods.oppu import adapter_id
-from personalize.owner import BuildInfo, export_keys, import_keys
+from personalize.studio.own_data import BuildInfo, export_keys, import_keys
 from personalize.store import Store
 
 from conftest import tiny_studio
-from personalize.stylekey import MAX_KEY, StyleKey, StyleKeyError, decode, encode
+from personalize.card.stylekey import MAX_KEY, StyleKey, StyleKeyError, decode, encode
 
 TERSE = [f"ok so the {w} was fine i guess" for w in ("bus", "tea", "rain", "film", "shop", "walk", "game", "cake")]
 
@@ -143,7 +143,7 @@ def test_forget_me_leaves_nothing_of_the_user(studio):
     (exports / "unrelated.csv").write_text("user,output\nsomeone,hello\n")
     pending = studio.new_pair(marker, prompt, ["base", "card"], s)
     n_ratings = len(studio.store.ratings())
-    from personalize.campaign import CampaignConfig, CampaignItem  # the person as an item of a campaign
+    from personalize.humaneval.campaign import CampaignConfig, CampaignItem  # the person as an item of a campaign
 
     studio.campaigns.create("forget-campaign", [CampaignItem(marker, prompt, tuple(it.y for it in items),
                                                              f"{marker} gold")], CampaignConfig(("base", "card"),

@@ -14,12 +14,12 @@ import threading
 import numpy as np
 import pytest
 
-from personalize.arena import Arena, StalePair, draw_methods
+from personalize.humaneval.arena import Arena, StalePair, draw_methods
 from personalize.data import TASKS, HistoryError, Item
-from personalize.export import export_predictions, export_table, to_csv
-from personalize.leaderboard import LeaderboardConfig, bradley_terry, leaderboard, win_rates
+from personalize.humaneval.export import export_predictions, export_table, to_csv
+from personalize.humaneval.leaderboard import LeaderboardConfig, bradley_terry, leaderboard, win_rates
 from personalize.store import Store
-from personalize.studio import Studio, StudioConfig
+from personalize.studio.facade import Studio, StudioConfig
 
 from conftest import tiny_studio
 
@@ -143,7 +143,7 @@ def studio(tiny_artifacts, tmp_path_factory):
 
 
 def test_neutral_rewrites_never_echo_the_instruction(studio):
-    from personalize.neutral import plain
+    from personalize.card.neutral import plain
 
     texts = ["omg the coffee was SO good today!!! 🔥🔥", "k bus late again"]
     # a random tiny model writes no usable rewrite, so every item gets its rule-based plain version
@@ -234,7 +234,7 @@ def test_oppu_trains_on_first_use_and_again_after_an_edit(studio):
 
 
 def test_why_pieces_merge_the_bytes_of_one_character(tokenizer):
-    from personalize.studio import text_pieces
+    from personalize.studio.facade import text_pieces
 
     ids = tokenizer("ok 🔥🔥", add_special_tokens=False)["input_ids"]
     assert len(ids) > 3  # the emoji are byte-level tokens
@@ -298,7 +298,7 @@ def test_explore_sweeps_alpha_and_k_on_held_out_items(studio):
 def test_eval_runs_the_stateful_methods_on_users_it_never_stored(studio, tiny_artifacts):
     """eval onboards LaMP query users that no store knows: EXACT's memory, PAG's summary and OPPU's adapter
     live in a scratch store and folder, and every method yields a scored column."""
-    from personalize.evaluate import run_eval
+    from personalize.eval.evaluate import run_eval
 
     users_before = {a for a in studio.engine.model.peft_config if a.startswith("u_")}  # the studio's own OPPU users
     res = run_eval(studio.engine, tiny_artifacts["demo"], "dev", ["exact", "pag", "oppu", "card"], limit=2,
@@ -362,7 +362,7 @@ def test_distance_table_marks_the_users_own_cluster(studio):
 
 
 def test_fit_verdict_says_in_plain_words_whether_the_vector_helps():
-    from personalize.studio import fit_verdict
+    from personalize.studio.facade import fit_verdict
 
     yes = fit_verdict({"acc_own": 0.41, "acc_no_head": 0.36, "helps": True, "n": 40})
     assert yes == "Your vector helps: it predicts 41% of your held-out words vs 36% for your cluster's model."
@@ -400,7 +400,7 @@ def test_a_methods_note_reaches_the_compare_column(studio, monkeypatch):
 def test_builds_are_listed_per_task_and_choosing_a_task_switches_to_its_build(tiny_artifacts, tmp_path):
     import shutil
 
-    from personalize.studio import find_builds
+    from personalize.studio.facade import find_builds
 
     root = tmp_path / "artifacts"
     shutil.copytree(tiny_artifacts["artifacts"], root / "tweets")
@@ -451,7 +451,7 @@ def test_builds_are_listed_per_task_and_choosing_a_task_switches_to_its_build(ti
 def test_how_near_a_cluster_is_said_in_plain_words(studio):
     """The nearest centroid's distance against the build's own people: a member of the population is within
     its cluster; a person further out than all of them is told the build is far from them."""
-    from personalize.cluster import closeness
+    from personalize.card.cluster import closeness
 
     c = studio.engine.clusters
     k = studio.snap_k(None)

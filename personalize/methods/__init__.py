@@ -19,8 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..data import Item, Task
-from ..tokens import TokenBudget
+from personalize.data import Item, Task
+from personalize.lm.tokens import TokenBudget
 
 
 @dataclass
@@ -90,14 +90,14 @@ def fingerprint(texts: Sequence[str]) -> str:
 
 # ------------------------------------------------------------ registry (imported last: the modules use the above)
 
-from .base import Method  # noqa: E402
-from .core import BaseMethod, CardMethod, ClusterMethod, CoreConfig  # noqa: E402
-from .cope import CopeConfig, CopeMethod  # noqa: E402
-from .exact import ExactConfig, ExactMethod  # noqa: E402
-from .oppu import OppuConfig, OppuMethod  # noqa: E402
-from .p2p import P2PConfig, P2PMethod  # noqa: E402
-from .pag import PagConfig, PagMethod  # noqa: E402
-from .rag import RagConfig, RagMethod  # noqa: E402
+from personalize.methods.base import Method  # noqa: E402
+from personalize.methods.card.method import BaseMethod, CardMethod, ClusterMethod, CoreConfig  # noqa: E402
+from personalize.methods.cope import CopeConfig, CopeMethod  # noqa: E402
+from personalize.methods.exact import ExactConfig, ExactMethod  # noqa: E402
+from personalize.methods.oppu import OppuConfig, OppuMethod  # noqa: E402
+from personalize.methods.p2p import P2PConfig, P2PMethod  # noqa: E402
+from personalize.methods.pag import PagConfig, PagMethod  # noqa: E402
+from personalize.methods.rag import RagConfig, RagMethod  # noqa: E402
 
 METHODS: dict[str, type] = {"rag": RagMethod, "pag": PagMethod, "exact": ExactMethod, "cope": CopeMethod,
                             "oppu": OppuMethod, "p2p": P2PMethod}  # the compared methods

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Callable, ClassVar, Protocol, runtime_checkable
 
-from ..batch import DecodeRow
-from ..decoding import DecodingSettings, Generation
+from personalize.serving.runner import DecodeRow
+from personalize.card.decoding import DecodingSettings, Generation
 
 
 @runtime_checkable

@@ -22,11 +22,11 @@ from dataclasses import dataclass, replace
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from ..adapters import BASE_ADAPTER, adapter_name
-from ..batch import NO_ADAPTER, CopeSteer, DecodeRow
-from ..decoding import DecodingSettings, Generation, repetition_processors
-from ..tokens import decode, left_pad, prompt_ids
-from . import UserContext
+from personalize.card.adapters import BASE_ADAPTER, adapter_name
+from personalize.serving.runner import NO_ADAPTER, CopeSteer, DecodeRow
+from personalize.card.decoding import DecodingSettings, Generation, repetition_processors
+from personalize.lm.tokens import decode, left_pad, prompt_ids
+from personalize.methods import UserContext
 
 
 

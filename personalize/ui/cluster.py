@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import gradio as gr
 
-from ..display import md
-from .common import Markdown, bind, guarded
-from .controls import Shared
-from .figures import cluster_figure
+from personalize.display import md
+from personalize.ui.common import Markdown, bind, guarded
+from personalize.ui.controls import Shared
+from personalize.ui.figures import cluster_figure
 
 
 def cluster_examples_md(examples) -> str:

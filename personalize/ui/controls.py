@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
-from .common import VERSION_COLUMNS, Markdown
+from personalize.ui.common import VERSION_COLUMNS, Markdown
 
 N_SERVED = 7  # len(Shared.served_outputs) == len(served_values(studio))
 
@@ -127,7 +127,7 @@ def page_top(studio, app: gr.Blocks) -> Shared:
 def forget_previous_person(studio, shared: Shared) -> None:
     """When the user name changes (typed, a stored user opened, a demo user loaded, forgotten), every tab's
     results of the previous person are emptied and the versions table shows the new person's."""
-    from .common import version_rows
+    from personalize.ui.common import version_rows
 
     components = [c for c, _ in shared.per_person]
     empty = [v for _, v in shared.per_person]

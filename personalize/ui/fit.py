@@ -6,10 +6,10 @@ import time
 
 import gradio as gr
 
-from ..display import md
-from .common import EXPECTED, Markdown, _err, bind, guarded, version_rows
-from .controls import Shared
-from .figures import loss_figure
+from personalize.display import md
+from personalize.ui.common import EXPECTED, Markdown, _err, bind, guarded, version_rows
+from personalize.ui.controls import Shared
+from personalize.ui.figures import loss_figure
 
 INTRO = ("Fits your style on your history: neutral rewrites of pasted items (started when you saved), one "
          "teacher-forced pass of your cluster's model, then milliseconds to fit your user vector λ (128 numbers) "

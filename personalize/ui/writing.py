@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ..data import TASKS
-from ..display import md, md_quoting
-from .common import Markdown, bind, guarded
-from .controls import N_SERVED, Shared, served_values
+from personalize.data import TASKS
+from personalize.display import md, md_quoting
+from personalize.ui.common import Markdown, bind, guarded
+from personalize.ui.controls import N_SERVED, Shared, served_values
 
 FORGET_NOTE = ("Deletes everything the studio keeps of this user: history, styles and their versions, votes, "
                "generated outputs, EXACT memory, OPPU adapter and exports that hold them. Ratings keep only their "

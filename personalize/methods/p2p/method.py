@@ -10,15 +10,15 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ...adapters import answer_loss, sft_batch
-from ...cluster import user_embeddings
-from ...batch import DecodeRow, P2PSteer
-from ...decoding import DecodingSettings, Generation, generate
-from .. import UserContext, fingerprint
-from .config import ARTIFACTS_DIR, CONFIG, WEIGHTS, LoRA, P2PConfig
-from .hooks import applied, model_shapes
-from .hypernet import HyperLoRA, lora_nbytes
-from .io import load
+from personalize.card.adapters import answer_loss, sft_batch
+from personalize.card.cluster import user_embeddings
+from personalize.serving.runner import DecodeRow, P2PSteer
+from personalize.card.decoding import DecodingSettings, Generation, generate
+from personalize.methods import UserContext, fingerprint
+from personalize.methods.p2p.config import ARTIFACTS_DIR, CONFIG, WEIGHTS, LoRA, P2PConfig
+from personalize.methods.p2p.hooks import applied, model_shapes
+from personalize.methods.p2p.hypernet import HyperLoRA, lora_nbytes
+from personalize.methods.p2p.io import load
 
 class P2PMethod:
     """Deployment: one f_θ pass per user (cached, keyed by the history's fingerprint), hooks while decoding.
@@ -95,7 +95,7 @@ class P2PMethod:
                 "embed_s": round(t1 - t0, 4), "generate_lora_s": round(t2 - t1, 4), "prepare_s": round(t2 - t0, 4),
                 "lora_bytes": lora_nbytes(lora), "profile_bytes": int(profile.astype(np.float32).nbytes)}
         if self.store is not None:
-            from ...store import StoreError
+            from personalize.store import StoreError
 
             try:
                 self.store.put_blob(user.name, self.name, str(self.engine.artifacts_id), info)
