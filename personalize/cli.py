@@ -10,54 +10,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from personalize.card.config import CardConfig
+from personalize.fitting.plan import (DEMO_ARTIFACTS, UsageError, add_build_args, comma_list,
+                                      comma_names, ensure_demo, ints, model_config, run_build)
 
 DEFAULT_DB = "data/studio.db"
-DEMO_ARTIFACTS = "data/artifacts/demo"
-
-
-class UsageError(ValueError):
-    pass
-
-
-def _ints(s: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in s.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
-
-
-def _list(s: str | None) -> tuple[str, ...]:
-    return tuple(x.strip() for x in (s or "").split(",") if x.strip())
-
-
-def _methods(s: str) -> list[str]:
-    return [m.strip() for m in s.split(",") if m.strip()]
-
-
-def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="LM: 'bundled' (SmolLM2-135M-Instruct GGUF), a Hugging Face id or a folder")
-    p.add_argument("--device", default=None, help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--dtype", default=None, help="auto | float32 | bfloat16 | float16")
-    p.add_argument("--load-in-4bit", action="store_true", help="4-bit weights via bitsandbytes (CUDA only)")
-
-
-def _model_config(a, base=None):
-    from personalize.lm.models import ModelConfig
-
-    base = base or ModelConfig()
-    changes = {k: v for k, v in {"name_or_path": a.model, "device": a.device, "dtype": a.dtype}.items() if v}
-    if a.load_in_4bit:
-        changes["load_in_4bit"] = True
-    return replace(base, **changes) if changes else None
 
 
 def _decoding_args(p):
@@ -77,10 +38,10 @@ def _rerank_changes(spec: str | None) -> dict:
     before any model loads."""
     import dataclasses
 
-    from personalize.methods.card.rerank import RerankSettings
+    from personalize.card.decoding import RerankSettings
 
     defaults, changes = RerankSettings(), {}
-    for part in _list(spec):
+    for part in comma_list(spec):
         key, _, value = (x.strip() for x in part.partition("="))
         if key not in {f.name for f in dataclasses.fields(RerankSettings)}:
             raise UsageError(f"--rerank: unknown setting {key!r}; settings: {list(dataclasses.asdict(defaults))}")
@@ -101,48 +62,13 @@ def _engine(a):
     path = Path(a.artifacts)
     if not (path / "config.json").exists():
         raise UsageError(f"no artifacts at {path}: build them with `python -m personalize build --data DIR --out {path}`")
-    return Engine.load(path, _model_config(a) if hasattr(a, "model") else None)
+    return Engine.load(path, model_config(a) if hasattr(a, "model") else None)
 
 
 # ---------------------------------------------------------------- commands
 
 def cmd_build(a) -> None:
-    from personalize.fitting.build import build
-
-    data, out, cfg, kwargs = build_plan(a)
-    build(data, a.split, out, cfg, **kwargs)
-
-
-def build_plan(a) -> tuple[Path, Path, CardConfig, dict]:
-    """What `build`'s arguments ask for: (data, out, the settings, build()'s other keyword arguments); the app's
-    Populations tab builds with the same arguments (population_jobs)."""
-    from personalize.card.adapters import LoraSettings
-    from personalize.fitting.build import P2P_STEPS
-    from personalize.card.config import CardConfig
-    from personalize.card.head import HeadSettings
-    from personalize.methods.p2p import P2PConfig
-    from personalize.lm.models import EncoderConfig, ModelConfig
-    from personalize.lm.tokens import TokenBudget
-
-    data = Path(a.data)
-    if not data.is_dir():
-        raise UsageError(f"--data {data} is not a folder")
-    cfg = CardConfig()
-    cfg = replace(
-        cfg, ks=a.ks, default_k=a.default_k or (4 if 4 in a.ks else max(a.ks)),
-        objectives=tuple(_methods(a.objectives)), items_per_user=a.items_per_user, n_val_users=a.val_users,
-        model=_model_config(a) or ModelConfig(), encoder=EncoderConfig(a.encoder) if a.encoder else cfg.encoder,
-        budget=TokenBudget(a.max_prompt_tokens, a.max_target_tokens),
-        lora=replace(LoraSettings(), base_steps=a.base_steps, cluster_steps=a.cluster_steps),
-        head=replace(HeadSettings(), epochs=a.head_epochs, d=a.d, n_layers=a.layers, patience=a.head_patience,
-                     weight_decay=a.head_weight_decay),
-    )
-    if a.skip_p2p and a.p2p_steps is not None:
-        raise UsageError("--p2p-steps has no effect with --skip-p2p: give one of them")
-    p2p = None if a.skip_p2p else P2PConfig(steps=P2P_STEPS if a.p2p_steps is None else a.p2p_steps)
-    out = Path(a.out or f"data/artifacts/{data.name}")
-    return data, out, cfg, {"limit_users": a.limit_users, "p2p": p2p, "sources": _list(a.sources),
-                            "exclude_sources": _list(a.exclude_sources)}
+    run_build(a)
 
 
 def cmd_onboard(a) -> None:
@@ -192,7 +118,9 @@ def _user_state(engine, store, name, k):
         store.user(name)  # raises "unknown user" first when that is the problem
         raise StoreError(f"user {name!r} has no vector for artifacts {engine.artifacts_id}: run `onboard` first")
     _, info = got
-    lam = store.style(name, engine.artifacts_id)  # λ with the person's token bias and memory
+    from personalize.card.style import UserStyle
+
+    lam = UserStyle.from_stored(store.style(name, engine.artifacts_id))  # λ with the person's token bias and memory
     k = k or info["stats"].get("k") or engine.cfg.default_k
     a = store.assignment(name, engine.artifacts_id, k)
     if a is None:
@@ -210,11 +138,11 @@ def cmd_generate(a) -> None:
     lam, cluster, k = _user_state(engine, store, a.user, a.k)
     s = _decoding(engine, a)
     prompt = engine.task.prompt(a.prompt) if a.template else a.prompt
-    from personalize.methods.engine import CORE_METHODS
-    from personalize.methods import METHODS, UserContext, get_method
+    from personalize.catalog import CARD_METHODS, CORE_METHODS
+    from personalize.methods.registry import METHODS, get_method
+    from personalize.methods.base import UserContext
 
-    methods = _methods(a.methods)
-    from personalize.methods.engine import CARD_METHODS
+    methods = comma_names(a.methods)
     from personalize.card.style import variant
     known = [*CORE_METHODS, *CARD_METHODS[1:], *METHODS]
     unknown = [m for m in methods if m not in known]
@@ -235,7 +163,8 @@ def cmd_generate(a) -> None:
 
 def _method_configs(a) -> dict[str, dict]:
     """The CPU budgets of EXACT and OPPU from --exact-pairs / --oppu-steps, checked before any model loads."""
-    from personalize.methods import ExactConfig, OppuConfig
+    from personalize.methods.exact import ExactConfig
+    from personalize.methods.oppu import OppuConfig
 
     configs = {"exact": {"max_pairs": a.exact_pairs}}
     if a.oppu_steps is not None:
@@ -268,8 +197,8 @@ def cmd_eval(a) -> None:
     if alpha is not None:
         engine.cfg = replace(engine.cfg, decoding=replace(engine.cfg.decoding, alpha=alpha))
     t0 = time.perf_counter()
-    result = run_eval(engine, a.data, a.split, _methods(a.methods), a.limit, method_configs=configs,
-                      sources=_list(a.sources))
+    result = run_eval(engine, a.data, a.split, comma_names(a.methods), a.limit, method_configs=configs,
+                      sources=comma_list(a.sources))
     result["settings"]["wall_s"] = round(time.perf_counter() - t0, 1)
     print(format_table(result))
     print("held-out diagnostics (mean over users):", json.dumps(result["diagnostics"]))
@@ -289,7 +218,7 @@ def cmd_tune(a) -> None:
 
     engine = _engine(a)
     t0 = time.perf_counter()
-    report = tune(engine, a.data, a.split, a.users, write=not a.dry_run, steps=_list(a.steps) or STEPS)
+    report = tune(engine, a.data, a.split, a.users, write=not a.dry_run, steps=comma_list(a.steps) or STEPS)
     print(json.dumps({k: report[k] for k in ("chosen_decoding", "chosen_style", "users", "helps_share")}, indent=1))
     if "rerank" in report:
         print("card_rerank:", json.dumps(report["rerank"]))
@@ -299,18 +228,18 @@ def cmd_tune(a) -> None:
 
 
 def cmd_simulate_feedback(a) -> None:
-    from personalize.fitting.build import select_sources
+    from personalize.data import select_sources
     from personalize.data import read_lamp
     from personalize.fitting.votes import FeedbackSettings, SimulationSettings, simulate
 
-    s = SimulationSettings(checkpoints=_ints(a.votes), n_eval=a.eval_items, n_vote=a.vote_items,
+    s = SimulationSettings(checkpoints=ints(a.votes), n_eval=a.eval_items, n_vote=a.vote_items,
                            preference=a.preference, seed=a.seed)
     fs = FeedbackSettings(vote_weight=a.vote_weight, rejected_weight=a.rejected_weight)
     engine = _engine(a)
     if "tokens" not in engine.heads:
         raise UsageError("simulate-feedback needs artifacts with a tokens head (build --objectives tokens)")
     _, queries = read_lamp(a.data, a.split)
-    queries = [q for q in select_sources(queries, _list(a.sources)) if q.gold and q.profile]
+    queries = [q for q in select_sources(queries, comma_list(a.sources)) if q.gold and q.profile]
     need = s.n_eval - 1 + s.n_vote + engine.cfg.min_fit_items
     queries = [q for q in queries if len(q.profile) >= need][: a.users]
     if not queries:
@@ -399,7 +328,7 @@ def cmd_campaign(a) -> None:
             meta = artifacts_meta(Path(a.artifacts))
             c = campaign.create_from_lamp(
                 store, a.name, a.data, a.split, a.limit, a.artifacts, meta.get("id", "unbuilt"), meta["task"],
-                sources=_list(a.sources), methods=_methods(a.methods), reference=a.reference, mode=a.mode, raters_per_item=a.raters_per_item,
+                sources=comma_list(a.sources), methods=comma_names(a.methods), reference=a.reference, mode=a.mode, raters_per_item=a.raters_per_item,
                 attention_every=a.attention_every, alpha=a.alpha, top_k=a.top_k, max_new_tokens=a.max_tokens,
                 min_raters_per_unit=a.min_raters_per_unit)
             out = camps.outputs(a.name)
@@ -494,9 +423,10 @@ def _objectives_first(a) -> tuple[str, ...]:
 
 def cmd_bench(a) -> None:
     from personalize.data import read_lamp
-    from personalize.eval.evaluate import BENCH_METHODS, format_bench, run_bench
+    from personalize.catalog import BENCH_METHODS
+    from personalize.eval.evaluate import format_bench, run_bench
 
-    unknown = [m for m in _methods(a.methods) if m not in BENCH_METHODS]
+    unknown = [m for m in comma_names(a.methods) if m not in BENCH_METHODS]
     if unknown:
         raise UsageError(f"bench --methods: unknown {unknown}; choose from {list(BENCH_METHODS)}")
     if a.repeats < 1 or a.users < 1 or a.items < 2 or a.serving_people < 1 or a.start_repeats < 0:
@@ -512,7 +442,7 @@ def cmd_bench(a) -> None:
     users = {(q.user or q.id): list(q.profile[: a.items]) for q in queries}
     if not queries:
         raise UsageError(f"no users with at least 2 profile items in {meta_data}")
-    methods = _methods(a.methods)
+    methods = comma_names(a.methods)
     t0 = time.perf_counter()
     b = run_bench(engine, users, queries[0].input, repeats=a.repeats, methods=methods, method_configs=configs,
                   prompts=[q.input for q in queries],
@@ -523,71 +453,6 @@ def cmd_bench(a) -> None:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps(b, indent=2))
         print(f"wrote {a.json}")
-
-
-DEMO_MIN_PEOPLE = 40  # real people the first start wants before it builds on them instead of the synthetic writers
-DEMO_POPULATION = 48  # of them in the build; the others choose its decoding (30) or are new people to try
-
-
-def write_demo_people(demo: Path, docs: str | Path | None = None) -> str:
-    """The first start's people: real ones where the machine has them (every Debian system ships its
-    maintainers' changelogs), else the synthetic tweet writers. Returns which, in words."""
-    import shutil
-    import tempfile
-
-    from personalize.data import HistoryError
-    from personalize.demo import write_demo
-    from personalize.fitting.population import DEBIAN_DOCS, from_changelogs
-
-    docs = docs or DEBIAN_DOCS
-    demo.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=demo.parent, prefix=f".{demo.name}."))
-    try:
-        report = from_changelogs(docs, tmp, min_items=12, max_items=24)
-        if report.people >= DEMO_MIN_PEOPLE:
-            try:
-                os.replace(tmp, demo)
-            except OSError:  # another process wrote it first: theirs stands
-                pass
-            return f"{report.people} Debian maintainers' changelog entries from {docs} ({report.summary()})"
-        why = f"only {report.people} maintainers with 12 or more entries under {docs}"
-    except HistoryError as e:
-        why = str(e)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    write_demo(demo)
-    return f"the synthetic tweet writers ({why}; {DEMO_MIN_PEOPLE} real people wanted)"
-
-
-def demo_people_args(demo: Path) -> list[str]:
-    """Who the demo build trains on: the first DEMO_POPULATION real people, the next 30 choose its decoding and
-    guard card, the rest are new people to try; the synthetic writers (48, grouped by style) all train but the
-    6 held out to choose on."""
-    from personalize.data import read_lamp
-
-    task, queries = read_lamp(demo, "dev")
-    if task.name == "tweets":
-        return ["--val-users", "6"]
-    return ["--limit-users", str(min(DEMO_POPULATION, len(queries)))]
-
-
-def ensure_demo(demo: Path, art: Path) -> None:
-    """The first-run path of `demo` and the app: write the demo population and build it, once."""
-    if not (demo / "dev_questions.json").exists():
-        print(f"first start: the demo's people are {write_demo_people(demo)}", flush=True)
-    from personalize.card.config import FORMAT_VERSION
-    from personalize.methods.engine import ArtifactsError, artifacts_meta
-
-    try:
-        old = (art / "config.json").exists() and artifacts_meta(art).get("format_version", 0) < FORMAT_VERSION
-    except ArtifactsError:
-        old = True  # unreadable: build anew
-    if old:
-        print(f"the demo artifacts in {art} were built by an older version: rebuilding them", flush=True)
-    if old or not (art / "config.json").exists():
-        print(f"first start: building the demo artifacts in {art} (a few minutes, once) ...", flush=True)
-        cmd_build(build_parser().parse_args(["build", "--data", str(demo), "--out", str(art), *DEMO_BUILD_ARGS,
-                                             *demo_people_args(demo)]))
 
 
 def cmd_demo(a) -> None:
@@ -612,48 +477,12 @@ def cmd_demo(a) -> None:
             print(f"{m:>8}: {g.text}")
 
 
-# Sized for the ≤ 10 min first start on a 2-core CPU (docs/RESULTS.md, "The studio"); 32 target tokens = the app's default.
-DEMO_BUILD_ARGS = ["--ks", "1,2,4,8", "--default-k", "8", "--base-steps", "20", "--cluster-steps", "2", "--p2p-steps", "6",
-                   "--items-per-user", "12", "--max-prompt-tokens", "64", "--max-target-tokens", "32"]
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m personalize", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("build", help="offline stage: clusters, cluster LoRAs, head, α", description="The offline stage of CARD on LaMP-format data.")
-    b.add_argument("--data", required=True, help="folder with {split}_questions.json (and outputs, meta)")
-    b.add_argument("--split", default="dev")
-    b.add_argument("--ks", type=_ints, default=(1, 2, 4, 8), help="cluster counts to build (must include 1)")
-    b.add_argument("--default-k", type=int, default=None, help="K the head is trained on and methods use (default 4)")
-    b.add_argument("--limit-users", type=int, default=None, help="use the first N users only")
-    b.add_argument("--sources", default="", help="only users from these sources (comma-separated repositories or venues, "
-                                                  "as the data's meta file names them)")
-    b.add_argument("--exclude-sources", default="", help="leave users of these sources out of the build, to score "
-                                                          "them later as people the build never saw (eval --sources)")
-    b.add_argument("--out", default=None, help="artifacts folder (default data/artifacts/<data folder name>)")
-    b.add_argument("--objectives", default="tokens", help="head objectives to train, first = CARD's default: any of tokens,pairs,hard_pairs "
-                        "(METHOD §1.9.3 b, a, c)")
-    b.add_argument("--items-per-user", type=int, default=16)
-    b.add_argument("--val-users", type=int, default=30,
-                   help="validation people: the decoding choice and the harm guard (people outside the population "
-                        "first, then population users held out of training)")
-    b.add_argument("--base-steps", type=int, default=60, help="K=1 adapter steps (batch 8)")
-    b.add_argument("--cluster-steps", type=int, default=8, help="steps per cluster adapter")
-    b.add_argument("--head-epochs", type=int, default=20)
-    b.add_argument("--head-weight-decay", type=float, default=0.0, help="AdamW weight decay on the head's P and U")
-    b.add_argument("--head-patience", type=int, default=2,
-                   help="early stopping on held-out users' items: epochs without improvement (0 = off)")
-    b.add_argument("--d", type=int, default=128, help="head dimension D")
-    b.add_argument("--layers", type=int, default=4, help="last layers whose states form h_t")
-    b.add_argument("--max-prompt-tokens", type=int, default=160)
-    b.add_argument("--max-target-tokens", type=int, default=40)
-    b.add_argument("--encoder", default=None, help="sentence encoder: 'bundled' (all-MiniLM-L6-v2) or a sentence-transformers id")
-    b.add_argument("--p2p-steps", type=int, default=None,
-                   help="Profile-to-PEFT hypernetwork training steps (default 20, a CPU budget; 0 = untrained)")
-    b.add_argument("--skip-p2p", action="store_true",
-                   help="do not train the P2P hypernetwork (the p2p method is then unavailable with these artifacts)")
-    _model_args(b)
+    add_build_args(b)
     b.set_defaults(fn=cmd_build)
 
     o = sub.add_parser("onboard", help="store a user, assign a cluster, fit λ", description="Onboard one user from a history file.")

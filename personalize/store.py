@@ -136,7 +136,16 @@ class StoredItem:
     neutral: str | None
 
 
-def _now() -> str:
+@dataclass(frozen=True)
+class StoredStyle:
+    """A person's style as stored: λ, the rest of it as bytes (style.UserStyle.extras_bytes: token bias, kNN
+    memory; None for λ alone) and whether it decodes as their own (decodes_own)."""
+    lam: np.ndarray
+    extras: bytes | None
+    helps: bool | None
+
+
+def now() -> str:
     """ISO-8601 UTC with fixed precision, so timestamps also sort as strings."""
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
@@ -255,7 +264,7 @@ class Store:
                 return None
 
     def _touch(self, name: str) -> None:
-        self.db["users"].update(name, {"updated": _now()})
+        self.db["users"].update(name, {"updated": now()})
 
     # users
     def add_user(self, name: str, items: Sequence[Item], task: str, replace: bool = False,
@@ -269,15 +278,15 @@ class Store:
             raise StoreError(f"user '{name}' needs at least one history item")
         rows = _item_rows(name, items, 0)
         with self._write() as db:
-            now = _now()
+            at = now()
             if db["users"].count_where("name = ?", [name]):
                 if not replace:
                     raise StoreError(f"user '{name}' exists")
                 for table in ("items", "vectors", "assignments"):
                     db[table].delete_where("user = ?", [name])
-                db["users"].update(name, {"task": task, "updated": now})
+                db["users"].update(name, {"task": task, "updated": at})
             else:
-                db["users"].insert({"name": name, "task": task, "created": now, "updated": now})
+                db["users"].insert({"name": name, "task": task, "created": at, "updated": at})
             db["items"].insert_all(rows)
 
     def ensure_user(self, name: str, task: str) -> str:
@@ -285,8 +294,8 @@ class Store:
         name = _name(name)
         with self._write() as db:
             if not db["users"].count_where("name = ?", [name]):
-                now = _now()
-                db["users"].insert({"name": name, "task": task, "created": now, "updated": now})
+                at = now()
+                db["users"].insert({"name": name, "task": task, "created": at, "updated": at})
         return name
 
     def users(self, campaign: bool = False) -> list[dict]:
@@ -396,7 +405,7 @@ class Store:
     def _upsert_assignment(db, name: str, artifacts: str, k: int, cluster: int, distances: Sequence[float]) -> None:
         db["assignments"].upsert(
             {"user": name, "artifacts": artifacts, "k": int(k), "cluster": int(cluster),
-             "distances": _dumps([float(d) for d in distances]), "updated": _now()},
+             "distances": _dumps([float(d) for d in distances]), "updated": now()},
             pk=("user", "artifacts", "k"))
 
     def assignment(self, name: str, artifacts: str, k: int) -> dict | None:
@@ -420,8 +429,8 @@ class Store:
             name = self._require(name)
             row = {"user": name, "artifacts": artifacts, "vector": vec.astype("<f4").tobytes(), "d": len(vec),
                    "model_id": model_id, "stats": _dumps(stats), "style": style}
-            vid = int(db["versions"].insert(row | {"created": _now(), "source": source, "note": note}).last_pk)
-            db["vectors"].upsert(row | {"updated": _now(), "version": vid}, pk=("user", "artifacts"))
+            vid = int(db["versions"].insert(row | {"created": now(), "source": source, "note": note}).last_pk)
+            db["vectors"].upsert(row | {"updated": now(), "version": vid}, pk=("user", "artifacts"))
             for k, (cluster, distances) in (assignments or {}).items():
                 self._upsert_assignment(db, name, artifacts, k, cluster, distances)
             return vid
@@ -445,13 +454,11 @@ class Store:
             if r is None:
                 raise StoreError(f"user '{name}' has no version {version} under artifacts {artifacts}")
             db["vectors"].upsert({"user": name, "artifacts": artifacts, "vector": r[0], "d": r[1], "model_id": r[2],
-                                  "stats": r[3], "style": r[4], "updated": _now(), "version": int(version)},
+                                  "stats": r[3], "style": r[4], "updated": now(), "version": int(version)},
                                  pk=("user", "artifacts"))
 
-    def version_style(self, name: str, artifacts: str, version: int):
-        """One stored version as a style.UserStyle, with its stats."""
-        from personalize.card.style import UserStyle
-
+    def version_style(self, name: str, artifacts: str, version: int) -> tuple[StoredStyle, dict]:
+        """One stored version (style.UserStyle.from_stored makes it a style), with its stats."""
         with self._lock:
             r = self.db.execute("SELECT vector, style, stats FROM versions WHERE id = ? AND user = ? AND artifacts = ?",
                                 [int(version), _name(name), artifacts]).fetchone()
@@ -459,7 +466,7 @@ class Store:
             raise StoreError(f"user '{name}' has no version {version} under artifacts {artifacts}")
         stats = json.loads(r[2])
         helps = decodes_own(stats)
-        return UserStyle.from_bytes(np.frombuffer(r[0], dtype="<f4").astype(np.float32), r[1], helps), stats
+        return StoredStyle(np.frombuffer(r[0], dtype="<f4").astype(np.float32), r[1], helps), stats
 
     def vector(self, name: str, artifacts: str) -> tuple[np.ndarray, dict] | None:
         r = self._get("vectors", self._require(name), artifacts)
@@ -468,15 +475,14 @@ class Store:
         vec = np.frombuffer(r["vector"], dtype="<f4").astype(np.float32)  # writable copy
         return vec, {k: r[k] for k in ("d", "model_id", "updated", "version")} | {"stats": json.loads(r["stats"])}
 
-    def style(self, name: str, artifacts: str):
-        """The person's whole style (λ, token bias, kNN memory) as a style.UserStyle, or None if not fitted."""
-        from personalize.card.style import UserStyle
-
+    def style(self, name: str, artifacts: str) -> StoredStyle | None:
+        """The person's whole style as stored (λ, and the token bias and kNN memory as bytes: style.UserStyle.from_stored
+        makes it a style), or None if not fitted."""
         r = self._get("vectors", self._require(name), artifacts)
         if r is None:
             return None
         helps = decodes_own(json.loads(r["stats"]))
-        return UserStyle.from_bytes(np.frombuffer(r["vector"], dtype="<f4").astype(np.float32), r.get("style"), helps)
+        return StoredStyle(np.frombuffer(r["vector"], dtype="<f4").astype(np.float32), r.get("style"), helps)
 
     def vector_bytes(self, name: str, artifacts: str) -> int:
         """Bytes stored for the person's style: λ and, when fitted, the token bias and memory."""
@@ -492,7 +498,7 @@ class Store:
             if user is not None:
                 user = self._require(user)
             table = db["generations"].insert(
-                {"created": _now(), "user": user, "artifacts": artifacts, "method": method,
+                {"created": now(), "user": user, "artifacts": artifacts, "method": method,
                  "prompt": prompt, "output": output, "settings": _dumps(settings),
                  "latency_s": float(latency_s), "n_tokens": int(n_tokens),
                  "extra": _dumps(extra or {})})
@@ -529,7 +535,7 @@ class Store:
         try:
             with self._write() as db:
                 table = db["ratings"].insert(
-                    {"created": _now(), "rater": rater.strip(), "prompt": prompt, "user": user,
+                    {"created": now(), "rater": rater.strip(), "prompt": prompt, "user": user,
                      "method_a": method_a, "output_a": output_a, "method_b": method_b,
                      "output_b": output_b, "winner": winner, "settings": _dumps(settings),
                      "gen_a": gen_a, "gen_b": gen_b})
@@ -565,7 +571,7 @@ class Store:
             raise StoreError("a vote needs the text it was about")
         with self._write() as db:
             name = self._require(name)
-            return int(db["feedback"].insert({"user": name, "created": _now(), "source": source, "prompt": prompt,
+            return int(db["feedback"].insert({"user": name, "created": now(), "source": source, "prompt": prompt,
                                               "preferred": preferred, "other": other, "rating": rating}).last_pk)
 
     def feedback(self, name: str) -> list[dict]:
@@ -578,7 +584,7 @@ class Store:
         with self._write() as db:
             user = "" if name is None else self._require(name)
             db["blobs"].upsert({"user": user, "kind": kind, "key": key, "value": _dumps(value),
-                                "updated": _now()}, pk=("user", "kind", "key"))
+                                "updated": now()}, pk=("user", "kind", "key"))
 
     def blob(self, name: str | None, kind: str, key: str) -> dict | None:
         row = self._get("blobs", name or "", kind, key)

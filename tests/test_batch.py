@@ -8,9 +8,10 @@ import dataclasses
 import pytest
 import torch
 
-from personalize.serving.runner import CardSteer, DecodeRow
+from personalize.methods.card.steer import CardSteer
+from personalize.serving.rows import DecodeRow
 from personalize.card.decoding import DecodingSettings
-from personalize.methods import UserContext
+from personalize.methods.base import UserContext
 
 from conftest import tiny_studio
 

@@ -172,13 +172,13 @@ def test_hard_pairs_covariate_explains_likelihood_and_lambda_the_rest():
 
 
 def test_hard_pairs_split_keeps_every_negative_of_an_item_together():
-    from personalize.methods.engine import _split
+    from personalize.methods.engine import split_held_out
 
     g = torch.Generator().manual_seed(0)
     c = [_pair(g, 0) for _ in range(4)]
     data = PairData([c[0], c[1], c[2], c[3], c[0], c[1]], [_pair(g, -1) for _ in range(6)],
                     items=[0, 1, 2, 3, 0, 1], covariate=True)
-    fit, held = _split(data, 2, 4)
+    fit, held = split_held_out(data, 2, 4)
     assert sorted(held.items) == [0, 0, 1, 1] and sorted(fit.items) == [2, 3]
     assert held.covariate and fit.covariate and len(fit) + len(held) == len(data)
     with pytest.raises(ValueError, match="chosen against"):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from personalize.card.style import UserStyle
 from personalize.demo import write_demo
 from personalize.store import Store
 
@@ -117,7 +118,7 @@ def test_end_to_end_on_the_bundled_model(artifacts, demo_dir, tmp_path):
     store = Store(db)
     assert len(store.items("ana")) == 8 and all(i.neutral for i in store.items("ana"))
     lam, info = store.vector("ana", meta["id"])
-    style = store.style("ana", meta["id"])  # λ (512 bytes) + the parts of the style the build's choice kept on
+    style = UserStyle.from_stored(store.style("ana", meta["id"]))  # λ (512 bytes) + the parts of the style the build's choice kept on
     assert lam.shape == (128,) and store.vector_bytes("ana", meta["id"]) == 512 + len(style.extras_bytes())
     parts = meta["settings"]["style"]  # the build chose them on its validation people (tune's steps)
     assert meta["report"]["tune"]["style"]["chosen"] in ("lambda", "bias", "memory", "bias+memory",
@@ -205,7 +206,7 @@ def test_mixed_batch_on_the_bundled_model_equals_each_method_alone(artifacts, de
     """Issue 12: base, cluster, card, cope and p2p rows of two people and two prompts in ONE generate give,
     row by row, what each method gives alone (greedy), on the bundled SmolLM2 build."""
     from personalize.data import read_lamp
-    from personalize.methods import UserContext
+    from personalize.methods.base import UserContext
     from personalize.fitting.person import prepared_items
     from personalize.studio.facade import Studio, StudioConfig
 

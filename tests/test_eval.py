@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from personalize.fitting.build import select_sources
+from personalize.data import select_sources
 from personalize.data import Query, read_lamp, write_lamp
 from personalize.methods.engine import Engine
 from personalize.eval.evaluate import paired_differences, run_eval, shuffled_partners

@@ -8,9 +8,10 @@ import dataclasses
 
 import pytest
 
-from personalize.serving.runner import DecodeRow
+from personalize.serving.rows import DecodeRow
 from personalize.card.decoding import Generation
-from personalize.methods import REGISTRY, Method, UserContext
+from personalize.methods.registry import REGISTRY
+from personalize.methods.base import Method, UserContext
 from personalize.methods.p2p import P2PConfig, P2PMethod, train_p2p
 from personalize.studio.facade import prepared_items
 

@@ -12,7 +12,8 @@ from personalize.card.config import CardConfig
 from personalize.data import TASKS, Item
 from personalize.card.decoding import DecodingSettings
 from personalize.methods.engine import Engine
-from personalize.methods import METHODS, UserContext, get_method
+from personalize.methods.registry import METHODS, get_method
+from personalize.methods.base import UserContext
 from personalize.methods.cope import CopeConfig, CopeLogitsProcessor, CopeMethod
 from personalize.lm.models import LM
 from personalize.lm.tokens import TokenBudget, left_pad, prompt_ids

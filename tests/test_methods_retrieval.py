@@ -13,7 +13,8 @@ from personalize.card.config import CardConfig
 from personalize.data import TASKS, Item
 from personalize.card.decoding import DecodingSettings
 from personalize.methods.engine import Engine
-from personalize.methods import UserContext, get_method, n_tokens
+from personalize.methods.base import UserContext, n_tokens
+from personalize.methods.registry import get_method
 from personalize.methods.exact import ATTRIBUTES, ExactConfig, ExactMethod, attributed, MEMORY_KIND
 from personalize.methods.pag import PagMethod, SUMMARY_INSTRUCTION
 from personalize.methods.rag import RagConfig, RagMethod

@@ -15,7 +15,7 @@ from personalize.card.config import CardConfig
 from personalize.data import TASKS, Item
 from personalize.card.decoding import DecodingSettings
 from personalize.methods.engine import Engine
-from personalize.methods import UserContext
+from personalize.methods.base import UserContext
 from personalize.methods import p2p
 from personalize.methods.oppu import OppuConfig, OppuMethod, adapter_id
 from personalize.methods.p2p import P2PConfig, P2PMethod, applied, model_shapes, profile_loss, train_p2p

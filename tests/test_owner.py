@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from personalize.card.style import UserStyle
 from personalize.cli import main
 from personalize.data import Item
 from personalize.methods.oppu import adapter_id
@@ -56,7 +57,7 @@ def test_style_key_round_trip_into_another_studio(studio, tmp_path):
     studio.fit("kim")
     key = studio.style_key("kim")
     assert key.startswith("card-style-1:") and len(key) <= MAX_KEY
-    mine = studio.store.style("kim", studio.engine.artifacts_id)
+    mine = UserStyle.from_stored(studio.store.style("kim", studio.engine.artifacts_id))
     build = BuildInfo.of_engine(studio.engine)
     assert BuildInfo.of_folder(studio.engine.folder) == build  # the CLI reads the same facts without the model
 

@@ -10,12 +10,14 @@ import pytest
 import torch
 
 from personalize.card.adapters import BASE_ADAPTER, LoraSettings, new_peft_model
-from personalize.serving.runner import CardSteer, DecodeRow
+from personalize.methods.card.steer import CardSteer
+from personalize.serving.rows import DecodeRow
 from personalize.data import read_lamp
 from personalize.card.decoding import CardLogitsProcessor, DecodingSettings, SeededSampler
 from personalize.lm.features import HiddenCapture
 from personalize.card.head import PersonalizationHead
-from personalize.methods.card.rerank import Query, RerankSettings, candidate_rows, rerank, score_sequences
+from personalize.card.decoding import RerankSettings
+from personalize.methods.card.rerank import Query, candidate_rows, rerank, score_sequences
 from personalize.card.style import StyleSettings, StyleTensors, UserStyle
 from personalize.lm.tokens import TokenBudget, prompt_ids
 

@@ -15,7 +15,7 @@ from personalize.card.adapters import LoraSettings
 from personalize.card.decoding import DecodingSettings
 from personalize.card.head import OBJECTIVES, HeadSettings
 from personalize.lm.models import EncoderConfig, ModelConfig
-from personalize.methods.card.rerank import RerankSettings
+from personalize.card.decoding import RerankSettings
 from personalize.card.style import StyleSettings
 from personalize.lm.tokens import TokenBudget
 

@@ -197,3 +197,22 @@ def generate(model, tok, prompts: list[str], budget: TokenBudget, s: DecodingSet
         results.append(Generation(decode(tok, row[:n]), n, dt / len(prompts),
                                   card.trace if card is not None and trace else None))
     return results
+
+
+@dataclass(frozen=True)
+class RerankSettings:
+    """`card_rerank`'s candidates and score (CardConfig.rerank; `tune --steps rerank` chooses among a few)."""
+
+    n: int = 6  # candidates per prompt, the two greedy ones included when `greedy`
+    greedy: bool = True  # the cluster model's and CARD's greedy outputs among the candidates
+    temperature: float = 0.8  # the samples': the cluster model's scores (after repetition control)
+    top_p: float = 0.95  # nucleus within the decoding top-k
+    seed: int = 0  # a sample's seed is this, the prompt and its number: reproducible, whoever shares the batch
+    alpha: float = 1.0  # the style's strength in the score and in the CARD candidate (1 = the head's trained rule)
+    length_norm: bool = True  # mean log-prob per token (else the sum, which prefers short candidates)
+
+    def __post_init__(self):
+        if not 2 <= self.n <= 32:
+            raise ValueError(f"rerank needs 2 to 32 candidates, got n={self.n}")
+        if self.temperature <= 0 or not 0 < self.top_p <= 1 or self.alpha < 0:
+            raise ValueError("rerank: temperature > 0, top_p in (0, 1] and alpha >= 0")

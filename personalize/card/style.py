@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.numpy import load as np_load, save as np_save
 
+from personalize.catalog import VARIANTS  # CARD's variants: their StyleSettings changes
 from personalize.lm.features import SequenceFeatures
 from personalize.card.head import PersonalizationHead, TokenData
 
@@ -59,17 +60,6 @@ class StyleSettings:
             raise ValueError("rho_bias > 0, max_bias_tokens >= 1 and max_memory >= 1")
         if self.key not in KEYS:
             raise ValueError(f"key must be one of {KEYS}, got {self.key!r}")
-
-
-# The variants compared on dev (METHOD §1.10): the paper's CARD is λ alone; `card` is CardConfig.style.
-VARIANTS: dict[str, dict] = {
-    "card_paper": dict(bias=False, memory=False, retrieval=False, fallback=False),
-    "card_bias": dict(bias=True, memory=False, retrieval=False, fallback=False),
-    "card_knn": dict(bias=False, memory=True, retrieval=False, fallback=False),
-    "card_rag": dict(bias=False, memory=False, retrieval=True, fallback=False),
-    # the build's style (λ, bias, memory) as a sequence score: the cluster model's candidates reranked (rerank.py)
-    "card_rerank": dict(retrieval=False, fallback=False),
-}
 
 
 def variant(name: str, default: StyleSettings) -> StyleSettings:
@@ -103,6 +93,11 @@ class UserStyle:
         """Bias and memory, for the store (λ is stored as the vector itself)."""
         return np_save({"bias_ids": self.bias_ids.astype(np.int32), "bias": self.bias.astype(np.float16),
                         "keys": self.keys.astype(np.float16), "values": self.values.astype(np.int32)})
+
+    @classmethod
+    def from_stored(cls, stored) -> "UserStyle | None":
+        """The style of a store.StoredStyle (None: not fitted)."""
+        return None if stored is None else cls.from_bytes(stored.lam, stored.extras, stored.helps)
 
     @classmethod
     def from_bytes(cls, lam: np.ndarray, extras: bytes | None, helps: bool | None = None) -> "UserStyle":

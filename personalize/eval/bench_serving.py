@@ -25,8 +25,9 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
-SERVING_METHODS = ("base", "cluster", "card", "cope", "p2p")
-ROOT = Path(__file__).resolve().parents[1]
+from personalize.catalog import SERVING_METHODS
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _median(xs: Sequence[float]) -> float:
@@ -136,7 +137,7 @@ def demo_compare(artifacts: str, demo_data: str, tokens: int):
 
 def _context(studio, state):
     """The person as the methods see them (prompts filled from the stored rewrites)."""
-    from personalize.methods import UserContext
+    from personalize.methods.base import UserContext
     from personalize.fitting.person import prepared_items
 
     prepared_items(studio.engine, studio.store, state.name)

@@ -26,17 +26,17 @@ from rank_bm25 import BM25Okapi
 from tqdm import tqdm
 
 from personalize.card.adapters import adapter_name
-from personalize.fitting.build import select_sources
-from personalize.data import Item, read_lamp
-from personalize.methods.engine import CARD_METHODS, CORE_METHODS, RERANK, Engine, UserFit
+from personalize.data import Item, read_lamp, select_sources
+from personalize.catalog import BENCH_METHODS, CARD_METHODS, CORE_METHODS, RERANK, VARIANTS
+from personalize.methods.engine import Engine, UserFit
 from personalize.card.head import fit_user
-from personalize.methods import METHODS, UserContext, get_method
+from personalize.methods.registry import METHODS, get_method
+from personalize.methods.base import UserContext
 from personalize.methods.rag import RagIndex
-from personalize.metrics import looping, rouge_per_query, rouge_scores
-from personalize.card.style import VARIANTS, style_diagnostics, variant
+from personalize.metrics import looping, paired_interval, rouge_per_query, rouge_scores
+from personalize.card.style import style_diagnostics, variant
 from personalize.store import Store
 
-BENCH_METHODS = ("rag", "oppu", "p2p", "card", "exact")
 SHUFFLED = {"card_shuffled": "card", "card_rerank_shuffled": RERANK}  # the method decoded with another person's style
 # eval's own columns beside the registry's methods: the core, CARD's variants, the shuffled control, the floor
 EVAL_CORE = (*CORE_METHODS, *VARIANTS, *SHUFFLED, "bm25_copy")  # paper Table 5 rows, plus EXACT's indexing
@@ -203,16 +203,6 @@ def paired_differences(per_query: dict[str, list[float]], n_boot: int = 1000, se
         if a in per_query and b in per_query:
             out[f"{a} - {b}"] = paired_interval(np.asarray(per_query[a]) - np.asarray(per_query[b]), n_boot, rng=rng)
     return out
-
-
-def paired_interval(d: np.ndarray, n_boot: int = 1000, seed: int = 0, rng: np.random.Generator | None = None) -> dict:
-    """Mean of paired differences with its bootstrap 95 % interval (the pairs resampled), wins and losses."""
-    rng = rng or np.random.default_rng(seed)
-    d = np.asarray(d, dtype=float)
-    boots = d[rng.integers(0, len(d), size=(n_boot, len(d)))].mean(1)
-    lo, hi = np.percentile(boots, [2.5, 97.5])
-    return {"mean": round(float(d.mean()), 4), "ci95": [round(float(lo), 4), round(float(hi), 4)],
-            "wins": int((d > 0).sum()), "losses": int((d < 0).sum()), "n": len(d)}
 
 
 def _gap(per_query: dict[str, list[float]], a: str, b: str) -> float | None:

@@ -29,8 +29,8 @@ from tqdm import tqdm
 from personalize.card.adapters import BASE_ADAPTER, adapter_name, add_warm_adapter, new_peft_model, save_adapters, train_adapter
 from personalize.card.cluster import fit_clusters, user_embeddings
 from personalize.card.config import FORMAT_VERSION, CardConfig
-from personalize.data import Item, Query, read_lamp
-from personalize.methods.engine import Clusters, Engine, _split
+from personalize.data import Item, Query, read_lamp, select_sources
+from personalize.methods.engine import Clusters, Engine, split_held_out
 from personalize.card.head import PairData, PersonalizationHead, diagnostics, train_population
 from personalize.methods import p2p as p2p_mod
 from personalize.methods.p2p import P2PConfig, train_p2p
@@ -297,7 +297,7 @@ def head_data(engine: Engine, users: dict[str, list[Item]], cluster: dict[str, i
     for n, items in users.items():
         h = int(round(cfg.holdout * len(items)))
         if h and len(items) >= 5:
-            fit[n], held[n] = _split(data[n], h, len(items))
+            fit[n], held[n] = split_held_out(data[n], h, len(items))
         else:
             fit[n] = data[n]
     return fit, held
@@ -316,20 +316,6 @@ def _other_users_negatives(data: dict[str, PairData], cluster: dict[str, int], n
         extra = [(i, c, rng.choice(pool)) for i, c in own[n].items() for _ in range(n_other)] if pool else []
         out[n] = PairData(d.chosen + [c for _, c, _ in extra], d.rejected + [r for _, _, r in extra],
                           d.items + [i for i, _, _ in extra], d.covariate)
-    return out
-
-
-def select_sources(queries: list[Query], sources: Sequence[str] = (), exclude: Sequence[str] = ()) -> list[Query]:
-    """The queries whose source is among `sources` (all when empty) and not among `exclude`."""
-    if (sources or exclude) and not any(q.source for q in queries):
-        raise ValueError("this data names no sources (no meta file with a repo or venue): drop --sources/--exclude-sources")
-    known = {q.source for q in queries}
-    unknown = [x for x in (*sources, *exclude) if x not in known]
-    if unknown:
-        raise ValueError(f"unknown sources {unknown}; this data has {sorted(s for s in known if s)}")
-    out = [q for q in queries if (not sources or q.source in sources) and q.source not in exclude]
-    if not out:
-        raise ValueError("no queries left after selecting sources")
     return out
 
 

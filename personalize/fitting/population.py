@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
-from personalize.data import TASKS, HistoryError, Item, Query, Task, _json, _short, task_named, write_lamp
+from personalize.data import TASKS, HistoryError, Item, Query, Task, parse_json, short_text, task_named, write_lamp
 from personalize.card.neutral import plain
 
 COMMIT_PROMPT = "Write the commit message subject line for this change.\nFiles changed:\n{stat}Diff excerpt:\n{diff}"
@@ -461,7 +461,7 @@ def _read_table(path: Path) -> tuple[list[str], list[dict[str, object]]]:
         for n, line in enumerate(re.split(r"\r\n?|\n", text), 1):
             if not line.strip():
                 continue
-            obj = _json(line, path.name, n)
+            obj = parse_json(line, path.name, n)
             if not isinstance(obj, dict):
                 raise HistoryError(f"{path.name} line {n}: expected a JSON object with \"user\" and \"text\"")
             row = {str(k).strip().lower(): v for k, v in obj.items()}
@@ -484,7 +484,7 @@ def _times(rows: Sequence[dict[str, object]], name: str) -> list[float]:
         try:
             t = datetime.fromisoformat(str(v).strip().replace("Z", "+00:00"))
         except ValueError:
-            raise HistoryError(f"{name} row {n}: time {_short(repr(v))} is neither a number nor an ISO date") from None
+            raise HistoryError(f"{name} row {n}: time {short_text(repr(v))} is neither a number nor an ISO date") from None
         out.append((t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp())
     return out
 
@@ -499,16 +499,16 @@ def from_table(path: str | Path, out: str | Path, task: str | None = None, split
     columns, rows = _read_table(path)
     if "user" not in columns or "text" not in columns:
         raise HistoryError(f"{path.name}: needs a \"user\" and a \"text\" column; found: "
-                           f"{_short(', '.join(columns) or 'none', 200)}")
+                           f"{short_text(', '.join(columns) or 'none', 200)}")
     if not rows:
         raise HistoryError(f"{path.name} has no rows")
     has_input = "input" in columns
     chosen = task_named(task) if task else TASKS["writing" if has_input else "rewrite"]
     if chosen is None:
-        raise HistoryError(f"unknown task {_short(repr(task))}; known: {', '.join(TASKS)}")
+        raise HistoryError(f"unknown task {short_text(repr(task))}; known: {', '.join(TASKS)}")
     if not has_input and not chosen.prefix:
         raise HistoryError(f"task {chosen.name} takes full prompts: {path.name} needs an \"input\" column for it "
-                           f"(found: {_short(', '.join(columns), 200)})")
+                           f"(found: {short_text(', '.join(columns), 200)})")
     times = _times(rows, path.name) if "time" in columns else [0.0] * len(rows)
     order = sorted(range(len(rows)), key=lambda i: times[i])  # oldest first; file order among equal times
     dropped: Counter[str] = Counter()

@@ -36,7 +36,8 @@ from personalize.data import Item, read_lamp
 from personalize.card.decoding import DecodingSettings
 from personalize.methods.engine import RERANK, Engine, UserFit
 from personalize.metrics import looping, rouge_per_query, rouge_scores
-from personalize.methods.card.rerank import Query, RerankSettings, rerank
+from personalize.card.decoding import RerankSettings
+from personalize.methods.card.rerank import Query, rerank
 
 REPETITION = ((1.0, 0), (1.0, 4), (1.0, 3), (1.2, 4))  # (penalty on generated tokens, no-repeat n-gram)
 STYLES = {  # candidates for `card`, simplest first
@@ -148,7 +149,7 @@ def harm_guard(engine: Engine, prompts: Sequence[str], golds: Sequence[str], fit
 def guard_verdict(card: Sequence[float], cluster: Sequence[float], alpha: float, n_boot: int = 2000) -> dict:
     """The harm guard's rule on per-person scores: keep α only when the paired bootstrap 95 % interval of
     card − cluster lies above 0; in plain words, why."""
-    from personalize.eval.evaluate import paired_interval
+    from personalize.metrics import paired_interval
 
     gain = paired_interval(np.asarray(card, float) - np.asarray(cluster, float), n_boot)
     kept = alpha > 0 and gain["ci95"][0] > 0

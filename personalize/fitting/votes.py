@@ -34,7 +34,7 @@ import torch
 from personalize.card.adapters import adapter_name
 from personalize.data import Item
 from personalize.card.decoding import DecodingSettings
-from personalize.methods.engine import Engine, UserFit, _split
+from personalize.methods.engine import Engine, UserFit, split_held_out
 from personalize.card.head import PairData, TokenData, diagnostics, fit_user
 from personalize.metrics import rouge_per_query
 from personalize.card.style import UserStyle, style_diagnostics
@@ -152,7 +152,7 @@ def refine_pairs(engine: Engine, objective: str, history: PairData, n_items: int
     head, hs = engine.heads[objective], engine.cfg.head
     diag = {}
     if n_hold:
-        fit_part, held = _split(data, n_hold, n_items)
+        fit_part, held = split_held_out(data, n_hold, n_items)
         lam_fit, _ = fit_user(head, fit_part, hs)
         others = list(engine.population_lams.get(objective, {}).values())[:16]
         diag = diagnostics(head, held, lam_fit, [torch.as_tensor(o) for o in others], hs)
@@ -244,7 +244,7 @@ def simulate(engine: Engine, people: Sequence[tuple[str, Sequence[Item], str, st
              progress: Callable[[int, int, str], None] | None = None) -> dict:
     """`people`: (name, profile items with prompts, query prompt, gold). Returns per-person curves, the mean
     curve and paired bootstrap intervals of each checkpoint against 0 votes."""
-    from personalize.eval.evaluate import paired_interval
+    from personalize.metrics import paired_interval
 
     if "tokens" not in engine.heads:
         raise ValueError("the feedback simulation needs a tokens head in the artifacts")

@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 from personalize.humaneval import agreement
 from personalize.humaneval.leaderboard import LeaderboardConfig, leaderboard
 from personalize.catalog import ALL_METHODS
-from personalize.store import CAMPAIGN_PREFIX, MAX_NAME, WINNERS, Store, StoreError, _now
+from personalize.store import CAMPAIGN_PREFIX, MAX_NAME, WINNERS, Store, StoreError, now
 
 MODES = ("pairwise", "rubric")
 CRITERIA = ("style", "content", "fluency")
@@ -167,7 +167,7 @@ class Campaigns:
         with self.store.transaction() as db:
             if db.execute("SELECT 1 FROM campaigns WHERE name = ?", [name]).fetchone():
                 raise CampaignError(f"a campaign named {name!r} exists already")
-            cid = db["campaigns"].insert({"name": name, "created": _now(), "status": "open",
+            cid = db["campaigns"].insert({"name": name, "created": now(), "status": "open",
                                           "config": json.dumps(asdict(cfg))}).last_pk
             arms = cfg.arms
             for pos, it in enumerate(items):
@@ -213,7 +213,7 @@ class Campaigns:
     @staticmethod
     def _output(db, item: int, method: str, output: str, seconds: float) -> bool:
         cur = db.execute("INSERT OR IGNORE INTO campaign_outputs (item, method, output, seconds, created) "
-                         "VALUES (?, ?, ?, ?, ?)", [item, method, output, float(seconds), _now()])
+                         "VALUES (?, ?, ?, ?, ?)", [item, method, output, float(seconds), now()])
         return cur.rowcount == 1
 
     def add_output(self, item: int, method: str, output: str, seconds: float) -> bool:
@@ -266,7 +266,7 @@ class Campaigns:
                     int(orders[0] > orders[1]) if orders[0] != orders[1] else uid % 2)
                 aid = db["campaign_assignments"].insert(
                     {"campaign": c["id"], "unit": uid, "rater": rater, "swapped": swapped, "status": "pending",
-                     "served": _now(), "served_at": time.time()}).last_pk
+                     "served": now(), "served_at": time.time()}).last_pk
         return self._assignment(aid, c, rater)
 
     def _pick(self, db, cid: int, cfg: CampaignConfig, rater: str, attention: bool):
@@ -347,7 +347,7 @@ class Campaigns:
             jid = db["campaign_judgments"].insert(
                 {"uid": uuid.uuid4().hex, "campaign": row[0], "unit": row[1], "rater": rater, "swapped": row[3],
                  "verdict": verdict, "scores": json.dumps(scores) if scores else None,
-                 "seconds": round(time.time() - row[6], 3), "served": row[5], "created": _now(),
+                 "seconds": round(time.time() - row[6], 3), "served": row[5], "created": now(),
                  "source": "rater"}).last_pk
             db.execute("UPDATE campaign_assignments SET status = 'done' WHERE id = ?", [assignment])
         return int(jid)
@@ -373,7 +373,7 @@ class Campaigns:
             cur = db.execute(
                 "INSERT OR IGNORE INTO campaign_judgments (uid, campaign, unit, rater, swapped, verdict, scores, "
                 "seconds, served, created, source) VALUES (?, ?, ?, ?, 0, ?, ?, NULL, NULL, ?, 'judge')",
-                [uuid.uuid4().hex, c["id"], unit, judge, verdict, json.dumps(scores) if scores else None, _now()])
+                [uuid.uuid4().hex, c["id"], unit, judge, verdict, json.dumps(scores) if scores else None, now()])
             return cur.rowcount == 1
 
     def units(self, name: str, attention: bool = False) -> list[dict]:
@@ -479,7 +479,7 @@ class Campaigns:
                     "seconds, served, created, source) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'import')",
                     [str(r["uid"]), c["id"], unit, str(r["rater"]).strip(), swapped, verdict,
                      json.dumps(scores) if scores else None, _float(r.get("seconds")), r.get("served") or None,
-                     r.get("created") or _now()])
+                     r.get("created") or now()])
                 added += cur.rowcount == 1
                 duplicate += cur.rowcount != 1
         return {"added": added, "duplicates": duplicate, "unmatched": unmatched}
@@ -612,7 +612,7 @@ def _atomic(path: Path, text: str) -> None:
 def lamp_items(folder: str | Path, split: str, limit: int, history_shown: int = 20, sources: Sequence[str] = ()):
     """The first `limit` queries of a LaMP split (of people from `sources` only, when given: people a build left
     out) as campaign items: (task, items, {user: profile items})."""
-    from personalize.fitting.build import select_sources
+    from personalize.data import select_sources
     from personalize.data import read_lamp
 
     if limit < 1:

@@ -39,7 +39,7 @@ class ModelConfig:
     device: str = "auto"  # auto: CUDA when present, else CPU
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
     load_in_4bit: bool = False  # bitsandbytes NF4; CUDA only
-    cache_dir: str = str(Path(__file__).resolve().parents[1] / "data" / "models")  # bundled GGUF converted once
+    cache_dir: str = str(Path(__file__).resolve().parents[2] / "data" / "models")  # bundled GGUF converted once
 
     def __post_init__(self):
         if self.dtype not in _DTYPES:

@@ -23,10 +23,11 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from personalize.card.adapters import BASE_ADAPTER, adapter_name
-from personalize.serving.runner import NO_ADAPTER, CopeSteer, DecodeRow
+from personalize.serving.row_lora import NO_ADAPTER
+from personalize.serving.rows import DecodeRow, Steer
 from personalize.card.decoding import DecodingSettings, Generation, repetition_processors
 from personalize.lm.tokens import decode, left_pad, prompt_ids
-from personalize.methods import UserContext
+from personalize.methods.base import UserContext
 
 
 
@@ -66,6 +67,32 @@ class CopeLogitsProcessor(LogitsProcessor):
             self.trace.append({"head": [h.nonzero().squeeze(-1).cpu() for h in head], "token": best.cpu(),
                                "user_logprob": user[rows, best].cpu(), "base_logprob": base[rows, best].cpu()})
         return torch.cat([reward, reward]).to(scores.dtype)
+
+
+@dataclass(frozen=True)
+class CopeSteer(Steer):
+    """COPE's contrast on a row of a mixed batch (serving.rows.Steer): the row gets a twin running `base_adapter`,
+    and CopeLogitsProcessor gives both the same contrastive scores, so both pick the same token."""
+
+    alpha: float
+    tau: float
+    base_adapter: str
+    twin_error = "COPE: the user and base copies of a row chose different tokens"
+
+    @property
+    def twin_adapter(self) -> str:
+        return self.base_adapter
+
+    def processors(self, settings, first, repeats, hidden, trace):
+        proc = CopeLogitsProcessor(self.alpha, self.tau, 1)
+        if trace:
+            proc.trace = []
+        return [*first, proc, *repeats], (proc if trace else None)
+
+    def steps(self, tracer, new, k: int) -> list:
+        """One dict per step, as CopeMethod.generate gives them."""
+        return [{"head": s["head"][0], "token": int(s["token"][0]), "user_logprob": float(s["user_logprob"][0]),
+                 "base_logprob": float(s["base_logprob"][0])} for s in tracer.trace[:k]]
 
 
 class CopeMethod:

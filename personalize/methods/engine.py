@@ -19,7 +19,9 @@ import torch
 from safetensors.torch import load_file
 
 from personalize.card.adapters import BASE_ADAPTER, adapter_name, add_adapters, load_adapters
-from personalize.serving.runner import CardSteer, DecodeRow, decode_rows
+from personalize.methods.card.steer import CardSteer
+from personalize.serving.rows import DecodeRow
+from personalize.serving.runner import decode_rows
 from personalize.card.cluster import assign, user_embeddings
 from personalize.card.config import FORMAT_VERSION, CardConfig
 from personalize.data import Item, Task, TASKS
@@ -27,14 +29,12 @@ from personalize.card.decoding import DecodingSettings, Generation, generate
 from personalize.lm.features import generate_with_states, teacher_forced
 from personalize.card.head import PAIR_OBJECTIVES, PairData, PersonalizationHead, TokenData, diagnostics, fit_user
 from personalize.lm.cpu_threads import hands_back_team, release_team
-from personalize.card.style import VARIANTS, StyleSettings, UserStyle, fit_lambda_bias, memory_from_features, style_diagnostics, variant
+from personalize.catalog import CARD_METHODS, CORE_METHODS, RERANK, VARIANTS
+from personalize.card.style import StyleSettings, UserStyle, fit_lambda_bias, memory_from_features, style_diagnostics, variant
 from personalize.lm.models import LM, EncoderConfig, ModelConfig, load_encoder, load_lm
 from personalize.card.neutral import neutral
 
 NEUTRAL_TEMPLATE = "Rewrite the following text in plain, neutral English: {text}"
-CORE_METHODS = ("base", "cluster", "card")
-CARD_METHODS = ("card", *VARIANTS)  # the default CARD and the variants compared on dev (style.VARIANTS)
-RERANK = "card_rerank"  # the cluster model's candidates rescored by the person's whole style (rerank.py)
 FALLBACK_NOTE = ("your style did not beat your cluster's model on your own held-out items, "
                  "so this is the cluster model's output")
 
@@ -285,7 +285,7 @@ class Engine:
             data = stage("features", lambda: self.user_data(items, objective))
         diag = {}
         if n_hold:
-            fit_part, held = _split(data, n_hold, len(items))
+            fit_part, held = split_held_out(data, n_hold, len(items))
             lam_fit, _ = fit_user(head, fit_part, self.cfg.head)
             others = list(self.population_lams.get(objective, {}).values())[:16]
             diag = diagnostics(head, held, lam_fit, [torch.as_tensor(o) for o in others], self.cfg.head)
@@ -443,7 +443,7 @@ class Engine:
 
     def retrieval_prompts(self, items: Sequence[Item], prompts: Sequence[str], budget):
         """Each prompt with the person's BM25-nearest history items before it, and the budget widened to fit."""
-        from personalize.methods import UserContext, widened
+        from personalize.methods.base import UserContext, widened
         from personalize.methods.rag import RagMethod
 
         rag = RagMethod(self)
@@ -462,7 +462,7 @@ class Engine:
         return [UserStyle.of(r) for r in arr] if arr.ndim == 2 else [UserStyle.of(arr)] * n
 
 
-def _split(data, n_hold: int, n_items: int):
+def split_held_out(data, n_hold: int, n_items: int):
     """Held-out = the first n_hold items (the newest, in LaMP order)."""
     if isinstance(data, PairData):
         return data.select(lambda i: i >= n_hold), data.select(lambda i: i < n_hold)

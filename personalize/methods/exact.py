@@ -27,12 +27,12 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from personalize.serving.runner import DecodeRow
+from personalize.serving.rows import DecodeRow
 from personalize.card.decoding import DecodingSettings, Generation, generate
 from personalize.lm.features import teacher_forced
 from personalize.lm.onednn import onednn_linears
 from personalize.lm.tokens import prompt_ids, target_ids
-from personalize.methods import UserContext, clip, task_input, widened
+from personalize.methods.base import UserContext, clip, task_input, widened
 
 # seeds/004 Table 4 (42 attributes, from Drift); the descriptions are ours, for the app's "why" view.
 ATTRIBUTES: dict[str, str] = {

@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Callable
 
 from personalize.card.adapters import BASE_ADAPTER, add_warm_adapter, lora_bytes, sft_loss, train_adapter
-from personalize.serving.runner import DecodeRow
+from personalize.serving.rows import DecodeRow
 from personalize.card.decoding import DecodingSettings, Generation, generate
-from personalize.methods import UserContext, fingerprint
+from personalize.methods.base import UserContext, fingerprint
 
 META = "oppu.json"
 WEIGHTS = "adapter_model.safetensors"  # what peft's save_pretrained writes (safe serialisation)

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 
 from personalize.card.decoding import DecodingSettings, Generation, generate
-from personalize.methods import UserContext, clip, fingerprint, n_tokens
+from personalize.methods.base import UserContext, clip, fingerprint, n_tokens
 from personalize.methods.rag import SLACK, RagConfig, RagMethod
 
 SUMMARY_INSTRUCTION = "Describe the writing style of this author in one sentence:"

@@ -1,12 +1,13 @@
 """Mixed batches: the outputs of many methods and many users decoded by ONE `generate` call.
 
-A method that can join a mixed batch describes each output as a `DecodeRow`:
+A method that can join a mixed batch describes each output as a `DecodeRow` (rows.py):
 its prompt, budget and settings, the LoRA the row runs (peft's mixed-adapter
 batches, `adapter_names`: one adapter per row, "__base__" for the frozen LM)
-and what acts on the row while it decodes (`CardSteer`: CARD's re-ranking with
-the row's own λ and α; `CopeSteer`: COPE's contrast, which adds a twin row
-running π_base; `P2PSteer`: a generated LoRA added by forward hooks on the
-row only). Every row has its own chain of logits processors, applied to its
+and what acts on the row while it decodes: its `Steer` (rows.py), which the
+method implements beside it (CARD's re-ranking with the row's own λ and α;
+COPE's contrast, which adds a twin row running π_base; P2P's generated LoRA
+on the row only). The runner knows no method: it asks each row's steer for its
+processors, twin, hidden states and LoRA. Every row has its own chain of logits processors, applied to its
 rows of the batch alone, so each row's scores are exactly those it gets when
 it decodes by itself; greedy decoding then picks the same tokens (tested row
 by row against each method's own `generate`, on the tiny and the bundled
@@ -19,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -27,69 +27,12 @@ from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList, Sto
     StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from personalize.card.decoding import CardLogitsProcessor, DecodingSettings, Generation, MinNewTokens, SeededSampler, \
-    repetition_processors
+from personalize.card.decoding import DecodingSettings, Generation, MinNewTokens, repetition_processors
 from personalize.lm.features import HiddenCapture, position_ids
-from personalize.card.head import PersonalizationHead
 from personalize.lm.onednn import onednn_linears
+from personalize.lm.tokens import decode, left_pad, prompt_ids
 from personalize.serving.row_lora import NO_ADAPTER, gathered, hooked, supported
-from personalize.card.style import StyleSettings, StyleTensors, UserStyle
-from personalize.lm.tokens import TokenBudget, decode, left_pad, prompt_ids
-
-
-@dataclass(frozen=True)
-class CardSteer:
-    """CARD's correction on this row (decoding.CardLogitsProcessor with the row's own style)."""
-
-    head: PersonalizationHead
-    style: UserStyle
-    settings: StyleSettings
-    n_layers: int
-
-
-@dataclass(frozen=True)
-class CopeSteer:
-    """COPE's contrast (methods/cope.py): the row gets a twin running `base_adapter`, both pick the same token."""
-
-    alpha: float
-    tau: float
-    base_adapter: str
-
-
-@dataclass(frozen=True)
-class P2PSteer:
-    """A generated LoRA (methods/p2p) added on this row only, over the row's adapter."""
-
-    lora: dict
-    scale: float
-
-
-@dataclass(frozen=True)
-class SampleSteer:
-    """A sampled row with its own seed (decoding.SeededSampler after the row's repetition control): it decodes in
-    the greedy batch, and its draw does not depend on the batch's other rows (the reranker's candidates)."""
-
-    seed: int
-    temperature: float
-    top_p: float
-
-
-@dataclass
-class DecodeRow:
-    """One output to decode: what a method's `rows()` returns, what `decode_rows` turns into a Generation."""
-
-    prompt: str
-    budget: TokenBudget
-    settings: DecodingSettings
-    adapter: str | None = None  # None: the frozen LM
-    steer: CardSteer | CopeSteer | P2PSteer | SampleSteer | None = None
-    trace: list | None = None  # what the method chose (Generation.trace), known before decoding
-    note: str | None = None  # Generation.note (CARD's fallback to the cluster model)
-    want_trace: bool = False  # CARD / COPE: record every step (the Why view)
-
-    def __post_init__(self):
-        if isinstance(self.steer, CardSteer) and self.adapter is None:
-            raise ValueError("CARD corrects a cluster model: a CARD row needs its cluster adapter")
+from personalize.serving.rows import DecodeRow
 
 
 class RowProcessors(LogitsProcessor):
@@ -184,63 +127,50 @@ def _decode_group(model, tok, rows: Sequence[DecodeRow], on_step, fast: bool) ->
         return []
     n = len(rows)
     ids = [prompt_ids(tok, r.prompt, r.budget) for r in rows]
-    twins = [i for i, r in enumerate(rows) if isinstance(r.steer, CopeSteer)]  # row n + j is row twins[j]'s π_base
-    batch = ids + [ids[i] for i in twins]
-    adapters = [r.adapter or NO_ADAPTER for r in rows] + [rows[i].steer.base_adapter for i in twins]
+    twins = [i for i, r in enumerate(rows) if r.steer is not None and r.steer.twin_adapter is not None]
+    batch = ids + [ids[i] for i in twins]  # row n + j is row twins[j]'s twin (COPE: its π_base)
+    adapters = [r.adapter or NO_ADAPTER for r in rows] + [rows[i].steer.twin_adapter for i in twins]
     input_ids, mask = left_pad(batch, tok.pad_token_id, model.device)
     length = input_ids.shape[1]
     s0 = rows[0].settings
-    cards = [i for i, r in enumerate(rows) if isinstance(r.steer, CardSteer)]
+    steered = [(i, r.steer) for i, r in enumerate(rows) if r.steer is not None]
     with ExitStack() as stack:
         capture = None
-        if cards:
-            layers = {rows[i].steer.n_layers for i in cards}
+        layers = {st.hidden_layers for _, st in steered if st.hidden_layers}
+        if layers:
             if len(layers) > 1:
                 raise ValueError(f"CARD rows of one batch must read the same layers, got {sorted(layers)}")
             capture = stack.enter_context(HiddenCapture(model, layers.pop()))
-        loras = [(i, r.steer.lora) for i, r in enumerate(rows) if isinstance(r.steer, P2PSteer)]
+        generated = {i: lora for i, st in steered if (lora := st.row_lora()) is not None}  # row -> (LoRA, scale)
         t0 = time.perf_counter()
         prefix = None
         if hasattr(model, "peft_config"):
-            _check_adapters(model, adapters)
+            check_adapters(model, adapters)
             fast = fast and supported(model, adapters)  # a DoRA or merged adapter: peft's own path
         if fast:
-            generated = {i: (l, rows[i].steer.scale) for i, l in loras}
             weights = gathered(model, adapters, generated)
             stack.enter_context(onednn_linears(model))
             prefix = shared_prefill(model, input_ids, mask, adapters, generated, weights)
             stack.enter_context(hooked(model, weights))
-        elif loras:
-            from personalize.methods.p2p import applied_rows  # the methods package imports this module's names
-
-            scales = {rows[i].steer.scale for i, _ in loras}
-            for scale in scales:
-                stack.enter_context(applied_rows(model, [(i, l) for i, l in loras if rows[i].steer.scale == scale],
-                                                 scale))
+        elif generated:
+            for kind in dict.fromkeys(type(rows[i].steer) for i in generated):
+                stack.enter_context(kind.reference_hooks(model, [(i, rows[i].steer) for i in generated
+                                                                 if type(rows[i].steer) is kind]))
         chains, steppers = [], {}
         for i, r in enumerate(rows):
             s = r.settings
             first = [MinNewTokens(length, s.min_new_tokens, tok.eos_token_id)] \
                 if s.min_new_tokens else []
             repeats = repetition_processors(s, length, tok.eos_token_id)
-            if isinstance(r.steer, CardSteer):
-                st = r.steer
-                proc = CardLogitsProcessor(st.head, StyleTensors.of([st.style], st.settings), st.settings,
-                                           RowCapture(capture, [i]), s.alpha, s.top_k, s.standardize)
-                chains.append(([i], [*first, proc, *repeats]))
-            elif isinstance(r.steer, CopeSteer):
-                from personalize.methods.cope import CopeLogitsProcessor
-
-                proc = CopeLogitsProcessor(r.steer.alpha, r.steer.tau, 1)
-                chains.append(([i, n + twins.index(i)], [*first, proc, *repeats]))
-            elif isinstance(r.steer, SampleSteer):
-                sampler = SeededSampler(r.steer.seed, r.steer.temperature, r.steer.top_p, s.top_k)
-                chains.append(([i], [*first, *repeats, sampler]))
-            else:
+            if r.steer is None:
                 chains.append(([i], [*first, *repeats]))
-            if r.want_trace and isinstance(r.steer, (CardSteer, CopeSteer)):
-                proc.trace = []
-                steppers[i] = proc
+                continue
+            own = [i, n + twins.index(i)] if r.steer.twin_adapter is not None else [i]
+            hidden = RowCapture(capture, [i]) if r.steer.hidden_layers else None
+            procs, tracer = r.steer.processors(s, first, repeats, hidden, r.want_trace)
+            chains.append((own, procs))
+            if tracer is not None:
+                steppers[i] = tracer
         kwargs = dict(input_ids=input_ids, attention_mask=mask, max_new_tokens=max(r.settings.max_new_tokens for r in rows),
                       pad_token_id=tok.pad_token_id, do_sample=s0.do_sample, repetition_penalty=None, top_p=None,
                       logits_processor=LogitsProcessorList([RowProcessors(chains)]),
@@ -249,7 +179,7 @@ def _decode_group(model, tok, rows: Sequence[DecodeRow], on_step, fast: bool) ->
                                      [rows[i].settings.max_new_tokens for i in twins])]))
         if s0.do_sample:
             kwargs |= {"temperature": s0.temperature,
-                       "top_k": None if any(isinstance(r.steer, CardSteer) for r in rows) else s0.top_k}
+                       "top_k": None if any(st.restricts_top_k for _, st in steered) else s0.top_k}
         else:
             kwargs |= {"temperature": None, "top_k": None}
         if not fast and hasattr(model, "peft_config"):
@@ -267,14 +197,14 @@ def _decode_group(model, tok, rows: Sequence[DecodeRow], on_step, fast: bool) ->
     new = generated[:, length:]
     eos, results = tok.eos_token_id, []
     for j, i in enumerate(twins):
-        if not torch.equal(new[i], new[n + j]):  # COPE's invariant (methods/cope.py)
-            raise RuntimeError("COPE: the user and base copies of a row chose different tokens")
+        if not torch.equal(new[i], new[n + j]):  # the twin's invariant (COPE's: methods/cope.py)
+            raise RuntimeError(rows[i].steer.twin_error)
     for i, r in enumerate(rows):
         row = new[i, : r.settings.max_new_tokens].tolist()
         k = row.index(eos) + 1 if eos in row else len(row)
         trace = r.trace
         if i in steppers:
-            trace = _steps(steppers[i], r, new[i], k)
+            trace = r.steer.steps(steppers[i], new[i], k)
         results.append(Generation(decode(tok, row[:k]), k, dt / n, trace, r.note))
     return results
 
@@ -306,18 +236,7 @@ def shared_prefill(model, input_ids: torch.Tensor, mask: torch.Tensor, adapters:
     return cache
 
 
-def _check_adapters(model, adapters: Sequence[str]) -> None:
+def check_adapters(model, adapters: Sequence[str]) -> None:
     missing = sorted({a for a in adapters if a != NO_ADAPTER} - set(model.peft_config))
     if missing:  # peft would silently run such rows without any LoRA
         raise ValueError(f"adapters {missing} are not loaded; loaded: {sorted(model.peft_config)}")
-
-
-def _steps(proc, row: DecodeRow, new: torch.Tensor, k: int) -> list:
-    """A row's recorded steps in the shape its method's own generate gives them (CARD: the Why view's
-    dicts with the token chosen; COPE: one dict per step)."""
-    if isinstance(row.steer, CardSteer):
-        for t, step in enumerate(proc.trace):
-            step["chosen"] = new[t: t + 1].cpu() if t < len(new) else None
-        return proc.trace
-    return [{"head": s["head"][0], "token": int(s["token"][0]), "user_logprob": float(s["user_logprob"][0]),
-             "base_logprob": float(s["base_logprob"][0])} for s in proc.trace[:k]]

@@ -25,7 +25,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from personalize.serving.runner import DecodeRow
+from personalize.serving.rows import DecodeRow
 from personalize.card.decoding import Generation
 from personalize.lm.cpu_threads import lower_priority, release_team
 

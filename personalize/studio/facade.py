@@ -24,10 +24,11 @@ import numpy as np
 from personalize.humaneval.arena import Arena, BlindPair
 from personalize.data import TASKS, HistoryError, Item, parse_history, read_history_file, read_lamp
 from personalize.card.decoding import DecodingSettings, Generation
-from personalize.methods.engine import CORE_METHODS, ArtifactsError, Engine, UserFit
+from personalize.methods.engine import ArtifactsError, Engine, UserFit
 from personalize.humaneval.leaderboard import LeaderboardConfig, leaderboard
 from personalize.card.adapters import adapter_name
-from personalize.methods import METHODS, UserContext, fingerprint, get_method
+from personalize.methods.registry import METHODS, get_method
+from personalize.methods.base import UserContext, fingerprint
 from personalize.metrics import rouge_scores
 from personalize.card.cluster import closeness
 from personalize.fitting.person import onboard, prepared_items, store_assignments
@@ -40,11 +41,10 @@ from personalize.lm.cpu_threads import ReleasingExecutor, release_team, trim_mem
 from personalize.card.style import UserStyle
 from personalize.humaneval import campaign as campaign_mod
 from personalize.studio import own_data as owner
-from personalize.catalog import ALL_METHODS, DEFAULT_METHODS  # noqa: F401  (re-exported: the UI reads them here)
+from personalize.catalog import ALL_METHODS, CORE_METHODS, SLOW_FIRST_USE
 
 
 
-SLOW_FIRST_USE = ("exact", "oppu")  # methods whose per-user work takes minutes: a background job, with progress
 
 
 @dataclass(frozen=True)
@@ -427,7 +427,7 @@ class Studio:
             a = self.store.assignment(name, self.engine.artifacts_id, k)
         got = self.store.vector(name, self.engine.artifacts_id)
         stats = got[1]["stats"] if got else {}
-        style = self.store.style(name, self.engine.artifacts_id) if got else None  # λ + token bias + memory
+        style = UserStyle.from_stored(self.store.style(name, self.engine.artifacts_id)) if got else None  # λ + token bias + memory
         return UserState(self.store.user(name)["name"], k, a["cluster"], a["distances"], style, stats)
 
     @staticmethod

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from safetensors import safe_open
 
+from personalize.card.style import UserStyle
 from personalize.card import stylekey
 from personalize.store import Store
 
@@ -65,7 +66,8 @@ def export_keys(store: Store, build: BuildInfo, name: str, all_versions: bool = 
     task = store.user(name)["task"]
     keys = []
     for r in chosen:
-        style, _ = store.version_style(name, build.artifacts, r["id"])
+        stored, _ = store.version_style(name, build.artifacts, r["id"])
+        style = UserStyle.from_stored(stored)
         keys.append(stylekey.encode(stylekey.StyleKey(
             name, build.artifacts, task, build.model_id, style.lam, style.bias_ids, style.bias, style.helps,
             clusters, r["source"], r["note"], r["created"])))

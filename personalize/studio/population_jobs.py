@@ -2,7 +2,7 @@
 
 A `PopulationJob` runs in its own thread beside the serving studio: population.py turns a source (a git repository,
 Debian changelogs, a table) into a LaMP folder and counts what it kept and dropped, then build.build trains the
-artifacts with the settings of the first start (cli.DEMO_BUILD_ARGS: minutes on a CPU), K capped by the population's
+artifacts with the settings of the first start (plan.DEMO_BUILD_ARGS: minutes on a CPU), K capped by the population's
 size. The build loads its own copy of the model, as the command line does, so the studio's model lock is never taken
 and every tab keeps answering; the thread runs at a lower CPU priority. Progress and cancellation go through
 build's hooks: a cancel stops the build at its next step, and nothing of the job stays behind (no artifacts folder,
@@ -167,17 +167,16 @@ def population_maker(source: str, paths: Sequence[str]) -> Callable[[Path], popu
 
 
 def app_build(data: Path, out: Path, people: int):
-    """build()'s (settings, keyword arguments) for the app: the first start's (cli.DEMO_BUILD_ARGS, with the people
+    """build()'s (settings, keyword arguments) for the app: the first start's (plan.DEMO_BUILD_ARGS, with the people
     it trains on as demo_people_args chooses them), K at most a third of the people trained on."""
-    from personalize.cli import DEMO_BUILD_ARGS, DEMO_POPULATION, build_parser, build_plan, demo_people_args
+    from personalize.fitting.plan import DEMO_BUILD_ARGS, DEMO_POPULATION, build_args, build_plan, demo_people_args
 
     trained = min(DEMO_POPULATION, people)
     ks = [k for k in KS if k == 1 or k <= trained // 3]
     args = list(DEMO_BUILD_ARGS)
     args[args.index("--ks") + 1] = ",".join(map(str, ks))
     args[args.index("--default-k") + 1] = str(max(ks))
-    _, _, cfg, kwargs = build_plan(build_parser().parse_args(
-        ["build", "--data", str(data), "--out", str(out), *args, *demo_people_args(data)]))
+    _, _, cfg, kwargs = build_plan(build_args(["--data", str(data), "--out", str(out), *args, *demo_people_args(data)]))
     return cfg, kwargs
 
 

@@ -15,7 +15,8 @@ import plotly.graph_objects as go
 
 from personalize.humaneval.campaign import CRITERIA, REFERENCE, overlap_text
 from personalize.display import md, plot_text
-from personalize.studio.facade import ALL_METHODS, Studio
+from personalize.catalog import ALL_METHODS
+from personalize.studio.facade import Studio
 from personalize.ui.common import EXPECTED, _err, bind, guarded
 
 

@@ -8,7 +8,7 @@ import time
 import gradio as gr
 
 from personalize.display import md
-from personalize.studio.facade import ALL_METHODS, DEFAULT_METHODS
+from personalize.catalog import ALL_METHODS, DEFAULT_METHODS
 from personalize.ui.common import DECODE_SESSIONS, EXPECTED, Markdown, _err, bind, guarded, version_rows
 from personalize.ui.controls import Shared
 

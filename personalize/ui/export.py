@@ -5,7 +5,7 @@ from __future__ import annotations
 import gradio as gr
 
 from personalize.display import md
-from personalize.studio.facade import ALL_METHODS
+from personalize.catalog import ALL_METHODS
 from personalize.ui.common import Markdown, bind, guarded
 from personalize.ui.controls import Shared
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gradio as gr
 
 from personalize.display import md
-from personalize.studio.facade import ALL_METHODS, DEFAULT_METHODS
+from personalize.catalog import ALL_METHODS, DEFAULT_METHODS
 from personalize.ui.common import DECODE_SESSIONS, EXPECTED, Markdown, _err, logged_in, rater_box
 from personalize.ui.controls import Shared
 

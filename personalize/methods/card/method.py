@@ -9,9 +9,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from personalize.serving.runner import DecodeRow
+from personalize.serving.rows import DecodeRow
 from personalize.card.decoding import DecodingSettings, Generation
-from personalize.methods import UserContext
+from personalize.methods.base import UserContext
 
 
 @dataclass(frozen=True)

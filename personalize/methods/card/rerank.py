@@ -30,32 +30,15 @@ from typing import Sequence
 import torch
 
 from personalize.card.adapters import BASE_ADAPTER, adapter_name
-from personalize.serving.runner import CardSteer, DecodeRow, SampleSteer, _check_adapters
-from personalize.card.decoding import DecodingSettings, Generation
+from personalize.methods.card.steer import CardSteer
+from personalize.serving.rows import DecodeRow, SampleSteer
+from personalize.serving.runner import check_adapters
+from personalize.card.decoding import RerankSettings, DecodingSettings, Generation
 from personalize.lm.features import HiddenCapture, position_ids
 from personalize.lm.onednn import onednn_linears
 from personalize.serving.row_lora import NO_ADAPTER, row_loras, supported
 from personalize.card.style import StyleTensors, style_scores
 from personalize.lm.tokens import left_pad, prompt_ids, target_ids
-
-
-@dataclass(frozen=True)
-class RerankSettings:
-    """`card_rerank`'s candidates and score (CardConfig.rerank; `tune --steps rerank` chooses among a few)."""
-
-    n: int = 6  # candidates per prompt, the two greedy ones included when `greedy`
-    greedy: bool = True  # the cluster model's and CARD's greedy outputs among the candidates
-    temperature: float = 0.8  # the samples': the cluster model's scores (after repetition control)
-    top_p: float = 0.95  # nucleus within the decoding top-k
-    seed: int = 0  # a sample's seed is this, the prompt and its number: reproducible, whoever shares the batch
-    alpha: float = 1.0  # the style's strength in the score and in the CARD candidate (1 = the head's trained rule)
-    length_norm: bool = True  # mean log-prob per token (else the sum, which prefers short candidates)
-
-    def __post_init__(self):
-        if not 2 <= self.n <= 32:
-            raise ValueError(f"rerank needs 2 to 32 candidates, got n={self.n}")
-        if self.temperature <= 0 or not 0 < self.top_p <= 1 or self.alpha < 0:
-            raise ValueError("rerank: temperature > 0, top_p in (0, 1] and alpha >= 0")
 
 
 @dataclass(frozen=True)
@@ -138,7 +121,7 @@ def _chunk_logprobs(model, tok, rows: Sequence[DecodeRow], targets: Sequence[lis
         cap = stack.enter_context(HiddenCapture(model, n_layers)) if n_layers else None
         kwargs = dict(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), logits_to_keep=keep)
         if hasattr(model, "peft_config"):
-            _check_adapters(model, adapters)
+            check_adapters(model, adapters)
             if supported(model, adapters):  # each row's LoRA gathered into one matmul pair per module
                 stack.enter_context(onednn_linears(model))
                 stack.enter_context(row_loras(model, adapters))

@@ -12,13 +12,14 @@ import torch
 
 from personalize.card.adapters import answer_loss, sft_batch
 from personalize.card.cluster import user_embeddings
-from personalize.serving.runner import DecodeRow, P2PSteer
+from personalize.serving.rows import DecodeRow
 from personalize.card.decoding import DecodingSettings, Generation, generate
-from personalize.methods import UserContext, fingerprint
+from personalize.methods.base import UserContext, fingerprint
 from personalize.methods.p2p.config import ARTIFACTS_DIR, CONFIG, WEIGHTS, LoRA, P2PConfig
 from personalize.methods.p2p.hooks import applied, model_shapes
 from personalize.methods.p2p.hypernet import HyperLoRA, lora_nbytes
 from personalize.methods.p2p.io import load
+from personalize.methods.p2p.steer import P2PSteer
 
 class P2PMethod:
     """Deployment: one f_θ pass per user (cached, keyed by the history's fingerprint), hooks while decoding.
@@ -109,7 +110,7 @@ class P2PMethod:
 
     def rows(self, user: UserContext, prompts: list[str], settings: DecodingSettings,
              trace: bool = False) -> list[DecodeRow]:
-        """Rows on the base adapter with this person's generated LoRA hooked on them alone (batch.P2PSteer)."""
+        """Rows on the base adapter with this person's generated LoRA hooked on them alone (steer.P2PSteer)."""
         lora, cold = self.lora(user)
         steer = P2PSteer(lora, self.hyper.cfg.scale)
         return [DecodeRow(p, self.engine.cfg.budget, settings, self.hyper.cfg.base_adapter, steer,
