@@ -80,7 +80,8 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--figure", default=None, help="write the results figure (HTML) here")
     a = p.parse_args(argv)
-    from personalize.humaneval.campaign import format_status, run_judge
+    from personalize.humaneval.campaign_report import format_status
+    from personalize.humaneval.campaign_pool import run_judge
     from personalize.humaneval.judge import Judge, JudgeConfig
     from personalize.studio.facade import Studio, StudioConfig
 

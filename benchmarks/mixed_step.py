@@ -55,7 +55,7 @@ def main(argv=None) -> None:
 
     for path in paths:  # warm-up, and the outputs of each path
         outs[path] = [g.text for g in decode("compare", path)]
-    release_team()  # as the app's threads do (threads.py): the main thread keeps no OpenMP team
+    release_team()  # as the app's threads do (lm/cpu_threads.py): the main thread keeps no OpenMP team
     same = outs["fast"] == outs["reference"]  # (F.linear's rounding may differ from oneDNN's: not compared)
     print(f"same outputs on both paths: {same}")
     if not same:

@@ -1,4 +1,4 @@
-"""Why threads hand their OpenMP team back (personalize/threads.py): one Compare's decode, timed in a worker
+"""Why threads hand their OpenMP team back (personalize/lm/cpu_threads.py): one Compare's decode, timed in a worker
 thread while the main thread keeps the team it made loading the model, and after it hands it back.
 
     .venv/bin/python benchmarks/omp_teams.py [--artifacts data/artifacts/demo] [--repeats 5] [--tokens 24]

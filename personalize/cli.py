@@ -12,57 +12,13 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
-from personalize.fitting.plan import (DEMO_ARTIFACTS, UsageError, add_build_args, comma_list,
-                                      comma_names, ensure_demo, ints, model_config, run_build)
+from personalize.eval import commands
+from personalize.fitting.plan import (DEMO_ARTIFACTS, UsageError, add_build_args, comma_list, comma_names,
+                                      decoding, decoding_args, ensure_demo, load_engine, run_build)
 
 DEFAULT_DB = "data/studio.db"
-
-
-def _decoding_args(p):
-    p.add_argument("--alpha", type=float, default=None, help="steering strength α (default: chosen by build on dev)")
-    p.add_argument("--top-k", type=int, default=None, help="candidates re-ranked per step (default 50)")
-    p.add_argument("--max-tokens", type=int, default=None, help="max new tokens (default 32)")
-
-
-def _decoding(engine, a):
-    s = engine.cfg.decoding
-    changes = {k: v for k, v in {"alpha": a.alpha, "top_k": a.top_k, "max_new_tokens": a.max_tokens}.items() if v is not None}
-    return replace(s, **changes)
-
-
-def _rerank_changes(spec: str | None) -> dict:
-    """--rerank "n=8,greedy=false": fields of card_rerank's settings (rerank.RerankSettings checks them), read
-    before any model loads."""
-    import dataclasses
-
-    from personalize.card.decoding import RerankSettings
-
-    defaults, changes = RerankSettings(), {}
-    for part in comma_list(spec):
-        key, _, value = (x.strip() for x in part.partition("="))
-        if key not in {f.name for f in dataclasses.fields(RerankSettings)}:
-            raise UsageError(f"--rerank: unknown setting {key!r}; settings: {list(dataclasses.asdict(defaults))}")
-        kind = type(getattr(defaults, key))
-        if kind is bool and value.lower() not in ("true", "false"):
-            raise UsageError(f"--rerank: {key} is true or false, got {value!r}")
-        try:
-            changes[key] = value.lower() == "true" if kind is bool else kind(value)
-            replace(defaults, **changes)
-        except ValueError as e:
-            raise UsageError(f"--rerank: {e}") from e
-    return changes
-
-
-def _engine(a):
-    from personalize.methods.engine import Engine
-
-    path = Path(a.artifacts)
-    if not (path / "config.json").exists():
-        raise UsageError(f"no artifacts at {path}: build them with `python -m personalize build --data DIR --out {path}`")
-    return Engine.load(path, model_config(a) if hasattr(a, "model") else None)
 
 
 # ---------------------------------------------------------------- commands
@@ -82,7 +38,7 @@ def cmd_onboard(a) -> None:
     if not (Path(a.artifacts) / "config.json").exists():
         raise UsageError(f"no artifacts at {a.artifacts}: build them with `python -m personalize build`")
     items = read_history_file(a.history, task=TASKS[artifacts_meta(Path(a.artifacts))["task"]])
-    engine = _engine(a)
+    engine = load_engine(a)
     store = Store(a.db)
     name = a.user or Path(a.history).stem
     store.add_user(name, items, engine.task.name, replace=a.replace)
@@ -133,12 +89,13 @@ def cmd_generate(a) -> None:
 
     if not a.prompt.strip():
         raise UsageError("--prompt is empty")
-    engine = _engine(a)
+    engine = load_engine(a)
     store = Store(a.db)
     lam, cluster, k = _user_state(engine, store, a.user, a.k)
-    s = _decoding(engine, a)
+    s = decoding(engine, a)
     prompt = engine.task.prompt(a.prompt) if a.template else a.prompt
     from personalize.catalog import CARD_METHODS, CORE_METHODS
+    from personalize.methods.card import decode as card_decode
     from personalize.methods.registry import METHODS, get_method
     from personalize.methods.base import UserContext
 
@@ -155,68 +112,16 @@ def cmd_generate(a) -> None:
         else:
             retrieve = m in CARD_METHODS and variant(m, engine.cfg.style).retrieval
             items = UserContext.from_store(store, a.user, engine.task).items if retrieve else None
-            g = engine.generate([prompt], m, cluster, lam, k=k, settings=s, items=items)[0]
+            g = card_decode.generate(engine, [prompt], m, cluster, lam, k=k, settings=s, items=items)[0]
         store.add_generation(a.user, engine.artifacts_id, m, prompt, g.text, {"alpha": s.alpha, "top_k": s.top_k,
                              "max_new_tokens": s.max_new_tokens, "k": k, "cluster": cluster}, g.latency_s, g.n_tokens)
         print(f"[{m}] ({g.latency_s:.2f} s, {g.n_tokens} tokens)\n{g.text}\n")
 
 
-def _method_configs(a) -> dict[str, dict]:
-    """The CPU budgets of EXACT and OPPU from --exact-pairs / --oppu-steps, checked before any model loads."""
-    from personalize.methods.exact import ExactConfig
-    from personalize.methods.oppu import OppuConfig
-
-    configs = {"exact": {"max_pairs": a.exact_pairs}}
-    if a.oppu_steps is not None:
-        configs["oppu"] = {"max_steps": a.oppu_steps}
-    try:
-        ExactConfig(**configs["exact"]), OppuConfig(**configs.get("oppu", {}))
-    except ValueError as e:
-        raise UsageError(str(e)) from e
-    return configs
-
-
-def _add_method_budgets(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--oppu-steps", type=int, default=None, help="cap on OPPU's training steps per user (default 40)")
-    p.add_argument("--exact-pairs", type=int, default=4,
-                   help="history pairs EXACT indexes per user (default 4, a CPU budget: indexing costs about "
-                        "half a minute per pair on a 2-core CPU; EXACT's own default is 32)")
-
-
-def cmd_eval(a) -> None:
-    from personalize.eval.evaluate import format_table, run_eval
-
-    configs = _method_configs(a)
-    objectives = _objectives_first(a)
-    rerank = _rerank_changes(a.rerank)
-    engine = _engine(a)
-    engine.cfg = replace(engine.cfg, objectives=objectives, rerank=replace(engine.cfg.rerank, **rerank))
-    # the head's own α from the build's sweep on validation users (older builds swept the first head only)
-    alpha = a.alpha if a.alpha is not None else \
-        engine.meta.get("report", {}).get("alpha_by_objective", {}).get(objectives[0], {}).get("alpha")
-    if alpha is not None:
-        engine.cfg = replace(engine.cfg, decoding=replace(engine.cfg.decoding, alpha=alpha))
-    t0 = time.perf_counter()
-    result = run_eval(engine, a.data, a.split, comma_names(a.methods), a.limit, method_configs=configs,
-                      sources=comma_list(a.sources))
-    result["settings"]["wall_s"] = round(time.perf_counter() - t0, 1)
-    print(format_table(result))
-    print("held-out diagnostics (mean over users):", json.dumps(result["diagnostics"]))
-    for pair, d in result["differences"].items():
-        print(f"  {pair:<28} ROUGE-L {d['mean']:+.4f}  95% CI [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]"
-              f"  wins/losses {d['wins']}/{d['losses']}")
-    print("seconds per person:", json.dumps({m: v["seconds_per_person"] for m, v in result["methods"].items()}))
-    print("user-specificity:", json.dumps(result["specificity"]))
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(result, indent=2))
-        print(f"wrote {a.json}")
-
-
 def cmd_tune(a) -> None:
     from personalize.fitting.tune import STEPS, tune
 
-    engine = _engine(a)
+    engine = load_engine(a)
     t0 = time.perf_counter()
     report = tune(engine, a.data, a.split, a.users, write=not a.dry_run, steps=comma_list(a.steps) or STEPS)
     print(json.dumps({k: report[k] for k in ("chosen_decoding", "chosen_style", "users", "helps_share")}, indent=1))
@@ -225,46 +130,6 @@ def cmd_tune(a) -> None:
     if "guard" in report:
         print(report["guard"]["why"])
     print(f"tuned in {time.perf_counter() - t0:.0f} s" + ("" if a.dry_run else f"; written to {a.artifacts}/config.json"))
-
-
-def cmd_simulate_feedback(a) -> None:
-    from personalize.data import select_sources
-    from personalize.data import read_lamp
-    from personalize.fitting.votes import FeedbackSettings, SimulationSettings, simulate
-
-    s = SimulationSettings(checkpoints=ints(a.votes), n_eval=a.eval_items, n_vote=a.vote_items,
-                           preference=a.preference, seed=a.seed)
-    fs = FeedbackSettings(vote_weight=a.vote_weight, rejected_weight=a.rejected_weight)
-    engine = _engine(a)
-    if "tokens" not in engine.heads:
-        raise UsageError("simulate-feedback needs artifacts with a tokens head (build --objectives tokens)")
-    _, queries = read_lamp(a.data, a.split)
-    queries = [q for q in select_sources(queries, comma_list(a.sources)) if q.gold and q.profile]
-    need = s.n_eval - 1 + s.n_vote + engine.cfg.min_fit_items
-    queries = [q for q in queries if len(q.profile) >= need][: a.users]
-    if not queries:
-        raise UsageError(f"no user in {a.data} ({a.split}) has {need} profile items (held out: {s.n_eval - 1} + "
-                         f"{s.n_vote}, history: {engine.cfg.min_fit_items} or more)")
-    cut = s.n_eval - 1 + s.n_vote + a.max_items
-    people = [(q.user or q.id, engine.prepare_items(q.profile[:cut]), q.input, q.gold) for q in queries]
-    t0 = time.perf_counter()
-    res = simulate(engine, people, s, fs, _decoding(engine, a),
-                   progress=lambda i, n, u: print(f"  [{i}/{n}] {u} ({time.perf_counter() - t0:.0f} s)", flush=True))
-    res["settings"] = {"artifacts": engine.artifacts_id, "data": str(a.data), "split": a.split,
-                       "sources": sorted({q.source for q in queries if q.source}), "n": len(res["people"]),
-                       "vote_weight": fs.vote_weight, "rejected_weight": fs.rejected_weight, "preference": s.preference, "checkpoints": list(s.checkpoints),
-                       "n_eval": s.n_eval, "n_vote": s.n_vote, "history_items_max": a.max_items,
-                       "wall_s": round(time.perf_counter() - t0, 1)}
-    for row in res["curve"]:
-        print(f"  votes {row['votes']:>3}: ROUGE-L eval {row['rougeL_eval']:.4f}  voted prompts {row['rougeL_voted']:.4f}"
-              f"  held-out acc {row['acc_eval']:.4f}  log-prob {row['logp_eval']:.4f}")
-    for pair, d in res["differences"].items():
-        print(f"  {pair:<26} {d['mean']:+.4f}  95% CI [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]  "
-              f"wins/losses {d['wins']}/{d['losses']}")
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(res, indent=2))
-        print(f"wrote {a.json}")
 
 
 def cmd_style_key(a) -> None:
@@ -314,7 +179,7 @@ def cmd_forget(a) -> None:
 def cmd_campaign(a) -> None:
     """Human-eval campaigns: create from a LaMP folder, generate the outputs (resumable), status, export, import,
     the LLM judge, close."""
-    from personalize.humaneval import campaign
+    from personalize.humaneval import campaign, campaign_pool, campaign_report
     from personalize.store import Store
 
     store = Store(a.db)
@@ -326,7 +191,7 @@ def cmd_campaign(a) -> None:
             if not (Path(a.artifacts) / "config.json").exists():
                 raise UsageError(f"no artifacts at {a.artifacts}: build them with `python -m personalize build`")
             meta = artifacts_meta(Path(a.artifacts))
-            c = campaign.create_from_lamp(
+            c = campaign_pool.create_from_lamp(
                 store, a.name, a.data, a.split, a.limit, a.artifacts, meta.get("id", "unbuilt"), meta["task"],
                 sources=comma_list(a.sources), methods=comma_names(a.methods), reference=a.reference, mode=a.mode, raters_per_item=a.raters_per_item,
                 attention_every=a.attention_every, alpha=a.alpha, top_k=a.top_k, max_new_tokens=a.max_tokens,
@@ -357,7 +222,7 @@ def cmd_campaign(a) -> None:
                   f"{res['outputs']['total']}" + "".join(f"\n  failed: {f}" for f in res["failed"]))
         elif a.action == "status":
             res = camps.results(a.name)
-            print(json.dumps(res, indent=2, ensure_ascii=False) if a.json else campaign.format_status(res))
+            print(json.dumps(res, indent=2, ensure_ascii=False) if a.json else campaign_report.format_status(res))
         elif a.action == "export":
             path, summary, n = camps.export(a.name, a.out)
             print(f"wrote {n} judgment(s) to {path} and the summary to {summary}")
@@ -368,7 +233,7 @@ def cmd_campaign(a) -> None:
             from personalize.humaneval.judge import Judge, JudgeConfig
 
             judge = Judge(JudgeConfig(model=a.model))
-            res = campaign.run_judge(camps, a.name, judge, lambda i, n, w: print(f"  judge {w}", flush=True)
+            res = campaign_pool.run_judge(camps, a.name, judge, lambda i, n, w: print(f"  judge {w}", flush=True)
                                      if i % 10 == 0 else None)
             corr = camps.results(a.name)["judge"]
             print(f"{judge.label} judged {res['judged']} unit(s); rank correlation with the raters: "
@@ -406,60 +271,12 @@ def cmd_population(a) -> None:
           f"{time.perf_counter() - t0:.1f} s; next: `python -m personalize build --data {a.out}{split}`")
 
 
-def _objectives_first(a) -> tuple[str, ...]:
-    """The built heads with --objective first (onboarding and card use the first), checked before models load."""
-    from personalize.methods.engine import artifacts_meta
-
-    if not (Path(a.artifacts) / "config.json").exists():
-        raise UsageError(f"no artifacts at {a.artifacts}: build them with `python -m personalize build`")
-    built = tuple(artifacts_meta(Path(a.artifacts))["settings"]["objectives"])
-    if a.objective is None:
-        return built
-    if a.objective not in built:
-        raise UsageError(f"--objective {a.objective}: these artifacts have heads for {list(built)}; "
-                         f"build with --objectives {a.objective} to add it")
-    return (a.objective, *[o for o in built if o != a.objective])
-
-
-def cmd_bench(a) -> None:
-    from personalize.data import read_lamp
-    from personalize.catalog import BENCH_METHODS
-    from personalize.eval.evaluate import format_bench, run_bench
-
-    unknown = [m for m in comma_names(a.methods) if m not in BENCH_METHODS]
-    if unknown:
-        raise UsageError(f"bench --methods: unknown {unknown}; choose from {list(BENCH_METHODS)}")
-    if a.repeats < 1 or a.users < 1 or a.items < 2 or a.serving_people < 1 or a.start_repeats < 0:
-        raise UsageError("bench needs --users >= 1, --items >= 2, --repeats >= 1, --serving-people >= 1 and "
-                         "--start-repeats >= 0")
-    configs = _method_configs(a)
-    engine = _engine(a)
-    meta_data = a.data or engine.meta.get("data")
-    task, queries = read_lamp(meta_data, a.split or engine.meta.get("split", "dev"))
-    queries = [q for q in queries if len(q.profile) >= 2]
-    step = max(1, len(queries) // max(a.users, 1))  # people spread over the file: LaMP files group alike people
-    queries = queries[::step][: a.users]
-    users = {(q.user or q.id): list(q.profile[: a.items]) for q in queries}
-    if not queries:
-        raise UsageError(f"no users with at least 2 profile items in {meta_data}")
-    methods = comma_names(a.methods)
-    t0 = time.perf_counter()
-    b = run_bench(engine, users, queries[0].input, repeats=a.repeats, methods=methods, method_configs=configs,
-                  prompts=[q.input for q in queries],
-                  serving={"n_people": a.serving_people, "exact_pairs": a.exact_pairs, "start_repeats": a.start_repeats})
-    b["settings"]["wall_s"] = round(time.perf_counter() - t0, 1)
-    print(format_bench(b))
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(b, indent=2))
-        print(f"wrote {a.json}")
-
-
 def cmd_demo(a) -> None:
     """The first-run path: write the demo population, build it if missing, show methods side by side."""
     demo, art = Path(a.data), Path(a.artifacts)
     ensure_demo(demo, art)
     from personalize.data import read_lamp
+    from personalize.methods.card import decode as card_decode
     from personalize.methods.engine import Engine
 
     t0 = time.perf_counter()
@@ -473,7 +290,7 @@ def cmd_demo(a) -> None:
         print(f"\n=== {q.user}: cluster {fit.cluster}/{fit.k}, λ fit {fit.stages_s.get('fit', 0) * 1000:.1f} ms")
         print(f"prompt: {q.input}\ngold:   {q.gold}")
         for m in ("base", "cluster", "card"):
-            g = engine.generate([q.input], m, fit.cluster, fit.style)[0]
+            g = card_decode.generate(engine, [q.input], m, fit.cluster, fit.style)[0]
             print(f"{m:>8}: {g.text}")
 
 
@@ -503,27 +320,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--template", action="store_true", help="wrap the prompt in the task's template")
     g.add_argument("--db", default=DEFAULT_DB)
     g.add_argument("--k", type=int, default=None)
-    _decoding_args(g)
+    decoding_args(g)
     g.set_defaults(fn=cmd_generate)
 
-    e = sub.add_parser("eval", help="ROUGE-1/ROUGE-L per method on LaMP-format data", description="Evaluate methods (Table 1 layout).")
-    e.add_argument("--artifacts", required=True)
-    e.add_argument("--data", required=True)
-    e.add_argument("--split", default="dev")
-    e.add_argument("--methods", default="base,cluster,card,bm25_copy",
-                   help="any of base, cluster, card, bm25_copy (the no-model floor), rag, pag, exact, cope, oppu, p2p")
-    e.add_argument("--limit", type=int, default=None)
-    e.add_argument("--sources", default="", help="score only users of these sources (comma-separated, e.g. the ones "
-                                                  "the build left out with --exclude-sources)")
-    e.add_argument("--alpha", type=float, default=None, help="override the build's α")
-    e.add_argument("--rerank", default=None,
-                   help="card_rerank's settings over the build's, e.g. \"n=8,greedy=false,temperature=1.0\" (n, greedy, "
-                        "temperature, top_p, seed, alpha, length_norm: rerank.RerankSettings)")
-    e.add_argument("--objective", default=None,
-                   help="which built head onboards users and steers card (tokens, pairs, hard_pairs; default: the build's first)")
-    _add_method_budgets(e)
-    e.add_argument("--json", default=None)
-    e.set_defaults(fn=cmd_eval)
+    commands.add_eval(sub)
 
     t = sub.add_parser("tune", help="choose repetition control, the style's parts, α and w on validation people",
                        description="Re-choose the decoding settings of a build on validation people (people of the "
@@ -538,43 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                "candidates); the others keep the build's settings")
     t.set_defaults(fn=cmd_tune)
 
-    n = sub.add_parser("bench", help="efficiency table measured in one run", description="Onboarding, fit, decoding overhead, switching, storage.")
-    n.add_argument("--artifacts", required=True)
-    n.add_argument("--data", default=None, help="users to onboard (default: the build's data)")
-    n.add_argument("--split", default=None)
-    n.add_argument("--users", type=int, default=8, help="people onboarded")
-    n.add_argument("--serving-people", type=int, default=8, help="people pressing Compare at once (serving)")
-    n.add_argument("--start-repeats", type=int, default=3, help="app starts timed (serving's start_s; 0 = none)")
-    n.add_argument("--items", type=int, default=24, help="history items per user")
-    n.add_argument("--repeats", type=int, default=5)
-    n.add_argument("--methods", default="rag,oppu,p2p,card,exact",
-                   help="Table 5 rows measured side by side: any of rag, oppu, p2p, card, exact ('' = none)")
-    _add_method_budgets(n)
-    n.add_argument("--json", default=None)
-    n.set_defaults(fn=cmd_bench)
-
-    f = sub.add_parser("simulate-feedback", help="votes refine λ: a simulated person votes, held-out ROUGE-L per vote count",
-                       description="A simulated person prefers, of two CARD samples, the one closer to their held-out "
-                                   "text; their style is refitted after each round of votes and scored on other "
-                                   "held-out items (and on the prompts voted on).")
-    f.add_argument("--artifacts", default=DEMO_ARTIFACTS)
-    f.add_argument("--data", required=True, help="LaMP folder of the people simulated")
-    f.add_argument("--split", default="dev")
-    f.add_argument("--sources", default="", help="only people of these sources (e.g. repositories the build never saw)")
-    f.add_argument("--users", type=int, default=16)
-    f.add_argument("--votes", default="0,5,10,20", help="checkpoints: votes after which the person is scored")
-    f.add_argument("--eval-items", type=int, default=4, help="held-out items scored: the query and the newest items")
-    f.add_argument("--vote-items", type=int, default=10, help="further held-out items whose prompts are voted on")
-    f.add_argument("--max-items", type=int, default=24, help="history items the style is fitted on")
-    f.add_argument("--vote-weight", type=float, default=2.0, help="a vote's token row against one history row")
-    f.add_argument("--rejected-weight", type=float, default=0.0,
-                   help="the other sample's tokens pushed down with this weight (0: the preferred sample alone)")
-    f.add_argument("--preference", choices=("closer", "random"), default="closer",
-                   help="closer: the sample nearer the person's text; random: a coin (the control)")
-    f.add_argument("--seed", type=int, default=0)
-    f.add_argument("--json", default=None, help="write the curves here")
-    _decoding_args(f)
-    f.set_defaults(fn=cmd_simulate_feedback)
+    commands.add_bench(sub)
+    commands.add_simulate_feedback(sub)
 
     k = sub.add_parser("style-key", help="export or import a user's style as a copyable key (≤ 4 KiB)",
                        description="A style key holds a user's fitted style (λ, token bias), clusters and the artifacts "
@@ -622,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "(Krippendorff's α) exists from the first raters (default 2; 1: plain least-rated first)")
     cr.add_argument("--attention-every", type=int, default=0,
                     help="every N-th unit a rater gets is an attention check (needs --reference; 0: none)")
-    _decoding_args(cr)
+    decoding_args(cr)
     cg = cc.add_parser("generate", help="generate the missing outputs (resumable; each output stored once)")
     cg.add_argument("--artifacts", default=None, help="the build's folder (default: the one the campaign names)")
     cs = cc.add_parser("status", help="progress, agreement and leaderboard")

@@ -23,12 +23,12 @@ import sqlite_utils
 from personalize.data import Item
 
 SCHEMA_VERSION = 4  # 2: vectors.style (token bias, kNN memory); 3: every fitted style kept as a version, votes;
-# 4: human-evaluation campaigns (personalize.campaign)
+# 4: human-evaluation campaigns (humaneval/campaign.py)
 VERSION_SOURCES = ("history", "vote", "import")  # what produced a version of a user's style
 FEEDBACK_SOURCES = ("rate", "up", "down")  # a Rate vote, a thumbs up / down on a Compare column
 WINNERS = ("a", "b", "tie", "both_bad")
 MAX_NAME = 64
-# People a campaign stores to generate its outputs (personalize.campaign.person_name) are named in this reserved
+# People a campaign stores to generate its outputs (humaneval.campaign_pool.person_name) are named in this reserved
 # namespace and kept out of users(), the studio's list of its own users; no ordinary user is named so.
 CAMPAIGN_PREFIX = "campaign:"
 
@@ -112,8 +112,7 @@ USER_TABLES = ("items", "vectors", "versions", "assignments", "generations", "bl
 def decodes_own(stats: dict) -> bool | None:
     """UserStyle.helps from a fit's stats: whether the style beat the cluster model on held-out items. A person
     who voted has asked for their own style, so CARD's fallback to the cluster model no longer applies to them."""
-    helps = stats.get("diagnostics", {}).get("helps")
-    return True if stats.get("n_votes") else helps
+    return True if stats.get("n_votes") else stats.get("diagnostics", {}).get("helps")
 
 
 # One vote per rater and pair of stored outputs (either order), enforced by SQLite for several processes.
@@ -138,8 +137,7 @@ class StoredItem:
 
 @dataclass(frozen=True)
 class StoredStyle:
-    """A person's style as stored: λ, the rest of it as bytes (style.UserStyle.extras_bytes: token bias, kNN
-    memory; None for λ alone) and whether it decodes as their own (decodes_own)."""
+    """A person's style as stored: λ, the rest as bytes (UserStyle.extras_bytes; None: λ alone), decodes_own."""
     lam: np.ndarray
     extras: bytes | None
     helps: bool | None
@@ -175,6 +173,42 @@ def _item_rows(user: str, items: Sequence[Item], start: int) -> list[dict]:
             for i, it in enumerate(items)]
 
 
+def migrate(db: sqlite_utils.Database, path: Path) -> None:
+    """The store's migration step (one transaction): an older schema to SCHEMA_VERSION, then every table made."""
+    if db["meta"].exists():
+        row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        version = int(row[0]) if row else SCHEMA_VERSION
+        if version == 1 and db["vectors"].exists():  # v1 → v2: styles are added beside the vectors
+            if "style" not in db["vectors"].columns_dict:
+                db.execute("ALTER TABLE vectors ADD COLUMN style BLOB")
+            version = 2
+        if version == 2 and db["vectors"].exists():  # v2 → v3: the stored styles become the first versions
+            db.execute("ALTER TABLE vectors ADD COLUMN version INTEGER")
+            for statement in _SCHEMA.split(";"):  # not executescript: it would commit half a migration
+                if "versions" in statement and statement.strip():
+                    db.execute(statement)
+            for r in list(db["vectors"].rows):
+                vid = db["versions"].insert(
+                    {"user": r["user"], "artifacts": r["artifacts"], "created": r["updated"],
+                     "source": "history", "note": "fitted before versions were kept", "vector": r["vector"],
+                     "d": r["d"], "model_id": r["model_id"], "stats": r["stats"], "style": r["style"]}).last_pk
+                db.execute("UPDATE vectors SET version = ? WHERE user = ? AND artifacts = ?",
+                           [vid, r["user"], r["artifacts"]])
+            version = 3
+        if version == 3:  # v3 → v4: the campaign tables are new (created below)
+            version = 4
+        if version != SCHEMA_VERSION:
+            raise StoreError(
+                f"{path} has schema version {version}, but this code only knows "
+                f"version {SCHEMA_VERSION}: upgrade personalize or use another database")
+    db.executescript(_SCHEMA)
+    try:  # the one-vote rule across processes; a database that already holds repeated votes keeps the
+        db.execute(_ONE_VOTE)  # rule of Arena.vote alone (it checks has_rating under its lock)
+    except sqlite3.IntegrityError:
+        pass
+    db["meta"].upsert({"key": "schema_version", "value": str(SCHEMA_VERSION)}, pk="key")
+
+
 class Store:
     """All studio state in one SQLite file; methods are thread-safe and each write is atomic."""
 
@@ -194,38 +228,7 @@ class Store:
 
     def _init_schema(self) -> None:
         with self._write() as db:
-            if db["meta"].exists():
-                row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-                version = int(row[0]) if row else SCHEMA_VERSION
-                if version == 1 and db["vectors"].exists():  # v1 → v2: styles are added beside the vectors
-                    if "style" not in db["vectors"].columns_dict:
-                        db.execute("ALTER TABLE vectors ADD COLUMN style BLOB")
-                    version = 2
-                if version == 2 and db["vectors"].exists():  # v2 → v3: the stored styles become the first versions
-                    db.execute("ALTER TABLE vectors ADD COLUMN version INTEGER")
-                    for statement in _SCHEMA.split(";"):  # not executescript: it would commit half a migration
-                        if "versions" in statement and statement.strip():
-                            db.execute(statement)
-                    for r in list(db["vectors"].rows):
-                        vid = db["versions"].insert(
-                            {"user": r["user"], "artifacts": r["artifacts"], "created": r["updated"],
-                             "source": "history", "note": "fitted before versions were kept", "vector": r["vector"],
-                             "d": r["d"], "model_id": r["model_id"], "stats": r["stats"], "style": r["style"]}).last_pk
-                        db.execute("UPDATE vectors SET version = ? WHERE user = ? AND artifacts = ?",
-                                   [vid, r["user"], r["artifacts"]])
-                    version = 3
-                if version == 3:  # v3 → v4: the campaign tables are new (created below)
-                    version = 4
-                if version != SCHEMA_VERSION:
-                    raise StoreError(
-                        f"{self.path} has schema version {version}, but this code only knows "
-                        f"version {SCHEMA_VERSION}: upgrade personalize or use another database")
-            db.executescript(_SCHEMA)
-            try:  # the one-vote rule across processes; a database that already holds repeated votes keeps the
-                db.execute(_ONE_VOTE)  # rule of Arena.vote alone (it checks has_rating under its lock)
-            except sqlite3.IntegrityError:
-                pass
-            db["meta"].upsert({"key": "schema_version", "value": str(SCHEMA_VERSION)}, pk="key")
+            migrate(db, self.path)
 
     def close(self) -> None:
         with self._lock:
@@ -233,7 +236,7 @@ class Store:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite_utils.Database]:
-        """One write transaction for the modules that keep their own tables here (personalize.campaign)."""
+        """One write transaction for the modules that keep their own tables here (humaneval/campaign.py)."""
         with self._write() as db:
             yield db
 
@@ -476,8 +479,7 @@ class Store:
         return vec, {k: r[k] for k in ("d", "model_id", "updated", "version")} | {"stats": json.loads(r["stats"])}
 
     def style(self, name: str, artifacts: str) -> StoredStyle | None:
-        """The person's whole style as stored (λ, and the token bias and kNN memory as bytes: style.UserStyle.from_stored
-        makes it a style), or None if not fitted."""
+        """The person's whole style as stored (style.UserStyle.from_stored makes it a style), None if not fitted."""
         r = self._get("vectors", self._require(name), artifacts)
         if r is None:
             return None

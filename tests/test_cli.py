@@ -180,7 +180,7 @@ def test_end_to_end_on_the_bundled_model(artifacts, demo_dir, tmp_path):
     assert b["methods"]["card"]["bytes_per_user"] == b["bytes_per_user"]
     assert b["methods"]["oppu"]["bytes_per_user"] > 10 * b["methods"]["card"]["bytes_per_user"]  # a LoRA vs a style
     assert "| p2p |" in r.stdout and "latency s/query" in r.stdout
-    sv = b["serving"]  # mixed batches and the scheduler (serving.py), names fixed
+    sv = b["serving"]  # mixed batches and the scheduler (eval/bench_serving.py), names fixed
     assert sv["methods"] == ["base", "cluster", "card", "cope", "p2p"] and sv["compare_s"] > 0 and sv["single_s"] > 0
     assert {"sequential_s", "scheduled_s", "p50_s", "p95_s"} <= set(sv["concurrent"])
     assert max(x["requests"] for x in sv["concurrent"]["batches"]) > 1  # people shared a batch

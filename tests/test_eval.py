@@ -14,6 +14,7 @@ from personalize.data import Query, read_lamp, write_lamp
 from personalize.methods.engine import Engine
 from personalize.eval.evaluate import paired_differences, run_eval, shuffled_partners
 from personalize.fitting.tune import choose_decoding, save_choice
+from personalize.methods.card import decode as card_decode
 
 
 def test_shuffled_partners_stay_in_the_cluster_and_never_pick_oneself():
@@ -114,16 +115,17 @@ def test_card_falls_back_with_a_note_and_retrieves_only_for_its_own_rows(engine,
     try:
         engine.cfg = replace(cfg, style=replace(cfg.style, fallback=True, retrieval=True))
         seen = []
-        real = engine.retrieval_prompts
-        monkeypatch.setattr(engine, "retrieval_prompts", lambda its, ps, b: seen.append(list(ps)) or real(its, ps, b))
-        cluster = engine.generate([prompt], "cluster", fit.cluster)[0]
-        back = engine.generate([prompt], "card", fit.cluster, lost, items=items)[0]
+        real = card_decode.retrieval_prompts
+        monkeypatch.setattr(card_decode, "retrieval_prompts",
+                            lambda eng, its, ps, b: seen.append(list(ps)) or real(eng, its, ps, b))
+        cluster = card_decode.generate(engine, [prompt], "cluster", fit.cluster)[0]
+        back = card_decode.generate(engine, [prompt], "card", fit.cluster, lost, items=items)[0]
         assert back.note and back.text == cluster.text and seen == []  # no retrieval for a fallback row
-        kept = engine.generate([prompt], "card", fit.cluster, replace(lost, helps=True), items=items)[0]
+        kept = card_decode.generate(engine, [prompt], "card", fit.cluster, replace(lost, helps=True), items=items)[0]
         assert kept.note is None and seen == [[prompt]]
         built, _ = real(items, [prompt], engine.cfg.budget)
         assert built[0].endswith(prompt) and any(it.y in built[0] for it in items)
-        paper = engine.generate([prompt], "card_paper", fit.cluster, lost, items=items)[0]
+        paper = card_decode.generate(engine, [prompt], "card_paper", fit.cluster, lost, items=items)[0]
         assert paper.note is None and len(seen) == 1  # card_paper: λ alone, no fallback, no retrieval
         assert isinstance(lost, UserStyle)
     finally:

@@ -166,7 +166,7 @@ def test_simulated_votes_give_a_curve_per_checkpoint(studio, tiny_artifacts):
 
 def test_a_person_who_voted_gets_their_style_even_where_it_lost_on_held_out_items():
     from personalize.store import decodes_own
-    from personalize.studio.facade import fit_verdict
+    from personalize.studio.fits import fit_verdict
 
     lost = {"helps": False, "acc_own": 0.30, "acc_no_head": 0.40}
     assert decodes_own({"diagnostics": lost}) is False  # the fallback applies (CARD shows the cluster model)

@@ -17,6 +17,7 @@ from personalize.methods.base import UserContext
 from personalize.methods.cope import CopeConfig, CopeLogitsProcessor, CopeMethod
 from personalize.lm.models import LM
 from personalize.lm.tokens import TokenBudget, left_pad, prompt_ids
+from personalize.methods.card import decode as card_decode
 
 BUDGET = TokenBudget(max_prompt_tokens=24, max_target_tokens=8)
 PROMPTS = ["Paraphrase: the train was late again", "Paraphrase: coffee is ready", "Paraphrase: we won the match",
@@ -61,7 +62,7 @@ def test_processor_applies_the_rule_on_both_halves():
 def test_alpha_zero_is_the_cluster_models_greedy_output(engine, k, cluster):
     user = UserContext("ann", [], cluster=cluster, k=k)
     cope = CopeMethod(engine, cfg=CopeConfig(alpha=0.0)).generate(user, PROMPTS, SETTINGS)
-    plain = engine.generate(PROMPTS, "cluster", cluster=cluster, k=k, settings=SETTINGS)
+    plain = card_decode.generate(engine, PROMPTS, "cluster", cluster=cluster, k=k, settings=SETTINGS)
     assert [g.text for g in cope] == [g.text for g in plain]
     assert [g.n_tokens for g in cope] == [g.n_tokens for g in plain]
 

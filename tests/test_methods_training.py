@@ -20,6 +20,7 @@ from personalize.methods import p2p
 from personalize.methods.oppu import OppuConfig, OppuMethod, adapter_id
 from personalize.methods.p2p import P2PConfig, P2PMethod, applied, model_shapes, profile_loss, train_p2p
 from personalize.lm.tokens import TokenBudget
+from personalize.methods.card import decode as card_decode
 
 BUDGET = TokenBudget(max_prompt_tokens=24, max_target_tokens=8)
 TOPICS = ["the train was late", "coffee is ready", "we won the match", "rain all day", "new phone today",
@@ -139,7 +140,7 @@ def test_oppu_short_history_falls_back_to_k1(tiny_model, tokenizer, tmp_path, n)
     assert list(eng.model.peft_config) == ["k1c0"] and not any(tmp_path.iterdir())
     outs = oppu.generate(u, ["Paraphrase: hi"], SETTINGS)
     eng.use_adapter("k1c0")
-    assert outs[0].text == eng.generate(["Paraphrase: hi"], "cluster", k=1, settings=SETTINGS)[0].text
+    assert outs[0].text == card_decode.generate(eng, ["Paraphrase: hi"], "cluster", k=1, settings=SETTINGS)[0].text
 
 
 def test_oppu_config_validation():

@@ -63,7 +63,7 @@ def test_style_key_round_trip_into_another_studio(studio, tmp_path):
 
     other = Store(tmp_path / "elsewhere.db")
     res = import_keys(other, build, key, "kim-elsewhere")
-    got = other.style("kim-elsewhere", build.artifacts)
+    got = UserStyle.from_stored(other.style("kim-elsewhere", build.artifacts))
     assert np.array_equal(got.lam, mine.lam) and got.helps == mine.helps
     assert dict(zip(got.bias_ids.tolist(), got.bias.tolist())) == dict(zip(mine.bias_ids.tolist(), mine.bias.tolist()))
     assert len(got.values) == 0  # the memory is the history's data: it does not travel
@@ -144,7 +144,7 @@ def test_forget_me_leaves_nothing_of_the_user(studio):
     (exports / "unrelated.csv").write_text("user,output\nsomeone,hello\n")
     pending = studio.new_pair(marker, prompt, ["base", "card"], s)
     n_ratings = len(studio.store.ratings())
-    from personalize.humaneval.campaign import CampaignConfig, CampaignItem  # the person as an item of a campaign
+    from personalize.humaneval.campaign_schema import CampaignConfig, CampaignItem  # the person as an item of a campaign
 
     studio.campaigns.create("forget-campaign", [CampaignItem(marker, prompt, tuple(it.y for it in items),
                                                              f"{marker} gold")], CampaignConfig(("base", "card"),

@@ -17,8 +17,10 @@ import pytest
 
 from personalize.data import Item
 from personalize.display import md
-from personalize.studio.facade import Studio, StudioConfig, find_builds
+from personalize.studio.builds import find_builds
+from personalize.studio.facade import Studio, StudioConfig
 from personalize.ui import populations
+from personalize.ui import text as page_text
 
 TERSE = [f"ok so the {w} was fine i guess" for w in ("bus", "tea", "rain", "film", "shop", "walk", "game", "cake")]
 CHANGES = ["Fix FTBFS with GCC 14", "New upstream release", "Bump Standards-Version to 4.7.0, no changes needed",
@@ -191,8 +193,8 @@ def test_a_table_population_is_built_in_the_background_served_and_nearest_for_it
     assert ann["nearest"]["words"] in ann["message"]
     assert ann["builds"][0]["distance"] < ann["builds"][1]["distance"]
     res = studio.save_from("ann", "\n".join(TERSE), None, "writing")
-    assert ann["message"] in studio.save_message(res)
-    assert ann["message"] not in studio.save_message(studio.save_from("deb", "\n".join(changelog_lines(99)), None,
+    assert ann["message"] in page_text.save_message(studio, res)
+    assert ann["message"] not in page_text.save_message(studio, studio.save_from("deb", "\n".join(changelog_lines(99)), None,
                                                                       "writing"))
 
     msg, *_ = populations.serve(studio, str(root / "tweets"))  # serve a build back from the tab

@@ -20,6 +20,7 @@ from personalize.card.decoding import RerankSettings
 from personalize.methods.card.rerank import Query, candidate_rows, rerank, score_sequences
 from personalize.card.style import StyleSettings, StyleTensors, UserStyle
 from personalize.lm.tokens import TokenBudget, prompt_ids
+from personalize.methods.card import decode as card_decode
 
 BUDGET = TokenBudget(max_prompt_tokens=24, max_target_tokens=8)
 PROMPTS = ["Paraphrase: the train was late again", "Paraphrase: we won the match on Sunday"]
@@ -149,12 +150,12 @@ def test_rerank_keeps_its_best_candidate_reproducibly(people):
         [c["text"] for c in out[0].trace][2:]
     built, engine.cfg = engine.cfg, replace(engine.cfg, rerank=rs)
     try:  # the method's way in: Engine.generate with the engine's rerank settings
-        via = engine.generate([PROMPTS[1]], "card_rerank", fits[1].cluster, fits[1].style, k=fits[1].k)[0]
+        via = card_decode.generate(engine, [PROMPTS[1]], "card_rerank", fits[1].cluster, fits[1].style, k=fits[1].k)[0]
     finally:
         engine.cfg = built
     assert via.trace == alone.trace
     with pytest.raises(ValueError, match="two stages"):
-        engine.rows([PROMPTS[0]], "card_rerank", fits[0].cluster, fits[0].style, k=fits[0].k)
+        card_decode.rows(engine, [PROMPTS[0]], "card_rerank", fits[0].cluster, fits[0].style, k=fits[0].k)
 
 
 def test_two_people_in_one_batch_get_each_their_own_choice(people):

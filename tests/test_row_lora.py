@@ -1,5 +1,5 @@
 """The fast mixed batch's parts on a tiny peft model: gathered per-row LoRAs (row_lora.py) give each row the
-logits it gets alone under peft (and under P2P's `applied` for a generated LoRA); oneDNN's linears (kernels.py)
+logits it gets alone under peft (and under P2P's `applied` for a generated LoRA); oneDNN's linears (lm/onednn.py)
 give F.linear's logits; both leave the model as they found it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A thread that finished its torch work hands its OpenMP team back (personalize/threads.py)."""
+"""A thread that finished its torch work hands its OpenMP team back (personalize/lm/cpu_threads.py)."""
 
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ def bench_serving(engine, store, names: Sequence[str], prompts: Sequence[str], s
     except (ValueError, FileNotFoundError) as e:
         methods.remove("p2p")
         progress(f"serving: p2p left out ({e})")
-    release_team()  # as in the app, the main thread keeps no OpenMP team while the scheduler decodes (threads.py)
+    release_team()  # as in the app, the main thread keeps no OpenMP team while the scheduler decodes (lm/cpu_threads.py)
     s = dataclasses.replace(settings, max_new_tokens=settings.max_new_tokens, min_new_tokens=settings.max_new_tokens)
     n0, p0 = names[0], prompts[0]
 
@@ -131,8 +131,8 @@ def demo_compare(artifacts: str, demo_data: str, tokens: int):
     state = studio.user_state(name)
     prompt = studio.demo_users[name][0].y[:200]
     s = dataclasses.replace(studio.engine.cfg.decoding, max_new_tokens=tokens, min_new_tokens=tokens)
-    rows = [r for m in SERVING_METHODS for r in studio._rows(m, state, prompt, s)]
-    return studio, rows, studio._rows("card", state, prompt, s)
+    rows = [r for m in SERVING_METHODS for r in studio.decoding.rows(m, state, prompt, s)]
+    return studio, rows, studio.decoding.rows("card", state, prompt, s)
 
 
 def _context(studio, state):

@@ -36,6 +36,7 @@ from personalize.methods.rag import RagIndex
 from personalize.metrics import looping, paired_interval, rouge_per_query, rouge_scores
 from personalize.card.style import style_diagnostics, variant
 from personalize.store import Store
+from personalize.methods.card import decode as card_decode
 
 SHUFFLED = {"card_shuffled": "card", "card_rerank_shuffled": RERANK}  # the method decoded with another person's style
 # eval's own columns beside the registry's methods: the core, CARD's variants, the shuffled control, the floor
@@ -161,7 +162,7 @@ def decode_people(engine: Engine, method: str, prompts: Sequence[str], fits: Seq
     for c, idx in tqdm(groups.items(), desc=desc, mininterval=2.0, disable=desc is None):
         for j in range(0, len(idx), 1 if alone else batch):
             b = idx[j: j + (1 if alone else batch)]
-            gens = engine.generate([prompts[i] for i in b], method, max(c, 0), [styles[i] for i in b],
+            gens = card_decode.generate(engine, [prompts[i] for i in b], method, max(c, 0), [styles[i] for i in b],
                                    k=fits[b[0]].k, settings=settings, items=items[b[0]] if alone else None)
             for i, g in zip(b, gens):
                 out[i] = g.text
@@ -288,10 +289,10 @@ def run_bench(engine: Engine, users: dict[str, list[Item]], prompt: str, repeats
         s = replace(engine.cfg.decoding, max_new_tokens=n_tokens, min_new_tokens=n_tokens)
         f0 = fits[n0]
         ratios, t_cluster, t_card = [], [], []
-        engine.generate([prompt], "cluster", f0.cluster, settings=s)  # warm-up
+        card_decode.generate(engine, [prompt], "cluster", f0.cluster, settings=s)  # warm-up
         for _ in range(repeats):
-            a = engine.generate([prompt], "cluster", f0.cluster, settings=s)[0]
-            b = engine.generate([prompt], "card", f0.cluster, f0.style, settings=s)[0]
+            a = card_decode.generate(engine, [prompt], "cluster", f0.cluster, settings=s)[0]
+            b = card_decode.generate(engine, [prompt], "card", f0.cluster, f0.style, settings=s)[0]
             t_cluster.append(a.latency_s / a.n_tokens), t_card.append(b.latency_s / b.n_tokens)
             ratios.append(t_card[-1] / t_cluster[-1])
 
@@ -377,7 +378,7 @@ def bench_methods(engine: Engine, users: dict[str, UserContext], prompt: str, se
             if m == "card":
                 rows[m] = {"onboarding_s": round(_median([_fit_s(fits[n]) for n in names]), 4),
                            "bytes_per_user": int(_median([store.vector_bytes(n, engine.artifacts_id) for n in names]))}
-                runners[m] = lambda u: engine.generate([prompt], "card", fits[u.name].cluster, fits[u.name].style,
+                runners[m] = lambda u: card_decode.generate(engine, [prompt], "card", fits[u.name].cluster, fits[u.name].style,
                                                        k=fits[u.name].k, settings=settings)
             else:
                 cfg = dict(configs.get(m, {}))

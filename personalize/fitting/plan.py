@@ -1,6 +1,6 @@
-"""What a build is asked to do: `build`'s command-line arguments (shared by the CLI, the app's first start and the
-Populations tab), the settings and keyword arguments they mean (build_plan), and the first start's demo build
-(its people, its arguments, ensure_demo). Imports no model code at import time: the CLI's light commands stay light.
+"""What a command asks for: `build`'s arguments (shared by the CLI, the app's first start and the Populations tab) and
+the settings and keyword arguments they mean (build_plan), the first start's demo build (its people, its arguments,
+ensure_demo), and what the CLI's and eval's commands share (the engine they load, the decoding they change). Imports no model code at import time: the CLI's light commands stay light.
 """
 
 from __future__ import annotations
@@ -51,6 +51,30 @@ def model_config(a, base=None):
     if a.load_in_4bit:
         changes["load_in_4bit"] = True
     return replace(base, **changes) if changes else None
+
+
+def decoding_args(p: argparse.ArgumentParser) -> None:
+    """The decoding settings a command may change."""
+    p.add_argument("--alpha", type=float, default=None, help="steering strength α (default: chosen by build on dev)")
+    p.add_argument("--top-k", type=int, default=None, help="candidates re-ranked per step (default 50)")
+    p.add_argument("--max-tokens", type=int, default=None, help="max new tokens (default 32)")
+
+
+def decoding(engine, a):
+    """The build's decoding settings with the command's changes."""
+    s = engine.cfg.decoding
+    changes = {k: v for k, v in {"alpha": a.alpha, "top_k": a.top_k, "max_new_tokens": a.max_tokens}.items() if v is not None}
+    return replace(s, **changes)
+
+
+def load_engine(a):
+    """The build a command names (--artifacts), with its --model changes."""
+    from personalize.methods.engine import Engine
+
+    path = Path(a.artifacts)
+    if not (path / "config.json").exists():
+        raise UsageError(f"no artifacts at {path}: build them with `python -m personalize build --data DIR --out {path}`")
+    return Engine.load(path, model_config(a) if hasattr(a, "model") else None)
 
 
 def add_build_args(p: argparse.ArgumentParser) -> None:

@@ -34,10 +34,12 @@ from tqdm import tqdm
 from personalize.card.config import FORMAT_VERSION
 from personalize.data import Item, read_lamp
 from personalize.card.decoding import DecodingSettings
-from personalize.methods.engine import RERANK, Engine, UserFit
+from personalize.catalog import RERANK
+from personalize.methods.engine import Engine, UserFit
 from personalize.metrics import looping, rouge_per_query, rouge_scores
 from personalize.card.decoding import RerankSettings
 from personalize.methods.card.rerank import Query, rerank
+from personalize.methods.card import decode as card_decode
 
 REPETITION = ((1.0, 0), (1.0, 4), (1.0, 3), (1.2, 4))  # (penalty on generated tokens, no-repeat n-gram)
 STYLES = {  # candidates for `card`, simplest first
@@ -59,7 +61,7 @@ def decode_each(engine: Engine, method: str, prompts, fits, items, s: DecodingSe
     if method == RERANK:
         return [g.text for g in rerank(engine, [Query(p, f.cluster, f.k, f.style) for p, f in zip(prompts, fits)], s)]
     rows = [r for p, f, it in zip(prompts, fits, items)
-            for r in engine.rows([p], method, f.cluster, f.style, k=f.k, settings=s, items=it)]
+            for r in card_decode.rows(engine, [p], method, f.cluster, f.style, k=f.k, settings=s, items=it)]
     return [g.text for g in engine.decode_rows(rows)] if rows else []
 
 

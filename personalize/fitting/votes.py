@@ -38,6 +38,7 @@ from personalize.methods.engine import Engine, UserFit, split_held_out
 from personalize.card.head import PairData, TokenData, diagnostics, fit_user
 from personalize.metrics import rouge_per_query
 from personalize.card.style import UserStyle, style_diagnostics
+from personalize.methods.card import decode as card_decode
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,7 @@ def refine_pairs(engine: Engine, objective: str, history: PairData, n_items: int
     votes = list(votes)[-s.max_votes:]
     engine.use_adapter(adapter_name(k, cluster))
     missing = [v.prompt for v in votes if not (v.preferred and v.other)]
-    greedy = dict(zip(missing, engine.generate(missing, "cluster", cluster, k=k))) if missing else {}
+    greedy = dict(zip(missing, card_decode.generate(engine, missing, "cluster", cluster, k=k))) if missing else {}
     pairs = [(v.preferred or greedy[v.prompt].text, v.other or greedy[v.prompt].text) for v in votes]
     chosen = feats.get(k, cluster, [(v.prompt, a) for v, a in zip(votes, (p[0] for p in pairs))])
     rejected = feats.get(k, cluster, [(v.prompt, b) for v, b in zip(votes, (p[1] for p in pairs))])
@@ -210,7 +211,7 @@ def simulate_person(engine: Engine, items: Sequence[Item], query_prompt: str, go
         while len(votes) < target and attempts < 4 * target:
             need = target - len(votes)
             batch = [pool[(len(votes) + j) % len(pool)] for j in range(need)]
-            outs = engine.generate([b.x for b in batch] * 2, "card", cluster, style, k=k, settings=sample)
+            outs = card_decode.generate(engine, [b.x for b in batch] * 2, "card", cluster, style, k=k, settings=sample)
             for j, it in enumerate(batch):
                 a, b = outs[j].text, outs[j + len(batch)].text
                 attempts += 1
@@ -231,7 +232,7 @@ def simulate_person(engine: Engine, items: Sequence[Item], query_prompt: str, go
         diag = style_diagnostics(head, eval_rows, style, [], engine.cfg.style, 1.0)
         scored = {}
         for name, group in (("eval", evals), ("voted", pool)):
-            gens = engine.generate([it.x for it in group], "card", cluster, style, k=k, settings=decoding)
+            gens = card_decode.generate(engine, [it.x for it in group], "card", cluster, style, k=k, settings=decoding)
             scored[name] = float(np.mean(rouge_per_query([g.text for g in gens], [it.y for it in group])))
         points.append({"votes": len(votes), "rougeL_eval": scored["eval"], "rougeL_voted": scored["voted"],
                        "acc_eval": diag.get("acc_own"), "logp_eval": diag.get("margin_own"),

@@ -16,135 +16,21 @@ so concurrent raters lose nothing and a unit is never judged twice by one rater 
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import json
 import random
 import time
 import uuid
-from collections import Counter
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict
 from itertools import combinations
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
-from personalize.humaneval import agreement
-from personalize.humaneval.leaderboard import LeaderboardConfig, leaderboard
-from personalize.catalog import ALL_METHODS
-from personalize.store import CAMPAIGN_PREFIX, MAX_NAME, WINNERS, Store, StoreError, now
-
-MODES = ("pairwise", "rubric")
-CRITERIA = ("style", "content", "fluency")
-REFERENCE, DEGENERATE = "reference", "degenerate"
-INSTRUCTIONS = {
-    "pairwise": "Which output is more like something this person would write?",
-    "rubric": "Score the output from 1 (poor) to 5 (excellent): style — is it like something this person would "
-              "write? content — does it do what the prompt asks? fluency — is it well-formed text?",
-}
-MAX_ITEMS = 1000
-
-
-class CampaignError(StoreError):
-    """A campaign request that cannot be carried out (unknown name, closed, bad verdict): nothing changed."""
-
-
-@dataclass(frozen=True)
-class CampaignConfig:
-    """What a campaign compares and how; stored with it, so its results can always be traced to its settings."""
-
-    methods: tuple[str, ...]
-    reference: bool = False  # the person's real text takes part as one more blinded arm
-    mode: str = "pairwise"
-    raters_per_item: int = 3  # judgments wanted per unit
-    attention_every: int = 0  # every n-th unit a rater gets is an attention check (0: none; needs the reference)
-    alpha: float | None = None  # decoding settings (None: the build's)
-    top_k: int | None = None
-    max_new_tokens: int | None = None
-    artifacts: str = ""  # the build's folder, as given
-    build: str = ""  # the build's id: outputs come from this build only
-    data: str | None = None  # the LaMP folder and split the items came from, when they did
-    split: str | None = None
-    sources: tuple[str, ...] = ()  # only people from these sources (the ones a build left out)
-    task: str = ""
-    history_shown: int = 20  # history items a rater can scroll through
-    pending_ttl_s: float = 1800.0  # a pending assignment older than this no longer counts as a unit's load
-    # a unit that has a judgment (or a pending one) goes to further raters until it has this many, before any
-    # unrated unit is opened: the overlap Krippendorff's α needs. None: 2 (raters_per_item when that is 1);
-    # 1: plain least-rated first (raters may then judge disjoint units, and α stays undefined)
-    min_raters_per_unit: int | None = None
-
-    def __post_init__(self):
-        object.__setattr__(self, "methods", tuple(dict.fromkeys(self.methods)))
-        unknown = [m for m in self.methods if m not in ALL_METHODS]
-        if unknown:
-            raise ValueError(f"unknown method(s) {unknown}: choose among {', '.join(ALL_METHODS)}")
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
-        if len(self.arms) < (2 if self.mode == "pairwise" else 1):
-            raise ValueError("a pairwise campaign compares at least two arms (methods, or a method and the reference)")
-        if not 1 <= self.raters_per_item <= 100:
-            raise ValueError("raters per item must be between 1 and 100")
-        if self.min_raters_per_unit is None:
-            object.__setattr__(self, "min_raters_per_unit", min(2, self.raters_per_item))
-        if not 1 <= self.min_raters_per_unit <= self.raters_per_item:
-            raise ValueError(f"min raters per unit (before new units are opened) must be between 1 and the raters "
-                             f"per item ({self.raters_per_item}), not {self.min_raters_per_unit}")
-        if self.attention_every < 0 or (self.attention_every and not self.reference):
-            raise ValueError("attention checks need the reference (--reference) and attention_every >= 0")
-        if self.history_shown < 5 or self.pending_ttl_s <= 0:
-            raise ValueError("history_shown >= 5 and pending_ttl_s > 0")
-
-    @property
-    def arms(self) -> tuple[str, ...]:
-        return self.methods + ((REFERENCE,) if self.reference else ())
-
-    @classmethod
-    def from_json(cls, text: str) -> "CampaignConfig":
-        raw = json.loads(text)
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: (tuple(v) if k in ("methods", "sources") else v) for k, v in raw.items() if k in known})
-
-
-@dataclass(frozen=True)
-class CampaignItem:
-    user: str
-    prompt: str
-    history: tuple[str, ...]  # what the rater sees of the person (a snapshot: later edits do not change it)
-    reference: str | None = None
-
-
-@dataclass(frozen=True)
-class Assignment:
-    """One unit as a rater sees it: the outputs in shown order; the arms' names are for the record, not shown."""
-
-    id: int
-    campaign: str
-    mode: str
-    user: str
-    history: tuple[str, ...]
-    prompt: str
-    outputs: tuple[str, ...]
-    arms: tuple[str, ...] = field(repr=False)
-    attention: bool = False
-    done: int = 0
-    total: int = 0
-
-    @property
-    def instruction(self) -> str:
-        return INSTRUCTIONS[self.mode]
-
-
-def degenerate(text: str | None) -> str:
-    """An output nobody attentive prefers to a person's real text: its first words, looped."""
-    words = (text or "").split()[:3] or ["the"]
-    return " ".join(words * 6)
-
-
-def canonical_label(row: dict) -> str:
-    """A pairwise judgment as the arm that won (or 'tie' / 'both_bad'), independent of the shown order."""
-    v = row["winner"]
-    return row["first"] if v == "a" else row["second"] if v == "b" else v
-
+from personalize.humaneval import campaign_report
+from personalize.humaneval.campaign_schema import (DEGENERATE, MAX_ITEMS, REFERENCE, Assignment, CampaignConfig,
+                                                   CampaignError, CampaignItem, degenerate, judgment, rater_id)
+from personalize.humaneval.leaderboard import LeaderboardConfig
+from personalize.store import Store, now
 
 class Campaigns:
     """Campaigns in the studio's SQLite file: creation, the output pool, assignment, judgments, results."""
@@ -243,7 +129,7 @@ class Campaigns:
         """The rater's pending unit, else a new one among the units whose outputs are ready and that this rater
         has not seen: first a unit others started that has fewer than `min_raters_per_unit` judgments (pending
         ones count), else the least-rated one; ties at random; None when nothing is left for them."""
-        rater = _rater(rater)
+        rater = rater_id(rater)
         c = self.get(name)
         if c["status"] != "open":
             raise CampaignError(f"campaign {c['name']!r} is closed")
@@ -316,7 +202,7 @@ class Campaigns:
 
     def rater_progress(self, name: str, rater: str) -> tuple[int, int]:
         """(judged, judged + still available to this rater): "12 of 40 done" (attention checks come on top)."""
-        rater = _rater(rater)
+        rater = rater_id(rater)
         c = self.get(name)
         cfg = c["config"]
         done = self.store.query("SELECT COUNT(*) AS n FROM campaign_judgments j JOIN campaign_units u ON u.id = j.unit "
@@ -331,7 +217,7 @@ class Campaigns:
 
     def submit(self, assignment: int, rater: str, verdict: str | None = None, scores: dict | None = None) -> int:
         """Stores the judgment of a pending assignment (the shown order's verdict, or rubric scores) once."""
-        rater = _rater(rater)
+        rater = rater_id(rater)
         with self.store.transaction() as db:
             row = db.execute("SELECT a.campaign, a.unit, a.rater, a.swapped, a.status, a.served, a.served_at, "
                              "c.config, c.status FROM campaign_assignments a JOIN campaigns c ON c.id = a.campaign "
@@ -343,7 +229,7 @@ class Campaigns:
             if row[8] != "open":
                 raise CampaignError("this campaign is closed")
             mode = CampaignConfig.from_json(row[7]).mode
-            verdict, scores = _judgment(mode, verdict, scores)
+            verdict, scores = judgment(mode, verdict, scores)
             jid = db["campaign_judgments"].insert(
                 {"uid": uuid.uuid4().hex, "campaign": row[0], "unit": row[1], "rater": rater, "swapped": row[3],
                  "verdict": verdict, "scores": json.dumps(scores) if scores else None,
@@ -354,7 +240,7 @@ class Campaigns:
 
     def skip(self, assignment: int, rater: str) -> None:
         """The rater passes on this unit: others get it, this rater not again."""
-        rater = _rater(rater)
+        rater = rater_id(rater)
         with self.store.transaction() as db:
             cur = db.execute("UPDATE campaign_assignments SET status = 'skipped' WHERE id = ? AND rater = ? "
                              "AND status = 'pending'", [assignment, rater])
@@ -366,7 +252,7 @@ class Campaigns:
         """An LLM judge's judgment of a unit (canonical order), kept apart from the raters' (source 'judge');
         `p_a`, the judge's probability that the first arm wins, is kept beside a pairwise verdict."""
         c = self.get(name)
-        verdict, scores = _judgment(c["config"].mode, verdict, scores)
+        verdict, scores = judgment(c["config"].mode, verdict, scores)
         if p_a is not None and c["config"].mode == "pairwise":
             scores = {"p_a": float(p_a)}
         with self.store.transaction() as db:
@@ -416,6 +302,10 @@ class Campaigns:
                         "attention": bool(r["attention"]), "source": r["source"],
                         "first": r["first"], "second": r["second"] or None, "winner": winner})
         return out
+
+    def results(self, name: str, cfg: LeaderboardConfig = LeaderboardConfig()) -> dict:
+        """The study's figures (campaign_report.results)."""
+        return campaign_report.results(self, name, cfg)
 
     def export(self, name: str, path: str | Path) -> tuple[Path, Path, int]:
         """One campaign's judgments as JSONL or CSV (by the extension) and a summary JSON beside it."""
@@ -470,7 +360,7 @@ class Campaigns:
                 scores = json.loads(scores) if isinstance(scores, str) and scores else scores or None
                 swapped = int(str(r.get("method_a")) != str(r.get("first")))
                 try:
-                    verdict, scores = _judgment(c["config"].mode, r.get("verdict") or None, scores)
+                    verdict, scores = judgment(c["config"].mode, r.get("verdict") or None, scores)
                 except CampaignError:
                     unmatched += 1
                     continue
@@ -483,115 +373,6 @@ class Campaigns:
                 added += cur.rowcount == 1
                 duplicate += cur.rowcount != 1
         return {"added": added, "duplicates": duplicate, "unmatched": unmatched}
-
-    # ------------------------------------------------------------ results
-    def results(self, name: str, cfg: LeaderboardConfig = LeaderboardConfig()) -> dict:
-        """The study's figures: strengths or rubric means with intervals, the reference's place, agreement
-        (Krippendorff's α, position bias, each rater against the others), attention checks, the LLM judge."""
-        c = self.get(name)
-        conf: CampaignConfig = c["config"]
-        rows = self.judgments(name)
-        main = [r for r in rows if not r["attention"]]
-        checks = [r for r in rows if r["attention"]]
-        judge_rows = self.judgments(name, judge=True)
-        res = {"name": c["name"], "status": c["status"], "mode": conf.mode, "arms": list(conf.arms),
-               "items": len(self.items(name)), "outputs": self.outputs(name), "judgments": len(main),
-               "raters": len({r["rater"] for r in main}), "attention": _attention(checks, conf.mode),
-               "min_raters_per_unit": conf.min_raters_per_unit}
-        by_unit: dict[tuple, set] = {}
-        for r in main:
-            by_unit.setdefault((r["first"], r["second"], r["item"]), set()).add(r["rater"])
-        shared = sum(len(v) >= 2 for v in by_unit.values())  # α is defined only over units two raters judged
-        if conf.mode == "pairwise":
-            human = _strengths(main, cfg)
-            units = {}
-            for r in main:
-                units.setdefault((r["first"], r["second"], r["item"]), {})[r["rater"]] = canonical_label(r)
-            res["agreement"] = {"krippendorff_alpha": agreement.krippendorff_alpha(units, "nominal"),
-                                "position_bias": agreement.position_bias([r["verdict"] for r in main]),
-                                "raters": agreement.rater_agreement(units), "shared_units": shared}
-            res["leaderboard"] = human["methods"]
-            judge_scores = _judge_wins(judge_rows) or {
-                m["method"]: m["strength"] for m in _strengths(judge_rows, cfg)["methods"]}
-            human_scores = {m["method"]: m["strength"] for m in human["methods"]}
-        else:
-            scored = [{"method": r["method_a"], **r["scores"]} for r in main if r["scores"]]
-            res["leaderboard"] = agreement.rubric_means(scored, CRITERIA, seed=cfg.seed)
-            per = {crit: {} for crit in CRITERIA}
-            for r in main:
-                for crit in CRITERIA:
-                    per[crit].setdefault((r["first"], r["item"]), {})[r["rater"]] = r["scores"][crit]
-            res["agreement"] = {"krippendorff_alpha": {k: agreement.krippendorff_alpha(u, "interval")
-                                                       for k, u in per.items()},
-                                "position_bias": None,
-                                "raters": agreement.rater_agreement(per["style"]), "shared_units": shared}
-            judge_scores = {m["method"]: m["mean"] for m in agreement.rubric_means(
-                [{"method": r["method_a"], **r["scores"]} for r in judge_rows if r["scores"]], CRITERIA, n_boot=1)}
-            human_scores = {m["method"]: m["mean"] for m in res["leaderboard"]}
-        ranked = [m["method"] for m in res["leaderboard"]]
-        res["reference"] = ({"rank": ranked.index(REFERENCE) + 1, "of": len(ranked)}
-                            if REFERENCE in ranked else None)
-        res["judge"] = None if not judge_rows else {
-            "model": judge_rows[0]["rater"], "judgments": len(judge_rows), "scores": judge_scores,
-            "verdicts": dict(Counter(r["verdict"] for r in judge_rows if r["verdict"])),
-            "rank_correlation": agreement.rank_correlation(human_scores, judge_scores)}
-        return res
-
-
-def _strengths(rows: Sequence[dict], cfg: LeaderboardConfig) -> dict:
-    """Bradley–Terry over the judgments in canonical order (first vs second arm, the winner unswapped)."""
-    return leaderboard([{"method_a": r["first"], "method_b": r["second"], "winner": r["winner"]}
-                        for r in rows if r["winner"]], cfg)
-
-
-def _judge_wins(rows: Sequence[dict]) -> dict[str, float]:
-    """Each arm's mean probability of winning by the judge (its p_a, not its thresholded verdict): a weak judge
-    whose verdicts are mostly ties still ranks the arms. Empty when the judge kept no probabilities."""
-    wins: dict[str, list[float]] = {}
-    for r in rows:
-        p = (r["scores"] or {}).get("p_a")
-        if p is None:
-            return {}
-        wins.setdefault(r["first"], []).append(p)
-        wins.setdefault(r["second"], []).append(1 - p)
-    return {m: round(sum(v) / len(v), 4) for m, v in wins.items()}
-
-
-def _attention(rows: Sequence[dict], mode: str) -> dict:
-    """Pass rate of the attention checks, overall and per rater (the reference preferred to the degenerate
-    output; in rubric mode the degenerate output scored 2 or less on average)."""
-    def passed(r):
-        if mode == "pairwise":
-            return canonical_label(r) == REFERENCE
-        return sum(r["scores"].values()) / len(r["scores"]) <= 2
-    per: dict[str, list[bool]] = {}
-    for r in rows:
-        per.setdefault(r["rater"], []).append(passed(r))
-    every = [p for v in per.values() for p in v]
-    return {"checks": len(every), "pass_rate": (sum(every) / len(every)) if every else None,
-            "raters": {k: round(sum(v) / len(v), 3) for k, v in per.items()}}
-
-
-def _judgment(mode: str, verdict: str | None, scores: dict | None) -> tuple[str | None, dict | None]:
-    if mode == "pairwise":
-        if verdict not in WINNERS:
-            raise CampaignError(f"a pairwise judgment is one of {', '.join(WINNERS)}, not {verdict!r}")
-        return verdict, None
-    if not isinstance(scores, dict) or set(scores) != set(CRITERIA):
-        raise CampaignError(f"a rubric judgment scores {', '.join(CRITERIA)} from 1 to 5")
-    try:
-        clean = {k: float(scores[k]) for k in CRITERIA}
-    except (TypeError, ValueError):
-        raise CampaignError("rubric scores are numbers from 1 to 5") from None
-    if any(not 1 <= v <= 5 for v in clean.values()):
-        raise CampaignError("rubric scores are numbers from 1 to 5")
-    return None, clean
-
-
-def _rater(rater: str | None) -> str:
-    if not isinstance(rater, str) or not rater.strip():
-        raise CampaignError("enter a rater id first")
-    return rater.strip()[:64]
 
 
 def _float(v: Any) -> float | None:
@@ -607,161 +388,3 @@ def _atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-# ------------------------------------------------------------ items from a LaMP folder, and generation
-
-def lamp_items(folder: str | Path, split: str, limit: int, history_shown: int = 20, sources: Sequence[str] = ()):
-    """The first `limit` queries of a LaMP split (of people from `sources` only, when given: people a build left
-    out) as campaign items: (task, items, {user: profile items})."""
-    from personalize.data import select_sources
-    from personalize.data import read_lamp
-
-    if limit < 1:
-        raise CampaignError("--limit must be at least 1")
-    task, queries = read_lamp(folder, split)
-    picked = [q for q in select_sources(queries, tuple(sources)) if len(q.profile) >= 1][:limit]
-    if not picked:
-        raise CampaignError(f"no queries with a profile in {folder} ({split})")
-    items, profiles = [], {}
-    for q in picked:
-        user = (q.user or q.id)[:64]
-        profiles[user] = list(q.profile)
-        items.append(CampaignItem(user, q.input, tuple(it.y for it in q.profile[:history_shown]), q.gold))
-    return task, items, profiles
-
-
-def person_name(task: str, user: str, history: Sequence[str]) -> str:
-    """The name a campaign's person is stored under for generation: in the store's reserved campaign namespace
-    (kept out of the studio's users, so a LaMP folder's people never mix with the studio's own), keyed by the
-    task, the person's id and the history the raters see, so the same id with another profile (another folder
-    or task) is another stored person, and the same person in two campaigns is stored and fitted once."""
-    key = hashlib.sha1(json.dumps([task, user, list(history)]).encode()).hexdigest()[:8]
-    return f"{CAMPAIGN_PREFIX}{key}:{user}"[:MAX_NAME].rstrip()
-
-
-def _stored_person(store: Store, task: str, item: dict) -> str:
-    """The stored user whose style generates an item's outputs: the campaign's own copy of the person, else (a
-    campaign made before people were kept apart, or over the studio's own users) the user of that name."""
-    own = person_name(task, item["user"], item["history"])
-    return own if store.query("SELECT 1 FROM users WHERE name = ?", [own]) else item["user"]
-
-
-def create_from_lamp(store: Store, name: str, data: str | Path, split: str, limit: int, artifacts: str | Path,
-                     build: str, task: str, sources: Sequence[str] = (), **settings) -> dict:
-    """A campaign over the first `limit` queries of a LaMP split, for the build `artifacts` serving `task`; each
-    query's person is stored from their profile for generation, apart from the studio's users (person_name:
-    a studio user of the same name is neither shown their history nor changed)."""
-    lamp_task, items, profiles = lamp_items(data, split, int(limit), sources=sources)
-    if lamp_task.name != task:
-        raise CampaignError(f"{data} is a {lamp_task.name} folder, but the build serves {task}")
-    cfg = CampaignConfig(artifacts=str(artifacts), build=build, data=str(data), split=split, task=task,
-                         sources=tuple(sources), **settings)
-    camps = Campaigns(store)
-    if (name or "").strip() in camps.names():
-        raise CampaignError(f"a campaign named {name.strip()!r} exists already")
-    known = {u["name"] for u in store.users(campaign=True)}
-    for it in items:
-        stored = person_name(task, it.user, it.history[: cfg.history_shown])
-        if stored not in known:
-            store.add_user(stored, profiles[it.user], task, campaign=True)
-            known.add(stored)
-    return camps.create(name, items, cfg)
-
-
-def generate(studio, name: str, progress: Callable[[int, int, str], None] | None = None) -> dict:
-    """Fills the campaign's output pool, method by method; resumable: what is stored is not generated again, and
-    each output is stored the moment it exists, so a kill loses at most the one being decoded."""
-    camps = studio.campaigns
-    c = camps.get(name)
-    cfg: CampaignConfig = c["config"]
-    if cfg.build and cfg.build != studio.engine.artifacts_id:
-        raise CampaignError(f"campaign {name!r} was made for build {cfg.build} ({cfg.artifacts}); the studio runs "
-                            f"{studio.engine.artifacts_id}: generate with that build")
-    todo = camps.missing(name)
-    s = studio.settings(cfg.alpha, cfg.top_k, cfg.max_new_tokens)
-    fitted: set[str] = set()
-    made, failed, t0 = 0, [], time.perf_counter()
-    for i, (item, method) in enumerate(todo):
-        if progress:
-            progress(i, len(todo), f"{method} for {item['user']}")
-        user = _stored_person(studio.store, cfg.task, item)
-        if method == "card" and user not in fitted and not studio.user_state(user).fitted:
-            studio.fit(user)
-        fitted.add(user)
-        out = studio.run_method(method, studio.user_state(user), item["prompt"], s)
-        if out.error:
-            failed.append(f"{method} for {item['user']}: {out.error}")
-            continue
-        made += camps.add_output(item["id"], method, out.text, out.latency_s)
-    if progress:
-        progress(len(todo), len(todo), "done")
-    return {"generated": made, "failed": failed, "outputs": camps.outputs(name),
-            "seconds": round(time.perf_counter() - t0, 1)}
-
-
-def run_judge(camps: Campaigns, name: str, judge, progress: Callable[[int, int, str], None] | None = None,
-              lock=None) -> dict:
-    """The LLM judge scores every unit whose outputs exist (units it judged already are kept): the campaign's
-    ranking by the judge, next to the raters', answers RQ5."""
-    from contextlib import nullcontext
-
-    mode = camps.get(name)["config"].mode
-    judged = {(r["first"], r["second"] or "", r["item"]) for r in camps.judgments(name, judge=True)}
-    units = [u for u in camps.units(name) if (u["method_a"], u["method_b"], u["position"]) not in judged
-             and u["output_a"] is not None and (not u["method_b"] or u["output_b"] is not None)]
-    for i, u in enumerate(units):
-        if progress:
-            progress(i, len(units), f"unit {i + 1} of {len(units)}")
-        with lock or nullcontext():
-            if mode == "pairwise":
-                v = judge.pairwise(u["history"], u["prompt"], u["output_a"], u["output_b"])
-                verdict, scores, p_a = v["verdict"], None, v.get("p_a")
-            else:
-                verdict, scores, p_a = None, judge.rubric(u["history"], u["prompt"], u["output_a"]), None
-        camps.add_judge(name, u["id"], judge.label, verdict, scores, p_a)
-    return {"judged": len(units)}
-
-
-def overlap_text(res: dict) -> str:
-    """How many units agreement is computed over: "agreement needs 2 raters on a unit: N units have them"."""
-    n, m = res["agreement"].get("shared_units", 0), res.get("min_raters_per_unit") or 1
-    return (f"agreement needs 2 raters on a unit: {n} unit{'' if n == 1 else 's'} {'has' if n == 1 else 'have'} "
-            f"them (a started unit goes to {m} rater{'' if m == 1 else 's'} before new ones open)")
-
-
-def format_status(res: dict) -> str:
-    """`campaign status` for a terminal: progress, the leaderboard, agreement, attention, the judge."""
-    def num(v, fmt="{:.3f}"):
-        return "—" if v is None else fmt.format(v)
-    ag = res["agreement"]
-    lines = [f"campaign {res['name']} ({res['status']}, {res['mode']}): {res['items']} items, arms "
-             f"{', '.join(res['arms'])}",
-             f"outputs {res['outputs']['done']}/{res['outputs']['total']}; {res['judgments']} judgments by "
-             f"{res['raters']} rater(s)"]
-    if res["mode"] == "pairwise":
-        lines.append("Bradley–Terry strength (Elo scale, 95% bootstrap interval):")
-        lines += [f"  {m['method']:>10}  {m['strength']:7.1f}  [{m['lower']:.1f}, {m['upper']:.1f}]  {m['votes']} votes"
-                  for m in res["leaderboard"]]
-        pb = ag["position_bias"]
-        lines.append(f"Krippendorff's α (nominal): {num(ag['krippendorff_alpha'])}; position bias: A won "
-                     f"{num(pb['a_share'], '{:.0%}')} of {pb['n']} decided [{num(pb['lower'], '{:.0%}')}, "
-                     f"{num(pb['upper'], '{:.0%}')}]")
-    else:
-        lines.append("Mean rubric scores (1–5, 95% bootstrap interval):")
-        lines += [f"  {m['method']:>10}  " + "  ".join(f"{c} {m[c]:.2f} [{m[c + '_lower']:.2f}, {m[c + '_upper']:.2f}]"
-                                                     for c in CRITERIA) for m in res["leaderboard"]]
-        lines.append("Krippendorff's α (interval): " + ", ".join(f"{k} {num(v)}"
-                                                               for k, v in ag["krippendorff_alpha"].items()))
-    lines.append(f"  {overlap_text(res)}")
-    if res["reference"]:
-        lines.append(f"the reference ranks {res['reference']['rank']} of {res['reference']['of']}")
-    lines += [f"  rater {r}: agrees with the others on {num(v['agreement'], '{:.0%}')} of {v['n']} shared units"
-              for r, v in ag["raters"].items()]
-    att = res["attention"]
-    if att["checks"]:
-        lines.append(f"attention checks: {att['checks']}, passed {num(att['pass_rate'], '{:.0%}')}")
-    if res["judge"]:
-        rc = res["judge"]["rank_correlation"]
-        lines.append(f"LLM judge {res['judge']['model']}: {res['judge']['judgments']} judgments "
-                     f"({', '.join(f'{k} {v}' for k, v in sorted(res['judge']['verdicts'].items()))}); rank correlation "
-                     f"with the raters: Spearman {num(rc['spearman'])}, Kendall {num(rc['kendall'])} (n = {rc['n']})")
-    return "\n".join(lines)

@@ -92,7 +92,7 @@ def teacher_forced(
     top_k: int = 0, batch_size: int = 16,
 ) -> list[SequenceFeatures]:
     """States of the model reading each (x, y): one forward per batch, no generation (the linear layers
-    through oneDNN on the CPU: kernels.py). Batches are made of examples of similar length (a short entry is
+    through oneDNN on the CPU: lm/onednn.py). Batches are made of examples of similar length (a short entry is
     not padded to a long one's width: the pass costs what its tokens cost), returned in the order given."""
     encoded = [(prompt_ids(tok, x, budget), target_ids(tok, y, budget)) for x, y in examples]
     order = sorted(range(len(examples)), key=lambda i: len(encoded[i][0]) + len(encoded[i][1]))

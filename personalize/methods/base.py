@@ -6,7 +6,7 @@ The contract every method keeps (CARD's three core methods and the six compared 
 A method is made as `Cls(engine, store=None, cfg=Cls.config_class())`; `prepare` does its per-user work
 (an index, an attribute search, a LoRA), `is_prepared` says whether that work is done for this history,
 `generate` decodes on its own (eval and bench use it), and `rows` describes the same decoding as rows of
-a mixed batch (batch.DecodeRow), so the studio's scheduler decodes every method of every person in one
+a mixed batch (serving.rows.DecodeRow), so the studio's scheduler decodes every method of every person in one
 `generate` call; `batch` says in words how the method's rows differ from a plain row. The test
 tests/test_method_contract.py checks all of it over every registered method.
 """

@@ -124,7 +124,7 @@ class CopeMethod:
 
     def rows(self, user: UserContext, prompts: list[str], settings: DecodingSettings,
              trace: bool = False) -> list[DecodeRow]:
-        """One row per prompt on π_user, with a twin on π_base (batch.py); COPE is greedy."""
+        """One row per prompt on π_user, with a twin on π_base (serving/runner.py); COPE is greedy."""
         user_ad, base_ad = self.adapters(user)
         s = replace(settings, do_sample=False)
         return [DecodeRow(p, self.engine.cfg.budget, s, user_ad, CopeSteer(self.cfg.alpha, self.cfg.tau, base_ad),

@@ -1,4 +1,5 @@
-"""The online stage: one loaded LM with every cluster adapter, the encoder and the heads.
+"""The online stage: one loaded LM with every cluster adapter, the encoder and the heads (what the methods decode
+with; CARD's own decoding is methods/card/decode.py).
 
 Loaded once (CLI command, app, eval, bench); a user is then a cluster id and a
 λ vector, so switching users costs a dictionary look-up and, across clusters,
@@ -19,7 +20,6 @@ import torch
 from safetensors.torch import load_file
 
 from personalize.card.adapters import BASE_ADAPTER, adapter_name, add_adapters, load_adapters
-from personalize.methods.card.steer import CardSteer
 from personalize.serving.rows import DecodeRow
 from personalize.serving.runner import decode_rows
 from personalize.card.cluster import assign, user_embeddings
@@ -29,14 +29,11 @@ from personalize.card.decoding import DecodingSettings, Generation, generate
 from personalize.lm.features import generate_with_states, teacher_forced
 from personalize.card.head import PAIR_OBJECTIVES, PairData, PersonalizationHead, TokenData, diagnostics, fit_user
 from personalize.lm.cpu_threads import hands_back_team, release_team
-from personalize.catalog import CARD_METHODS, CORE_METHODS, RERANK, VARIANTS
-from personalize.card.style import StyleSettings, UserStyle, fit_lambda_bias, memory_from_features, style_diagnostics, variant
+from personalize.card.style import UserStyle, fit_lambda_bias, memory_from_features, style_diagnostics
 from personalize.lm.models import LM, EncoderConfig, ModelConfig, load_encoder, load_lm
 from personalize.card.neutral import neutral
 
 NEUTRAL_TEMPLATE = "Rewrite the following text in plain, neutral English: {text}"
-FALLBACK_NOTE = ("your style did not beat your cluster's model on your own held-out items, "
-                 "so this is the cluster model's output")
 
 
 class ArtifactsError(ValueError):
@@ -134,7 +131,7 @@ class Engine:
                      heads, task, meta, lams)
         engine.folder = folder
         engine._pending_adapters = names[1:] if adapters_later else []
-        release_team()  # the loading thread (often the main one) keeps no OpenMP team: see threads.py
+        release_team()  # the loading thread (often the main one) keeps no OpenMP team: see lm/cpu_threads.py
         return engine
 
     @property
@@ -305,7 +302,7 @@ class Engine:
 
     def fit_style(self, feats, head: PersonalizationHead, votes: TokenData | None = None) -> tuple[UserStyle, list[float]]:
         """λ (with the token bias when the style uses one) and the kNN memory from one pass's features.
-        `votes`: rows of the texts the person preferred (or rejected), weighted (feedback.py); they join the
+        `votes`: rows of the texts the person preferred (or rejected), weighted (fitting/votes.py); they join the
         fit of λ and the bias, not the memory (the memory keeps the person's own text)."""
         st, hs = self.cfg.style, self.cfg.head
         data = TokenData.from_features(feats)
@@ -347,119 +344,13 @@ class Engine:
         diag |= {"lambda_only": {k_: v for k_, v in lam_only.items() if isinstance(v, (int, float))}}
         return diag, own, held
 
-    # ------------------------------------------------------------ generation
-    def generate(self, prompts: Sequence[str], method: str, cluster: int | None = None, lam=None,
-                 k: int | None = None, settings: DecodingSettings | None = None, objective: str | None = None,
-                 trace: bool = False, budget=None, items: Sequence[Item] | None = None) -> list[Generation]:
-        """Decode with one of the core methods: base, cluster (the user's cluster LoRA), card and its variants.
-
-        `items`: the person's history (prompts filled), for a style with retrieval: their BM25-nearest items
-        go before each prompt, as the RAG baseline places them.
-
-        `lam` is the person's style: a UserStyle, a λ array ([D], or [B, D] for one per prompt), a list of
-        either, or None (λ = 1). With the style's fallback on, a person whose style lost to the cluster model
-        on their held-out items gets the cluster model's output, with a note saying so."""
-        s = settings or self.cfg.decoding
-        k = k or self.cfg.default_k
-        budget = budget or self.cfg.budget
-        if method == "base":
-            self.use_adapter(None)
-            return generate(self.model, self.tok, list(prompts), budget, s)
-        if method not in ("cluster", *CARD_METHODS):
-            raise ValueError(f"unknown method {method!r}; choose from {(*CORE_METHODS, *VARIANTS)}")
-        if method == RERANK:
-            from personalize.methods.card.rerank import Query, rerank
-
-            return rerank(self, [Query(p, cluster or 0, k, st) for p, st in zip(prompts, self._styles(
-                lam, len(prompts), self.heads[objective or self.cfg.objectives[0]].d))], s, objective=objective,
-                budget=budget)
-        self.use_adapter(adapter_name(k, cluster or 0) if k > 1 else BASE_ADAPTER)
-        if method == "cluster":
-            return generate(self.model, self.tok, list(prompts), budget, s)
-        head, style, styles, s = self.card_parts(method, lam, len(prompts), s, objective)
-        back = [i for i, st in enumerate(styles) if style.fallback and st.helps is False]
-        out: list[Generation | None] = [None] * len(prompts)
-        if back:  # the cluster model's own output: its prompt, no retrieved items
-            for i, g in zip(back, generate(self.model, self.tok, [prompts[i] for i in back], budget, s)):
-                g.note, out[i] = FALLBACK_NOTE, g
-        rest = [i for i in range(len(prompts)) if out[i] is None]
-        if rest:
-            card_prompts, card_budget = [prompts[i] for i in rest], budget
-            if style.retrieval and items:
-                card_prompts, card_budget = self.retrieval_prompts(items, card_prompts, budget)
-            gens = generate(self.model, self.tok, card_prompts, card_budget, s, head=head,
-                            styles=[styles[i] for i in rest], style=style, n_layers=self.cfg.head.n_layers,
-                            trace=trace)
-            for i, g in zip(rest, gens):
-                out[i] = g
-        return out
-
-    def rows(self, prompts: Sequence[str], method: str, cluster: int | None = None, lam=None, k: int | None = None,
-             settings: DecodingSettings | None = None, objective: str | None = None, trace: bool = False,
-             budget=None, items: Sequence[Item] | None = None) -> list[DecodeRow]:
-        """`generate`'s work as mixed-batch rows (batch.py): the same prompts, adapters and CARD rule per row."""
-        s = settings or self.cfg.decoding
-        k = k or self.cfg.default_k
-        budget = budget or self.cfg.budget
-        if method == "base":
-            return [DecodeRow(p, budget, s) for p in prompts]
-        if method not in ("cluster", *CARD_METHODS):
-            raise ValueError(f"unknown method {method!r}; choose from {(*CORE_METHODS, *VARIANTS)}")
-        ada = adapter_name(k, cluster or 0) if k > 1 else BASE_ADAPTER
-        if method == "cluster":
-            return [DecodeRow(p, budget, s, ada) for p in prompts]
-        if method == RERANK:
-            raise ValueError(f"{RERANK} decodes in two stages (candidates in one batch, then one scoring pass), so "
-                             "it has no single row: use Engine.generate or rerank.rerank")
-        head, style, styles, s = self.card_parts(method, lam, len(prompts), s, objective)
-        out: list[DecodeRow] = []
-        for p, st in zip(prompts, styles):
-            if style.fallback and st.helps is False:
-                out.append(DecodeRow(p, budget, s, ada, note=FALLBACK_NOTE))
-                continue
-            card_prompt, card_budget = p, budget
-            if style.retrieval and items:
-                (card_prompt,), card_budget = self.retrieval_prompts(items, [p], budget)
-            out.append(DecodeRow(card_prompt, card_budget, s, ada, CardSteer(head, st, style, self.cfg.head.n_layers),
-                                 want_trace=trace))
-        return out
-
-    def card_parts(self, method: str, lam, n: int, s: DecodingSettings, objective: str | None = None):
-        """What a CARD variant decodes with: (head, style settings, one UserStyle per prompt, decoding settings)."""
-        objective = objective or self.cfg.objectives[0]
-        head = self.heads[objective]
-        style = variant(method, self.cfg.style)
-        if objective != "tokens":  # bias and memory are fitted from the tokens head's pass
-            style = replace(style, bias=False, memory=False)
-        return head, style, self._styles(lam, n, head.d), replace(s, standardize=objective in PAIR_OBJECTIVES)
-
     def decode_rows(self, rows: Sequence[DecodeRow], on_step=None) -> list[Generation]:
-        """Rows of any adapters in one batch (batch.decode_rows); the adapter layers must be on for that."""
+        """Rows of any adapters in one batch (serving.runner.decode_rows); the adapter layers must be on for that."""
         if self._pending_adapters:
             self.load_pending_adapters()
         if self._active is None:
             self.use_adapter(BASE_ADAPTER)
         return decode_rows(self.model, self.tok, rows, on_step)
-
-    def retrieval_prompts(self, items: Sequence[Item], prompts: Sequence[str], budget):
-        """Each prompt with the person's BM25-nearest history items before it, and the budget widened to fit."""
-        from personalize.methods.base import UserContext, widened
-        from personalize.methods.rag import RagMethod
-
-        rag = RagMethod(self)
-        user = UserContext("_", list(items), templated=frozenset(i for i, it in enumerate(items) if not it.x))
-        return [rag.build_prompt(user, p)[0] for p in prompts], widened(budget, rag.extra_tokens)
-
-    @staticmethod
-    def _styles(lam, n: int, d: int) -> list[UserStyle]:
-        if lam is None:
-            return [UserStyle.of(np.ones(d, np.float32))] * n
-        if isinstance(lam, UserStyle):
-            return [lam] * n
-        if isinstance(lam, (list, tuple)):
-            return [UserStyle.of(x) for x in lam]
-        arr = np.asarray(lam, dtype=np.float32)
-        return [UserStyle.of(r) for r in arr] if arr.ndim == 2 else [UserStyle.of(arr)] * n
 
 
 def split_held_out(data, n_hold: int, n_items: int):

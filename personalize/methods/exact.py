@@ -140,7 +140,7 @@ class ExactMethod:
     def cached_margins(self, rows: Sequence[Row]) -> np.ndarray:
         """lm_margins' values with each group of rows that share a pair and a chosen set read over one
         cached prefix: the same token sequences (each built whole, as lm_margins builds them), the linear layers
-        through oneDNN on the CPU (kernels.py)."""
+        through oneDNN on the CPU (lm/onednn.py)."""
         e = self.engine
         budget = widened(e.cfg.budget, ATTR_TOKENS)
         groups: dict[tuple, list[int]] = {}

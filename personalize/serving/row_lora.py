@@ -52,7 +52,7 @@ def targets(model) -> list[Target]:
 
 def supported(model, adapters: Sequence[str]) -> bool:
     """Whether the batch's adapters are plain LoRAs on linear layers, unmerged (the gathered form's terms);
-    a DoRA or other peft variant, or a merged adapter, decodes on peft's own path (batch.decode_rows)."""
+    a DoRA or other peft variant, or a merged adapter, decodes on peft's own path (serving.runner.decode_rows)."""
     used = set(adapters)
     for t in targets(model):
         m = t.module

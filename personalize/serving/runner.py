@@ -101,7 +101,7 @@ def decode_rows(model, tok, rows: Sequence[DecodeRow], on_step: Callable[[int, i
 
     fast (the default): each row's LoRA gathered into one matmul pair per module (row_lora.py), the prompt
     prefilled once per distinct (prompt, LoRA) (shared_prefill), the linear layers through oneDNN on the CPU
-    (kernels.py). fast=False: the libraries' own way, peft's `adapter_names`, P2P's row hooks, every row
+    (lm/onednn.py). fast=False: the libraries' own way, peft's `adapter_names`, P2P's row hooks, every row
     prefilled, `F.linear`: the reference the tests and benchmarks/mixed_step.py compare with (same greedy
     outputs)."""
     first: dict = {}  # identical plain greedy rows decode once (e.g. a card row that fell back = the cluster row)

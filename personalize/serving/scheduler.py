@@ -6,7 +6,7 @@ studio must mix requests of different events (a Compare of six methods, a Rate p
 campaign's outputs), of any user, cluster and method, and stream each row's tokens back to its own page.
 So every decode goes through `DecodeScheduler.run`: the request's rows are built and decoded in the
 scheduler's one worker thread, with the rows of every request that arrived within `window_ms` of the one
-before it (at most `max_wait_ms` after the first; batch.decode_rows), and each request gets its own rows'
+before it (at most `max_wait_ms` after the first; serving.runner.decode_rows), and each request gets its own rows'
 outputs. The window slides because requests sent at one moment do not arrive at one: 8 Compares sent
 together over HTTP reached the scheduler over 57-90 ms (Gradio starts each handler in turn), and with a
 fixed 30 ms window the later ones waited for the first batch to finish (~4 s) before their own began
@@ -88,7 +88,7 @@ class DecodeScheduler:
 
     # ------------------------------------------------------------ worker
     def _loop(self) -> None:
-        lower_priority(self.cfg.nice)  # a vote or a page load is served between our steps (threads.py)
+        lower_priority(self.cfg.nice)  # a vote or a page load is served between our steps (lm/cpu_threads.py)
         while True:
             first = self._queue.get()
             if first is None:
@@ -113,7 +113,7 @@ class DecodeScheduler:
                     if not r.future.done():
                         r.future.set_exception(e)
             if self._queue.empty():
-                release_team()  # idle: a fit elsewhere must not run throttled beside our team (threads.py)
+                release_team()  # idle: a fit elsewhere must not run throttled beside our team (lm/cpu_threads.py)
 
     def _serve(self, pending: list[_Request]) -> None:
         with self.lock:

@@ -10,12 +10,17 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from safetensors import safe_open
 
 from personalize.card.style import UserStyle
 from personalize.card import stylekey
 from personalize.store import Store
+from personalize.studio.service import Service
+
+if TYPE_CHECKING:
+    from personalize.studio.fits import Fits
 
 
 @dataclass(frozen=True)
@@ -192,3 +197,37 @@ def _drop_records(path: Path, theirs) -> int | None:
     except (ValueError, TypeError):
         return None
     return len(records) - len(keep)
+
+
+class OwnData(Service):
+    """The person's own, from the app: their style key, and forget me (with the copies this process holds)."""
+
+    def __init__(self, rt, fits: "Fits"):
+        super().__init__(rt)
+        self.fits = fits
+
+    def style_key(self, name: str, all_versions: bool = False) -> str:
+        """The user's current style (or every version, one key per line) as text they can take elsewhere."""
+        return export_keys(self.store, BuildInfo.of_engine(self.engine), name, all_versions)
+
+    def import_style_key(self, text: str, name: str | None = None) -> dict:
+        return import_keys(self.store, BuildInfo.of_engine(self.engine), text, name)
+
+    def forget(self, name: str) -> dict:
+        """"Forget me" (owner.forget_user), and the copies this process holds: methods' caches, fit features."""
+        name = self.store.user(name)["name"]
+        with self.model_lock:
+            for m in self.rt.methods.values():
+                if hasattr(m, "forget_user"):
+                    m.forget_user(name)
+            self.rt.arena.forget_user(name)
+            self.fits.forget_user(name)
+            return forget_user(self.store, name, Path(self.cfg.db).parent / "oppu", Path(self.cfg.export_dir))
+
+    def forget_me(self, name: str | None, confirmed: bool) -> dict:
+        """"Forget me" from the page: only with the box that confirms it ticked (forget)."""
+        name = self.rt.need_user(name)
+        if not confirmed:
+            raise ValueError("tick the box to confirm: forgetting cannot be undone")
+        return self.forget(name)
+

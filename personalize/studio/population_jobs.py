@@ -29,6 +29,9 @@ from personalize.card.cluster import closeness
 from personalize.data import HistoryError
 from personalize.display import md
 from personalize.lm.cpu_threads import lower_priority, release_team
+from personalize.studio.builds import Builds
+from personalize.studio.histories import Histories
+from personalize.studio.service import Service
 
 SOURCES = {"git": "a git repository", "changelogs": "Debian maintainers' changelogs", "table": "a table"}
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
@@ -235,3 +238,70 @@ def nearest(embedding: np.ndarray, builds: Sequence[dict]) -> dict:
                      "words": words, "served": bool(b.get("served"))})
     rows.sort(key=lambda r: r["distance"])
     return {"builds": rows, "nearest": rows[0] if rows else None}
+
+
+class Populations(Service):
+    """The Populations tab from the studio: one population build at a time (it takes the CPU for minutes), and which
+    build's population a person's writing is nearest."""
+
+    def __init__(self, rt, served_builds: Builds, histories: Histories):
+        super().__init__(rt)
+        self.served_builds, self.histories = served_builds, histories
+        self._population_job = None  # the newest PopulationJob started from the app, running or ended
+        self._population_start = threading.Lock()
+
+    @property
+    def population_job(self):
+        return self._population_job
+
+    def start_population_build(self, source: str, name: str | None, paths: Sequence[str] | str | None = None,
+                               serve: bool = True, cfg=None, build_kwargs: dict | None = None):
+        """A population from `source` (population_jobs.SOURCES: git repositories, one per line; a Debian docs
+        folder; a .csv / .jsonl table) built into <artifacts root>/<name> by a background PopulationJob (progress,
+        cancel) with its own copy of the served build's model, so every tab keeps answering; served once written
+        when `serve`. cfg / build_kwargs replace the app's build settings (tests)."""
+        from personalize.studio import population_jobs
+
+        with self._population_start:
+            job = self._population_job
+            if job is not None and job.running:
+                raise ValueError(f"the build of {job.name!r} is still running: wait for it, or cancel it")
+            self._population_job = population_jobs.start(
+                name or "", source, paths.splitlines() if isinstance(paths, str) else list(paths or []),
+                self.served_builds.artifacts_root, self.served_builds.artifacts_root.parent / "populations", self.engine.cfg.model,
+                self.engine.cfg.encoder, self.served_builds.use_build, serve, cfg, build_kwargs)
+            return self._population_job
+
+    def cancel_population_build(self) -> str:
+        """Cancel: the running build stops at its next step and leaves nothing behind; returns the job's line."""
+        job = self._population_job
+        if job is None or not job.running:
+            raise ValueError("no population build is running")
+        job.cancel()
+        return job.line()
+
+    def nearest_build(self, name: str, embedding: np.ndarray | None = None) -> dict:
+        """Which build's population the person's writing is nearest: the distance of their mean embedding to each
+        build's nearest cluster centre at its default K (only the other builds' clusters.npz is read, no model),
+        for the builds that embed with the served build's encoder, nearest first, each with cluster.closeness's
+        words. Returns {"user", "builds", "nearest", "other_encoder" (ids not comparable), "message": one line
+        when another build is nearer than the served one, else ""}."""
+        from personalize.studio import population_jobs
+        from personalize.display import md
+
+        name = self.store.user(name)["name"]
+        enc, k, c = self.engine.meta.get("encoder_id"), self.engine.cfg.default_k, self.engine.clusters
+        served = {"folder": self.served_builds.build.folder, "id": self.engine.artifacts_id, "task": self.task.name, "k": k,
+                  "encoder_id": enc, "served": True, "embeddings": c.embeddings, "centroids": c.centroids[k],
+                  "labels": c.labels[k]}
+        others = [x for _, f in self.served_builds.build_choices()[1:] if (x := population_jobs.build_centres(f)) is not None]
+        embedding = self.histories.embed_history(name) if embedding is None else embedding  # Save has just computed it
+        res = population_jobs.nearest(embedding, [served, *(x for x in others if x["encoder_id"] == enc)])
+        res |= {"user": name, "other_encoder": [x["id"] for x in others if x["encoder_id"] != enc], "message": ""}
+        best, here = res["nearest"], next(r for r in res["builds"] if r["served"])
+        if not best["served"]:
+            res["message"] = (f"Of the {len(res['builds'])} builds here, **{md(best['id'])}** ({best['task']}) is "
+                              f"nearest your writing (distance {best['distance']:.2f}, against {here['distance']:.2f} "
+                              f"for the one served): there you are {best['words']}. Serve it in the *Populations* tab.")
+        return res
+

@@ -13,7 +13,8 @@ import functools
 import gradio as gr
 import plotly.graph_objects as go
 
-from personalize.humaneval.campaign import CRITERIA, REFERENCE, overlap_text
+from personalize.humaneval.campaign_schema import CRITERIA, REFERENCE
+from personalize.humaneval.campaign_report import overlap_text
 from personalize.display import md, plot_text
 from personalize.catalog import ALL_METHODS
 from personalize.studio.facade import Studio

@@ -47,7 +47,7 @@ def guarded(n_outputs: int, status_index: int = 0):
 
 def bind(fn, *args):
     """`fn` with its first arguments fixed (the studio, a method, a vote), named as `fn` on Gradio's API page;
-    Gradio's worker thread hands its OpenMP team back afterwards (threads.py).
+    Gradio's worker thread hands its OpenMP team back afterwards (lm/cpu_threads.py).
     Gradio still finds a gr.Progress default in what is left; a gr.Request parameter it finds only on a plain
     function, so handlers that need the request are wrapped in a closure instead."""
     bound = functools.partial(fn, *args)

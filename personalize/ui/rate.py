@@ -15,7 +15,7 @@ import functools
 import gradio as gr
 
 from personalize.humaneval.arena import rater_id
-from personalize.humaneval.campaign import CRITERIA, Assignment
+from personalize.humaneval.campaign_schema import CRITERIA, Assignment
 from personalize.display import md
 from personalize.studio.facade import Studio
 from personalize.ui.common import guarded, logged_in, rater_box

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from personalize.serving.rows import DecodeRow
 from personalize.card.decoding import DecodingSettings, Generation
 from personalize.methods.base import UserContext
+from personalize.methods.card import decode as card_decode
 
 
 @dataclass(frozen=True)
@@ -39,12 +40,12 @@ class _Core:
         return user.items if self.name == "card" and self.engine.cfg.style.retrieval else None
 
     def generate(self, user: UserContext, prompts: list[str], settings: DecodingSettings) -> list[Generation]:
-        return self.engine.generate(prompts, self.name, user.cluster, user.lam, k=user.k, settings=settings,
+        return card_decode.generate(self.engine, prompts, self.name, user.cluster, user.lam, k=user.k, settings=settings,
                                     items=self._items(user))
 
     def rows(self, user: UserContext, prompts: list[str], settings: DecodingSettings,
              trace: bool = False) -> list[DecodeRow]:
-        return self.engine.rows(prompts, self.name, user.cluster, user.lam, k=user.k, settings=settings, trace=trace,
+        return card_decode.rows(self.engine, prompts, self.name, user.cluster, user.lam, k=user.k, settings=settings, trace=trace,
                                 items=self._items(user))
 
 

@@ -5,10 +5,10 @@ barely moves the text: at each step it can only reorder the cluster model's top-
 token rarely pays off within a greedy path. `card_rerank` scores whole sequences instead:
 
 1. candidates: `RerankSettings.n` outputs of the cluster model for each prompt, decoded in ONE mixed batch
-   (batch.decode_rows, every person and cluster together, each prompt prefilled once): its greedy output and
+   (serving.runner.decode_rows, every person and cluster together, each prompt prefilled once): its greedy output and
    CARD's own greedy output (so reranking can never do worse, on the style's own score, than choosing
    between the two), and samples (temperature, top-p within the decoding top-k), each row with its own
-   seed (batch.SampleSteer), so a person's candidates do not depend on who else is in the batch;
+   seed (serving.rows.SampleSteer), so a person's candidates do not depend on who else is in the batch;
 2. `score_sequences`: every candidate teacher-forced under the person's style in one forward pass per chunk
    of rows, the per-step log-probabilities of the distribution CARD decodes from (style.style_scores on the
    top-k, log-softmax over the step's candidates: the cluster model's log-prob plus α·correction,
@@ -30,7 +30,7 @@ from typing import Sequence
 import torch
 
 from personalize.card.adapters import BASE_ADAPTER, adapter_name
-from personalize.methods.card.steer import CardSteer
+from personalize.methods.card.steer import CardSteer, card_parts
 from personalize.serving.rows import DecodeRow, SampleSteer
 from personalize.serving.runner import check_adapters
 from personalize.card.decoding import RerankSettings, DecodingSettings, Generation
@@ -156,7 +156,7 @@ def candidate_rows(engine, q: Query, s: DecodingSettings, rs: RerankSettings, ob
     k = q.k or engine.cfg.default_k
     ada = adapter_name(k, q.cluster) if k > 1 else BASE_ADAPTER
     greedy = replace(s, do_sample=False, alpha=rs.alpha)
-    head, style, (st,), cs = engine.card_parts("card_rerank", q.style, 1, greedy, objective)
+    head, style, (st,), cs = card_parts(engine, "card_rerank", q.style, 1, greedy, objective)
     card = DecodeRow(q.prompt, budget, cs, ada, CardSteer(head, st, style, engine.cfg.head.n_layers))
     rows, labels = ([DecodeRow(q.prompt, budget, greedy, ada), card], ["cluster", "card"]) if rs.greedy else ([], [])
     for j in range(rs.n - len(rows)):
