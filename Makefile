@@ -1,7 +1,7 @@
 # Two commands do all the set-up on a fresh machine:
 #   make run    start the studio (Gradio, http://127.0.0.1:7860) on the embedded default model;
 #               the first start builds the demo artifacts (minutes, with progress)
-#   make test   run the test suite (installs Debian's chromium + chromedriver for the browser test if missing)
+#   make test   check the import layers (.importlinter), then run the test suite (installs Debian's chromium + chromedriver for the browser test if missing)
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -25,6 +25,7 @@ run: setup
 	$(BIN)/python app.py $(ARGS)
 
 test: setup browser
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q tests
 
 clean:

@@ -24,9 +24,8 @@ from pathlib import Path
 
 import gradio as gr
 
-from personalize.studio import Studio, StudioConfig
-from personalize.ui import (campaigns, cluster, compare, explore, export, fit, leaderboard, populations, quick_pair,
-                            rate, why, writing)
+from personalize.studio.facade import Studio, StudioConfig
+from personalize.ui import campaigns, cluster, compare, explore, export, fit, leaderboard, populations, quick_pair, rate, why, writing
 from personalize.ui.common import CSS, EXPECTED
 from personalize.ui.controls import forget_previous_person, page_top
 
@@ -121,7 +120,7 @@ def main(argv=None) -> int:
         print(f"error: --host {a.host} shares the studio beyond this machine; give --auth USER:PASSWORD",
               file=sys.stderr)
         return 2
-    from personalize.cli import DEMO_ARTIFACTS, ensure_demo
+    from personalize.fitting.plan import DEMO_ARTIFACTS, ensure_demo
 
     t0 = time.perf_counter()
     try:

@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from personalize import serving  # noqa: E402  (the bench's own start timer: one implementation)
+from personalize.eval import bench_serving as serving  # noqa: E402  (the bench's own start timer: one implementation)
 
 
 def one_start(app_args: list[str], timeout: float) -> tuple[float, float | None]:

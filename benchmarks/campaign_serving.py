@@ -39,7 +39,7 @@ def free_port() -> int:
 
 def load_campaign(studio, name: str, n_items: int = 20, raters_per_item: int = 20) -> None:
     """A pairwise campaign whose outputs are already in the pool (serving involves no model)."""
-    from personalize.campaign import CampaignConfig, CampaignItem
+    from personalize.humaneval.campaign_schema import CampaignConfig, CampaignItem
 
     items = [CampaignItem(f"load-user-{i}", f"prompt {i}", tuple(f"item {i}.{j}" for j in range(6)))
              for i in range(n_items)]
@@ -159,7 +159,7 @@ def main(argv=None) -> int:
     p.add_argument("--pace", type=float, default=2.0, help="mean think time (s) of the paced run")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
-    from personalize.studio import Studio, StudioConfig
+    from personalize.studio.facade import Studio, StudioConfig
 
     folder = Path(tempfile.mkdtemp(prefix="campaign-serving-"))
     db = folder / "studio.db"

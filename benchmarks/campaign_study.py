@@ -80,9 +80,10 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--figure", default=None, help="write the results figure (HTML) here")
     a = p.parse_args(argv)
-    from personalize.campaign import format_status, run_judge
-    from personalize.judge import Judge, JudgeConfig
-    from personalize.studio import Studio, StudioConfig
+    from personalize.humaneval.campaign_report import format_status
+    from personalize.humaneval.campaign_pool import run_judge
+    from personalize.humaneval.judge import Judge, JudgeConfig
+    from personalize.studio.facade import Studio, StudioConfig
 
     db = a.db or str(Path(tempfile.mkdtemp(prefix="campaign-study-")) / "studio.db")
     studio = Studio.load(StudioConfig(artifacts=a.artifacts, db=db))

@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     p.add_argument("--items", type=int, default=24)
     a = p.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from personalize.studio import Studio, StudioConfig
+    from personalize.studio.facade import Studio, StudioConfig
 
     folder = Path(tempfile.mkdtemp(prefix="fit-after-save-"))
     st = Studio.load(StudioConfig(artifacts=a.artifacts, db=str(folder / "s.db"), demo_data=a.demo_data,
@@ -40,7 +40,7 @@ def main(argv=None) -> int:
         st.save_history(name, items, st.task.name)
         mode = "after the rewrites" if i % 2 else "right after Save"
         if i % 2:
-            st._rewrites.result()  # noqa: SLF001 - the background rewrites Save started
+            st.histories.rewrites.result()  # noqa: SLF001 - the background rewrites Save started
         t0 = time.perf_counter()
         fit = st.fit(name)
         times[mode].append(round(time.perf_counter() - t0, 2))

@@ -16,10 +16,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from personalize.build import _population, _population_diagnostics, head_data
+from personalize.fitting.build import _population, _population_diagnostics, head_data
 from personalize.data import read_lamp
-from personalize.engine import Engine
-from personalize.head import PersonalizationHead, train_population
+from personalize.methods.engine import Engine
+from personalize.card.head import PersonalizationHead, train_population
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""torch's F.linear (MKL's sgemm on the CPU) against oneDNN's linear with packed weights (personalize/kernels.py)
+"""torch's F.linear (MKL's sgemm on the CPU) against oneDNN's linear with packed weights (personalize/lm/onednn.py)
 on SmolLM2-135M's shapes: the 30 decoder blocks' seven linears and the 49k × 576 head, at a decoding step's
 few rows up to a prefill's hundreds.
 

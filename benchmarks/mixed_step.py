@@ -35,9 +35,9 @@ def main(argv=None) -> None:
 
     import torch
 
-    from personalize.batch import decode_rows
-    from personalize.serving import demo_compare
-    from personalize.threads import release_team
+    from personalize.serving.runner import decode_rows
+    from personalize.eval.bench_serving import demo_compare
+    from personalize.lm.cpu_threads import release_team
 
     studio, compare, card = demo_compare(a.artifacts, a.demo_data, a.tokens)
     e = studio.engine
@@ -55,7 +55,7 @@ def main(argv=None) -> None:
 
     for path in paths:  # warm-up, and the outputs of each path
         outs[path] = [g.text for g in decode("compare", path)]
-    release_team()  # as the app's threads do (threads.py): the main thread keeps no OpenMP team
+    release_team()  # as the app's threads do (lm/cpu_threads.py): the main thread keeps no OpenMP team
     same = outs["fast"] == outs["reference"]  # (F.linear's rounding may differ from oneDNN's: not compared)
     print(f"same outputs on both paths: {same}")
     if not same:

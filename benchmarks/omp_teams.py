@@ -1,4 +1,4 @@
-"""Why threads hand their OpenMP team back (personalize/threads.py): one Compare's decode, timed in a worker
+"""Why threads hand their OpenMP team back (personalize/lm/cpu_threads.py): one Compare's decode, timed in a worker
 thread while the main thread keeps the team it made loading the model, and after it hands it back.
 
     .venv/bin/python benchmarks/omp_teams.py [--artifacts data/artifacts/demo] [--repeats 5] [--tokens 24]
@@ -45,8 +45,8 @@ def main(argv=None) -> None:
 
     import torch
 
-    from personalize.serving import demo_compare
-    from personalize.threads import release_team
+    from personalize.eval.bench_serving import demo_compare
+    from personalize.lm.cpu_threads import release_team
 
     studio, rows, card = demo_compare(a.artifacts, a.demo_data, a.tokens)
     print(f"{len(rows)} rows (+ COPE's twin), {a.tokens} tokens, torch threads {torch.get_num_threads()}")

@@ -19,7 +19,7 @@ from collections import Counter
 
 import numpy as np
 
-from personalize.evaluate import paired_interval
+from personalize.metrics import paired_interval
 from personalize.metrics import rouge_per_query
 
 POOLS = {"cluster or card (n = 2)": slice(0, 2), "greedy + 2 samples (n = 4)": slice(0, 4),

@@ -126,7 +126,7 @@ def quantiles(ms: list[float]) -> str:
 
 
 def main(argv=None) -> None:
-    from personalize.scheduler import SchedulerConfig
+    from personalize.serving.scheduler import SchedulerConfig
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--artifacts", default="data/artifacts/demo")
@@ -145,7 +145,7 @@ def main(argv=None) -> None:
 
     import app as studio_app
 
-    from personalize.studio import Studio, StudioConfig
+    from personalize.studio.facade import Studio, StudioConfig
 
     tmp = Path(tempfile.mkdtemp())
     studio = Studio.load(StudioConfig(artifacts=a.artifacts, db=str(tmp / "studio.db"), demo_data=a.demo_data,

@@ -15,7 +15,8 @@ import argparse
 from pathlib import Path
 
 from personalize.data import read_history_file, read_lamp
-from personalize.engine import Engine
+from personalize.methods.engine import Engine
+from personalize.methods.card import decode as card_decode
 
 METHODS = ("base", "cluster", "card_paper", "card")
 
@@ -49,7 +50,7 @@ def main(argv=None) -> None:
         d = fit.diagnostics
         rows[name] = {"_cluster": fit.cluster, "helps": d.get("helps"), "acc": (d.get("acc_own"), d.get("acc_no_head"))}
         for m in METHODS:
-            g = engine.generate([prompt], m, fit.cluster, fit.style, items=items)[0]
+            g = card_decode.generate(engine, [prompt], m, fit.cluster, fit.style, items=items)[0]
             rows[name][m] = g.text + (" *(fallback: cluster model)*" if g.note else "")
     print(f"prompt: {prompt[:300]!r}\n")
     print("| method | " + " | ".join(f"{n} (cluster {r['_cluster']})" for n, r in rows.items()) + " |")

@@ -19,11 +19,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from personalize.adapters import BASE_ADAPTER, adapter_name
-from personalize.engine import Engine
-from personalize.head import TokenData
-from personalize.style import style_diagnostics
-from personalize.tune import validation_people
+from personalize.card.adapters import BASE_ADAPTER, adapter_name
+from personalize.methods.engine import Engine
+from personalize.card.head import TokenData
+from personalize.card.style import style_diagnostics
+from personalize.fitting.tune import validation_people
 
 
 def main(argv=None) -> None:

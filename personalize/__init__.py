@@ -1,4 +1,9 @@
-"""personalize: CARD (cluster LoRA + reward-guided decoding with per-user vectors) and the methods it is compared with."""
+"""personalize: CARD (cluster LoRA + reward-guided decoding with per-user vectors) and the methods it is compared with.
+
+Packages by concern, each importing only the layers below it (docs/ARCHITECTURE.md, .importlinter):
+cli > eval | ui > studio > humaneval | fitting > methods > serving > card > lm; the shared top-level modules
+(store, data, metrics, display, catalog, demo) import no package.
+"""
 
 __version__ = "0.1.0"
 

@@ -10,153 +10,35 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .config import CardConfig
+from personalize.eval import commands
+from personalize.fitting.plan import (DEMO_ARTIFACTS, UsageError, add_build_args, comma_list, comma_names,
+                                      decoding, decoding_args, ensure_demo, load_engine, run_build)
 
 DEFAULT_DB = "data/studio.db"
-DEMO_ARTIFACTS = "data/artifacts/demo"
-
-
-class UsageError(ValueError):
-    pass
-
-
-def _ints(s: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in s.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
-
-
-def _list(s: str | None) -> tuple[str, ...]:
-    return tuple(x.strip() for x in (s or "").split(",") if x.strip())
-
-
-def _methods(s: str) -> list[str]:
-    return [m.strip() for m in s.split(",") if m.strip()]
-
-
-def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="LM: 'bundled' (SmolLM2-135M-Instruct GGUF), a Hugging Face id or a folder")
-    p.add_argument("--device", default=None, help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--dtype", default=None, help="auto | float32 | bfloat16 | float16")
-    p.add_argument("--load-in-4bit", action="store_true", help="4-bit weights via bitsandbytes (CUDA only)")
-
-
-def _model_config(a, base=None):
-    from .models import ModelConfig
-
-    base = base or ModelConfig()
-    changes = {k: v for k, v in {"name_or_path": a.model, "device": a.device, "dtype": a.dtype}.items() if v}
-    if a.load_in_4bit:
-        changes["load_in_4bit"] = True
-    return replace(base, **changes) if changes else None
-
-
-def _decoding_args(p):
-    p.add_argument("--alpha", type=float, default=None, help="steering strength α (default: chosen by build on dev)")
-    p.add_argument("--top-k", type=int, default=None, help="candidates re-ranked per step (default 50)")
-    p.add_argument("--max-tokens", type=int, default=None, help="max new tokens (default 32)")
-
-
-def _decoding(engine, a):
-    s = engine.cfg.decoding
-    changes = {k: v for k, v in {"alpha": a.alpha, "top_k": a.top_k, "max_new_tokens": a.max_tokens}.items() if v is not None}
-    return replace(s, **changes)
-
-
-def _rerank_changes(spec: str | None) -> dict:
-    """--rerank "n=8,greedy=false": fields of card_rerank's settings (rerank.RerankSettings checks them), read
-    before any model loads."""
-    import dataclasses
-
-    from .rerank import RerankSettings
-
-    defaults, changes = RerankSettings(), {}
-    for part in _list(spec):
-        key, _, value = (x.strip() for x in part.partition("="))
-        if key not in {f.name for f in dataclasses.fields(RerankSettings)}:
-            raise UsageError(f"--rerank: unknown setting {key!r}; settings: {list(dataclasses.asdict(defaults))}")
-        kind = type(getattr(defaults, key))
-        if kind is bool and value.lower() not in ("true", "false"):
-            raise UsageError(f"--rerank: {key} is true or false, got {value!r}")
-        try:
-            changes[key] = value.lower() == "true" if kind is bool else kind(value)
-            replace(defaults, **changes)
-        except ValueError as e:
-            raise UsageError(f"--rerank: {e}") from e
-    return changes
-
-
-def _engine(a):
-    from .engine import Engine
-
-    path = Path(a.artifacts)
-    if not (path / "config.json").exists():
-        raise UsageError(f"no artifacts at {path}: build them with `python -m personalize build --data DIR --out {path}`")
-    return Engine.load(path, _model_config(a) if hasattr(a, "model") else None)
 
 
 # ---------------------------------------------------------------- commands
 
 def cmd_build(a) -> None:
-    from .build import build
-
-    data, out, cfg, kwargs = build_plan(a)
-    build(data, a.split, out, cfg, **kwargs)
-
-
-def build_plan(a) -> tuple[Path, Path, CardConfig, dict]:
-    """What `build`'s arguments ask for: (data, out, the settings, build()'s other keyword arguments); the app's
-    Populations tab builds with the same arguments (population_jobs)."""
-    from .adapters import LoraSettings
-    from .build import P2P_STEPS
-    from .config import CardConfig
-    from .head import HeadSettings
-    from .methods.p2p import P2PConfig
-    from .models import EncoderConfig, ModelConfig
-    from .tokens import TokenBudget
-
-    data = Path(a.data)
-    if not data.is_dir():
-        raise UsageError(f"--data {data} is not a folder")
-    cfg = CardConfig()
-    cfg = replace(
-        cfg, ks=a.ks, default_k=a.default_k or (4 if 4 in a.ks else max(a.ks)),
-        objectives=tuple(_methods(a.objectives)), items_per_user=a.items_per_user, n_val_users=a.val_users,
-        model=_model_config(a) or ModelConfig(), encoder=EncoderConfig(a.encoder) if a.encoder else cfg.encoder,
-        budget=TokenBudget(a.max_prompt_tokens, a.max_target_tokens),
-        lora=replace(LoraSettings(), base_steps=a.base_steps, cluster_steps=a.cluster_steps),
-        head=replace(HeadSettings(), epochs=a.head_epochs, d=a.d, n_layers=a.layers, patience=a.head_patience,
-                     weight_decay=a.head_weight_decay),
-    )
-    if a.skip_p2p and a.p2p_steps is not None:
-        raise UsageError("--p2p-steps has no effect with --skip-p2p: give one of them")
-    p2p = None if a.skip_p2p else P2PConfig(steps=P2P_STEPS if a.p2p_steps is None else a.p2p_steps)
-    out = Path(a.out or f"data/artifacts/{data.name}")
-    return data, out, cfg, {"limit_users": a.limit_users, "p2p": p2p, "sources": _list(a.sources),
-                            "exclude_sources": _list(a.exclude_sources)}
+    run_build(a)
 
 
 def cmd_onboard(a) -> None:
-    from .data import read_history_file
-    from .onboard import onboard
-    from .store import Store
+    from personalize.data import read_history_file
+    from personalize.fitting.person import onboard
+    from personalize.store import Store
 
-    from .data import TASKS
-    from .engine import artifacts_meta
+    from personalize.data import TASKS
+    from personalize.methods.engine import artifacts_meta
 
     if not (Path(a.artifacts) / "config.json").exists():
         raise UsageError(f"no artifacts at {a.artifacts}: build them with `python -m personalize build`")
     items = read_history_file(a.history, task=TASKS[artifacts_meta(Path(a.artifacts))["task"]])
-    engine = _engine(a)
+    engine = load_engine(a)
     store = Store(a.db)
     name = a.user or Path(a.history).stem
     store.add_user(name, items, engine.task.name, replace=a.replace)
@@ -185,14 +67,16 @@ def cmd_onboard(a) -> None:
 
 
 def _user_state(engine, store, name, k):
-    from .store import StoreError
+    from personalize.store import StoreError
 
     got = store.vector(name, engine.artifacts_id)
     if got is None:
         store.user(name)  # raises "unknown user" first when that is the problem
         raise StoreError(f"user {name!r} has no vector for artifacts {engine.artifacts_id}: run `onboard` first")
     _, info = got
-    lam = store.style(name, engine.artifacts_id)  # λ with the person's token bias and memory
+    from personalize.card.style import UserStyle
+
+    lam = UserStyle.from_stored(store.style(name, engine.artifacts_id))  # λ with the person's token bias and memory
     k = k or info["stats"].get("k") or engine.cfg.default_k
     a = store.assignment(name, engine.artifacts_id, k)
     if a is None:
@@ -201,21 +85,22 @@ def _user_state(engine, store, name, k):
 
 
 def cmd_generate(a) -> None:
-    from .store import Store
+    from personalize.store import Store
 
     if not a.prompt.strip():
         raise UsageError("--prompt is empty")
-    engine = _engine(a)
+    engine = load_engine(a)
     store = Store(a.db)
     lam, cluster, k = _user_state(engine, store, a.user, a.k)
-    s = _decoding(engine, a)
+    s = decoding(engine, a)
     prompt = engine.task.prompt(a.prompt) if a.template else a.prompt
-    from .engine import CORE_METHODS
-    from .methods import METHODS, UserContext, get_method
+    from personalize.catalog import CARD_METHODS, CORE_METHODS
+    from personalize.methods.card import decode as card_decode
+    from personalize.methods.registry import METHODS, get_method
+    from personalize.methods.base import UserContext
 
-    methods = _methods(a.methods)
-    from .engine import CARD_METHODS
-    from .style import variant
+    methods = comma_names(a.methods)
+    from personalize.card.style import variant
     known = [*CORE_METHODS, *CARD_METHODS[1:], *METHODS]
     unknown = [m for m in methods if m not in known]
     if unknown:
@@ -227,72 +112,18 @@ def cmd_generate(a) -> None:
         else:
             retrieve = m in CARD_METHODS and variant(m, engine.cfg.style).retrieval
             items = UserContext.from_store(store, a.user, engine.task).items if retrieve else None
-            g = engine.generate([prompt], m, cluster, lam, k=k, settings=s, items=items)[0]
+            g = card_decode.generate(engine, [prompt], m, cluster, lam, k=k, settings=s, items=items)[0]
         store.add_generation(a.user, engine.artifacts_id, m, prompt, g.text, {"alpha": s.alpha, "top_k": s.top_k,
                              "max_new_tokens": s.max_new_tokens, "k": k, "cluster": cluster}, g.latency_s, g.n_tokens)
         print(f"[{m}] ({g.latency_s:.2f} s, {g.n_tokens} tokens)\n{g.text}\n")
 
 
-def _method_configs(a) -> dict[str, dict]:
-    """The CPU budgets of EXACT and OPPU from --exact-pairs / --oppu-steps, checked before any model loads."""
-    from .methods import ExactConfig, OppuConfig
-
-    configs = {"exact": {"max_pairs": a.exact_pairs}}
-    if a.oppu_steps is not None:
-        configs["oppu"] = {"max_steps": a.oppu_steps}
-    try:
-        ExactConfig(**configs["exact"]), OppuConfig(**configs.get("oppu", {}))
-    except ValueError as e:
-        raise UsageError(str(e)) from e
-    return configs
-
-
-def _add_method_budgets(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--oppu-steps", type=int, default=None, help="cap on OPPU's training steps per user (default 40)")
-    p.add_argument("--exact-pairs", type=int, default=4,
-                   help="history pairs EXACT indexes per user (default 4, a CPU budget: indexing costs about "
-                        "half a minute per pair on a 2-core CPU; EXACT's own default is 32)")
-
-
-def cmd_eval(a) -> None:
-    from .evaluate import format_table, run_eval
-
-    configs = _method_configs(a)
-    objectives = _objectives_first(a)
-    rerank = _rerank_changes(a.rerank)
-    engine = _engine(a)
-    engine.cfg = replace(engine.cfg, objectives=objectives, rerank=replace(engine.cfg.rerank, **rerank))
-    # the head's own α from the build's sweep on validation users (older builds swept the first head only)
-    alpha = a.alpha if a.alpha is not None else \
-        engine.meta.get("report", {}).get("alpha_by_objective", {}).get(objectives[0], {}).get("alpha")
-    if alpha is not None:
-        engine.cfg = replace(engine.cfg, decoding=replace(engine.cfg.decoding, alpha=alpha))
-    t0 = time.perf_counter()
-    result = run_eval(engine, a.data, a.split, _methods(a.methods), a.limit, method_configs=configs,
-                      sources=_list(a.sources))
-    result["settings"]["wall_s"] = round(time.perf_counter() - t0, 1)
-    print(format_table(result))
-    print("held-out diagnostics (mean over users):", json.dumps(result["diagnostics"]))
-    for pair, d in result["differences"].items():
-        print(f"  {pair:<28} ROUGE-L {d['mean']:+.4f}  95% CI [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]"
-              f"  wins/losses {d['wins']}/{d['losses']}")
-    print("gold log-prob per token under each method:", json.dumps(result["gold_logprob"]))
-    for pair, d in result["gold_logprob_differences"].items():
-        print(f"  {pair:<28} gold log-prob {d['mean']:+.4f}  95% CI [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]")
-    print("seconds per person:", json.dumps({m: v["seconds_per_person"] for m, v in result["methods"].items()}))
-    print("user-specificity:", json.dumps(result["specificity"]))
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(result, indent=2))
-        print(f"wrote {a.json}")
-
-
 def cmd_tune(a) -> None:
-    from .tune import STEPS, tune
+    from personalize.fitting.tune import STEPS, tune
 
-    engine = _engine(a)
+    engine = load_engine(a)
     t0 = time.perf_counter()
-    report = tune(engine, a.data, a.split, a.users, write=not a.dry_run, steps=_list(a.steps) or STEPS)
+    report = tune(engine, a.data, a.split, a.users, write=not a.dry_run, steps=comma_list(a.steps) or STEPS)
     print(json.dumps({k: report[k] for k in ("chosen_decoding", "chosen_style", "users", "helps_share")}, indent=1))
     if "rerank" in report:
         print("card_rerank:", json.dumps(report["rerank"]))
@@ -301,49 +132,9 @@ def cmd_tune(a) -> None:
     print(f"tuned in {time.perf_counter() - t0:.0f} s" + ("" if a.dry_run else f"; written to {a.artifacts}/config.json"))
 
 
-def cmd_simulate_feedback(a) -> None:
-    from .build import select_sources
-    from .data import read_lamp
-    from .feedback import FeedbackSettings, SimulationSettings, simulate
-
-    s = SimulationSettings(checkpoints=_ints(a.votes), n_eval=a.eval_items, n_vote=a.vote_items,
-                           preference=a.preference, seed=a.seed)
-    fs = FeedbackSettings(vote_weight=a.vote_weight, rejected_weight=a.rejected_weight)
-    engine = _engine(a)
-    if "tokens" not in engine.heads:
-        raise UsageError("simulate-feedback needs artifacts with a tokens head (build --objectives tokens)")
-    _, queries = read_lamp(a.data, a.split)
-    queries = [q for q in select_sources(queries, _list(a.sources)) if q.gold and q.profile]
-    need = s.n_eval - 1 + s.n_vote + engine.cfg.min_fit_items
-    queries = [q for q in queries if len(q.profile) >= need][: a.users]
-    if not queries:
-        raise UsageError(f"no user in {a.data} ({a.split}) has {need} profile items (held out: {s.n_eval - 1} + "
-                         f"{s.n_vote}, history: {engine.cfg.min_fit_items} or more)")
-    cut = s.n_eval - 1 + s.n_vote + a.max_items
-    people = [(q.user or q.id, engine.prepare_items(q.profile[:cut]), q.input, q.gold) for q in queries]
-    t0 = time.perf_counter()
-    res = simulate(engine, people, s, fs, _decoding(engine, a),
-                   progress=lambda i, n, u: print(f"  [{i}/{n}] {u} ({time.perf_counter() - t0:.0f} s)", flush=True))
-    res["settings"] = {"artifacts": engine.artifacts_id, "data": str(a.data), "split": a.split,
-                       "sources": sorted({q.source for q in queries if q.source}), "n": len(res["people"]),
-                       "vote_weight": fs.vote_weight, "rejected_weight": fs.rejected_weight, "preference": s.preference, "checkpoints": list(s.checkpoints),
-                       "n_eval": s.n_eval, "n_vote": s.n_vote, "history_items_max": a.max_items,
-                       "wall_s": round(time.perf_counter() - t0, 1)}
-    for row in res["curve"]:
-        print(f"  votes {row['votes']:>3}: ROUGE-L eval {row['rougeL_eval']:.4f}  voted prompts {row['rougeL_voted']:.4f}"
-              f"  held-out acc {row['acc_eval']:.4f}  log-prob {row['logp_eval']:.4f}")
-    for pair, d in res["differences"].items():
-        print(f"  {pair:<26} {d['mean']:+.4f}  95% CI [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]  "
-              f"wins/losses {d['wins']}/{d['losses']}")
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(res, indent=2))
-        print(f"wrote {a.json}")
-
-
 def cmd_style_key(a) -> None:
-    from .owner import BuildInfo, export_keys, import_keys
-    from .store import Store
+    from personalize.studio.own_data import BuildInfo, export_keys, import_keys
+    from personalize.store import Store
 
     if not (Path(a.artifacts) / "config.json").exists():
         raise UsageError(f"no artifacts at {a.artifacts}: a style key belongs to a build; give --artifacts DIR")
@@ -370,8 +161,8 @@ def cmd_style_key(a) -> None:
 
 
 def cmd_forget(a) -> None:
-    from .owner import forget_user
-    from .store import Store
+    from personalize.studio.own_data import forget_user
+    from personalize.store import Store
 
     store = Store(a.db)
     try:
@@ -388,21 +179,21 @@ def cmd_forget(a) -> None:
 def cmd_campaign(a) -> None:
     """Human-eval campaigns: create from a LaMP folder, generate the outputs (resumable), status, export, import,
     the LLM judge, close."""
-    from . import campaign
-    from .store import Store
+    from personalize.humaneval import campaign, campaign_pool, campaign_report
+    from personalize.store import Store
 
     store = Store(a.db)
     try:
         camps = campaign.Campaigns(store)
         if a.action == "create":
-            from .engine import artifacts_meta
+            from personalize.methods.engine import artifacts_meta
 
             if not (Path(a.artifacts) / "config.json").exists():
                 raise UsageError(f"no artifacts at {a.artifacts}: build them with `python -m personalize build`")
             meta = artifacts_meta(Path(a.artifacts))
-            c = campaign.create_from_lamp(
+            c = campaign_pool.create_from_lamp(
                 store, a.name, a.data, a.split, a.limit, a.artifacts, meta.get("id", "unbuilt"), meta["task"],
-                sources=_list(a.sources), methods=_methods(a.methods), reference=a.reference, mode=a.mode, raters_per_item=a.raters_per_item,
+                sources=comma_list(a.sources), methods=comma_names(a.methods), reference=a.reference, mode=a.mode, raters_per_item=a.raters_per_item,
                 attention_every=a.attention_every, alpha=a.alpha, top_k=a.top_k, max_new_tokens=a.max_tokens,
                 min_raters_per_unit=a.min_raters_per_unit)
             out = camps.outputs(a.name)
@@ -412,7 +203,7 @@ def cmd_campaign(a) -> None:
         elif a.action == "generate":
             from tqdm import tqdm
 
-            from .studio import Studio, StudioConfig
+            from personalize.studio.facade import Studio, StudioConfig
 
             c = camps.get(a.name)
             studio = Studio.load(StudioConfig(artifacts=a.artifacts or c["config"].artifacts, db=a.db))
@@ -431,7 +222,7 @@ def cmd_campaign(a) -> None:
                   f"{res['outputs']['total']}" + "".join(f"\n  failed: {f}" for f in res["failed"]))
         elif a.action == "status":
             res = camps.results(a.name)
-            print(json.dumps(res, indent=2, ensure_ascii=False) if a.json else campaign.format_status(res))
+            print(json.dumps(res, indent=2, ensure_ascii=False) if a.json else campaign_report.format_status(res))
         elif a.action == "export":
             path, summary, n = camps.export(a.name, a.out)
             print(f"wrote {n} judgment(s) to {path} and the summary to {summary}")
@@ -439,10 +230,10 @@ def cmd_campaign(a) -> None:
             res = camps.import_judgments(a.name, a.file)
             print(f"imported {res['added']} judgment(s); {res['duplicates']} already here, {res['unmatched']} unmatched")
         elif a.action == "judge":
-            from .judge import Judge, JudgeConfig
+            from personalize.humaneval.judge import Judge, JudgeConfig
 
             judge = Judge(JudgeConfig(model=a.model))
-            res = campaign.run_judge(camps, a.name, judge, lambda i, n, w: print(f"  judge {w}", flush=True)
+            res = campaign_pool.run_judge(camps, a.name, judge, lambda i, n, w: print(f"  judge {w}", flush=True)
                                      if i % 10 == 0 else None)
             corr = camps.results(a.name)["judge"]
             print(f"{judge.label} judged {res['judged']} unit(s); rank correlation with the raters: "
@@ -456,8 +247,8 @@ def cmd_campaign(a) -> None:
 
 def cmd_population(a) -> None:
     """A LaMP folder from where people's writing already lives: git histories, Debian changelogs, a table."""
-    from . import population
-    from .data import HistoryError
+    from personalize.fitting import population
+    from personalize.data import HistoryError
 
     if a.min_items < 1 or a.max_items < a.min_items:
         raise UsageError(f"need 1 <= --min-items <= --max-items (got {a.min_items} and {a.max_items})")
@@ -480,125 +271,13 @@ def cmd_population(a) -> None:
           f"{time.perf_counter() - t0:.1f} s; next: `python -m personalize build --data {a.out}{split}`")
 
 
-def _objectives_first(a) -> tuple[str, ...]:
-    """The built heads with --objective first (onboarding and card use the first), checked before models load."""
-    from .engine import artifacts_meta
-
-    if not (Path(a.artifacts) / "config.json").exists():
-        raise UsageError(f"no artifacts at {a.artifacts}: build them with `python -m personalize build`")
-    built = tuple(artifacts_meta(Path(a.artifacts))["settings"]["objectives"])
-    if a.objective is None:
-        return built
-    if a.objective not in built:
-        raise UsageError(f"--objective {a.objective}: these artifacts have heads for {list(built)}; "
-                         f"build with --objectives {a.objective} to add it")
-    return (a.objective, *[o for o in built if o != a.objective])
-
-
-def cmd_bench(a) -> None:
-    from .data import read_lamp
-    from .evaluate import BENCH_METHODS, format_bench, run_bench
-
-    unknown = [m for m in _methods(a.methods) if m not in BENCH_METHODS]
-    if unknown:
-        raise UsageError(f"bench --methods: unknown {unknown}; choose from {list(BENCH_METHODS)}")
-    if a.repeats < 1 or a.users < 1 or a.items < 2 or a.serving_people < 1 or a.start_repeats < 0:
-        raise UsageError("bench needs --users >= 1, --items >= 2, --repeats >= 1, --serving-people >= 1 and "
-                         "--start-repeats >= 0")
-    configs = _method_configs(a)
-    engine = _engine(a)
-    meta_data = a.data or engine.meta.get("data")
-    task, queries = read_lamp(meta_data, a.split or engine.meta.get("split", "dev"))
-    queries = [q for q in queries if len(q.profile) >= 2]
-    step = max(1, len(queries) // max(a.users, 1))  # people spread over the file: LaMP files group alike people
-    queries = queries[::step][: a.users]
-    users = {(q.user or q.id): list(q.profile[: a.items]) for q in queries}
-    if not queries:
-        raise UsageError(f"no users with at least 2 profile items in {meta_data}")
-    methods = _methods(a.methods)
-    t0 = time.perf_counter()
-    b = run_bench(engine, users, queries[0].input, repeats=a.repeats, methods=methods, method_configs=configs,
-                  prompts=[q.input for q in queries],
-                  serving={"n_people": a.serving_people, "exact_pairs": a.exact_pairs, "start_repeats": a.start_repeats})
-    b["settings"]["wall_s"] = round(time.perf_counter() - t0, 1)
-    print(format_bench(b))
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(b, indent=2))
-        print(f"wrote {a.json}")
-
-
-DEMO_MIN_PEOPLE = 40  # real people the first start wants before it builds on them instead of the synthetic writers
-DEMO_POPULATION = 48  # of them in the build; the others choose its decoding (30) or are new people to try
-
-
-def write_demo_people(demo: Path, docs: str | Path | None = None) -> str:
-    """The first start's people: real ones where the machine has them (every Debian system ships its
-    maintainers' changelogs), else the synthetic tweet writers. Returns which, in words."""
-    import shutil
-    import tempfile
-
-    from .data import HistoryError
-    from .demo import write_demo
-    from .population import DEBIAN_DOCS, from_changelogs
-
-    docs = docs or DEBIAN_DOCS
-    demo.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=demo.parent, prefix=f".{demo.name}."))
-    try:
-        report = from_changelogs(docs, tmp, min_items=12, max_items=24)
-        if report.people >= DEMO_MIN_PEOPLE:
-            try:
-                os.replace(tmp, demo)
-            except OSError:  # another process wrote it first: theirs stands
-                pass
-            return f"{report.people} Debian maintainers' changelog entries from {docs} ({report.summary()})"
-        why = f"only {report.people} maintainers with 12 or more entries under {docs}"
-    except HistoryError as e:
-        why = str(e)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    write_demo(demo)
-    return f"the synthetic tweet writers ({why}; {DEMO_MIN_PEOPLE} real people wanted)"
-
-
-def demo_people_args(demo: Path) -> list[str]:
-    """Who the demo build trains on: the first DEMO_POPULATION real people, the next 30 choose its decoding and
-    guard card, the rest are new people to try; the synthetic writers (48 in 6 styles) all train but the 6 held out
-    to choose on, at K up to 8 so that no two styles share a cluster."""
-    from .data import read_lamp
-
-    task, queries = read_lamp(demo, "dev")
-    if task.name == "tweets":
-        return ["--val-users", "6", "--ks", "1,2,4,8", "--default-k", "8"]
-    return ["--limit-users", str(min(DEMO_POPULATION, len(queries)))]
-
-
-def ensure_demo(demo: Path, art: Path) -> None:
-    """The first-run path of `demo` and the app: write the demo population and build it, once."""
-    if not (demo / "dev_questions.json").exists():
-        print(f"first start: the demo's people are {write_demo_people(demo)}", flush=True)
-    from .config import FORMAT_VERSION
-    from .engine import ArtifactsError, artifacts_meta
-
-    try:
-        old = (art / "config.json").exists() and artifacts_meta(art).get("format_version", 0) < FORMAT_VERSION
-    except ArtifactsError:
-        old = True  # unreadable: build anew
-    if old:
-        print(f"the demo artifacts in {art} were built by an older version: rebuilding them", flush=True)
-    if old or not (art / "config.json").exists():
-        print(f"first start: building the demo artifacts in {art} (a few minutes, once) ...", flush=True)
-        cmd_build(build_parser().parse_args(["build", "--data", str(demo), "--out", str(art), *DEMO_BUILD_ARGS,
-                                             *demo_people_args(demo)]))
-
-
 def cmd_demo(a) -> None:
     """The first-run path: write the demo population, build it if missing, show methods side by side."""
     demo, art = Path(a.data), Path(a.artifacts)
     ensure_demo(demo, art)
-    from .data import read_lamp
-    from .engine import Engine
+    from personalize.data import read_lamp
+    from personalize.methods.card import decode as card_decode
+    from personalize.methods.engine import Engine
 
     t0 = time.perf_counter()
     engine = Engine.load(art)
@@ -611,15 +290,8 @@ def cmd_demo(a) -> None:
         print(f"\n=== {q.user}: cluster {fit.cluster}/{fit.k}, λ fit {fit.stages_s.get('fit', 0) * 1000:.1f} ms")
         print(f"prompt: {q.input}\ngold:   {q.gold}")
         for m in ("base", "cluster", "card"):
-            g = engine.generate([q.input], m, fit.cluster, fit.style)[0]
+            g = card_decode.generate(engine, [q.input], m, fit.cluster, fit.style)[0]
             print(f"{m:>8}: {g.text}")
-
-
-# Sized for a first start of minutes on a 2-core CPU (docs/RESULTS.md, "Real people out of the box"): K up to 4 for
-# 48 people (6 cluster adapters instead of 14 for K = 1, 2, 4, 8); P2P's hypernetwork gets a token budget of 2 steps.
-# 32 target tokens = the app's default.
-DEMO_BUILD_ARGS = ["--ks", "1,2,4", "--default-k", "4", "--base-steps", "20", "--cluster-steps", "2", "--p2p-steps", "2",
-                   "--items-per-user", "12", "--max-prompt-tokens", "64", "--max-target-tokens", "32"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -627,38 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("build", help="offline stage: clusters, cluster LoRAs, head, α", description="The offline stage of CARD on LaMP-format data.")
-    b.add_argument("--data", required=True, help="folder with {split}_questions.json (and outputs, meta)")
-    b.add_argument("--split", default="dev")
-    b.add_argument("--ks", type=_ints, default=(1, 2, 4, 8), help="cluster counts to build (must include 1)")
-    b.add_argument("--default-k", type=int, default=None, help="K the head is trained on and methods use (default 4)")
-    b.add_argument("--limit-users", type=int, default=None, help="use the first N users only")
-    b.add_argument("--sources", default="", help="only users from these sources (comma-separated repositories or venues, "
-                                                  "as the data's meta file names them)")
-    b.add_argument("--exclude-sources", default="", help="leave users of these sources out of the build, to score "
-                                                          "them later as people the build never saw (eval --sources)")
-    b.add_argument("--out", default=None, help="artifacts folder (default data/artifacts/<data folder name>)")
-    b.add_argument("--objectives", default="tokens", help="head objectives to train, first = CARD's default: any of tokens,pairs,hard_pairs "
-                        "(METHOD §1.9.3 b, a, c)")
-    b.add_argument("--items-per-user", type=int, default=16)
-    b.add_argument("--val-users", type=int, default=30,
-                   help="validation people: the decoding choice and the harm guard (people outside the population "
-                        "first, then population users held out of training)")
-    b.add_argument("--base-steps", type=int, default=60, help="K=1 adapter steps (batch 8)")
-    b.add_argument("--cluster-steps", type=int, default=8, help="steps per cluster adapter")
-    b.add_argument("--head-epochs", type=int, default=20)
-    b.add_argument("--head-weight-decay", type=float, default=0.0, help="AdamW weight decay on the head's P and U")
-    b.add_argument("--head-patience", type=int, default=2,
-                   help="early stopping on held-out users' items: epochs without improvement (0 = off)")
-    b.add_argument("--d", type=int, default=128, help="head dimension D")
-    b.add_argument("--layers", type=int, default=4, help="last layers whose states form h_t")
-    b.add_argument("--max-prompt-tokens", type=int, default=160)
-    b.add_argument("--max-target-tokens", type=int, default=40)
-    b.add_argument("--encoder", default=None, help="sentence encoder: 'bundled' (all-MiniLM-L6-v2) or a sentence-transformers id")
-    b.add_argument("--p2p-steps", type=int, default=None,
-                   help="Profile-to-PEFT hypernetwork training steps (default 20, a CPU budget; 0 = untrained)")
-    b.add_argument("--skip-p2p", action="store_true",
-                   help="do not train the P2P hypernetwork (the p2p method is then unavailable with these artifacts)")
-    _model_args(b)
+    add_build_args(b)
     b.set_defaults(fn=cmd_build)
 
     o = sub.add_parser("onboard", help="store a user, assign a cluster, fit λ", description="Onboard one user from a history file.")
@@ -679,27 +320,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--template", action="store_true", help="wrap the prompt in the task's template")
     g.add_argument("--db", default=DEFAULT_DB)
     g.add_argument("--k", type=int, default=None)
-    _decoding_args(g)
+    decoding_args(g)
     g.set_defaults(fn=cmd_generate)
 
-    e = sub.add_parser("eval", help="ROUGE-1/ROUGE-L per method on LaMP-format data", description="Evaluate methods (Table 1 layout).")
-    e.add_argument("--artifacts", required=True)
-    e.add_argument("--data", required=True)
-    e.add_argument("--split", default="dev")
-    e.add_argument("--methods", default="base,cluster,card,bm25_copy",
-                   help="any of base, cluster, card, bm25_copy (the no-model floor), rag, pag, exact, cope, oppu, p2p")
-    e.add_argument("--limit", type=int, default=None)
-    e.add_argument("--sources", default="", help="score only users of these sources (comma-separated, e.g. the ones "
-                                                  "the build left out with --exclude-sources)")
-    e.add_argument("--alpha", type=float, default=None, help="override the build's α")
-    e.add_argument("--rerank", default=None,
-                   help="card_rerank's settings over the build's, e.g. \"n=8,greedy=false,temperature=1.0\" (n, greedy, "
-                        "temperature, top_p, seed, alpha, length_norm: rerank.RerankSettings)")
-    e.add_argument("--objective", default=None,
-                   help="which built head onboards users and steers card (tokens, pairs, hard_pairs; default: the build's first)")
-    _add_method_budgets(e)
-    e.add_argument("--json", default=None)
-    e.set_defaults(fn=cmd_eval)
+    commands.add_eval(sub)
 
     t = sub.add_parser("tune", help="choose repetition control, the style's parts, α and w on validation people",
                        description="Re-choose the decoding settings of a build on validation people (people of the "
@@ -714,43 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                "candidates); the others keep the build's settings")
     t.set_defaults(fn=cmd_tune)
 
-    n = sub.add_parser("bench", help="efficiency table measured in one run", description="Onboarding, fit, decoding overhead, switching, storage.")
-    n.add_argument("--artifacts", required=True)
-    n.add_argument("--data", default=None, help="users to onboard (default: the build's data)")
-    n.add_argument("--split", default=None)
-    n.add_argument("--users", type=int, default=8, help="people onboarded")
-    n.add_argument("--serving-people", type=int, default=8, help="people pressing Compare at once (serving)")
-    n.add_argument("--start-repeats", type=int, default=3, help="app starts timed (serving's start_s; 0 = none)")
-    n.add_argument("--items", type=int, default=24, help="history items per user")
-    n.add_argument("--repeats", type=int, default=5)
-    n.add_argument("--methods", default="rag,oppu,p2p,card,exact",
-                   help="Table 5 rows measured side by side: any of rag, oppu, p2p, card, exact ('' = none)")
-    _add_method_budgets(n)
-    n.add_argument("--json", default=None)
-    n.set_defaults(fn=cmd_bench)
-
-    f = sub.add_parser("simulate-feedback", help="votes refine λ: a simulated person votes, held-out ROUGE-L per vote count",
-                       description="A simulated person prefers, of two CARD samples, the one closer to their held-out "
-                                   "text; their style is refitted after each round of votes and scored on other "
-                                   "held-out items (and on the prompts voted on).")
-    f.add_argument("--artifacts", default=DEMO_ARTIFACTS)
-    f.add_argument("--data", required=True, help="LaMP folder of the people simulated")
-    f.add_argument("--split", default="dev")
-    f.add_argument("--sources", default="", help="only people of these sources (e.g. repositories the build never saw)")
-    f.add_argument("--users", type=int, default=16)
-    f.add_argument("--votes", default="0,5,10,20", help="checkpoints: votes after which the person is scored")
-    f.add_argument("--eval-items", type=int, default=4, help="held-out items scored: the query and the newest items")
-    f.add_argument("--vote-items", type=int, default=10, help="further held-out items whose prompts are voted on")
-    f.add_argument("--max-items", type=int, default=24, help="history items the style is fitted on")
-    f.add_argument("--vote-weight", type=float, default=2.0, help="a vote's token row against one history row")
-    f.add_argument("--rejected-weight", type=float, default=0.0,
-                   help="the other sample's tokens pushed down with this weight (0: the preferred sample alone)")
-    f.add_argument("--preference", choices=("closer", "random"), default="closer",
-                   help="closer: the sample nearer the person's text; random: a coin (the control)")
-    f.add_argument("--seed", type=int, default=0)
-    f.add_argument("--json", default=None, help="write the curves here")
-    _decoding_args(f)
-    f.set_defaults(fn=cmd_simulate_feedback)
+    commands.add_bench(sub)
+    commands.add_simulate_feedback(sub)
 
     k = sub.add_parser("style-key", help="export or import a user's style as a copyable key (≤ 4 KiB)",
                        description="A style key holds a user's fitted style (λ, token bias), clusters and the artifacts "
@@ -798,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "(Krippendorff's α) exists from the first raters (default 2; 1: plain least-rated first)")
     cr.add_argument("--attention-every", type=int, default=0,
                     help="every N-th unit a rater gets is an attention check (needs --reference; 0: none)")
-    _decoding_args(cr)
+    decoding_args(cr)
     cg = cc.add_parser("generate", help="generate the missing outputs (resumable; each output stored once)")
     cg.add_argument("--artifacts", default=None, help="the build's folder (default: the one the campaign names)")
     cs = cc.add_parser("status", help="progress, agreement and leaderboard")
@@ -855,7 +444,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except RuntimeError as e:  # a model that cannot be loaded; looked up lazily so light commands import no torch
-        models = sys.modules.get("personalize.models")
+        models = sys.modules.get("personalize.lm.models")
         if models is None or not isinstance(e, models.ModelLoadError):
             raise
         print(f"error: {e}", file=sys.stderr)

@@ -104,7 +104,7 @@ def _size(n: int) -> str:
     return f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n / 1e3:.1f} KB"
 
 
-def _short(text: str, limit: int = 60) -> str:
+def short_text(text: str, limit: int = 60) -> str:
     """Text from the user's input fit for an error message: one printable line, not megabytes of it."""
     text = text if text.isprintable() else repr(text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -114,7 +114,7 @@ _SURROGATE = re.compile(r"[\ud800-\udfff]")
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
-def _json(text: str, where: str, line: int | None = None) -> Any:
+def parse_json(text: str, where: str, line: int | None = None) -> Any:
     """Parse JSON; every way it can fail is a HistoryError: bad syntax, nesting past the recursion limit, a number
     past Python's 4300-digit limit, or an unpaired \\ud800 escape (a str no file, database or tokenizer takes)."""
     at = f"{where} line {line}" if line else where
@@ -147,7 +147,7 @@ def _load_json(path: Path) -> Any:
         text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError:
         raise HistoryError(f"{path}: not UTF-8 text") from None
-    return _json(text, str(path))
+    return parse_json(text, str(path))
 
 
 def _item(p: dict[str, Any]) -> Item | None:
@@ -205,7 +205,7 @@ def read_lamp(folder: str | Path, split: str) -> tuple[Task, list[Query]]:
         raise HistoryError(f"{qpath}: no queries")
     ids = [str(q["id"]) for q in raw]
     if len(set(ids)) != len(ids):
-        raise HistoryError(f"{qpath}: duplicate query id {_short(Counter(ids).most_common(1)[0][0])}")
+        raise HistoryError(f"{qpath}: duplicate query id {short_text(Counter(ids).most_common(1)[0][0])}")
 
     task, golds = None, {}
     if opath.exists():
@@ -218,11 +218,11 @@ def read_lamp(folder: str | Path, split: str) -> tuple[Task, list[Query]]:
         unknown = sorted(golds.keys() - set(ids))
         if unknown or len(golds) != len(out["golds"]):
             raise HistoryError(f"{opath}: output ids do not match {qpath.name} "
-                               f"(e.g. {_short(repr((unknown or ['duplicates'])[0]))})")
+                               f"(e.g. {short_text(repr((unknown or ['duplicates'])[0]))})")
         if isinstance(out.get("task"), str):
             task = task_named(out["task"])
             if task is None:
-                raise HistoryError(f"{opath}: unknown task {_short(repr(out['task']))}; known: {', '.join(TASKS)}")
+                raise HistoryError(f"{opath}: unknown task {short_text(repr(out['task']))}; known: {', '.join(TASKS)}")
     task = task or _detect(raw, qpath)
 
     users: dict[str, str] = {}
@@ -241,8 +241,8 @@ def read_lamp(folder: str | Path, split: str) -> tuple[Task, list[Query]]:
             item = _item(p) if isinstance(p, dict) else None
             if item is None:
                 keys = sorted(p) if isinstance(p, dict) else type(p).__name__
-                raise HistoryError(f"{qpath}: query {_short(qid)} profile item {j} is unusable "
-                                   f"(keys: {_short(str(keys))})")
+                raise HistoryError(f"{qpath}: query {short_text(qid)} profile item {j} is unusable "
+                                   f"(keys: {short_text(str(keys))})")
             profile.append(item)
         queries.append(Query(qid, q["input"], tuple(profile), golds.get(qid), users.get(qid), sources.get(qid)))
     return task, queries
@@ -332,7 +332,7 @@ def _from_jsonl(text: str, name: str) -> list[Item]:
     for n, line in enumerate(re.split(r"\r\n?|\n", text), 1):  # not splitlines: JSON strings may hold \x85, \u2028
         if not line.strip():
             continue
-        obj = _json(line, name, n)
+        obj = parse_json(line, name, n)
         item = Item(y=obj) if isinstance(obj, str) else _item(obj) if isinstance(obj, dict) else None
         if item is None:
             raise HistoryError(f"{name} line {n}: expected a JSON string or an object with a \"text\" or \"output\" field")
@@ -356,13 +356,13 @@ def _from_csv(text: str, name: str) -> list[Item]:
                   if any(col(i, r).strip() and not re.fullmatch(r"[\d.,:+-]*", col(i, r).strip()) for r in rows)), None)
     if y is None:
         raise HistoryError(f"{name}: no usable column; expected a \"text\" or \"output\" column "
-                           f"(found: {_short(', '.join(header))})")
+                           f"(found: {short_text(', '.join(header))})")
     x = next((header.index(k) for k in ("input", "x") if k in header), None)
     return [Item(y=col(y, r), x=col(x, r) if x is not None else "") for r in rows]
 
 
 def _from_json(text: str, name: str) -> list[Item]:
-    obj = _json(text, name)
+    obj = parse_json(text, name)
     if isinstance(obj, list) and obj and isinstance(obj[0], dict) and "profile" in obj[0]:
         obj = obj[0]  # a LaMP questions file: the first query's profile
     profile = obj.get("profile") if isinstance(obj, dict) else obj
@@ -407,3 +407,17 @@ def read_history_file(path: str | Path, task: Task | None = None, max_bytes: int
         items = [replace(it, x=it.x if not it.x or (task.prefix and it.x.startswith(task.prefix)) else task.prompt(it.x))
                  for it in items]
     return _clean(items, max_items, name)
+
+
+def select_sources(queries: list[Query], sources: Sequence[str] = (), exclude: Sequence[str] = ()) -> list[Query]:
+    """The queries whose source is among `sources` (all when empty) and not among `exclude`."""
+    if (sources or exclude) and not any(q.source for q in queries):
+        raise ValueError("this data names no sources (no meta file with a repo or venue): drop --sources/--exclude-sources")
+    known = {q.source for q in queries}
+    unknown = [x for x in (*sources, *exclude) if x not in known]
+    if unknown:
+        raise ValueError(f"unknown sources {unknown}; this data has {sorted(s for s in known if s)}")
+    out = [q for q in queries if (not sources or q.source in sources) and q.source not in exclude]
+    if not out:
+        raise ValueError("no queries left after selecting sources")
+    return out

@@ -5,6 +5,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Sequence
 
+import numpy as np
+
 
 @lru_cache(maxsize=1)
 def _scorer():
@@ -44,3 +46,13 @@ def looping(text: str, min_repeats: int = 3, max_n: int = 8) -> bool:
         if all(w[len(w) - (i + 1) * n: len(w) - i * n] == tail for i in range(min_repeats)):
             return True
     return False
+
+
+def paired_interval(d: np.ndarray, n_boot: int = 1000, seed: int = 0, rng: np.random.Generator | None = None) -> dict:
+    """Mean of paired differences with its bootstrap 95 % interval (the pairs resampled), wins and losses."""
+    rng = rng or np.random.default_rng(seed)
+    d = np.asarray(d, dtype=float)
+    boots = d[rng.integers(0, len(d), size=(n_boot, len(d)))].mean(1)
+    lo, hi = np.percentile(boots, [2.5, 97.5])
+    return {"mean": round(float(d.mean()), 4), "ci95": [round(float(lo), 4), round(float(hi), 4)],
+            "wins": int((d > 0).sum()), "losses": int((d < 0).sum()), "n": len(d)}

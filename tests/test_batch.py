@@ -1,4 +1,4 @@
-"""Mixed batches (batch.py): every method's rows decoded in ONE generate give, row by row, exactly the output
+"""Mixed batches (serving/runner.py): every method's rows decoded in ONE generate give, row by row, exactly the output
 that the method's own `generate` gives alone (greedy), on the tiny built artifacts."""
 
 from __future__ import annotations
@@ -8,9 +8,11 @@ import dataclasses
 import pytest
 import torch
 
-from personalize.batch import CardSteer, DecodeRow
-from personalize.decoding import DecodingSettings
-from personalize.methods import UserContext
+from personalize.methods.card.steer import CardSteer
+from personalize.serving.rows import DecodeRow
+from personalize.card.decoding import DecodingSettings
+from personalize.methods.base import UserContext
+from personalize.methods.card import decode as card_decode
 
 from conftest import tiny_studio
 
@@ -30,7 +32,7 @@ def studio(tiny_artifacts, tmp_path_factory):
 
 
 def contexts(studio):
-    from personalize.studio import prepared_items
+    from personalize.fitting.person import prepared_items
 
     out = []
     for u in studio.users:
@@ -43,14 +45,14 @@ def contexts(studio):
 def alone(studio, method, state, user, prompt, s):
     e = studio.engine
     if method in ("base", "cluster", "card"):
-        return e.generate([prompt], method, state.cluster, state.lam, k=state.k, settings=s)[0]
+        return card_decode.generate(e, [prompt], method, state.cluster, state.lam, k=state.k, settings=s)[0]
     return studio.method(method).generate(user, [prompt], s)[0]
 
 
 def rows_of(studio, method, state, user, prompt, s):
     e = studio.engine
     if method in ("base", "cluster", "card"):
-        return e.rows([prompt], method, state.cluster, state.lam, k=state.k, settings=s)
+        return card_decode.rows(e, [prompt], method, state.cluster, state.lam, k=state.k, settings=s)
     return studio.method(method).rows(user, [prompt], s)
 
 
@@ -79,10 +81,10 @@ def test_traces_of_card_and_cope_rows_match_their_own_decoding(studio):
     s = studio.engine.cfg.decoding
     (state, user), _ = contexts(studio)
     e = studio.engine
-    card = e.rows([PROMPTS[0]], "card", state.cluster, state.lam, k=state.k, settings=s, trace=True)
+    card = card_decode.rows(e, [PROMPTS[0]], "card", state.cluster, state.lam, k=state.k, settings=s, trace=True)
     cope = studio.method("cope").rows(user, [PROMPTS[1]], s, trace=True)
     g_card, g_cope = e.decode_rows(card + [DecodeRow(PROMPTS[1], e.cfg.budget, s)] + cope)[0::2]
-    ref_card = e.generate([PROMPTS[0]], "card", state.cluster, state.lam, k=state.k, settings=s, trace=True)[0]
+    ref_card = card_decode.generate(e, [PROMPTS[0]], "card", state.cluster, state.lam, k=state.k, settings=s, trace=True)[0]
     ref_cope = studio.method("cope").generate(user, [PROMPTS[1]], s, trace=True)[0]
     for a, b in zip(g_card.trace, ref_card.trace):
         assert a["cand"].equal(b["cand"]) and a["chosen"].equal(b["chosen"])
@@ -94,9 +96,9 @@ def test_sampled_rows_decode_apart_from_greedy_ones(studio):
     e = studio.engine
     greedy = e.cfg.decoding
     sampled = dataclasses.replace(greedy, do_sample=True, temperature=0.7)
-    rows = e.rows(PROMPTS, "cluster", 0, k=2, settings=greedy) + e.rows(PROMPTS, "base", settings=sampled)
+    rows = card_decode.rows(e, PROMPTS, "cluster", 0, k=2, settings=greedy) + card_decode.rows(e, PROMPTS, "base", settings=sampled)
     out = e.decode_rows(rows)
-    ref = e.generate(PROMPTS, "cluster", 0, k=2, settings=greedy)
+    ref = card_decode.generate(e, PROMPTS, "cluster", 0, k=2, settings=greedy)
     assert [g.text for g in out[:2]] == [g.text for g in ref]
 
 
@@ -141,7 +143,7 @@ def test_eight_threads_comparing_at_once_get_what_each_gets_alone(tiny_artifacts
 def test_the_libraries_path_gives_the_same_outputs(studio):
     """fast=False (peft's adapter_names, P2P's row hooks, every row prefilled, F.linear's head) is the
     reference the fast path is held to."""
-    from personalize.batch import decode_rows
+    from personalize.serving.runner import decode_rows
 
     s = studio.engine.cfg.decoding
     e = studio.engine
@@ -154,7 +156,7 @@ def test_the_libraries_path_gives_the_same_outputs(studio):
 def test_identical_plain_rows_decode_once_and_keep_their_own_note(studio, monkeypatch):
     e = studio.engine
     s = e.cfg.decoding
-    plain = e.rows([PROMPTS[0]], "cluster", 0, k=2, settings=s)[0]
+    plain = card_decode.rows(e, [PROMPTS[0]], "cluster", 0, k=2, settings=s)[0]
     rows = [plain, dataclasses.replace(plain, note="fell back", trace=[{"x": 1}]), DecodeRow(PROMPTS[1], e.cfg.budget, s)]
     sizes, generate = [], e.model.generate
     monkeypatch.setattr(e.model, "generate", lambda **kw: sizes.append(kw["input_ids"].shape[0]) or generate(**kw))

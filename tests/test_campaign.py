@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from personalize import agreement
-from personalize.campaign import (REFERENCE, CampaignConfig, CampaignError, CampaignItem, Campaigns, canonical_label,
-                                  degenerate)
+from personalize.humaneval import agreement
+from personalize.humaneval.campaign_schema import REFERENCE, CampaignConfig, CampaignError, CampaignItem, canonical_label, degenerate
+from personalize.humaneval.campaign import Campaigns
 from personalize.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,7 +93,7 @@ def test_two_raters_share_units_so_agreement_exists_from_the_start(tmp_path):
     """Two raters × 4 units, two judgments each: the second rater is given the first one's units (in the other
     A/B order), so Krippendorff's α is a number. Under least-rated first (min_raters_per_unit=1, the rule before)
     they judge disjoint units and α is undefined ("—")."""
-    from personalize.campaign import format_status
+    from personalize.humaneval.campaign_report import format_status
 
     for overlap, shared in ((None, 2), (1, 0)):
         folder = tmp_path / f"overlap-{overlap}"
@@ -308,7 +308,7 @@ class FakeJudge:
 
 
 def test_judge_rank_correlation_with_the_raters(tmp_path):
-    from personalize.campaign import run_judge
+    from personalize.humaneval.campaign_pool import run_judge
 
     store, camps = _campaign(tmp_path, raters_per_item=1)
     while (a := camps.next("t", "r1")) is not None:
@@ -331,7 +331,7 @@ def test_campaign_people_are_kept_apart_from_the_studios_users(tiny_artifacts, t
     user list (Studio.user_names, the page's dropdown) names none of them, a studio user who has the name of one
     of them keeps their own history and style, and the campaign still generates and reports results."""
     from conftest import tiny_studio
-    from personalize.campaign import lamp_items, person_name
+    from personalize.humaneval.campaign_pool import lamp_items, person_name
     from personalize.data import Item
     from personalize.store import CAMPAIGN_PREFIX, StoreError
 

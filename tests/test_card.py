@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from personalize.adapters import LoraSettings, add_warm_adapter, new_peft_model, sft_loss, train_adapter
-from personalize.cluster import assign, fit_clusters
-from personalize.decoding import CardLogitsProcessor, DecodingSettings, generate
-from personalize.style import StyleSettings, StyleTensors, UserStyle, fit_lambda_bias, memory_from_features, style_scores
-from personalize.features import HiddenCapture, generate_with_states, teacher_forced
-from personalize.head import HeadSettings, PairData, PersonalizationHead, TokenData, diagnostics, fit_user, train_population
-from personalize.tokens import TokenBudget
+from personalize.card.adapters import LoraSettings, add_warm_adapter, new_peft_model, sft_loss, train_adapter
+from personalize.card.cluster import assign, fit_clusters
+from personalize.card.decoding import CardLogitsProcessor, DecodingSettings, generate
+from personalize.card.style import StyleSettings, StyleTensors, UserStyle, fit_lambda_bias, memory_from_features, style_scores
+from personalize.lm.features import HiddenCapture, generate_with_states, teacher_forced
+from personalize.card.head import HeadSettings, PairData, PersonalizationHead, TokenData, diagnostics, fit_user, train_population
+from personalize.lm.tokens import TokenBudget
 
 BUDGET = TokenBudget(max_prompt_tokens=24, max_target_tokens=8)
 PROMPTS = ["Paraphrase: the train was late again", "Paraphrase: coffee is ready", "Paraphrase: we won the match"]
@@ -52,7 +52,7 @@ def test_negatives_states_match_teacher_forced_states(tiny_model, tokenizer):
     for n in negs:
         assert n.h.shape == (len(n.ids), 2 * 32) and len(n.logprob) == len(n.ids) and len(n.ids) >= 1
     # teacher-force the generated tokens themselves (decode → encode may differ, so use ids directly)
-    from personalize.tokens import left_pad, prompt_ids
+    from personalize.lm.tokens import left_pad, prompt_ids
 
     seqs = [prompt_ids(tokenizer, x, BUDGET) + n.ids.tolist() for x, n in zip(PROMPTS, negs)]
     ids, mask = left_pad(seqs, tokenizer.pad_token_id)
@@ -88,7 +88,7 @@ def test_teacher_forced_batches_by_length_and_answers_in_the_order_given(tiny_mo
 
 
 def test_pair_data_is_user_text_against_cluster_output(tiny_model, tokenizer):
-    from personalize.head import PairData
+    from personalize.card.head import PairData
 
     chosen = teacher_forced(tiny_model, tokenizer, [(p, "MY STYLE!!") for p in PROMPTS], 2, BUDGET)
     rejected = generate_with_states(tiny_model, tokenizer, PROMPTS, 2, BUDGET, max_new_tokens=5)
@@ -122,7 +122,7 @@ def test_token_fit_recovers_planted_vector():
 
 
 def test_pair_fit_recovers_planted_direction():
-    from personalize.features import SequenceFeatures
+    from personalize.lm.features import SequenceFeatures
 
     head, d = _head(), 8
     planted = torch.ones(d) + 2 * torch.randn(d)
@@ -138,7 +138,7 @@ def test_pair_fit_recovers_planted_direction():
 
 
 def _pair(g, lp):
-    from personalize.features import SequenceFeatures
+    from personalize.lm.features import SequenceFeatures
 
     return SequenceFeatures("t", torch.randint(0, 40, (5,), generator=g), torch.randn(5, 12, generator=g),
                             torch.full((5,), float(lp)))
@@ -158,7 +158,7 @@ def test_hard_pairs_covariate_explains_likelihood_and_lambda_the_rest():
             (chosen.append(b), rejected.append(a))
     s = HeadSettings(d=d, rho=0.0, fit_iters=200, objective="hard_pairs")
     data = PairData(chosen, rejected, covariate=True)
-    from personalize.head import fit_covariate
+    from personalize.card.head import fit_covariate
 
     gamma = fit_covariate(head, [data], s)
     assert gamma > 0.3 and float(head.gamma) == pytest.approx(gamma)
@@ -172,13 +172,13 @@ def test_hard_pairs_covariate_explains_likelihood_and_lambda_the_rest():
 
 
 def test_hard_pairs_split_keeps_every_negative_of_an_item_together():
-    from personalize.engine import _split
+    from personalize.methods.engine import split_held_out
 
     g = torch.Generator().manual_seed(0)
     c = [_pair(g, 0) for _ in range(4)]
     data = PairData([c[0], c[1], c[2], c[3], c[0], c[1]], [_pair(g, -1) for _ in range(6)],
                     items=[0, 1, 2, 3, 0, 1], covariate=True)
-    fit, held = _split(data, 2, 4)
+    fit, held = split_held_out(data, 2, 4)
     assert sorted(held.items) == [0, 0, 1, 1] and sorted(fit.items) == [2, 3]
     assert held.covariate and fit.covariate and len(fit) + len(held) == len(data)
     with pytest.raises(ValueError, match="chosen against"):
@@ -186,7 +186,7 @@ def test_hard_pairs_split_keeps_every_negative_of_an_item_together():
 
 
 def test_other_users_negatives_come_from_the_same_cluster_only():
-    from personalize.build import _other_users_negatives
+    from personalize.fitting.build import _other_users_negatives
 
     g = torch.Generator().manual_seed(0)
     feats = {n: [_pair(g, 0) for _ in range(3)] for n in "abc"}
@@ -325,7 +325,7 @@ def test_decoding_step_applies_the_rule_the_tokens_head_was_trained_with(tiny_mo
 
 
 def left_pad_prompt(tokenizer, x):
-    from personalize.tokens import left_pad, prompt_ids
+    from personalize.lm.tokens import left_pad, prompt_ids
     return left_pad([prompt_ids(tokenizer, x, BUDGET)], tokenizer.pad_token_id)
 
 
@@ -379,7 +379,7 @@ def test_repetition_control_ignores_the_prompt_and_stops_loops(tiny_model, token
         assert not looping(g.text)
     assert any(looping(g.text) for g in loose) or loose != tight
     # an end-of-sequence first would be an empty output: never
-    from personalize.decoding import repetition_processors
+    from personalize.card.decoding import repetition_processors
     (first,) = repetition_processors(DecodingSettings(no_repeat_ngram=0), 5, tokenizer.eos_token_id)
     scores = torch.zeros(1, 10)
     scores[0, tokenizer.eos_token_id % 10] = 5.0
@@ -417,7 +417,7 @@ def test_early_stopping_keeps_the_best_epoch_on_held_out_users():
     head = PersonalizationHead(12, 40, 8)
     lams, curve = train_population(head, train, s, held_out=held)
     assert len(curve) < s.epochs  # stopped early
-    from personalize.head import user_loss
+    from personalize.card.head import user_loss
     with torch.no_grad():
         kept = sum(float(user_loss(head, lams[u], held[u], s)) for u in held) / len(held)
     full = PersonalizationHead(12, 40, 8)
@@ -428,7 +428,7 @@ def test_early_stopping_keeps_the_best_epoch_on_held_out_users():
 
 
 def test_newer_or_broken_artifacts_are_refused_before_loading_models(tmp_path):
-    from personalize.engine import ArtifactsError, Engine
+    from personalize.methods.engine import ArtifactsError, Engine
 
     (tmp_path / "config.json").write_text('{"format_version": 99, "settings": {}}')
     with pytest.raises(ArtifactsError, match="newer than this code"):
@@ -443,7 +443,7 @@ def test_newer_or_broken_artifacts_are_refused_before_loading_models(tmp_path):
 def test_repetition_processors_see_the_generated_tokens_only():
     """Prompt [1, 2, 3, 1] then generated [5, 6, 5]: the bigram (5, 6) is blocked after 5, the prompt's own bigram
     (1, 2) is not; the penalty lowers generated tokens, never tokens that only the prompt holds."""
-    from personalize.decoding import repetition_processors
+    from personalize.card.decoding import repetition_processors
 
     ids = torch.tensor([[1, 2, 3, 1, 5, 6, 5]])
     blocker, = repetition_processors(DecodingSettings(no_repeat_ngram=2), prompt_length=4)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from personalize.card.style import UserStyle
 from personalize.demo import write_demo
 from personalize.store import Store
 
@@ -79,13 +80,13 @@ def artifacts(demo_dir, tmp_path_factory):
 
 def test_p2p_build_flags_reach_build(monkeypatch, demo_dir, tmp_path, capsys):
     """--skip-p2p and --p2p-steps as build() receives them; a contradiction or a bad value is a clear error."""
-    import personalize.build
+    import personalize.fitting.build
     from personalize.cli import main
 
     got = []
-    monkeypatch.setattr(personalize.build, "build", lambda *a, **kw: got.append(kw["p2p"]))
+    monkeypatch.setattr(personalize.fitting.build, "build", lambda *a, **kw: got.append(kw["p2p"]))
     base = ["build", "--data", str(demo_dir), "--ks", "1", "--default-k", "1", "--out", str(tmp_path / "a")]
-    assert main(base) == 0 and got[-1].steps == personalize.build.P2P_STEPS
+    assert main(base) == 0 and got[-1].steps == personalize.fitting.build.P2P_STEPS
     assert main([*base, "--p2p-steps", "7"]) == 0 and got[-1].steps == 7
     assert main([*base, "--skip-p2p"]) == 0 and got[-1] is None
     assert main([*base, "--skip-p2p", "--p2p-steps", "7"]) == 2 and "no effect with --skip-p2p" in capsys.readouterr().err
@@ -117,7 +118,7 @@ def test_end_to_end_on_the_bundled_model(artifacts, demo_dir, tmp_path):
     store = Store(db)
     assert len(store.items("ana")) == 8 and all(i.neutral for i in store.items("ana"))
     lam, info = store.vector("ana", meta["id"])
-    style = store.style("ana", meta["id"])  # λ (512 bytes) + the parts of the style the build's choice kept on
+    style = UserStyle.from_stored(store.style("ana", meta["id"]))  # λ (512 bytes) + the parts of the style the build's choice kept on
     assert lam.shape == (128,) and store.vector_bytes("ana", meta["id"]) == 512 + len(style.extras_bytes())
     parts = meta["settings"]["style"]  # the build chose them on its validation people (tune's steps)
     assert meta["report"]["tune"]["style"]["chosen"] in ("lambda", "bias", "memory", "bias+memory",
@@ -179,7 +180,7 @@ def test_end_to_end_on_the_bundled_model(artifacts, demo_dir, tmp_path):
     assert b["methods"]["card"]["bytes_per_user"] == b["bytes_per_user"]
     assert b["methods"]["oppu"]["bytes_per_user"] > 10 * b["methods"]["card"]["bytes_per_user"]  # a LoRA vs a style
     assert "| p2p |" in r.stdout and "latency s/query" in r.stdout
-    sv = b["serving"]  # mixed batches and the scheduler (serving.py), names fixed
+    sv = b["serving"]  # mixed batches and the scheduler (eval/bench_serving.py), names fixed
     assert sv["methods"] == ["base", "cluster", "card", "cope", "p2p"] and sv["compare_s"] > 0 and sv["single_s"] > 0
     assert {"sequential_s", "scheduled_s", "p50_s", "p95_s"} <= set(sv["concurrent"])
     assert max(x["requests"] for x in sv["concurrent"]["batches"]) > 1  # people shared a batch
@@ -205,9 +206,9 @@ def test_mixed_batch_on_the_bundled_model_equals_each_method_alone(artifacts, de
     """Issue 12: base, cluster, card, cope and p2p rows of two people and two prompts in ONE generate give,
     row by row, what each method gives alone (greedy), on the bundled SmolLM2 build."""
     from personalize.data import read_lamp
-    from personalize.methods import UserContext
-    from personalize.onboard import prepared_items
-    from personalize.studio import Studio, StudioConfig
+    from personalize.methods.base import UserContext
+    from personalize.fitting.person import prepared_items
+    from personalize.studio.facade import Studio, StudioConfig
 
     st = Studio.load(StudioConfig(artifacts=str(artifacts), db=str(tmp_path / "s.db"), demo_data=str(demo_dir),
                                   first_use_in_background=False))

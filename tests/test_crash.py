@@ -71,7 +71,7 @@ from personalize.data import Item
 from personalize.store import Store
 from personalize.engine import Engine
 from personalize.onboard import onboard
-from personalize.methods import UserContext
+from personalize.methods.base import UserContext
 from personalize.methods.oppu import OppuConfig, OppuMethod, adapter_id
 
 ENGINE = Engine.load(sys.stdin.readline().strip())  # the artifacts, sent once built (imports go on meanwhile)
@@ -399,7 +399,7 @@ def check_vector(store: Store, user: str, artifacts: str, v0: np.ndarray, ref: d
 
 def test_kill_during_fit_keeps_the_previous_vector_or_the_whole_new_one(worker, tiny_artifacts, demo_items,
                                                                        tmp_path, request):
-    from personalize.engine import artifacts_meta
+    from personalize.methods.engine import artifacts_meta
 
     artifacts = artifacts_meta(tiny_artifacts["artifacts"])["id"]
     db = tmp_path / "studio.db"
@@ -473,15 +473,15 @@ def test_kill_during_votes_keeps_every_committed_vote_whole(worker, tmp_path, re
 
 @pytest.fixture(scope="module")
 def engine(tiny_artifacts):
-    from personalize.engine import Engine
+    from personalize.methods.engine import Engine
 
     return Engine.load(tiny_artifacts["artifacts"])
 
 
 def test_kill_during_oppu_training_or_save_never_loads_a_half_written_adapter(worker, engine, demo_items, tmp_path,
                                                                              request):
-    from personalize.adapters import sft_loss
-    from personalize.methods import UserContext
+    from personalize.card.adapters import sft_loss
+    from personalize.methods.base import UserContext
     from personalize.methods.oppu import ASIDE, PARTIAL, OppuConfig, OppuMethod, adapter_id
 
     folder = tmp_path / "oppu"
@@ -564,7 +564,7 @@ def test_kill_during_oppu_training_or_save_never_loads_a_half_written_adapter(wo
 
 def test_only_whole_adapters_count_as_saved(engine, demo_items, tmp_path):
     """What a kill (or an older version of the code) can leave in an adapter folder, judged without one."""
-    from personalize.methods import UserContext
+    from personalize.methods.base import UserContext
     from personalize.methods.oppu import META, WEIGHTS, OppuConfig, OppuMethod, complete_meta
 
     method = OppuMethod(engine, cfg=OppuConfig(folder=str(tmp_path / "oppu"), max_steps=1, report_loss=False))

@@ -9,11 +9,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from personalize.build import select_sources
+from personalize.data import select_sources
 from personalize.data import Query, read_lamp, write_lamp
-from personalize.engine import Engine
-from personalize.evaluate import paired_differences, run_eval, shuffled_partners
-from personalize.tune import choose_decoding, save_choice
+from personalize.methods.engine import Engine
+from personalize.eval.evaluate import paired_differences, run_eval, shuffled_partners
+from personalize.fitting.tune import choose_decoding, save_choice
+from personalize.methods.card import decode as card_decode
 
 
 def test_shuffled_partners_stay_in_the_cluster_and_never_pick_oneself():
@@ -103,7 +104,7 @@ def test_tune_chooses_on_validation_people_and_the_build_reads_the_choice_back(e
 def test_card_falls_back_with_a_note_and_retrieves_only_for_its_own_rows(engine, tiny_artifacts, monkeypatch):
     """A style that lost to the cluster model on its held-out items decodes as the cluster model (its plain prompt,
     a note saying so) when fallback is on; a retrieving style puts the person's items before the prompt."""
-    from personalize.style import UserStyle
+    from personalize.card.style import UserStyle
 
     task, qs = read_lamp(tiny_artifacts["demo"], "dev")
     items = engine.prepare_items(list(qs[0].profile[:6]))
@@ -114,16 +115,17 @@ def test_card_falls_back_with_a_note_and_retrieves_only_for_its_own_rows(engine,
     try:
         engine.cfg = replace(cfg, style=replace(cfg.style, fallback=True, retrieval=True))
         seen = []
-        real = engine.retrieval_prompts
-        monkeypatch.setattr(engine, "retrieval_prompts", lambda its, ps, b: seen.append(list(ps)) or real(its, ps, b))
-        cluster = engine.generate([prompt], "cluster", fit.cluster)[0]
-        back = engine.generate([prompt], "card", fit.cluster, lost, items=items)[0]
+        real = card_decode.retrieval_prompts
+        monkeypatch.setattr(card_decode, "retrieval_prompts",
+                            lambda eng, its, ps, b: seen.append(list(ps)) or real(eng, its, ps, b))
+        cluster = card_decode.generate(engine, [prompt], "cluster", fit.cluster)[0]
+        back = card_decode.generate(engine, [prompt], "card", fit.cluster, lost, items=items)[0]
         assert back.note and back.text == cluster.text and seen == []  # no retrieval for a fallback row
-        kept = engine.generate([prompt], "card", fit.cluster, replace(lost, helps=True), items=items)[0]
+        kept = card_decode.generate(engine, [prompt], "card", fit.cluster, replace(lost, helps=True), items=items)[0]
         assert kept.note is None and seen == [[prompt]]
-        built, _ = real(items, [prompt], engine.cfg.budget)
+        built, _ = real(engine, items, [prompt], engine.cfg.budget)
         assert built[0].endswith(prompt) and any(it.y in built[0] for it in items)
-        paper = engine.generate([prompt], "card_paper", fit.cluster, lost, items=items)[0]
+        paper = card_decode.generate(engine, [prompt], "card_paper", fit.cluster, lost, items=items)[0]
         assert paper.note is None and len(seen) == 1  # card_paper: λ alone, no fallback, no retrieval
         assert isinstance(lost, UserStyle)
     finally:
@@ -136,7 +138,7 @@ def test_eval_reports_each_golds_log_prob_under_each_methods_own_rows(engine, tw
     distribution over the gold says why."""
     import torch
 
-    from personalize.tokens import prompt_ids, target_ids
+    from personalize.lm.tokens import prompt_ids, target_ids
 
     folder, left_out = two_sources
     res = run_eval(engine, folder, "dev", ["base", "cluster", "card", "oppu", "bm25_copy"], sources=["left/out"],

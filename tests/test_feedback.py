@@ -9,13 +9,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from personalize.adapters import adapter_name
+from personalize.card.style import UserStyle
+from personalize.card.adapters import adapter_name
 from personalize.data import Item
-from personalize.feedback import FeedbackSettings, SimulationSettings, Vote, simulate, split_person
-from personalize.head import VOTE_ITEM, PairData, TokenData
+from personalize.fitting.votes import FeedbackSettings, SimulationSettings, Vote, simulate, split_person
+from personalize.card.head import VOTE_ITEM, PairData, TokenData
 
 from conftest import tiny_studio
-from personalize.style import style_diagnostics
+from personalize.card.style import style_diagnostics
 
 TERSE = [f"ok so the {w} was fine i guess" for w in ("bus", "tea", "rain", "film", "shop", "walk", "game", "cake")]
 
@@ -84,12 +85,12 @@ def test_a_thumbs_up_refits_the_style_towards_the_text_as_a_new_version(studio, 
     assert [v["source"] for v in versions] == ["vote", "history"] and versions[0]["current"]
     assert versions[0]["votes"] == 1
     first = versions[1]["version"]
-    old = studio.store.version_style("vic", studio.engine.artifacts_id, first)[0]
+    old = UserStyle.from_stored(studio.store.version_style("vic", studio.engine.artifacts_id, first)[0])
 
     res = studio.thumb("vic", prompt, LIKED, True, s)
     assert res["version"] == studio.versions("vic")[0]["version"] and res["n_votes"] == 2
     assert res["before"] is not None and res["after"] is not None and "refitted" in res["message"]
-    new = studio.store.style("vic", studio.engine.artifacts_id)
+    new = UserStyle.from_stored(studio.store.style("vic", studio.engine.artifacts_id))
     # the tiny head's U is ~0 after two epochs, so it is the token bias (fitted jointly with λ) that moves here
     changed = not np.allclose(new.lam, old.lam) or dict(zip(new.bias_ids.tolist(), new.bias.tolist())) != dict(
         zip(old.bias_ids.tolist(), old.bias.tolist()))
@@ -101,14 +102,14 @@ def test_a_thumbs_up_refits_the_style_towards_the_text_as_a_new_version(studio, 
 
     # a thumbs down lowers the text again
     down = studio.thumb("vic", prompt, LIKED, False, s)
-    lowered = studio.store.style("vic", studio.engine.artifacts_id)
+    lowered = UserStyle.from_stored(studio.store.style("vic", studio.engine.artifacts_id))
     assert down["n_votes"] == 3 and _score(studio, "vic", LIKED, prompt, lowered) < _score(studio, "vic", LIKED, prompt, new)
 
     # any version can be restored; restoring adds no version, it moves "current"
     n = len(studio.versions("vic"))
     msg = studio.restore_version("vic", first)
     assert str(first) in msg and len(studio.versions("vic")) == n
-    assert np.array_equal(studio.store.style("vic", studio.engine.artifacts_id).lam, old.lam)
+    assert np.array_equal(UserStyle.from_stored(studio.store.style("vic", studio.engine.artifacts_id)).lam, old.lam)
     assert [v["version"] for v in studio.versions("vic") if v["current"]] == [first]
     with pytest.raises(ValueError, match="no version"):
         studio.restore_version("vic", 10_000)
@@ -165,7 +166,7 @@ def test_simulated_votes_give_a_curve_per_checkpoint(studio, tiny_artifacts):
 
 def test_a_person_who_voted_gets_their_style_even_where_it_lost_on_held_out_items():
     from personalize.store import decodes_own
-    from personalize.studio import fit_verdict
+    from personalize.studio.fits import fit_verdict
 
     lost = {"helps": False, "acc_own": 0.30, "acc_no_head": 0.40}
     assert decodes_own({"diagnostics": lost}) is False  # the fallback applies (CARD shows the cluster model)
@@ -178,9 +179,9 @@ def pairs_studio(tiny_artifacts, tmp_path_factory):
     """The tiny population built again with the pairs head first (votes become pairs for it)."""
     from dataclasses import replace
 
-    from personalize.build import build
-    from personalize.engine import artifacts_meta
-    from personalize.config import CardConfig
+    from personalize.fitting.build import build
+    from personalize.methods.engine import artifacts_meta
+    from personalize.card.config import CardConfig
 
     root = tmp_path_factory.mktemp("pairs")
     cfg = CardConfig.from_dict(artifacts_meta(tiny_artifacts["artifacts"])["settings"])
@@ -197,10 +198,10 @@ def test_a_pair_heads_vote_is_a_pair_and_refits_lambda(pairs_studio):
     studio.fit("yun")
     s = studio.settings(alpha=2.0, max_new_tokens=5)
     prompt = studio.task.prompt("the match")
-    before = studio.store.style("yun", studio.engine.artifacts_id)
+    before = UserStyle.from_stored(studio.store.style("yun", studio.engine.artifacts_id))
     res = studio.thumb("yun", prompt, "ok so the match was fine i guess", True, s)
     assert res["version"] is not None and res["n_votes"] == 1 and res["diagnostics"].get("unit") != "tokens"
-    after = studio.store.style("yun", studio.engine.artifacts_id)
+    after = UserStyle.from_stored(studio.store.style("yun", studio.engine.artifacts_id))
     assert after.helps is True and len(after.bias_ids) == 0  # a pair head has λ only
     if studio.engine.heads["pairs"].U.abs().sum() > 0:  # φ = 0 for an untrained U: no pair can move λ then
         assert not np.array_equal(after.lam, before.lam)

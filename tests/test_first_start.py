@@ -45,7 +45,7 @@ def test_two_processes_convert_the_bundled_model_once(tmp_path: Path) -> None:
 
     cache = tmp_path / "models"
     runs = _together("from transformers import AutoModelForCausalLM, AutoTokenizer\n"
-                     "from personalize.models import bundled_lm_folder",
+                     "from personalize.lm.models import bundled_lm_folder",
                      f"print('FOLDER=' + str(bundled_lm_folder({str(cache)!r})))")
     assert all(rc == 0 for rc, _ in runs), runs
     folders = {line[len("FOLDER="):] for _, out in runs for line in out.splitlines() if line.startswith("FOLDER=")}
@@ -76,7 +76,7 @@ card = CardConfig(model=ModelConfig({lm!r}, device="cpu"), ks=(1, 2), default_k=
 def test_two_processes_build_the_same_folder(tokenizer, tmp_path: Path) -> None:
     from conftest import save_tiny_lm
     from personalize.demo import write_demo
-    from personalize.engine import artifacts_meta
+    from personalize.methods.engine import artifacts_meta
 
     save_tiny_lm(tokenizer, tmp_path / "lm")
     demo = write_demo(tmp_path / "demo", n_users_per_style=2, n_items=10)
@@ -117,8 +117,8 @@ def test_write_demo_again_replaces_an_existing_folder(tmp_path: Path) -> None:
 def test_build_skips_only_a_folder_built_while_it_waited(tmp_path: Path, monkeypatch) -> None:
     """The lock's other side, without a real build: a build that waited for another process's build of the
     same folder returns that folder; a build on an existing folder nobody else is building still rebuilds."""
-    import personalize.build as b
-    from personalize.models import file_lock
+    import personalize.fitting.build as b
+    from personalize.lm.models import file_lock
 
     calls = []
 

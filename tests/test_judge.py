@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from personalize.judge import Judge, JudgeConfig
-from personalize.models import LM, ModelConfig
+from personalize.humaneval.judge import Judge, JudgeConfig
+from personalize.lm.models import LM, ModelConfig
 
 HISTORY = ["lol this is SO good!!! cant stop laughing", "omg best day ever!!!", "who even does that lmao"]
 PROMPT = "Paraphrase the following tweet without any explanation before or after it: the game was great"

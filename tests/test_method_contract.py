@@ -8,11 +8,13 @@ import dataclasses
 
 import pytest
 
-from personalize.batch import DecodeRow
-from personalize.decoding import Generation
-from personalize.methods import REGISTRY, Method, UserContext
+from personalize.serving.rows import DecodeRow
+from personalize.card.decoding import Generation
+from personalize.methods.registry import REGISTRY
+from personalize.methods.base import Method, UserContext
 from personalize.methods.p2p import P2PConfig, P2PMethod, train_p2p
-from personalize.studio import prepared_items
+from personalize.fitting.person import prepared_items
+from personalize.methods.card import decode as card_decode
 
 from conftest import tiny_studio
 
@@ -31,7 +33,7 @@ def setup(tiny_artifacts, tmp_path_factory):
     # the tiny build has no hypernetwork: train one for two steps on the demo population
     users = {u: st.demo_items(u)[:4] for u in sorted(st.demo_users)[:4]}
     hyper, _ = train_p2p(st.engine, st.engine.encoder, users, P2PConfig(steps=2, rank=2, hidden=16, eval_users=2))
-    st._methods["p2p"] = P2PMethod(st.engine, st.store, P2PConfig(), hypernet=hyper)
+    st.runtime.methods["p2p"] = P2PMethod(st.engine, st.store, P2PConfig(), hypernet=hyper)
     yield st, user
     st.store.close()
 
@@ -53,7 +55,7 @@ def test_every_method_keeps_the_contract(setup, name):
     rows = m.rows(user, PROMPTS, s)
     assert len(rows) == len(PROMPTS) and all(isinstance(r, DecodeRow) for r in rows)
     others = [DecodeRow("Paraphrase: a much longer prompt than the others, to pad them", st.engine.cfg.budget, s),
-              *st.engine.rows([PROMPTS[0]], "cluster", 1, k=2, settings=s)]
+              *card_decode.rows(st.engine, [PROMPTS[0]], "cluster", 1, k=2, settings=s)]
     mixed = st.engine.decode_rows([others[0], *rows, others[1]])[1:-1]
     assert [(g.text, g.n_tokens) for g in mixed] == [(g.text, g.n_tokens) for g in alone]
     assert [g.trace for g in mixed] == [g.trace for g in alone] or name in ("card", "cope")  # tensors / by request

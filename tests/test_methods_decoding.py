@@ -7,15 +7,17 @@ import math
 import pytest
 import torch
 
-from personalize.adapters import LoraSettings, add_warm_adapter, new_peft_model
-from personalize.config import CardConfig
+from personalize.card.adapters import LoraSettings, add_warm_adapter, new_peft_model
+from personalize.card.config import CardConfig
 from personalize.data import TASKS, Item
-from personalize.decoding import DecodingSettings
-from personalize.engine import Engine
-from personalize.methods import METHODS, UserContext, get_method
+from personalize.card.decoding import DecodingSettings
+from personalize.methods.engine import Engine
+from personalize.methods.registry import METHODS, get_method
+from personalize.methods.base import UserContext
 from personalize.methods.cope import CopeConfig, CopeLogitsProcessor, CopeMethod
-from personalize.models import LM
-from personalize.tokens import TokenBudget, left_pad, prompt_ids
+from personalize.lm.models import LM
+from personalize.lm.tokens import TokenBudget, left_pad, prompt_ids
+from personalize.methods.card import decode as card_decode
 
 BUDGET = TokenBudget(max_prompt_tokens=24, max_target_tokens=8)
 PROMPTS = ["Paraphrase: the train was late again", "Paraphrase: coffee is ready", "Paraphrase: we won the match",
@@ -60,7 +62,7 @@ def test_processor_applies_the_rule_on_both_halves():
 def test_alpha_zero_is_the_cluster_models_greedy_output(engine, k, cluster):
     user = UserContext("ann", [], cluster=cluster, k=k)
     cope = CopeMethod(engine, cfg=CopeConfig(alpha=0.0)).generate(user, PROMPTS, SETTINGS)
-    plain = engine.generate(PROMPTS, "cluster", cluster=cluster, k=k, settings=SETTINGS)
+    plain = card_decode.generate(engine, PROMPTS, "cluster", cluster=cluster, k=k, settings=SETTINGS)
     assert [g.text for g in cope] == [g.text for g in plain]
     assert [g.n_tokens for g in cope] == [g.n_tokens for g in plain]
 

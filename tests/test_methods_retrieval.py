@@ -8,18 +8,19 @@ import torch
 
 import personalize.methods.exact as exact_mod
 import personalize.methods.pag as pag_mod
-from personalize.adapters import LoraSettings, new_peft_model
-from personalize.config import CardConfig
+from personalize.card.adapters import LoraSettings, new_peft_model
+from personalize.card.config import CardConfig
 from personalize.data import TASKS, Item
-from personalize.decoding import DecodingSettings
-from personalize.engine import Engine
-from personalize.methods import UserContext, get_method, n_tokens
+from personalize.card.decoding import DecodingSettings
+from personalize.methods.engine import Engine
+from personalize.methods.base import UserContext, n_tokens
+from personalize.methods.registry import get_method
 from personalize.methods.exact import ATTRIBUTES, ExactConfig, ExactMethod, attributed, MEMORY_KIND
 from personalize.methods.pag import PagMethod, SUMMARY_INSTRUCTION
 from personalize.methods.rag import RagConfig, RagMethod
-from personalize.models import LM, load_encoder
+from personalize.lm.models import LM, load_encoder
 from personalize.store import Store
-from personalize.tokens import TokenBudget
+from personalize.lm.tokens import TokenBudget
 
 TASK = TASKS["headlines"]
 BUDGET = TokenBudget(max_prompt_tokens=32, max_target_tokens=8)

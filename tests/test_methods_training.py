@@ -10,16 +10,17 @@ import numpy as np
 import pytest
 import torch
 
-from personalize.adapters import LoraSettings, new_peft_model, sft_loss
-from personalize.config import CardConfig
+from personalize.card.adapters import LoraSettings, new_peft_model, sft_loss
+from personalize.card.config import CardConfig
 from personalize.data import TASKS, Item
-from personalize.decoding import DecodingSettings
-from personalize.engine import Engine
-from personalize.methods import UserContext
+from personalize.card.decoding import DecodingSettings
+from personalize.methods.engine import Engine
+from personalize.methods.base import UserContext
 from personalize.methods import p2p
 from personalize.methods.oppu import OppuConfig, OppuMethod, adapter_id
 from personalize.methods.p2p import P2PConfig, P2PMethod, applied, model_shapes, profile_loss, train_p2p
-from personalize.tokens import TokenBudget
+from personalize.lm.tokens import TokenBudget
+from personalize.methods.card import decode as card_decode
 
 BUDGET = TokenBudget(max_prompt_tokens=24, max_target_tokens=8)
 TOPICS = ["the train was late", "coffee is ready", "we won the match", "rain all day", "new phone today",
@@ -139,7 +140,7 @@ def test_oppu_short_history_falls_back_to_k1(tiny_model, tokenizer, tmp_path, n)
     assert list(eng.model.peft_config) == ["k1c0"] and not any(tmp_path.iterdir())
     outs = oppu.generate(u, ["Paraphrase: hi"], SETTINGS)
     eng.use_adapter("k1c0")
-    assert outs[0].text == eng.generate(["Paraphrase: hi"], "cluster", k=1, settings=SETTINGS)[0].text
+    assert outs[0].text == card_decode.generate(eng, ["Paraphrase: hi"], "cluster", k=1, settings=SETTINGS)[0].text
 
 
 def test_oppu_config_validation():
@@ -264,11 +265,11 @@ def test_p2p_config_validation_and_round_trip():
 
 def _tiny_build(monkeypatch, tiny_model, tokenizer, data, out, p2p_cfg, objectives=("pairs",)):
     """The real build() on the tiny model and the hashed encoder (seconds, not the bundled model's minutes)."""
-    from personalize import build as build_mod
-    from personalize import engine as engine_mod
+    from personalize.fitting import build as build_mod
+    from personalize.methods import engine as engine_mod
     from personalize.demo import write_demo
-    from personalize.head import HeadSettings
-    from personalize.models import LM
+    from personalize.card.head import HeadSettings
+    from personalize.lm.models import LM
 
     fresh = copy.deepcopy(tiny_model)  # build wraps its model in peft; Engine.load gets an unwrapped copy
     monkeypatch.setattr(build_mod, "load_lm", lambda cfg: LM(tiny_model, tokenizer, "tiny", torch.device("cpu")))
@@ -368,7 +369,7 @@ def test_build_without_p2p_makes_the_method_say_build(monkeypatch, tiny_model, t
 def test_bench_methods_side_by_side(tiny_model, tokenizer, tmp_path):
     import pickle
 
-    from personalize.evaluate import bench_methods, format_methods
+    from personalize.eval.evaluate import bench_methods, format_methods
     from personalize.methods.rag import RagIndex
 
     eng = make_engine(tiny_model, tokenizer)

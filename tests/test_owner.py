@@ -11,14 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from personalize.card.style import UserStyle
 from personalize.cli import main
 from personalize.data import Item
 from personalize.methods.oppu import adapter_id
-from personalize.owner import BuildInfo, export_keys, import_keys
+from personalize.studio.own_data import BuildInfo, export_keys, import_keys
 from personalize.store import Store
 
 from conftest import tiny_studio
-from personalize.stylekey import MAX_KEY, StyleKey, StyleKeyError, decode, encode
+from personalize.card.stylekey import MAX_KEY, StyleKey, StyleKeyError, decode, encode
 
 TERSE = [f"ok so the {w} was fine i guess" for w in ("bus", "tea", "rain", "film", "shop", "walk", "game", "cake")]
 
@@ -56,13 +57,13 @@ def test_style_key_round_trip_into_another_studio(studio, tmp_path):
     studio.fit("kim")
     key = studio.style_key("kim")
     assert key.startswith("card-style-1:") and len(key) <= MAX_KEY
-    mine = studio.store.style("kim", studio.engine.artifacts_id)
+    mine = UserStyle.from_stored(studio.store.style("kim", studio.engine.artifacts_id))
     build = BuildInfo.of_engine(studio.engine)
     assert BuildInfo.of_folder(studio.engine.folder) == build  # the CLI reads the same facts without the model
 
     other = Store(tmp_path / "elsewhere.db")
     res = import_keys(other, build, key, "kim-elsewhere")
-    got = other.style("kim-elsewhere", build.artifacts)
+    got = UserStyle.from_stored(other.style("kim-elsewhere", build.artifacts))
     assert np.array_equal(got.lam, mine.lam) and got.helps == mine.helps
     assert dict(zip(got.bias_ids.tolist(), got.bias.tolist())) == dict(zip(mine.bias_ids.tolist(), mine.bias.tolist()))
     assert len(got.values) == 0  # the memory is the history's data: it does not travel
@@ -143,7 +144,7 @@ def test_forget_me_leaves_nothing_of_the_user(studio):
     (exports / "unrelated.csv").write_text("user,output\nsomeone,hello\n")
     pending = studio.new_pair(marker, prompt, ["base", "card"], s)
     n_ratings = len(studio.store.ratings())
-    from personalize.campaign import CampaignConfig, CampaignItem  # the person as an item of a campaign
+    from personalize.humaneval.campaign_schema import CampaignConfig, CampaignItem  # the person as an item of a campaign
 
     studio.campaigns.create("forget-campaign", [CampaignItem(marker, prompt, tuple(it.y for it in items),
                                                              f"{marker} gold")], CampaignConfig(("base", "card"),

@@ -14,8 +14,8 @@ import pytest
 
 from personalize.cli import main
 from personalize.data import TASKS, HistoryError, read_lamp
-from personalize.neutral import plain
-from personalize.population import from_changelogs, from_git, from_table
+from personalize.card.neutral import plain
+from personalize.fitting.population import from_changelogs, from_git, from_table
 
 COMMIT_START = "Write the commit message subject line for this change.\nFiles changed:\n"
 
@@ -334,14 +334,14 @@ def test_build_and_eval_accept_a_table_population(tokenizer, tmp_path, capsys):
     from_table → the real build on a tiny random Llama → `eval` through the CLI."""
     from conftest import save_tiny_lm
 
-    from personalize.adapters import LoraSettings
-    from personalize.build import build
-    from personalize.config import CardConfig
-    from personalize.decoding import DecodingSettings
+    from personalize.card.adapters import LoraSettings
+    from personalize.fitting.build import build
+    from personalize.card.config import CardConfig
+    from personalize.card.decoding import DecodingSettings
     from personalize.demo import write_demo
-    from personalize.head import HeadSettings
-    from personalize.models import ModelConfig
-    from personalize.tokens import TokenBudget
+    from personalize.card.head import HeadSettings
+    from personalize.lm.models import ModelConfig
+    from personalize.lm.tokens import TokenBudget
 
     tweets = TASKS["tweets"]
     _, demo = read_lamp(write_demo(tmp_path / "demo", n_users_per_style=2, n_items=10), "dev")

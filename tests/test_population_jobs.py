@@ -17,8 +17,10 @@ import pytest
 
 from personalize.data import Item
 from personalize.display import md
-from personalize.studio import Studio, StudioConfig, find_builds
+from personalize.studio.builds import find_builds
+from personalize.studio.facade import Studio, StudioConfig
 from personalize.ui import populations
+from personalize.ui import text as page_text
 
 TERSE = [f"ok so the {w} was fine i guess" for w in ("bus", "tea", "rain", "film", "shop", "walk", "game", "cake")]
 CHANGES = ["Fix FTBFS with GCC 14", "New upstream release", "Bump Standards-Version to 4.7.0, no changes needed",
@@ -46,12 +48,12 @@ def write_table(path: Path, people: int = 8) -> Path:
 
 
 def tiny_settings(root: Path):
-    from personalize.adapters import LoraSettings
-    from personalize.config import CardConfig
-    from personalize.decoding import DecodingSettings
-    from personalize.head import HeadSettings
-    from personalize.models import ModelConfig
-    from personalize.tokens import TokenBudget
+    from personalize.card.adapters import LoraSettings
+    from personalize.card.config import CardConfig
+    from personalize.card.decoding import DecodingSettings
+    from personalize.card.head import HeadSettings
+    from personalize.lm.models import ModelConfig
+    from personalize.lm.tokens import TokenBudget
 
     return CardConfig(model=ModelConfig(str(root / "lm"), device="cpu"), ks=(1, 2), default_k=2,
                       budget=TokenBudget(32, 12), items_per_user=8, n_val_users=2,
@@ -80,7 +82,7 @@ def studio(tiny_artifacts, tmp_path):
 def paused(studio, monkeypatch):
     """The job's build holds at a stage (after reporting it) until the test lets it go on: what the test does
     meanwhile happens during the build, whatever the machine's speed."""
-    from personalize import population_jobs
+    from personalize.studio import population_jobs
 
     real = population_jobs.build
     gate = {"stage": "K=1 adapter", "reached": threading.Event(), "go": threading.Event()}
@@ -110,8 +112,8 @@ def lock_is_free(path: Path) -> bool:
 
 
 def test_the_app_builds_with_the_first_starts_settings_sized_to_the_population(tmp_path):
-    from personalize.population import from_table
-    from personalize.population_jobs import app_build
+    from personalize.fitting.population import from_table
+    from personalize.studio.population_jobs import app_build
 
     rep = from_table(write_table(tmp_path / "people.csv", people=8), tmp_path / "lamp")
     cfg, kwargs = app_build(tmp_path / "lamp", tmp_path / "out", rep.people)
@@ -127,7 +129,7 @@ def test_a_table_population_is_built_in_the_background_served_and_nearest_for_it
     studio (which answers, its model lock free, a decode meanwhile), reports progress by stage, and ends with the
     build listed and served; then each person is told which build's people are nearest their writing. (The
     build's settings are the tiny model's: the app's own are checked above.)"""
-    from personalize import population_jobs
+    from personalize.studio import population_jobs
 
     monkeypatch.setattr(population_jobs, "app_build", lambda data, out, people: (studio.tiny, {"p2p": None}))
     root = studio.artifacts_root
@@ -191,8 +193,8 @@ def test_a_table_population_is_built_in_the_background_served_and_nearest_for_it
     assert ann["nearest"]["words"] in ann["message"]
     assert ann["builds"][0]["distance"] < ann["builds"][1]["distance"]
     res = studio.save_from("ann", "\n".join(TERSE), None, "writing")
-    assert ann["message"] in studio.save_message(res)
-    assert ann["message"] not in studio.save_message(studio.save_from("deb", "\n".join(changelog_lines(99)), None,
+    assert ann["message"] in page_text.save_message(studio, res)
+    assert ann["message"] not in page_text.save_message(studio, studio.save_from("deb", "\n".join(changelog_lines(99)), None,
                                                                       "writing"))
 
     msg, *_ = populations.serve(studio, str(root / "tweets"))  # serve a build back from the tab
@@ -237,8 +239,8 @@ def test_a_cancelled_build_leaves_nothing_and_the_studio_answers(studio, paused,
 def test_build_cancelled_just_before_the_rename_removes_its_partial_folder(tiny_artifacts, tmp_path):
     """build's hooks: progress by stage; a cancel that arrives once the folder is written (at "save") still
     leaves no artifacts and no `.partial`; a cancel before the start writes nothing either."""
-    from personalize.build import BuildCancelled, build
-    from personalize.population import from_table
+    from personalize.fitting.build import BuildCancelled, build
+    from personalize.fitting.population import from_table
 
     from_table(write_table(tmp_path / "people.csv", people=6), tmp_path / "lamp")
     cancel, stages = threading.Event(), []
@@ -265,7 +267,7 @@ def test_the_tab_over_http_starts_follows_and_cancels_a_build(studio, paused, tm
     from gradio_client import Client, handle_file
 
     import app as studio_app
-    from personalize import population_jobs
+    from personalize.studio import population_jobs
 
     monkeypatch.setattr(population_jobs, "app_build", lambda data, out, people: (studio.tiny, {"p2p": None}))
     page = studio_app.build_app(studio)

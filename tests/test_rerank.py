@@ -9,15 +9,18 @@ import numpy as np
 import pytest
 import torch
 
-from personalize.adapters import BASE_ADAPTER, LoraSettings, new_peft_model
-from personalize.batch import CardSteer, DecodeRow
+from personalize.card.adapters import BASE_ADAPTER, LoraSettings, new_peft_model
+from personalize.methods.card.steer import CardSteer
+from personalize.serving.rows import DecodeRow
 from personalize.data import read_lamp
-from personalize.decoding import CardLogitsProcessor, DecodingSettings, SeededSampler
-from personalize.features import HiddenCapture
-from personalize.head import PersonalizationHead
-from personalize.rerank import Query, RerankSettings, candidate_rows, rerank, score_sequences
-from personalize.style import StyleSettings, StyleTensors, UserStyle
-from personalize.tokens import TokenBudget, prompt_ids
+from personalize.card.decoding import CardLogitsProcessor, DecodingSettings, SeededSampler
+from personalize.lm.features import HiddenCapture
+from personalize.card.head import PersonalizationHead
+from personalize.card.decoding import RerankSettings
+from personalize.methods.card.rerank import Query, candidate_rows, rerank, score_sequences
+from personalize.card.style import StyleSettings, StyleTensors, UserStyle
+from personalize.lm.tokens import TokenBudget, prompt_ids
+from personalize.methods.card import decode as card_decode
 
 BUDGET = TokenBudget(max_prompt_tokens=24, max_target_tokens=8)
 PROMPTS = ["Paraphrase: the train was late again", "Paraphrase: we won the match on Sunday"]
@@ -115,7 +118,7 @@ def test_the_seeded_sampler_draws_within_top_k_and_top_p_whatever_the_batch():
 
 @pytest.fixture(scope="module")
 def people(tiny_artifacts):
-    from personalize.engine import Engine
+    from personalize.methods.engine import Engine
 
     engine = Engine.load(tiny_artifacts["artifacts"])
     _, qs = read_lamp(tiny_artifacts["demo"], "dev")
@@ -147,12 +150,12 @@ def test_rerank_keeps_its_best_candidate_reproducibly(people):
         [c["text"] for c in out[0].trace][2:]
     built, engine.cfg = engine.cfg, replace(engine.cfg, rerank=rs)
     try:  # the method's way in: Engine.generate with the engine's rerank settings
-        via = engine.generate([PROMPTS[1]], "card_rerank", fits[1].cluster, fits[1].style, k=fits[1].k)[0]
+        via = card_decode.generate(engine, [PROMPTS[1]], "card_rerank", fits[1].cluster, fits[1].style, k=fits[1].k)[0]
     finally:
         engine.cfg = built
     assert via.trace == alone.trace
     with pytest.raises(ValueError, match="two stages"):
-        engine.rows([PROMPTS[0]], "card_rerank", fits[0].cluster, fits[0].style, k=fits[0].k)
+        card_decode.rows(engine, [PROMPTS[0]], "card_rerank", fits[0].cluster, fits[0].style, k=fits[0].k)
 
 
 def test_two_people_in_one_batch_get_each_their_own_choice(people):
@@ -186,8 +189,8 @@ def _two_people(engine, fits):
 
 
 def test_eval_and_tune_take_card_rerank(people, tiny_artifacts):
-    from personalize.evaluate import run_eval
-    from personalize.tune import choose_decoding
+    from personalize.eval.evaluate import run_eval
+    from personalize.fitting.tune import choose_decoding
 
     engine, fits = people
     res = run_eval(engine, tiny_artifacts["demo"], "dev", ["card", "card_rerank", "card_rerank_shuffled"], limit=3,

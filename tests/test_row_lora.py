@@ -1,5 +1,5 @@
 """The fast mixed batch's parts on a tiny peft model: gathered per-row LoRAs (row_lora.py) give each row the
-logits it gets alone under peft (and under P2P's `applied` for a generated LoRA); oneDNN's linears (kernels.py)
+logits it gets alone under peft (and under P2P's `applied` for a generated LoRA); oneDNN's linears (lm/onednn.py)
 give F.linear's logits; both leave the model as they found it."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import torch
 import torch.nn.functional as F
 from peft import LoraConfig, get_peft_model
 
-from personalize.decoding import MinNewTokens
-from personalize.features import position_ids
+from personalize.card.decoding import MinNewTokens
+from personalize.lm.features import position_ids
 from personalize.methods.p2p import applied
-from personalize.row_lora import row_loras, supported
-from personalize.kernels import linears, onednn_linears
-from personalize.tokens import TokenBudget, left_pad, prompt_ids
+from personalize.serving.row_lora import row_loras, supported
+from personalize.lm.onednn import linears, onednn_linears
+from personalize.lm.tokens import TokenBudget, left_pad, prompt_ids
 from transformers import MinNewTokensLengthLogitsProcessor
 
 SCALE = 0.7
@@ -169,8 +169,8 @@ def test_shared_prefill_reads_each_distinct_prompt_and_lora_once(tiny_model, tok
     that row alone (with its own LoRA) leaves."""
     from transformers import DynamicCache
 
-    from personalize.batch import shared_prefill
-    from personalize.row_lora import gathered, hooked
+    from personalize.serving.runner import shared_prefill
+    from personalize.serving.row_lora import gathered, hooked
 
     model = peft_model(tiny_model)
     seqs, ids, mask = batch(tokenizer, ["hello there", "hello there", "hello there"])

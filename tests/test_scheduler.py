@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from personalize.scheduler import DecodeScheduler, SchedulerConfig
+from personalize.serving.scheduler import DecodeScheduler, SchedulerConfig
 
 
 class Echo:  # an engine that decodes each row as itself, instantly

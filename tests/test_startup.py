@@ -7,10 +7,10 @@ from pathlib import Path
 import torch
 from peft import PeftModel
 
-from personalize.adapters import adapter_name, load_adapters
-from personalize.config import CardConfig
-from personalize.engine import artifacts_meta
-from personalize.models import load_lm
+from personalize.card.adapters import adapter_name, load_adapters
+from personalize.card.config import CardConfig
+from personalize.methods.engine import artifacts_meta
+from personalize.lm.models import load_lm
 
 
 def test_one_pass_loading_equals_peft_adapter_by_adapter(tiny_artifacts):
@@ -36,7 +36,7 @@ def test_one_pass_loading_equals_peft_adapter_by_adapter(tiny_artifacts):
 def test_adapters_left_for_later_load_on_first_need_and_decode_alike(tiny_artifacts):
     """The app's start loads one cluster adapter, answers, then the rest (Studio.load_pending); a request that
     comes first loads them itself, and every adapter then gives what a full load gives."""
-    from personalize.engine import Engine
+    from personalize.methods.engine import Engine
 
     folder = Path(tiny_artifacts["artifacts"])
     full = Engine.load(folder)

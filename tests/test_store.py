@@ -270,7 +270,7 @@ def test_one_store_shared_by_threads(store: Store) -> None:
 
 def test_version_1_database_gains_the_style_column_and_keeps_its_vectors(tmp_path: Path) -> None:
     """A studio.db written before styles existed opens, keeps λ, and then stores a whole style."""
-    from personalize.style import UserStyle
+    from personalize.card.style import UserStyle
 
     path = tmp_path / "old.db"
     db = sqlite_utils.Database(path)
@@ -287,7 +287,7 @@ INSERT INTO users VALUES ('ann', 'tweets', 't', 't');
     db.conn.close()
     store = Store(path)
     assert store.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
-    old = store.style("ann", "a1")  # λ alone: no bias, no memory
+    old = UserStyle.from_stored(store.style("ann", "a1"))  # λ alone: no bias, no memory
     assert np.array_equal(old.lam, np.ones(4)) and len(old.bias_ids) == 0 and len(old.values) == 0
     first = store.versions("ann", "a1")  # v3: the stored style became the first version, and the current one
     assert [(v["source"], v["current"]) for v in first] == [("history", True)]
@@ -295,14 +295,14 @@ INSERT INTO users VALUES ('ann', 'tweets', 't', 't');
     style = UserStyle(np.full(4, 2, np.float32), np.array([7, 3]), np.array([0.5, -1.0], np.float32),
                       np.ones((3, 4), np.float16), np.array([5, 6, 7]))
     store.save_vector("ann", "a1", style.lam, "m", {"diagnostics": {"helps": False}}, style.extras_bytes())
-    back = store.style("ann", "a1")
+    back = UserStyle.from_stored(store.style("ann", "a1"))
     assert back.helps is False and np.array_equal(back.bias_ids, [7, 3]) and np.allclose(back.bias, [0.5, -1.0])
     assert back.keys.shape == (3, 4) and np.array_equal(back.values, [5, 6, 7])
     assert store.vector_bytes("ann", "a1") == 16 + len(style.extras_bytes())
     versions = store.versions("ann", "a1")
     assert len(versions) == 2 and versions[-1]["current"] and not versions[0]["current"]
     store.restore_version("ann", "a1", versions[0]["id"])
-    assert np.array_equal(store.style("ann", "a1").lam, np.ones(4))
+    assert np.array_equal(UserStyle.from_stored(store.style("ann", "a1")).lam, np.ones(4))
 
 
 def test_one_vote_per_rater_and_pair_holds_across_connections(tmp_path: Path) -> None:

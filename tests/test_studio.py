@@ -14,12 +14,13 @@ import threading
 import numpy as np
 import pytest
 
-from personalize.arena import Arena, StalePair, draw_methods
+from personalize.humaneval.arena import Arena, StalePair, draw_methods
 from personalize.data import TASKS, HistoryError, Item
-from personalize.export import export_predictions, export_table, to_csv
-from personalize.leaderboard import LeaderboardConfig, bradley_terry, leaderboard, win_rates
+from personalize.humaneval.export import export_predictions, export_table, to_csv
+from personalize.humaneval.leaderboard import LeaderboardConfig, bradley_terry, leaderboard, win_rates
 from personalize.store import Store
-from personalize.studio import Studio, StudioConfig
+from personalize.studio.facade import Studio, StudioConfig
+from personalize.ui import text as page_text
 
 from conftest import tiny_studio
 
@@ -143,7 +144,7 @@ def studio(tiny_artifacts, tmp_path_factory):
 
 
 def test_neutral_rewrites_never_echo_the_instruction(studio):
-    from personalize.neutral import plain
+    from personalize.card.neutral import plain
 
     texts = ["omg the coffee was SO good today!!! 🔥🔥", "k bus late again"]
     # a random tiny model writes no usable rewrite, so every item gets its rule-based plain version
@@ -234,7 +235,7 @@ def test_oppu_trains_on_first_use_and_again_after_an_edit(studio):
 
 
 def test_why_pieces_merge_the_bytes_of_one_character(tokenizer):
-    from personalize.studio import text_pieces
+    from personalize.studio.decode import text_pieces
 
     ids = tokenizer("ok 🔥🔥", add_special_tokens=False)["input_ids"]
     assert len(ids) > 3  # the emoji are byte-level tokens
@@ -298,7 +299,7 @@ def test_explore_sweeps_alpha_and_k_on_held_out_items(studio):
 def test_eval_runs_the_stateful_methods_on_users_it_never_stored(studio, tiny_artifacts):
     """eval onboards LaMP query users that no store knows: EXACT's memory, PAG's summary and OPPU's adapter
     live in a scratch store and folder, and every method yields a scored column."""
-    from personalize.evaluate import run_eval
+    from personalize.eval.evaluate import run_eval
 
     users_before = {a for a in studio.engine.model.peft_config if a.startswith("u_")}  # the studio's own OPPU users
     res = run_eval(studio.engine, tiny_artifacts["demo"], "dev", ["exact", "pag", "oppu", "card"], limit=2,
@@ -317,10 +318,10 @@ def test_dropped_duplicates_are_reported_on_save(studio):
     assert len(items) == 5 and items.duplicates == 3
     res = studio.save_history("dupe", items, "tweets")
     assert res["n_items"] == 5 and res["duplicates"] == 3
-    assert "3 duplicate items dropped" in studio.save_message(res)
+    assert "3 duplicate items dropped" in page_text.save_message(studio, res)
     res = studio.save_history("dupe", studio.parse(text="\n".join(TERSE[:5])), "tweets")
-    assert "duplicate" not in studio.save_message(res)
-    assert "duplicate" not in studio.save_message(studio.save_history("dupe", [Item(t) for t in TERSE[:5]], "tweets"))
+    assert "duplicate" not in page_text.save_message(studio, res)
+    assert "duplicate" not in page_text.save_message(studio, studio.save_history("dupe", [Item(t) for t in TERSE[:5]], "tweets"))
 
 
 def test_items_table_has_one_id_and_a_new_name_starts_an_empty_history(studio):
@@ -354,15 +355,15 @@ def test_k_snaps_towards_the_direction_the_slider_moved(studio):
 def test_distance_table_marks_the_users_own_cluster(studio):
     studio.save_history("hal", [Item(t) for t in TERSE], "tweets")
     st = studio.user_state("hal", 4)
-    table = studio.distance_table(st).splitlines()
+    table = page_text.distance_table(st).splitlines()
     assert table[0] == "| cluster | distance | yours |" and len(table) == 2 + 4
     marked = [line for line in table[2:] if "◀ you" in line]
     assert marked == [table[2 + st.cluster]] and all(line.count("|") == 4 for line in table)
-    assert studio.cluster_summary(st).startswith(f"**hal** is in cluster **{st.cluster}** of K = 4,")
+    assert page_text.cluster_summary(studio, st).startswith(f"**hal** is in cluster **{st.cluster}** of K = 4,")
 
 
 def test_fit_verdict_says_in_plain_words_whether_the_vector_helps():
-    from personalize.studio import fit_verdict
+    from personalize.studio.fits import fit_verdict
 
     yes = fit_verdict({"acc_own": 0.41, "acc_no_head": 0.36, "helps": True, "n": 40})
     assert yes == "Your vector helps: it predicts 41% of your held-out words vs 36% for your cluster's model."
@@ -386,7 +387,7 @@ def test_a_methods_note_reaches_the_compare_column(studio, monkeypatch):
     state, s = studio.user_state("ivy"), studio.settings(max_new_tokens=4)
     out = SimpleNamespace(text="ok", n_tokens=1, latency_s=0.01, trace=None,
                           note="your vector does not beat the cluster model: showing its output")
-    monkeypatch.setattr(studio, "_decode", lambda *a, **k: out)
+    monkeypatch.setattr(studio.decoding, "decode", lambda *a, **k: out)
     o = studio.run_method("card", state, "p", s)
     assert o.info["note"] == out.note and studio.store.generation(o.gen_id)["extra"]["note"] == out.note
     out.note = None
@@ -400,7 +401,7 @@ def test_a_methods_note_reaches_the_compare_column(studio, monkeypatch):
 def test_builds_are_listed_per_task_and_choosing_a_task_switches_to_its_build(tiny_artifacts, tmp_path):
     import shutil
 
-    from personalize.studio import find_builds
+    from personalize.studio.builds import find_builds
 
     root = tmp_path / "artifacts"
     shutil.copytree(tiny_artifacts["artifacts"], root / "tweets")
@@ -436,10 +437,10 @@ def test_builds_are_listed_per_task_and_choosing_a_task_switches_to_its_build(ti
         res = s.switch_task("commit_subjects")
         assert res["switched"] and res["build"].id == "commits-test" and "commits-test" in res["message"]
         assert s.task.name == "commit_subjects" and s.engine.artifacts_id == "commits-test"
-        assert s.method("rag").engine is s.engine and "commit_subjects" in s.header()
+        assert s.method("rag").engine is s.engine and "commit_subjects" in page_text.header(s)
         st = s.user_state("ann")  # placed in the new build on first use
         assert s.store.assignment("ann", "commits-test", st.k) is not None
-        assert "Saved" in s.save_message(s.save_history("ann", [Item(t) for t in TERSE], "commit_subjects"))
+        assert "Saved" in page_text.save_message(s, s.save_history("ann", [Item(t) for t in TERSE], "commit_subjects"))
 
         back = s.switch_task("tweets")
         assert back["switched"] and s.engine.artifacts_id == tweets_id and s.task.name == "tweets"
@@ -451,7 +452,7 @@ def test_builds_are_listed_per_task_and_choosing_a_task_switches_to_its_build(ti
 def test_how_near_a_cluster_is_said_in_plain_words(studio):
     """The nearest centroid's distance against the build's own people: a member of the population is within
     its cluster; a person further out than all of them is told the build is far from them."""
-    from personalize.cluster import closeness
+    from personalize.card.cluster import closeness
 
     c = studio.engine.clusters
     k = studio.snap_k(None)
@@ -461,8 +462,8 @@ def test_how_near_a_cluster_is_said_in_plain_words(studio):
     words, further = closeness(c.embeddings, c.centroids[k], c.labels[k], float(own.max()) + 0.1)
     assert further == 0 and "far from every cluster of this build" in words
     res = studio.save_history("nearme", [Item(t) for t in TERSE], "tweets")
-    assert res["closeness"] and res["closeness"] in studio.save_message(res)
-    assert res["closeness"] in studio.cluster_summary(studio.user_state("nearme"))
+    assert res["closeness"] and res["closeness"] in page_text.save_message(studio, res)
+    assert res["closeness"] in page_text.cluster_summary(studio, studio.user_state("nearme"))
 
 
 def test_fit_says_in_plain_words_when_the_build_keeps_card_at_the_cluster_model(studio, monkeypatch):
@@ -475,12 +476,12 @@ def test_fit_says_in_plain_words_when_the_build_keeps_card_at_the_cluster_model(
     monkeypatch.setitem(report, "guard", {"kept": False, "alpha": 0.0, "people": 30, "why": "…"})
     cfg = studio.engine.cfg
     monkeypatch.setattr(studio.engine, "cfg", dataclasses.replace(cfg, decoding=dataclasses.replace(cfg.decoding, alpha=0.0)))
-    msg = studio.fit_message("topic", fit, 1.0)
+    msg = page_text.fit_message(studio, "topic", fit, 1.0)
     assert "CARD writes as your cluster's model" in msg and "30 validation people" in msg, msg
     monkeypatch.setitem(report, "guard", {"kept": True, "alpha": 2.0, "people": 30, "why": "…"})
     cfg = studio.engine.cfg
     monkeypatch.setattr(studio.engine, "cfg", dataclasses.replace(cfg, decoding=dataclasses.replace(cfg.decoding, alpha=2.0)))
-    assert "CARD writes as your cluster's model" not in studio.fit_message("topic", fit, 1.0)
+    assert "CARD writes as your cluster's model" not in page_text.fit_message(studio, "topic", fit, 1.0)
 
 
 def test_the_demo_picker_offers_people_the_build_never_saw_before_those_who_chose_its_settings(studio, monkeypatch):
@@ -502,8 +503,8 @@ def test_the_demo_picker_offers_people_the_build_never_saw_before_those_who_chos
 def test_rewrites_decode_in_one_batch_each_as_it_decodes_alone(studio):
     """The rewrites share one mixed batch, each row stopped at its own budget: every raw rewrite is what its text
     gives decoded alone with that budget (a short line is not padded to a long one's steps)."""
-    from personalize.decoding import DecodingSettings, generate
-    from personalize.engine import NEUTRAL_TEMPLATE
+    from personalize.card.decoding import DecodingSettings, generate
+    from personalize.methods.engine import NEUTRAL_TEMPLATE
 
     eng = studio.engine
     texts = ["k bus late again", "the release notes for version two are finally written and merged upstream",

@@ -1,4 +1,4 @@
-"""A thread that finished its torch work hands its OpenMP team back (personalize/threads.py)."""
+"""A thread that finished its torch work hands its OpenMP team back (personalize/lm/cpu_threads.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from personalize.threads import ReleasingExecutor, _libgomp, hands_back_team, release_team
+from personalize.lm.cpu_threads import ReleasingExecutor, _libgomp, hands_back_team, release_team
 
 
 def _tids() -> set[int]:
@@ -118,7 +118,7 @@ def test_wrapping_keeps_name_signature_and_generators():
 
 @pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no per-thread nice value here")
 def test_the_decode_thread_runs_below_the_request_handlers():
-    from personalize.scheduler import DecodeScheduler, SchedulerConfig
+    from personalize.serving.scheduler import DecodeScheduler, SchedulerConfig
 
     class Echo:  # an engine whose decode reports the priority of the thread that ran it
         def decode_rows(self, rows, on_step=None):
@@ -146,7 +146,7 @@ def _rss_mb() -> float:
 def test_trim_memory_gives_the_heaps_freed_pages_back():
     """What a first-use job leaves: freed blocks the heap keeps (live blocks between them stop free() from
     shrinking it). trim_memory hands those pages back."""
-    from personalize.threads import trim_memory
+    from personalize.lm.cpu_threads import trim_memory
 
     blocks, pins = [], []
     for _ in range(3000):  # 192 MB below the mmap threshold, on the heap, each with a live block after it

@@ -9,8 +9,8 @@ from dataclasses import replace
 import numpy as np
 
 from personalize.data import read_lamp
-from personalize.engine import Engine
-from personalize.tune import MIN_PEOPLE, guard_verdict, harm_guard
+from personalize.methods.engine import Engine
+from personalize.fitting.tune import MIN_PEOPLE, guard_verdict, harm_guard
 
 
 def test_the_guard_keeps_card_only_when_its_gain_is_above_noise():
@@ -30,7 +30,7 @@ def test_the_guard_keeps_card_only_when_its_gain_is_above_noise():
 def test_a_harmful_alpha_is_refused_on_the_tiny_build(tiny_artifacts):
     """People whose real texts are what the cluster model writes: α = 60 steers card away from them (a random
     tiny model has no better notion of a person's text), so the guard must fall back to the cluster model."""
-    from personalize.evaluate import decode_people
+    from personalize.eval.evaluate import decode_people
 
     engine = Engine.load(tiny_artifacts["artifacts"])
     engine.cfg = replace(engine.cfg, decoding=replace(engine.cfg.decoding, alpha=60.0, max_new_tokens=8),
@@ -62,7 +62,7 @@ def test_the_build_reports_its_guard(tiny_artifacts):
 def test_each_setting_is_decoded_once_and_the_choice_is_the_same(tiny_artifacts):
     """The choice revisits settings (α = 1 after the style step, the fallback off, the guard's pair); decoding
     each once must give the very report that decoding every option afresh gives, with fewer decodes."""
-    from personalize.tune import Decoder, choose_decoding, decode_each
+    from personalize.fitting.tune import Decoder, choose_decoding, decode_each
 
     class Afresh(Decoder):
         def texts(self, method):

@@ -165,7 +165,7 @@ def test_the_page_has_the_tabs_in_order_and_unique_element_ids(studio):
 def test_rate_handlers_serve_units_and_clear_the_rubric_scores(studio):
     """The Rate tab's handlers without a server: a rubric unit is judged, the next one comes with the scores
     cleared (no rater resubmits the previous unit's scores by mistake); an incomplete score keeps what was typed."""
-    from personalize.campaign import CampaignConfig, CampaignItem
+    from personalize.humaneval.campaign_schema import CampaignConfig, CampaignItem
     from personalize.ui import rate
 
     items = [CampaignItem(f"p{i}", f"prompt {i}", tuple(f"h{i}.{j}" for j in range(5))) for i in range(2)]

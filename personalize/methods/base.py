@@ -1,19 +1,31 @@
-"""The contract every method keeps (CARD's three core methods and the six compared ones alike).
+"""The contract every method keeps, the person as the methods see them (UserContext), and the helpers the
+methods share.
+
+The contract every method keeps (CARD's three core methods and the six compared ones alike).
 
 A method is made as `Cls(engine, store=None, cfg=Cls.config_class())`; `prepare` does its per-user work
 (an index, an attribute search, a LoRA), `is_prepared` says whether that work is done for this history,
 `generate` decodes on its own (eval and bench use it), and `rows` describes the same decoding as rows of
-a mixed batch (batch.DecodeRow), so the studio's scheduler decodes every method of every person in one
+a mixed batch (serving.rows.DecodeRow), so the studio's scheduler decodes every method of every person in one
 `generate` call; `batch` says in words how the method's rows differ from a plain row. The test
 tests/test_method_contract.py checks all of it over every registered method.
 """
 
 from __future__ import annotations
 
-from typing import Callable, ClassVar, Protocol, runtime_checkable
+import dataclasses
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar, Protocol, Sequence, runtime_checkable
 
-from ..batch import DecodeRow
-from ..decoding import DecodingSettings, Generation
+import numpy as np
+
+from personalize.data import Item, Task
+from personalize.lm.tokens import TokenBudget
+
+from personalize.serving.rows import DecodeRow
+from personalize.card.decoding import DecodingSettings, Generation
 
 
 @runtime_checkable
@@ -33,3 +45,68 @@ class Method(Protocol):
 
     def rows(self, user, prompts: list[str], settings: DecodingSettings, trace: bool = False) -> list[DecodeRow]:
         """One row per prompt; decoded in any mixed batch, each gives what `generate` gives (greedy)."""
+
+
+@dataclass
+class UserContext:
+    """One user as the methods see them: history with prompts filled, cluster and λ from onboarding."""
+
+    name: str
+    items: list[Item]  # every x filled (free-form items: the task template of the neutral rewrite, §1.8)
+    cluster: int = 0
+    k: int = 1
+    lam: np.ndarray | None = None
+    templated: frozenset[int] = field(default_factory=frozenset)  # items whose x was built from a rewrite
+
+    def __post_init__(self):
+        if any(not it.x for it in self.items):
+            raise ValueError(f"user {self.name!r}: every item needs its prompt x (run the neutral rewrites first)")
+        if self.k < 1 or not 0 <= self.cluster < self.k:
+            raise ValueError(f"cluster must be in 0..k-1, got cluster={self.cluster}, k={self.k}")
+
+    @classmethod
+    def from_store(cls, store, name: str, task: Task, cluster: int = 0, k: int = 1,
+                   lam: np.ndarray | None = None) -> "UserContext":
+        """The stored history with prompts filled from the stored neutral rewrites (onboard writes them)."""
+        items, templated = [], set()
+        for i, s in enumerate(store.items(name)):
+            if not s.x and not s.neutral:
+                raise ValueError(f"item {s.position + 1} of user {name!r} has no prompt and no neutral rewrite: "
+                                 "onboard first")
+            if not s.x:
+                templated.add(i)
+            # the item's number in the person's own history (as My writing shows it), not the store's row id
+            items.append(Item(y=s.y, x=s.x or task.prompt(s.neutral), id=str(s.position + 1)))
+        return cls(name, items, cluster, k, lam, frozenset(templated))
+
+
+# ------------------------------------------------------------ helpers shared by the methods
+
+def clip(tok, text: str, n_tokens: int) -> str:
+    """`text` cut to its first n_tokens tokens, the way tokens.prompt_ids cuts a prompt."""
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    return text if len(ids) <= n_tokens else tok.decode(ids[:n_tokens]).strip()
+
+
+def n_tokens(tok, text: str) -> int:
+    return len(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def task_input(task: Task, x: str) -> str:
+    """The content of a prompt without the task's fixed instruction (it would match every item)."""
+    p = task.prefix
+    return x[len(p):].strip() if p and x.startswith(p) else x
+
+
+def words(text: str) -> list[str]:
+    """Lowercase word tokens (BM25's tokenisation)."""
+    return re.findall(r"\w+", text.lower())
+
+
+def widened(budget: TokenBudget, extra: int) -> TokenBudget:
+    """The prompt budget plus the tokens a method adds, so prompt_ids never cuts the task input away."""
+    return dataclasses.replace(budget, max_prompt_tokens=budget.max_prompt_tokens + extra)
+
+
+def fingerprint(texts: Sequence[str]) -> str:
+    return hashlib.sha1("\x1f".join(texts).encode()).hexdigest()[:16]

@@ -22,11 +22,12 @@ from dataclasses import dataclass, replace
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from ..adapters import BASE_ADAPTER, adapter_name
-from ..batch import NO_ADAPTER, CopeSteer, DecodeRow
-from ..decoding import DecodingSettings, Generation, repetition_processors
-from ..tokens import decode, left_pad, prompt_ids
-from . import UserContext
+from personalize.card.adapters import BASE_ADAPTER, adapter_name
+from personalize.serving.row_lora import NO_ADAPTER
+from personalize.serving.rows import DecodeRow, Steer
+from personalize.card.decoding import DecodingSettings, Generation, repetition_processors
+from personalize.lm.tokens import decode, left_pad, prompt_ids
+from personalize.methods.base import UserContext
 
 
 
@@ -68,6 +69,32 @@ class CopeLogitsProcessor(LogitsProcessor):
         return torch.cat([reward, reward]).to(scores.dtype)
 
 
+@dataclass(frozen=True)
+class CopeSteer(Steer):
+    """COPE's contrast on a row of a mixed batch (serving.rows.Steer): the row gets a twin running `base_adapter`,
+    and CopeLogitsProcessor gives both the same contrastive scores, so both pick the same token."""
+
+    alpha: float
+    tau: float
+    base_adapter: str
+    twin_error = "COPE: the user and base copies of a row chose different tokens"
+
+    @property
+    def twin_adapter(self) -> str:
+        return self.base_adapter
+
+    def processors(self, settings, first, repeats, hidden, trace):
+        proc = CopeLogitsProcessor(self.alpha, self.tau, 1)
+        if trace:
+            proc.trace = []
+        return [*first, proc, *repeats], (proc if trace else None)
+
+    def steps(self, tracer, new, k: int) -> list:
+        """One dict per step, as CopeMethod.generate gives them."""
+        return [{"head": s["head"][0], "token": int(s["token"][0]), "user_logprob": float(s["user_logprob"][0]),
+                 "base_logprob": float(s["base_logprob"][0])} for s in tracer.trace[:k]]
+
+
 class CopeMethod:
     name = "cope"
     batch = "a row on π_user (the cluster LoRA) and a twin row on π_base; both get the contrastive scores"
@@ -97,7 +124,7 @@ class CopeMethod:
 
     def rows(self, user: UserContext, prompts: list[str], settings: DecodingSettings,
              trace: bool = False) -> list[DecodeRow]:
-        """One row per prompt on π_user, with a twin on π_base (batch.py); COPE is greedy."""
+        """One row per prompt on π_user, with a twin on π_base (serving/runner.py); COPE is greedy."""
         user_ad, base_ad = self.adapters(user)
         s = replace(settings, do_sample=False)
         return [DecodeRow(p, self.engine.cfg.budget, s, user_ad, CopeSteer(self.cfg.alpha, self.cfg.tau, base_ad),

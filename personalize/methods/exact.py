@@ -27,12 +27,12 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from ..batch import DecodeRow
-from ..decoding import DecodingSettings, Generation, generate
-from ..features import teacher_forced
-from ..kernels import onednn_linears
-from ..tokens import prompt_ids, target_ids
-from . import UserContext, clip, task_input, widened
+from personalize.serving.rows import DecodeRow
+from personalize.card.decoding import DecodingSettings, Generation, generate
+from personalize.lm.features import teacher_forced
+from personalize.lm.onednn import onednn_linears
+from personalize.lm.tokens import prompt_ids, target_ids
+from personalize.methods.base import UserContext, clip, task_input, widened
 
 # seeds/004 Table 4 (42 attributes, from Drift); the descriptions are ours, for the app's "why" view.
 ATTRIBUTES: dict[str, str] = {
@@ -140,7 +140,7 @@ class ExactMethod:
     def cached_margins(self, rows: Sequence[Row]) -> np.ndarray:
         """lm_margins' values with each group of rows that share a pair and a chosen set read over one
         cached prefix: the same token sequences (each built whole, as lm_margins builds them), the linear layers
-        through oneDNN on the CPU (kernels.py)."""
+        through oneDNN on the CPU (lm/onednn.py)."""
         e = self.engine
         budget = widened(e.cfg.budget, ATTR_TOKENS)
         groups: dict[tuple, list[int]] = {}

@@ -39,10 +39,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from ..adapters import BASE_ADAPTER, add_warm_adapter, lora_bytes, sft_loss, train_adapter
-from ..batch import DecodeRow
-from ..decoding import DecodingSettings, Generation, generate
-from . import UserContext, fingerprint
+from personalize.card.adapters import BASE_ADAPTER, add_warm_adapter, lora_bytes, sft_loss, train_adapter
+from personalize.serving.rows import DecodeRow
+from personalize.card.decoding import DecodingSettings, Generation, generate
+from personalize.methods.base import UserContext, fingerprint
 
 META = "oppu.json"
 WEIGHTS = "adapter_model.safetensors"  # what peft's save_pretrained writes (safe serialisation)
@@ -266,7 +266,7 @@ class OppuMethod:
         """The report as a store blob (kind "oppu", key = artifacts id); users not in the store are skipped."""
         if self.store is None:
             return
-        from ..store import StoreError
+        from personalize.store import StoreError
 
         try:
             self.store.put_blob(user.name, self.name, str(self.engine.artifacts_id), info)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ..decoding import DecodingSettings, Generation, generate
-from . import UserContext, clip, fingerprint, n_tokens
-from .rag import SLACK, RagConfig, RagMethod
+from personalize.card.decoding import DecodingSettings, Generation, generate
+from personalize.methods.base import UserContext, clip, fingerprint, n_tokens
+from personalize.methods.rag import SLACK, RagConfig, RagMethod
 
 SUMMARY_INSTRUCTION = "Describe the writing style of this author in one sentence:"
 SUMMARY_KIND, SUMMARY_KEY = "pag_summary", "summary"

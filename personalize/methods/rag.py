@@ -16,10 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 from rank_bm25 import BM25Okapi
 
-from ..batch import DecodeRow
-from ..data import Item
-from ..decoding import DecodingSettings, Generation, generate
-from . import UserContext, clip, fingerprint, n_tokens, task_input, widened, words
+from personalize.serving.rows import DecodeRow
+from personalize.data import Item
+from personalize.card.decoding import DecodingSettings, Generation, generate
+from personalize.methods.base import UserContext, clip, fingerprint, n_tokens, task_input, widened, words
 
 HEADER = "Texts this user wrote before (input → output):"
 SLACK = 16  # tokens for the header, newlines and re-tokenisation at the joins

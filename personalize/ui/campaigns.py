@@ -13,10 +13,12 @@ import functools
 import gradio as gr
 import plotly.graph_objects as go
 
-from ..campaign import CRITERIA, REFERENCE, overlap_text
-from ..display import md, plot_text
-from ..studio import ALL_METHODS, Studio
-from .common import EXPECTED, _err, bind, guarded
+from personalize.humaneval.campaign_schema import CRITERIA, REFERENCE
+from personalize.humaneval.campaign_report import overlap_text
+from personalize.display import md, plot_text
+from personalize.catalog import ALL_METHODS
+from personalize.studio.facade import Studio
+from personalize.ui.common import EXPECTED, _err, bind, guarded
 
 
 def _pct(v) -> str:
@@ -146,7 +148,7 @@ def import_file(studio: Studio, name: str | None, file) -> str:
 
 
 def build(studio: Studio, shared=None) -> None:
-    from .common import Markdown
+    from personalize.ui.common import Markdown
 
     names = studio.campaigns.names()
     with gr.Tab("Campaigns", id="campaigns") as tab:

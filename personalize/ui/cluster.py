@@ -6,10 +6,11 @@ from dataclasses import replace
 
 import gradio as gr
 
-from ..display import md
-from .common import Markdown, bind, guarded
-from .controls import Shared
-from .figures import cluster_figure
+from personalize.display import md
+from personalize.ui.common import Markdown, bind, guarded
+from personalize.ui.controls import Shared
+from personalize.ui.figures import cluster_figure
+from personalize.ui import text as page_text
 
 
 def cluster_examples_md(examples) -> str:
@@ -26,7 +27,7 @@ def show_cluster(studio, name, k, previous=None):
     fig, k, st = cluster_figure(view["map"]), view["k"], view["state"]
     if st is None:
         return "Enter a user name and save a history to see where you fall.", "", fig, k, k
-    return studio.cluster_summary(replace(st, name=md(st.name))), cluster_examples_md(view["examples"]), fig, k, k
+    return page_text.cluster_summary(studio, replace(st, name=md(st.name))), cluster_examples_md(view["examples"]), fig, k, k
 
 
 def build(studio, shared: Shared) -> None:

@@ -7,12 +7,12 @@ import functools
 
 import gradio as gr
 
-from ..arena import StalePair
-from ..data import HistoryError
-from ..display import md
-from ..engine import ArtifactsError
-from ..store import StoreError
-from ..threads import hands_back_team
+from personalize.humaneval.arena import StalePair
+from personalize.data import HistoryError
+from personalize.display import md
+from personalize.methods.engine import ArtifactsError
+from personalize.store import StoreError
+from personalize.lm.cpu_threads import hands_back_team
 
 # Problems a person can cause (bad input, unknown user, a stale vote): answered in the tab's status line.
 # Gradio sessions decoding at once (Compare, Why, Quick pair): their requests meet in the studio's scheduler and
@@ -47,7 +47,7 @@ def guarded(n_outputs: int, status_index: int = 0):
 
 def bind(fn, *args):
     """`fn` with its first arguments fixed (the studio, a method, a vote), named as `fn` on Gradio's API page;
-    Gradio's worker thread hands its OpenMP team back afterwards (threads.py).
+    Gradio's worker thread hands its OpenMP team back afterwards (lm/cpu_threads.py).
     Gradio still finds a gr.Progress default in what is left; a gr.Request parameter it finds only on a plain
     function, so handlers that need the request are wrapped in a closure instead."""
     bound = functools.partial(fn, *args)

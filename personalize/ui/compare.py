@@ -7,10 +7,10 @@ import time
 
 import gradio as gr
 
-from ..display import md
-from ..studio import ALL_METHODS, DEFAULT_METHODS
-from .common import DECODE_SESSIONS, EXPECTED, Markdown, _err, bind, guarded, version_rows
-from .controls import Shared
+from personalize.display import md
+from personalize.catalog import ALL_METHODS, DEFAULT_METHODS
+from personalize.ui.common import DECODE_SESSIONS, EXPECTED, Markdown, _err, bind, guarded, version_rows
+from personalize.ui.controls import Shared
 
 
 def method_md(o) -> str:

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
-from .common import VERSION_COLUMNS, Markdown
+from personalize.ui.common import VERSION_COLUMNS, Markdown
+from personalize.ui import text as page_text
 
 N_SERVED = 7  # len(Shared.served_outputs) == len(served_values(studio))
 
@@ -93,13 +94,13 @@ class Shared:
 def served_values(studio) -> tuple:
     """Shared.served_outputs' values for the build now served."""
     s, ks, k0 = studio.settings(), studio.ks, studio.snap_k(None)
-    return (studio.header(), gr.update(minimum=min(ks), maximum=max(ks), value=k0, label=k_label(ks)), k0,
+    return (page_text.header(studio), gr.update(minimum=min(ks), maximum=max(ks), value=k0, label=k_label(ks)), k0,
             s.alpha, s.top_k, s.max_new_tokens, gr.update(label=template_label(studio.task.name)))
 
 
 def page_top(studio, app: gr.Blocks) -> Shared:
     """Lays out the title and the user row; makes the other shared components for the tabs that show them."""
-    header = Markdown(studio.header(), elem_id="header")
+    header = Markdown(page_text.header(studio), elem_id="header")
     with gr.Row():
         user = gr.Textbox(label="User name", placeholder="e.g. ana", elem_id="user-name", scale=2)
         stored = gr.Dropdown(choices=studio.user_names(), label="…or open a stored user", value=None,
@@ -127,7 +128,7 @@ def page_top(studio, app: gr.Blocks) -> Shared:
 def forget_previous_person(studio, shared: Shared) -> None:
     """When the user name changes (typed, a stored user opened, a demo user loaded, forgotten), every tab's
     results of the previous person are emptied and the versions table shows the new person's."""
-    from .common import version_rows
+    from personalize.ui.common import version_rows
 
     components = [c for c, _ in shared.per_person]
     empty = [v for _, v in shared.per_person]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import gradio as gr
 
-from .common import EXPECTED, Markdown, _err, bind
-from .controls import Shared
-from .figures import explore_figures
+from personalize.ui.common import EXPECTED, Markdown, _err, bind
+from personalize.ui.controls import Shared
+from personalize.ui.figures import explore_figures
 
 
 def explore(studio, name, alpha_text, n, alpha, top_k, max_tokens, progress=gr.Progress()):

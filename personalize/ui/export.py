@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ..display import md
-from ..studio import ALL_METHODS
-from .common import Markdown, bind, guarded
-from .controls import Shared
+from personalize.display import md
+from personalize.catalog import ALL_METHODS
+from personalize.ui.common import Markdown, bind, guarded
+from personalize.ui.controls import Shared
 
 
 @guarded(2)

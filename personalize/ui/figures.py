@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from ..display import plot_text
+from personalize.display import plot_text
 
 
 def cluster_figure(m: dict) -> go.Figure:

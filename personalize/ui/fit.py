@@ -6,10 +6,11 @@ import time
 
 import gradio as gr
 
-from ..display import md
-from .common import EXPECTED, Markdown, _err, bind, guarded, version_rows
-from .controls import Shared
-from .figures import loss_figure
+from personalize.display import md
+from personalize.ui.common import EXPECTED, Markdown, _err, bind, guarded, version_rows
+from personalize.ui.controls import Shared
+from personalize.ui.figures import loss_figure
+from personalize.ui import text as page_text
 
 INTRO = ("Fits your style on your history: neutral rewrites of pasted items (started when you saved), one "
          "teacher-forced pass of your cluster's model, then milliseconds to fit your user vector λ (128 numbers) "
@@ -29,7 +30,7 @@ def fit(studio, name, k, progress=gr.Progress()):
         studio.after_fit(name)
     except EXPECTED as e:
         return _err(e) + " (the stored vector, if any, is unchanged)", gr.skip()
-    return (studio.fit_message(name, res, total, shown_name=md(name)),
+    return (page_text.fit_message(studio, name, res, total, shown_name=md(name)),
             loss_figure(res.loss_curve) if res.loss_curve else None)
 
 

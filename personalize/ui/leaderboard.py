@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import gradio as gr
 
-from .common import Markdown, bind
-from .controls import Shared
-from .figures import leaderboard_figures
+from personalize.ui.common import Markdown, bind
+from personalize.ui.controls import Shared
+from personalize.ui.figures import leaderboard_figures
 
 COLUMNS = ("method", "strength", "lower", "upper", "votes", "wins", "losses", "ties")
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import gradio as gr
 
-from .common import Markdown, bind, guarded
-from .controls import N_SERVED, Shared
-from .writing import served
+from personalize.ui.common import Markdown, bind, guarded
+from personalize.ui.controls import N_SERVED, Shared
+from personalize.ui.writing import served
 
 SOURCE_CHOICES = [("a git repository on this machine", "git"), ("Debian maintainers' changelogs", "changelogs"),
                   ("a table (.csv / .jsonl: user, text[, input][, time])", "table")]

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ..display import md
-from ..studio import ALL_METHODS, DEFAULT_METHODS
-from .common import DECODE_SESSIONS, EXPECTED, Markdown, _err, logged_in, rater_box
-from .controls import Shared
+from personalize.display import md
+from personalize.catalog import ALL_METHODS, DEFAULT_METHODS
+from personalize.ui.common import DECODE_SESSIONS, EXPECTED, Markdown, _err, logged_in, rater_box
+from personalize.ui.controls import Shared
 
 VOTES = {"vote-a": ("a", "A is better"), "vote-b": ("b", "B is better"), "vote-tie": ("tie", "Tie"),
          "vote-bad": ("both_bad", "Both are bad")}

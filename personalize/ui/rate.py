@@ -14,11 +14,11 @@ import functools
 
 import gradio as gr
 
-from ..arena import rater_id
-from ..campaign import CRITERIA, Assignment
-from ..display import md
-from ..studio import Studio
-from .common import guarded, logged_in, rater_box
+from personalize.humaneval.arena import rater_id
+from personalize.humaneval.campaign_schema import CRITERIA, Assignment
+from personalize.display import md
+from personalize.studio.facade import Studio
+from personalize.ui.common import guarded, logged_in, rater_box
 
 VERDICTS = {"campaign-a": ("a", "A is more like them  [1]"), "campaign-b": ("b", "B is more like them  [2]"),
             "campaign-tie": ("tie", "Tie  [3]"), "campaign-bad": ("both_bad", "Both are bad  [4]")}
@@ -94,7 +94,7 @@ def campaign_choices(studio: Studio, current: str | None = None):
 
 
 def build(studio: Studio, shared=None) -> None:
-    from .common import Markdown
+    from personalize.ui.common import Markdown
 
     with gr.Tab("Rate", id="rate") as tab:
         Markdown("Judge a campaign's outputs blind: which one is more like something **this person** would write? "

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ..display import md
-from .common import DECODE_SESSIONS, EXPECTED, Markdown, _err, bind
-from .controls import Shared
-from .figures import step_figure
+from personalize.display import md
+from personalize.ui.common import DECODE_SESSIONS, EXPECTED, Markdown, _err, bind
+from personalize.ui.controls import Shared
+from personalize.ui.figures import step_figure
 
 
 def why(studio, name, text, templated, item, alpha, top_k, max_tokens, k):

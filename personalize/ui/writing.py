@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ..data import TASKS
-from ..display import md, md_quoting
-from .common import Markdown, bind, guarded
-from .controls import N_SERVED, Shared, served_values
+from personalize.data import TASKS
+from personalize.display import md, md_quoting
+from personalize.ui.common import Markdown, bind, guarded
+from personalize.ui.controls import N_SERVED, Shared, served_values
+from personalize.ui import text as page_text
 
 FORGET_NOTE = ("Deletes everything the studio keeps of this user: history, styles and their versions, votes, "
                "generated outputs, EXACT memory, OPPU adapter and exports that hold them. Ratings keep only their "
@@ -49,7 +50,7 @@ def switch_task(studio, task_name):
 @guarded(5)
 def save(studio, name, text, file, task_name, demo):
     res = studio.save_from(name, text, file, task_name, demo)
-    return (studio.save_message({**res, "name": md(res["name"])}), studio.item_rows(res["name"]),
+    return (page_text.save_message(studio, {**res, "name": md(res["name"])}), studio.item_rows(res["name"]),
             gr.update(choices=studio.user_names()), item_choices(studio, res["name"]), res["name"])
 
 

@@ -27,12 +27,12 @@ hooks.py (applying a generated LoRA to a model, to all rows or to chosen rows), 
 io.py (save, load), method.py (P2PMethod).
 """
 
-from .config import ARTIFACTS_DIR, CONFIG, FORMAT, WEIGHTS, LoRA, P2PConfig
-from .hooks import applied, applied_rows, lora_targets, model_shapes
-from .hypernet import HyperLoRA, lora_nbytes
-from .io import load, save
-from .method import P2PMethod
-from .train import profile_loss, rows_loss, train_p2p
+from personalize.methods.p2p.config import ARTIFACTS_DIR, CONFIG, FORMAT, WEIGHTS, LoRA, P2PConfig
+from personalize.methods.p2p.hooks import applied, applied_rows, lora_targets, model_shapes
+from personalize.methods.p2p.hypernet import HyperLoRA, lora_nbytes
+from personalize.methods.p2p.io import load, save
+from personalize.methods.p2p.method import P2PMethod
+from personalize.methods.p2p.train import profile_loss, rows_loss, train_p2p
 
 __all__ = ["ARTIFACTS_DIR", "CONFIG", "FORMAT", "WEIGHTS", "LoRA", "P2PConfig", "HyperLoRA", "lora_nbytes",
            "applied", "applied_rows", "lora_targets", "model_shapes", "load", "save", "P2PMethod", "profile_loss",

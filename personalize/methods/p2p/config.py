@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ...adapters import BASE_ADAPTER
-from ...tokens import TokenBudget
+from personalize.card.adapters import BASE_ADAPTER
+from personalize.lm.tokens import TokenBudget
 
 FORMAT = 1
 WEIGHTS, CONFIG = "hypernet.safetensors", "p2p.json"

@@ -9,8 +9,8 @@ from typing import Sequence
 import torch
 import torch.nn as nn
 
-from ...row_lora import LAYER_NUMBER
-from .config import LoRA
+from personalize.serving.row_lora import LAYER_NUMBER
+from personalize.methods.p2p.config import LoRA
 
 
 def lora_targets(model, modules: Sequence[str]) -> list[tuple[nn.Module, str, int]]:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
-from .config import CONFIG, FORMAT, WEIGHTS, P2PConfig
-from .hypernet import HyperLoRA
+from personalize.methods.p2p.config import CONFIG, FORMAT, WEIGHTS, P2PConfig
+from personalize.methods.p2p.hypernet import HyperLoRA
 
 def save(hyper: HyperLoRA, folder: str | Path, extra: dict | None = None) -> Path:
     """`hypernet.safetensors` (θ, E_mod, E_dep, mean profile) and `p2p.json` (config, shapes, extra)."""

@@ -10,15 +10,16 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ...adapters import answer_loss, sft_batch
-from ...cluster import user_embeddings
-from ...batch import DecodeRow, P2PSteer
-from ...decoding import DecodingSettings, Generation, generate
-from .. import UserContext, fingerprint
-from .config import ARTIFACTS_DIR, CONFIG, WEIGHTS, LoRA, P2PConfig
-from .hooks import applied, model_shapes
-from .hypernet import HyperLoRA, lora_nbytes
-from .io import load
+from personalize.card.adapters import answer_loss, sft_batch
+from personalize.card.cluster import user_embeddings
+from personalize.serving.rows import DecodeRow
+from personalize.card.decoding import DecodingSettings, Generation, generate
+from personalize.methods.base import UserContext, fingerprint
+from personalize.methods.p2p.config import ARTIFACTS_DIR, CONFIG, WEIGHTS, LoRA, P2PConfig
+from personalize.methods.p2p.hooks import applied, model_shapes
+from personalize.methods.p2p.hypernet import HyperLoRA, lora_nbytes
+from personalize.methods.p2p.io import load
+from personalize.methods.p2p.steer import P2PSteer
 
 class P2PMethod:
     """Deployment: one f_θ pass per user (cached, keyed by the history's fingerprint), hooks while decoding.
@@ -95,7 +96,7 @@ class P2PMethod:
                 "embed_s": round(t1 - t0, 4), "generate_lora_s": round(t2 - t1, 4), "prepare_s": round(t2 - t0, 4),
                 "lora_bytes": lora_nbytes(lora), "profile_bytes": int(profile.astype(np.float32).nbytes)}
         if self.store is not None:
-            from ...store import StoreError
+            from personalize.store import StoreError
 
             try:
                 self.store.put_blob(user.name, self.name, str(self.engine.artifacts_id), info)
@@ -109,7 +110,7 @@ class P2PMethod:
 
     def rows(self, user: UserContext, prompts: list[str], settings: DecodingSettings,
              trace: bool = False) -> list[DecodeRow]:
-        """Rows on the base adapter with this person's generated LoRA hooked on them alone (batch.P2PSteer)."""
+        """Rows on the base adapter with this person's generated LoRA hooked on them alone (steer.P2PSteer)."""
         lora, cold = self.lora(user)
         steer = P2PSteer(lora, self.hyper.cfg.scale)
         return [DecodeRow(p, self.engine.cfg.budget, settings, self.hyper.cfg.base_adapter, steer,

@@ -10,11 +10,11 @@ import numpy as np
 import torch
 from transformers import get_cosine_schedule_with_warmup
 
-from ...adapters import answer_loss, sft_batch
-from ...tokens import TokenBudget
-from .config import P2PConfig
-from .hooks import applied, model_shapes
-from .hypernet import HyperLoRA
+from personalize.card.adapters import answer_loss, sft_batch
+from personalize.lm.tokens import TokenBudget
+from personalize.methods.p2p.config import P2PConfig
+from personalize.methods.p2p.hooks import applied, model_shapes
+from personalize.methods.p2p.hypernet import HyperLoRA
 
 def _rows_loss(model, tok, hyper: HyperLoRA, profiles: torch.Tensor, rows: Sequence[tuple[int, str, str]],
                budget: TokenBudget, reduction: str = "mean") -> tuple[torch.Tensor, int, int]:

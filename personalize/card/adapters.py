@@ -1,0 +1,236 @@
+"""Cluster LoRA adapters (CARD §1.2): one LoRA per cluster, warm-started from the K = 1 adapter.
+
+All adapters live in one peft model and are switched with `set_adapter`, never
+reloaded from disk per request. Training is plain SFT with the prompt tokens
+masked; on a CPU it is budgeted in steps because it costs ~7-15 ms per token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from contextlib import nullcontext
+from typing import Callable, ContextManager, Sequence
+
+import torch
+import torch.nn.functional as F
+
+if not torch.cuda.is_available():
+    # peft imports bitsandbytes eagerly, which costs ~1.3 s of every start here; 4-bit loading is CUDA-only
+    # (models.load_model refuses it on the CPU), so without CUDA peft is told bitsandbytes is absent.
+    sys.modules.setdefault("bitsandbytes", None)
+
+from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from peft.tuners.lora import LoraLayer
+from safetensors.torch import load_file
+from transformers import get_cosine_schedule_with_warmup
+
+from personalize.lm.onednn import onednn_linears
+from personalize.lm.tokens import TokenBudget, left_pad, prompt_ids, target_ids
+
+BASE_ADAPTER = "k1c0"  # the K = 1 adapter: the task-adapted model ("TAM"/"MT-LoRA")
+
+
+def adapter_name(k: int, cluster: int) -> str:
+    return f"k{k}c{cluster}"
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA and its training budget. Paper (Qwen3-8B): r=16, alpha=32, dropout 0.05,
+    targets q,k,v,o,gate,up,down, 10 epochs, cosine decay. Defaults here fit a 2-core CPU."""
+
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.05
+    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    lr: float = 1e-3
+    batch_size: int = 8
+    base_steps: int = 60  # K = 1 adapter, on everything
+    cluster_steps: int = 8  # each cluster adapter, from the K = 1 weights
+    eval_every: int = 10  # held-out loss curve (METHOD §1.9.4: train until it flattens)
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.r < 1 or self.alpha <= 0 or not 0 <= self.dropout < 1:
+            raise ValueError("LoRA needs r >= 1, alpha > 0 and 0 <= dropout < 1")
+        if self.base_steps < 0 or self.cluster_steps < 0 or self.batch_size < 1:
+            raise ValueError("steps must be >= 0 and batch_size >= 1")
+
+    def peft_config(self) -> LoraConfig:
+        return LoraConfig(
+            r=self.r, lora_alpha=self.alpha, lora_dropout=self.dropout,
+            target_modules=list(self.targets), task_type="CAUSAL_LM",
+        )
+
+
+def answer_loss(model, ids, mask, labels, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy on the answer tokens, with the LM head run only over the answer columns
+    (left padding puts every answer at the right edge; the prompt's logits are never needed)."""
+    answer_cols = int((labels != -100).any(0).nonzero().min()) if (labels != -100).any() else ids.shape[1] - 1
+    keep = ids.shape[1] - answer_cols + 1
+    logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=keep).logits[:, :-1].float()
+    target = labels[:, ids.shape[1] - keep + 1:]
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100,
+                           reduction=reduction)
+
+
+def sft_batch(tok, examples: Sequence[tuple[str, str]], budget: TokenBudget, device):
+    """Left-padded (prompt + answer) rows with labels only on the answer tokens."""
+    seqs, n_prompt = [], []
+    for x, y in examples:
+        p = prompt_ids(tok, x, budget)
+        seqs.append(p + target_ids(tok, y, budget))
+        n_prompt.append(len(p))
+    ids, mask = left_pad(seqs, tok.pad_token_id, device)
+    labels = torch.full_like(ids, -100)
+    for i, s in enumerate(seqs):
+        start = ids.shape[1] - len(s) + n_prompt[i]
+        labels[i, start:] = ids[i, start:]
+    return ids, mask, labels
+
+
+@torch.no_grad()
+def sft_loss(model, tok, examples, budget: TokenBudget, batch_size: int = 16) -> float:
+    """Mean answer-token cross-entropy (the held-out curve); the linear layers through oneDNN on the CPU."""
+    was_training = model.training
+    model.eval()
+    total, n = 0.0, 0
+    with onednn_linears(model):
+        for i in range(0, len(examples), batch_size):
+            ids, mask, labels = sft_batch(tok, examples[i: i + batch_size], budget, model.device)
+            total += answer_loss(model, ids, mask, labels, reduction="sum").item()
+            n += int((labels != -100).sum())
+    model.train(was_training)
+    return total / max(n, 1)
+
+
+def train_adapter(
+    model: PeftModel, tok, name: str, examples: Sequence[tuple[str, str]], steps: int,
+    settings: LoraSettings, budget: TokenBudget, held_out: Sequence[tuple[str, str]] = (),
+    progress: Callable[[int, int, float], None] | None = None,
+    step_context: Callable[[], ContextManager] | None = None,
+) -> dict:
+    """SFT of one adapter; returns its report (tokens trained, seconds, loss curve). `step_context`: entered
+    around each step (the studio's model lock, so decodes run between the steps of a background training);
+    the step puts the model in training mode and back, so a decode between steps sees it in eval mode."""
+    model.set_adapter(name)
+    params = [p for n, p in model.named_parameters() if f".{name}." in n and "lora_" in n]
+    for p in params:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.0)
+    sched = get_cosine_schedule_with_warmup(opt, max(1, steps // 10), max(steps, 1))
+    rng = random.Random(settings.seed)
+    order: list[int] = []
+    curve, tokens, t0 = [], 0, time.perf_counter()
+    held = list(held_out)[:32]
+    if held:
+        curve.append((0, sft_loss(model, tok, held, budget)))
+    for step in range(1, steps + 1):
+        if len(order) < settings.batch_size:
+            more = list(range(len(examples)))
+            rng.shuffle(more)
+            order += more
+        batch = [examples[order.pop()] for _ in range(min(settings.batch_size, len(examples)))]
+        ids, mask, labels = sft_batch(tok, batch, budget, model.device)
+        with step_context() if step_context else nullcontext():
+            for p in params:  # a switch of adapters between steps (inference mode) froze them
+                p.requires_grad_(True)
+            model.train()
+            loss = answer_loss(model, ids, mask, labels)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step(), sched.step(), opt.zero_grad(set_to_none=True)
+            model.eval()
+        tokens += int(mask.sum())
+        if progress:
+            progress(step, steps, loss.item())
+        if held and (step % settings.eval_every == 0 or step == steps):
+            with step_context() if step_context else nullcontext():
+                curve.append((step, sft_loss(model, tok, held, budget)))
+    model.eval()
+    for p in params:
+        p.requires_grad_(False)
+    return {"adapter": name, "steps": steps, "examples": len(examples), "tokens": tokens,
+            "seconds": round(time.perf_counter() - t0, 2), "held_out_loss": curve}
+
+
+def new_peft_model(base_model, settings: LoraSettings) -> PeftModel:
+    model = get_peft_model(base_model, settings.peft_config(), adapter_name=BASE_ADAPTER)
+    model.eval()
+    return model
+
+
+def add_warm_adapter(model: PeftModel, name: str, settings: LoraSettings, source: str = BASE_ADAPTER) -> None:
+    """A new adapter that starts from `source`'s weights (clusters start from the K = 1 adapter)."""
+    model.add_adapter(name, settings.peft_config())
+    state = get_peft_model_state_dict(model, adapter_name=source)
+    set_peft_model_state_dict(model, state, adapter_name=name)
+    for p in model.parameters():  # peft marks a new adapter trainable; train_adapter unfreezes its own
+        p.requires_grad_(False)
+    model.eval()  # a new adapter's dropout starts in training mode
+
+
+def save_adapters(model: PeftModel, folder: Path) -> None:
+    model.save_pretrained(str(folder), selected_adapters=list(model.peft_config))
+
+
+def load_adapters(base_model, folder: Path, names: Sequence[str]) -> PeftModel:
+    """Every adapter loaded once into one peft model; switching is then in memory. The first through peft,
+    the others by add_adapters."""
+    model = PeftModel.from_pretrained(base_model, str(_adapter_path(folder, names[0])), adapter_name=names[0])
+    add_adapters(model, folder, names[1:])
+    return model
+
+
+def add_adapters(model: PeftModel, folder: Path, names: Sequence[str]) -> None:
+    """Adapters added to a loaded peft model. Those with its first adapter's structure (targets, rank,
+    alpha: a build's cluster adapters do) in one pass: their LoRA modules added to the existing LoRA layers
+    and all their weights read by one load_state_dict (peft's load_adapter walks the whole model per
+    adapter: ~0.7 s each here)."""
+    folder = Path(folder)
+    first_name = next(iter(model.peft_config))
+    first = model.peft_config[first_name]
+    layers = [(key, m) for key, m in model.named_modules() if isinstance(m, LoraLayer) and first_name in m.lora_A]
+    state = {}
+    for n in names:
+        cfg = LoraConfig.from_pretrained(str(_adapter_path(folder, n)))
+        if _structure(cfg) != _structure(first):
+            model.load_adapter(str(_adapter_path(folder, n)), adapter_name=n)  # another shape: peft's own way
+            continue
+        cfg.inference_mode = True
+        model.peft_config[n] = cfg
+        fresh = dataclasses.replace(cfg, init_lora_weights=False)  # the weights are read below
+        for key, m in layers:
+            m.update_layer(n, cfg.r, lora_alpha=cfg.lora_alpha, target_name=key, config=fresh)
+        for k, v in load_file(str(_adapter_path(folder, n) / "adapter_model.safetensors")).items():
+            state[k.replace(".lora_A.weight", f".lora_A.{n}.weight").replace(".lora_B.weight", f".lora_B.{n}.weight")] = v
+    if state:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        ours = [k for k in missing if any(f".{n}." in k for n in names)]
+        if ours or unexpected:
+            raise ValueError(f"adapters in {folder} do not fit the model: missing {ours[:3]}, unexpected "
+                             f"{list(unexpected)[:3]}")
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+
+
+def _adapter_path(folder: Path, name: str) -> Path:
+    """peft saves the default-named adapter at the root and the others in subfolders."""
+    folder = Path(folder)
+    return folder / name if (folder / name / "adapter_config.json").exists() else folder
+
+
+def _structure(cfg: LoraConfig) -> tuple:
+    return (sorted(cfg.target_modules or []), cfg.r, cfg.lora_alpha, cfg.lora_dropout, cfg.use_rslora,
+            cfg.use_dora, dict(cfg.rank_pattern or {}), dict(cfg.alpha_pattern or {}), cfg.bias)
+
+
+def lora_bytes(model: PeftModel, name: str) -> int:
+    return sum(t.numel() * t.element_size() for t in get_peft_model_state_dict(model, adapter_name=name).values())
+

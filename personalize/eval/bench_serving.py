@@ -1,0 +1,207 @@
+"""The serving benchmark (`bench --json` key "serving"): what the scheduler and mixed batches buy, measured.
+
+- compare_s / single_s: one Compare of base, cluster, card, cope, p2p for one person (one mixed batch) against
+  card alone, same prompt and number of tokens, through the studio's own path, interleaved, medians;
+- concurrent: 8 people over 4 clusters pressing Compare at once (scheduled_s: wall time until all are done,
+  p50_s / p95_s of their latencies) against the same work one decode at a time, as the studio served it
+  before the scheduler (sequential_s: each method of each person alone, behind one lock);
+- exact_first_use_s: EXACT's attribute search for one person with the shared-prompt cache, and the old
+  full-sequence path's time on the same pairs (exact_first_use_old_s);
+- start_s: the app's later start, process start to HTTP 200 (the build already made).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Sequence
+
+from personalize.catalog import SERVING_METHODS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _median(xs: Sequence[float]) -> float:
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+def bench_serving(engine, store, names: Sequence[str], prompts: Sequence[str], settings, repeats: int = 3,
+                  n_people: int = 8, k: int = 4, exact_pairs: int = 4, start_repeats: int = 3, progress=print) -> dict:
+    """The figures of the module docstring; `names` are people already in `store` (onboarded under
+    `engine`), `prompts` one per person (cycled)."""
+    from personalize.studio.facade import Studio, StudioConfig
+    from personalize.lm.cpu_threads import release_team
+
+    studio = Studio(engine, store, StudioConfig(artifacts=str(engine.folder), db=str(store.path),
+                                                first_use_in_background=False))
+    k = k if k in engine.clusters.centroids else max(engine.clusters.centroids)
+    methods = list(SERVING_METHODS)
+    try:
+        studio.method("p2p")
+    except (ValueError, FileNotFoundError) as e:
+        methods.remove("p2p")
+        progress(f"serving: p2p left out ({e})")
+    release_team()  # as in the app, the main thread keeps no OpenMP team while the scheduler decodes (lm/cpu_threads.py)
+    s = dataclasses.replace(settings, max_new_tokens=settings.max_new_tokens, min_new_tokens=settings.max_new_tokens)
+    n0, p0 = names[0], prompts[0]
+
+    def run(name, prompt, ms) -> float:
+        t0 = time.perf_counter()
+        outs = list(studio.compare(name, prompt, ms, s, k))
+        bad = [o for o in outs if o.error]
+        if bad:
+            raise RuntimeError(f"{bad[0].method} failed in the serving bench: {bad[0].error}")
+        return time.perf_counter() - t0
+
+    run(n0, p0, methods), run(n0, p0, ["card"])  # warm-up (P2P's LoRA, first allocations)
+    compare, single = [], []
+    for _ in range(repeats):
+        compare.append(run(n0, p0, methods))
+        single.append(run(n0, p0, ["card"]))
+    progress(f"serving: compare {_median(compare):.2f} s, card alone {_median(single):.2f} s")
+
+    # 8 people over (up to) 4 clusters: people of different clusters first
+    by_cluster: dict[int, list[str]] = {}
+    for n in names:
+        by_cluster.setdefault(studio.user_state(n, k).cluster, []).append(n)
+    order = [n for i in range(max(map(len, by_cluster.values()))) for c in sorted(by_cluster)
+             for n in by_cluster[c][i:i + 1]]
+    people = [order[i % len(order)] for i in range(n_people)]
+    asks = [(n, prompts[i % len(prompts)]) for i, n in enumerate(people)]
+
+    t0 = time.perf_counter()  # before the scheduler: each method of each person decoded alone, in turn
+    for n, p in asks:
+        state = studio.user_state(n, k)
+        for m in methods:
+            with studio.model_lock:
+                studio.method(m).generate(_context(studio, state), [p], s)
+    sequential = time.perf_counter() - t0
+    release_team()
+    progress(f"serving: {n_people} people one decode at a time {sequential:.1f} s")
+
+    latencies: list[float] = [0.0] * len(asks)
+    barrier = threading.Barrier(len(asks))
+
+    def press(i, n, p):
+        barrier.wait()
+        latencies[i] = run(n, p, methods)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=press, args=(i, n, p)) for i, (n, p) in enumerate(asks)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    scheduled = time.perf_counter() - t0
+    q = statistics.quantiles(latencies, n=20) if len(latencies) > 1 else latencies * 19
+    progress(f"serving: {n_people} people at once {scheduled:.1f} s (p50 {_median(latencies):.1f} s)")
+    out = {"methods": methods, "tokens": s.max_new_tokens, "repeats": repeats,
+           "compare_s": round(_median(compare), 3), "single_s": round(_median(single), 3),
+           "compare_over_single": round(_median(compare) / _median(single), 3),
+           "concurrent": {"people": n_people, "clusters": len({studio.user_state(n, k).cluster for n in people}),
+                          "k": k, "sequential_s": round(sequential, 2), "scheduled_s": round(scheduled, 2),
+                          "p50_s": round(_median(latencies), 2), "p95_s": round(q[18], 2),
+                          "speedup": round(sequential / scheduled, 2),
+                          "batches": studio.scheduler.batches[-10:]}}
+    out |= exact_first_use(studio, n0, exact_pairs, progress)
+    if start_repeats:
+        out["start_s"] = later_start(engine.folder, repeats=start_repeats, progress=progress)
+    studio.scheduler.close()
+    return out
+
+
+def demo_compare(artifacts: str, demo_data: str, tokens: int):
+    """(studio, one Compare's rows, card's rows) for the first demo person, saved and fitted in a throwaway
+    database: the rows a Compare of SERVING_METHODS decodes, at exactly `tokens` tokens (benchmarks)."""
+    from personalize.studio.facade import Studio, StudioConfig
+
+    tmp = Path(tempfile.mkdtemp())
+    studio = Studio.load(StudioConfig(artifacts=artifacts, db=str(tmp / "studio.db"), demo_data=demo_data,
+                                      first_use_in_background=False))
+    name = sorted(studio.demo_users)[0]
+    studio.save_history(name, studio.demo_items(name), studio.task.name)
+    studio.fit(name)
+    state = studio.user_state(name)
+    prompt = studio.demo_users[name][0].y[:200]
+    s = dataclasses.replace(studio.engine.cfg.decoding, max_new_tokens=tokens, min_new_tokens=tokens)
+    rows = [r for m in SERVING_METHODS for r in studio.decoding.rows(m, state, prompt, s)]
+    return studio, rows, studio.decoding.rows("card", state, prompt, s)
+
+
+def _context(studio, state):
+    """The person as the methods see them (prompts filled from the stored rewrites)."""
+    from personalize.methods.base import UserContext
+    from personalize.fitting.person import prepared_items
+
+    prepared_items(studio.engine, studio.store, state.name)
+    return UserContext.from_store(studio.store, state.name, studio.task, state.cluster, state.k, state.lam)
+
+
+def exact_first_use(studio, name: str, pairs: int, progress=print) -> dict:
+    """EXACT's first use (prepare: the negatives' decode, then the attribute search) for one person, with the
+    shared-prefix search and with the old full-sequence pass, on the same pairs; and whether they chose alike."""
+    from personalize.methods.exact import ExactConfig, ExactMethod
+
+    user = _context(studio, studio.user_state(name))
+    took, chosen = {}, {}
+    for shared in (True, False):
+        m = ExactMethod(studio.engine, None, ExactConfig(max_pairs=pairs, shared_prefix=shared))
+        t0 = time.perf_counter()
+        m.prepare(user)
+        took[shared] = time.perf_counter() - t0
+        chosen[shared] = {p: e["attributes"] for p, e in m.memory(user.name).items()}
+    progress(f"serving: EXACT first use {took[True]:.1f} s (old path {took[False]:.1f} s, "
+             f"same attributes: {chosen[True] == chosen[False]})")
+    return {"exact_first_use_s": round(took[True], 2), "exact_first_use_old_s": round(took[False], 2),
+            "exact_same_attributes": chosen[True] == chosen[False], "exact_pairs": pairs}
+
+
+def _free_port() -> int:
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        return sk.getsockname()[1]
+
+
+def one_start(app_args: Sequence[str] = (), timeout: float = 180.0) -> tuple[float, str]:
+    """(seconds from `python app.py` to the page answering HTTP 200, the app's output), with a fresh database;
+    refuses to time a first start (a build)."""
+    port = _free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "app.log"
+        cmd = [sys.executable, "-u", str(ROOT / "app.py"), "--port", str(port), "--db", f"{tmp}/studio.db", *app_args]
+        t0 = time.perf_counter()
+        with log.open("w") as out:
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
+        try:
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"app.py exited with {proc.returncode}:\n{log.read_text()[-2000:]}")
+                if "first start" in log.read_text():
+                    raise RuntimeError("the artifacts are being built: start the app once before timing")
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=1) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                if time.perf_counter() - t0 > timeout:
+                    raise RuntimeError(f"app.py did not answer within {timeout:.0f} s")
+                time.sleep(0.05)
+            return time.perf_counter() - t0, log.read_text()
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+
+def later_start(artifacts, repeats: int = 3, timeout: float = 180.0, progress=print) -> float:
+    """Median seconds from `python app.py` to the page answering HTTP 200 on a built artifacts folder."""
+    times = [one_start(["--artifacts", str(artifacts)], timeout)[0] for _ in range(repeats)]
+    progress(f"serving: later start {_median(times):.1f} s (runs {[round(t, 1) for t in times]})")
+    return round(_median(times), 2)

@@ -1,0 +1,409 @@
+"""The offline stage of CARD: population → clusters → cluster LoRAs → head (P, U, population λ) → α,
+then the Profile-to-PEFT hypernetwork on the same users (a comparison method that also needs training).
+
+Writes versioned artifacts: config.json (settings, users, report), clusters.npz,
+adapters/ (peft, one folder per adapter), head_<objective>.safetensors, p2p/ (the
+hypernetwork, absent when skipped; P2PMethod finds it there).
+Every stage prints progress and its wall time, and the report keeps tokens
+trained and held-out loss curves (METHOD §1.2, §1.9.4).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shutil
+import threading
+import time
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from personalize.card.adapters import BASE_ADAPTER, adapter_name, add_warm_adapter, new_peft_model, save_adapters, train_adapter
+from personalize.card.cluster import fit_clusters, user_embeddings
+from personalize.card.config import FORMAT_VERSION, CardConfig
+from personalize.data import Item, Query, read_lamp, select_sources
+from personalize.methods.engine import Clusters, Engine, split_held_out
+from personalize.card.head import PairData, PersonalizationHead, diagnostics, train_population
+from personalize.methods import p2p as p2p_mod
+from personalize.methods.p2p import P2PConfig, train_p2p
+from personalize.lm.models import file_lock, load_encoder, load_lm
+
+P2P_STEPS = 20  # build's default hypernetwork steps: a CPU budget (the paper trains 20k steps on a GPU)
+# each stage's share of the fraction build's `progress` hook reports, in order (roughly the demo build's times on a
+# 2-core CPU); once a stage starts, every stage before it counts as done, skipped ones too
+STAGE_SHARES = {"load models": 0.03, "neutral rewrites": 0.1, "clusters": 0.02, "K=1 adapter": 0.25,
+                "cluster adapters": 0.25, "head": 0.2, "decoding choice": 0.1, "p2p hypernetwork": 0.05, "save": 0.0}
+
+
+class BuildCancelled(Exception):
+    """build() was stopped by its `cancel` event at a step: no artifacts folder was written (nor left `.partial`)."""
+
+
+class _Steps:
+    """build's optional hooks: `progress(stage, fraction of the whole build)` and a `cancel` event checked at every
+    step (a stage's start, a training step, a person's features, a decoding setting). Without hooks: nothing."""
+
+    def __init__(self, progress: Callable[[str, float], None] | None, cancel: threading.Event | None):
+        self.progress, self.cancel, self.shown = progress, cancel, 0.0
+
+    def __call__(self, stage: str, within: float = 0.0) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise BuildCancelled(f"build cancelled at {stage}")
+        if self.progress is not None:  # never backwards (a second head objective shares the head's part)
+            names, name = list(STAGE_SHARES), stage.split(" (")[0]
+            before = sum(STAGE_SHARES[n] for n in names[: names.index(name)]) if name in names else self.shown
+            self.shown = max(self.shown, min(1.0, before + STAGE_SHARES.get(name, 0.0) * min(1.0, within)))
+            self.progress(stage, self.shown)
+
+
+_NO_HOOKS = _Steps(None, None)  # reports nothing and is never cancelled (shared: it keeps no state without hooks)
+
+
+def _log(msg: str) -> None:
+    print(f"[build {datetime.now():%H:%M:%S}] {msg}", flush=True)
+
+
+def _bar(desc: str, total: int):
+    return tqdm(total=total, desc=desc, leave=False, mininterval=2.0)
+
+
+def build(data_dir: str | Path, split: str, out: str | Path, cfg: CardConfig = CardConfig(),
+          limit_users: int | None = None, seed: int = 0,
+          p2p: P2PConfig | None = P2PConfig(steps=P2P_STEPS), sources: Sequence[str] = (),
+          exclude_sources: Sequence[str] = (), progress: Callable[[str, float], None] | None = None,
+          cancel: threading.Event | None = None) -> Path:
+    """Run the whole offline stage and write the artifacts folder (replaced only on success).
+    p2p: the hypernetwork's training settings (budget and base adapter: the build's); None skips it.
+    sources / exclude_sources: keep only (or leave out) users whose query comes from these sources
+    (repositories, venues: `Query.source`), so that eval can score people of a source the build never saw.
+    progress: called with (stage, fraction of the whole build) at every step; cancel: an event checked at every
+    step, and once more before the finished folder is renamed in: set, the build raises BuildCancelled and
+    leaves no artifacts folder behind (the app's Populations tab builds in a thread with both).
+
+    Two processes building the same `out` at once (two first starts) take turns under a lock on
+    `<out>.lock`; one that waited and finds `out` freshly written by the other returns it as it is."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    before = _signature(out / "config.json")  # what was there before waiting: a deliberate rebuild replaces it
+    waiting = lambda: _log(f"another process is building {out}; waiting ...")  # noqa: E731
+    with file_lock(out.with_name(out.name + ".lock"), on_wait=waiting) as waited:
+        after = _signature(out / "config.json")
+        if waited and after is not None and after != before:
+            _log(f"{out} was built by the other process meanwhile: using it")
+            return out
+        return _build(data_dir, split, out, cfg, limit_users, seed, p2p, sources, exclude_sources,
+                      _Steps(progress, cancel))
+
+
+def _signature(path: Path) -> tuple[int, int] | None:
+    """Which file is at `path` (inode, mtime): a build's rename puts a new one there."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, sources, exclude_sources,
+           step: _Steps = _NO_HOOKS) -> Path:
+    t_all = time.perf_counter()
+    report: dict = {"stages_s": {}}
+
+    def timed(name):
+        class T:
+            def __enter__(s):
+                step(name)
+                s.t = time.perf_counter()
+                _log(f"{name} ...")
+
+            def __exit__(s, *e):
+                report["stages_s"][name] = round(time.perf_counter() - s.t, 2)
+                _log(f"{name} done in {report['stages_s'][name]:.1f} s")
+        return T()
+
+    task, queries = read_lamp(data_dir, split)
+    queries = select_sources(queries, sources, exclude_sources)
+    users = _population(queries, cfg.items_per_user, limit_users)
+    if len(users) < max(cfg.ks):
+        raise ValueError(f"K={max(cfg.ks)} is larger than the population ({len(users)} users): lower --ks")
+    names = list(users)
+    rng = random.Random(seed)
+    # validation people choose the decoding settings and guard card against harm: people of the data outside the
+    # population first (their query), then population users held out of training (their newest item)
+    chosen_on = [q for q in queries if (q.user or q.id) not in users and q.gold and len(q.profile) >= 3]
+    outside = [(q.input, q.gold, list(q.profile[:cfg.items_per_user])) for q in chosen_on[: cfg.n_val_users]]
+    need = min(cfg.n_val_users - len(outside), len(names) // 4)  # at most a quarter of the population held out
+    val_users = set(rng.sample(names, min(need, max(0, len(names) - max(cfg.ks))))) if need > 0 else set()
+    _log(f"{task.name}: {len(names)} users ({len(val_users)} held out of training), {len(outside)} people outside "
+         f"the population, {sum(len(v) for v in users.values())} items; {len(outside) + len(val_users)} validation people")
+
+    with timed("load models"):
+        lm = load_lm(cfg.model)
+        encoder = load_encoder(cfg.encoder)
+        model = new_peft_model(lm.model, cfg.lora)
+    engine = Engine(cfg, replace(lm, model=model), model, encoder, None, {}, task, {})
+
+    if any(not it.x for its in users.values() for it in its):
+        with timed("neutral rewrites"):
+            for i, n in enumerate(tqdm(names, desc="neutral rewrites", mininterval=2.0)):
+                step("neutral rewrites", i / len(names))
+                users[n] = engine.prepare_items(users[n])
+
+    with timed("clusters"):
+        emb = user_embeddings(encoder, [[it.y for it in users[n]] for n in names])
+        centroids = fit_clusters(emb, cfg.ks, seed)
+        labels = {k: np.linalg.norm(emb[:, None] - c[None], axis=-1).argmin(1) for k, c in centroids.items()}
+        engine.clusters = Clusters(names, emb, centroids, labels)
+        report["cluster_sizes"] = {k: np.bincount(labels[k], minlength=k).tolist() for k in cfg.ks}
+
+    train_names = [n for n in names if n not in val_users]
+    held_out = [(it.x, it.y) for n in sorted(val_users) for it in users[n][:2]]
+    report["adapters"] = []
+    with timed("K=1 adapter"):
+        ex = [(it.x, it.y) for n in train_names for it in users[n]]
+        bar = _bar("K=1 adapter", cfg.lora.base_steps)
+        r = train_adapter(model, lm.tokenizer, BASE_ADAPTER, ex, cfg.lora.base_steps, cfg.lora, cfg.budget,
+                          held_out, progress=lambda s, n, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:.3f}"),
+                                                                 step("K=1 adapter", s / n)))
+        bar.close()
+        report["adapters"].append(r)
+        _log(f"K=1: {r['tokens']} tokens, held-out loss {r['held_out_loss']}")
+    with timed("cluster adapters"):
+        n_adapters, done = sum(k for k in cfg.ks if k != 1), 0
+        for k in sorted(cfg.ks):
+            if k == 1:
+                continue
+            for c in range(k):
+                step("cluster adapters", done / n_adapters)
+                done += 1
+                name = adapter_name(k, c)
+                add_warm_adapter(model, name, cfg.lora)
+                members = [n for n in train_names if labels[k][names.index(n)] == c]
+                ex = [(it.x, it.y) for n in members for it in users[n]]
+                held = [(it.x, it.y) for n in names if labels[k][names.index(n)] == c and n in val_users
+                        for it in users[n][:2]]
+                if not ex or cfg.lora.cluster_steps == 0:
+                    report["adapters"].append({"adapter": name, "steps": 0, "examples": 0, "tokens": 0})
+                    continue
+                r = train_adapter(model, lm.tokenizer, name, ex, cfg.lora.cluster_steps, cfg.lora, cfg.budget, held,
+                                  progress=lambda s, n, loss: step("cluster adapters", (done - 1 + s / n) / n_adapters))
+                report["adapters"].append(r)
+                _log(f"{name}: {len(members)} users, {r['tokens']} tokens, {r['seconds']} s, "
+                     f"held-out loss {r['held_out_loss'][:1] + r['held_out_loss'][-1:]}")
+
+    heads, head_users, lambdas = {}, {}, {}
+    report["head"] = {}
+    kd = cfg.default_k
+    for obj in cfg.objectives:
+        with timed(f"head ({obj})"):
+            cluster = {n: int(labels[kd][names.index(n)]) for n in train_names}
+            fit_data, held_data = head_data(engine, {n: users[n] for n in train_names}, cluster, obj, seed,
+                                            on_user=lambda i, n: step(f"head ({obj})", 0.5 * i / n))
+            head = PersonalizationHead(lm.hidden_size * cfg.head.n_layers, lm.model.config.vocab_size, cfg.head.d)
+            bar = _bar(f"head {obj}", cfg.head.epochs)
+            lams, curve = train_population(
+                head, fit_data, cfg.head, held_out=held_data,
+                progress=lambda e, n, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:.4f}"),
+                                             step(f"head ({obj})", 0.5 + 0.5 * e / n)))
+            bar.close()
+            head.eval().requires_grad_(False)
+            diag = _population_diagnostics(head, held_data, lams, cfg)
+            report["head"][obj] = {"loss_curve": curve, "held_out": diag}
+            if obj == "hard_pairs":
+                report["head"][obj]["gamma"] = round(float(head.gamma), 4)  # the fixed log-prob weight
+            _log(f"head {obj}: loss {curve[0]:.4f} -> {curve[-1]:.4f}; held-out {json.dumps(diag)}")
+            heads[obj], head_users[obj] = head, list(lams)
+            lambdas[obj] = torch.stack([lams[n] for n in lams]) if lams else torch.ones(0, cfg.head.d)
+    engine.heads = heads
+    engine.population_lams = {o: dict(zip(head_users[o], lambdas[o].numpy())) for o in heads}
+
+    val = [(items[0].x, items[0].y, items[1:]) for n in sorted(val_users) if len(items := users[n]) >= 3] + outside
+    # who chose the settings, by name: the studio offers people the build never saw at all as its newcomers
+    report["validation_people"] = ([n for n in sorted(val_users) if len(users[n]) >= 3]
+                                   + [q.user or q.id for q in chosen_on[: len(outside)]])
+    if val and any(a > 0 for a in cfg.alphas):
+        with timed("decoding choice"):  # tune's whole choice, then the harm guard (tune.py)
+            cfg, report["tune"] = _choose_decoding(engine, val, cfg, step)
+            report["alpha_sweep"] = report["tune"].get("alpha", {}).get("sweep")
+            report["alpha_by_objective"] = {cfg.objectives[0]: {"alpha": cfg.decoding.alpha,
+                                                                "sweep": report["alpha_sweep"]}}
+    else:
+        cfg = replace(cfg, decoding=replace(cfg.decoding, alpha=0.0))
+        report["tune"] = {"guard": {"kept": False, "alpha": 0.0, "people": len(val),
+                                    "why": "card decodes as the cluster model (α = 0): no validation people to "
+                                           "show that the person's style helps"}}
+        _log(report["tune"]["guard"]["why"])
+
+    hyper = None
+    if p2p is None:
+        report["p2p"] = {"skipped": "--skip-p2p"}
+        _log("P2P hypernetwork skipped (--skip-p2p)")
+    elif not any(len(users[n]) >= 2 for n in train_names):
+        report["p2p"] = {"skipped": "no training user has 2 items (a profile and a target)"}
+        _log(f"P2P hypernetwork skipped: {report['p2p']['skipped']}")
+    else:
+        with timed("p2p hypernetwork"):
+            hyper, report["p2p"] = _train_p2p(engine, users, train_names, sorted(val_users), p2p, seed, step)
+
+    report["val_users"] = sorted(val_users)  # `tune` re-chooses decoding settings on them
+    report["sources"] = {"only": list(sources), "excluded": list(exclude_sources),
+                         "built": sorted({q.source for q in queries if q.source})}
+    report["total_s"] = round(time.perf_counter() - t_all, 1)
+    step("save")
+    return _save(Path(out), cfg, task.name, names, head_users, engine.clusters, model, heads, lambdas, report,
+                 str(data_dir), split, hyper, step)
+
+
+def _train_p2p(engine: Engine, users: dict[str, list[Item]], train_names: list[str], val_names: list[str],
+               p2p: P2PConfig, seed: int, step: _Steps = _NO_HOOKS):
+    """f_θ on the adapters' training users, on top of the K = 1 adapter; the α users give its held-out curve."""
+    p2p = replace(p2p, base_adapter=BASE_ADAPTER, budget=None, seed=seed, folder=None)
+    bar = _bar("p2p hypernetwork", p2p.steps)
+    hyper, r = train_p2p(engine, engine.encoder, {n: users[n] for n in train_names}, p2p,
+                         progress=lambda s, n, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:.3f}"),
+                                                      step("p2p hypernetwork", s / n)),
+                         held_out_users={n: users[n] for n in val_names})
+    bar.close()
+    loss = r["train_users_loss"]
+    _log(f"p2p: {r['users']} users, {r['steps']} steps, {r['tokens']} tokens, {r['seconds']} s, "
+         f"training users' loss {loss['before']} -> {loss['after']}, held-out {r['held_out_loss'][:1] + r['held_out_loss'][-1:]}")
+    return hyper, {**r, "folder": p2p_mod.ARTIFACTS_DIR}
+
+
+def head_data(engine: Engine, users: dict[str, list[Item]], cluster: dict[str, int], obj: str,
+              seed: int = 0, on_user: Callable[[int, int], None] | None = None) -> tuple[dict, dict]:
+    """Each training user's features for one head objective, read by their cluster's model at the default K,
+    split into the items the head fits and the held-out ones that drive early stopping and the diagnostics.
+    on_user(i, n): called before the i-th of the n users' features are read."""
+    cfg = engine.cfg
+    kd = cfg.default_k
+    data = {}
+    for i, n in enumerate(tqdm(users, desc=f"features ({obj})", mininterval=2.0)):
+        if on_user is not None:
+            on_user(i, len(users))
+        engine.use_adapter(adapter_name(kd, cluster[n]) if kd > 1 else BASE_ADAPTER)
+        data[n] = engine.user_data(users[n], obj)
+    if obj == "hard_pairs" and cfg.head.n_other:
+        data = _other_users_negatives(data, cluster, cfg.head.n_other, seed)
+    fit, held = {}, {}
+    for n, items in users.items():
+        h = int(round(cfg.holdout * len(items)))
+        if h and len(items) >= 5:
+            fit[n], held[n] = split_held_out(data[n], h, len(items))
+        else:
+            fit[n] = data[n]
+    return fit, held
+
+
+def _other_users_negatives(data: dict[str, PairData], cluster: dict[str, int], n_other: int,
+                           seed: int) -> dict[str, PairData]:
+    """hard_pairs (METHOD §1.9.3c): each item's text also against `n_other` real texts of other users in the
+    same cluster (their own prompts, read by the same cluster model), so that neither likelihood nor
+    "human vs model" separates the pair: only the user's style does."""
+    rng = random.Random(seed)
+    own = {n: {i: c for c, i in zip(d.chosen, d.items)} for n, d in data.items()}  # item → y+ features
+    out = {}
+    for n, d in data.items():
+        pool = [f for m, texts in own.items() if m != n and cluster[m] == cluster[n] for f in texts.values()]
+        extra = [(i, c, rng.choice(pool)) for i, c in own[n].items() for _ in range(n_other)] if pool else []
+        out[n] = PairData(d.chosen + [c for _, c, _ in extra], d.rejected + [r for _, _, r in extra],
+                          d.items + [i for i, _, _ in extra], d.covariate)
+    return out
+
+
+def _population(queries: list[Query], items_per_user: int, limit: int | None) -> dict[str, list[Item]]:
+    users: dict[str, list[Item]] = {}
+    for q in queries:
+        name = q.user or q.id
+        if name in users or not q.profile:
+            continue
+        users[name] = list(q.profile[:items_per_user])
+        if limit and len(users) >= limit:
+            break
+    if not users:
+        raise ValueError("no users with a non-empty profile in this data")
+    return users
+
+
+def _population_diagnostics(head, held: dict, lams: dict, cfg: CardConfig) -> dict:
+    """Mean of each user's held-out diagnostics, against 8 other users' λ (METHOD §1.9.1)."""
+    rows = []
+    names = list(held)
+    for i, n in enumerate(names):
+        if n not in lams or not len(held[n]):
+            continue
+        others = [lams[m] for m in names[i + 1:] + names[:i] if m in lams][:8]
+        rows.append(diagnostics(head, held[n], lams[n], others, cfg.head))
+    keys = sorted({k for r in rows for k, v in r.items() if isinstance(v, (int, float))})
+    return {k: round(float(np.mean([r[k] for r in rows if k in r])), 4) for k in keys} | {"users": len(rows)}
+
+
+def _choose_decoding(engine: Engine, val: list[tuple[str, str, list[Item]]], cfg: CardConfig,
+                     step: _Steps = _NO_HOOKS) -> tuple[CardConfig, dict]:
+    """Repetition, the style's parts, α, the memory weight and the fallback chosen on the validation people (never
+    on queries that eval scores, §1.9.2), then the harm guard: card stays the cluster model unless it beats it."""
+    from personalize.fitting.tune import choose_decoding
+
+    prompts, golds, items, fits = [], [], [], []
+    for i, (prompt, gold, profile) in enumerate(tqdm(val, desc="validation people", mininterval=2.0)):
+        step("decoding choice", 0.5 * i / len(val))
+        prompts.append(prompt), golds.append(gold), items.append(engine.prepare_items(profile))
+        fits.append(engine.fit(items[-1]))
+    engine.cfg = cfg
+    engine, report = choose_decoding(engine, prompts, golds, fits, items,
+                                     progress=lambda m: (step("decoding choice", 0.5), _log(f"  {m}")),
+                                     alphas=[a for a in cfg.alphas if a > 0])
+    return engine.cfg, report
+
+
+def _save(out: Path, cfg, task, names, head_users, clusters, model, heads, lambdas, report, data_dir, split,
+          hyper=None, step: _Steps = _NO_HOOKS) -> Path:
+    tmp = out.with_name(out.name + ".partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    save_adapters(model, tmp / "adapters")
+    np.savez(tmp / "clusters.npz", embeddings=clusters.embeddings,
+             **{f"centroids_k{k}": c for k, c in clusters.centroids.items()},
+             **{f"labels_k{k}": l for k, l in clusters.labels.items()})
+    for obj, head in heads.items():
+        save_file({"P": head.P.weight.detach().contiguous(), "U": head.U.detach().contiguous(),
+                   "h_mean": head.h_mean, "h_std": head.h_std, "gamma": head.gamma,
+                   "lambdas": lambdas[obj].contiguous()}, str(tmp / f"head_{obj}.safetensors"))
+    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    digest = hashlib.sha1(f"{out.name}{created}{cfg.to_dict()}".encode()).hexdigest()[:8]
+    meta = {"format_version": FORMAT_VERSION, "name": out.name, "id": f"{out.name}-{digest}", "created": created,
+            "task": task, "model_id": cfg.model.model_id, "encoder_id": cfg.encoder.model_id,
+            "data": data_dir, "split": split, "users": names, "head_users": head_users,
+            "settings": cfg.to_dict(), "report": report}
+    if hyper is not None:
+        p2p_mod.save(hyper, tmp / p2p_mod.ARTIFACTS_DIR, {"artifacts_id": meta["id"], "report": report["p2p"]})
+    (tmp / "config.json").write_text(json.dumps(meta, indent=2, default=_json_default))
+    try:
+        step("save")  # the last moment a cancel stops the build: the finished folder goes, `out` stays as it was
+    except BuildCancelled:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    _log(f"artifacts written to {out} (id {meta['id']}) in {report['total_s']} s")
+    return out
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(type(o))

@@ -1,0 +1,55 @@
+"""Onboarding a stored user: items from the store → neutral rewrites → clusters for every K → λ, all stored.
+
+The fit happens first and the store is written only when it succeeded, so an
+interrupted or failed fit leaves the previous vector in place.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from personalize.data import Item
+from personalize.methods.engine import Engine, UserFit
+from personalize.store import Store
+
+
+def prepared_items(engine: Engine, store: Store, name: str, progress=None) -> list[Item]:
+    """The user's items with every prompt filled; missing neutral rewrites (§1.8) are generated once and stored."""
+    stored = store.items(name)
+    if not stored:
+        raise ValueError(f"user {name!r} has no history items")
+    todo = [i for i, s in enumerate(stored) if not s.x and not s.neutral]
+    if todo and progress:
+        progress("neutral rewrites")
+    rewrites = engine.neutral_rewrites([stored[i].y for i in todo])
+    store.set_neutral([(stored[i].id, r) for i, r in zip(todo, rewrites)])
+    neutral = {i: s.neutral for i, s in enumerate(stored) if s.neutral} | dict(zip(todo, rewrites))
+    return engine.prepare_items([Item(y=s.y, x=s.x, id=str(s.id)) for s in stored], neutral=neutral)
+
+
+def store_assignments(engine: Engine, store: Store, name: str, embedding: np.ndarray) -> dict[int, int]:
+    """The user's nearest centroid for every built K, stored; returns K -> cluster."""
+    out = {}
+    for k in engine.clusters.centroids:
+        c, d = engine.assign(embedding, k)
+        store.set_assignment(name, engine.artifacts_id, k, c, d)
+        out[k] = c
+    return out
+
+
+def onboard(engine: Engine, store: Store, name: str, k: int | None = None, objective: str | None = None,
+            progress=None) -> UserFit:
+    t0 = time.perf_counter()
+    items = prepared_items(engine, store, name, progress)
+    rewrite_s = time.perf_counter() - t0
+    fit = engine.fit(items, k=k, objective=objective, progress=progress)
+    if rewrite_s > 0.01:
+        fit.stages_s = {"neutral rewrites": round(rewrite_s, 4), **fit.stages_s}
+    emb = engine.embed(items)
+    # the clusters and the style in one transaction: a crash leaves both old or both new
+    store.save_vector(name, engine.artifacts_id, fit.lam, engine.lm.model_id, fit.stats(),
+                      fit.style.extras_bytes() if fit.style is not None else None,
+                      assignments={k: engine.assign(emb, k) for k in engine.clusters.centroids})
+    return fit

@@ -1,0 +1,245 @@
+"""Decoding settings chosen on validation people, never on the people eval scores (METHOD §1.9.2).
+
+One greedy pass over the settings that decide what a person sees, each step
+keeping the best validation ROUGE-L (ties: the simpler setting):
+1. repetition control, on the cluster model (the same setting then serves every method);
+2. which parts of the person's style `card` decodes with (style.VARIANTS: λ alone,
+   + token bias, + kNN memory, both, the retrieved items in the prompt);
+3. α, under the rule the head was trained with (1 = as trained);
+4. the kNN mixture weight w, when the memory is on; 5. the fallback to the cluster model.
+Then the harm guard: `card` keeps the chosen settings only when a paired bootstrap over the
+validation people puts its gain over the cluster model above 0; otherwise α = 0 and `card`
+decodes as the cluster model, and the report says why. A setting chosen on a handful of
+people is noise, so the guard asks for MIN_PEOPLE of them where the data has them.
+Asked for (`--steps rerank`), a last step chooses `card_rerank`'s settings (rerank.py: the cluster
+model's candidates rescored by the person's whole style) among RERANKS and reports card beside
+them; it leaves `card` as chosen (a reranked output is not one row of the app's mixed batch).
+
+`build` runs it all on its validation people (people held out of the population: their
+query, or their newest item); `python -m personalize tune` re-runs it on an existing build,
+by default on people of the build's sources who are not in its population, and writes the
+choice into the artifacts' config.json, so a decoding change never needs a rebuild.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from personalize.card.config import FORMAT_VERSION
+from personalize.data import Item, read_lamp
+from personalize.card.decoding import DecodingSettings
+from personalize.catalog import RERANK
+from personalize.methods.engine import Engine, UserFit
+from personalize.metrics import looping, rouge_per_query, rouge_scores
+from personalize.card.decoding import RerankSettings
+from personalize.methods.card.rerank import Query, rerank
+from personalize.methods.card import decode as card_decode
+
+REPETITION = ((1.0, 0), (1.0, 4), (1.0, 3), (1.2, 4))  # (penalty on generated tokens, no-repeat n-gram)
+STYLES = {  # candidates for `card`, simplest first
+    "lambda": dict(bias=False, memory=False, retrieval=False),
+    "bias": dict(bias=True, memory=False, retrieval=False),
+    "memory": dict(bias=False, memory=True, retrieval=False),
+    "bias+memory": dict(bias=True, memory=True, retrieval=False),
+    "retrieval+bias+memory": dict(bias=True, memory=True, retrieval=True),
+}
+ALPHAS = (0.5, 1.0, 2.0)
+KNN_WEIGHTS = (0.15, 0.3, 0.5)
+MIN_PEOPLE = 30  # validation people the harm guard wants before it lets `card` differ from the cluster model
+
+
+def decode_each(engine: Engine, method: str, prompts, fits, items, s: DecodingSettings) -> list[str]:
+    """Every person's output in one mixed batch (batch.py: each row exactly what it gives decoded alone, as eval
+    decodes it): a setting costs one decode of all the validation people, not one per cluster. `card_rerank`:
+    every person's candidates in one mixed batch, then one scoring pass (rerank.py)."""
+    if method == RERANK:
+        return [g.text for g in rerank(engine, [Query(p, f.cluster, f.k, f.style) for p, f in zip(prompts, fits)], s)]
+    rows = [r for p, f, it in zip(prompts, fits, items)
+            for r in card_decode.rows(engine, [p], method, f.cluster, f.style, k=f.k, settings=s, items=it)]
+    return [g.text for g in engine.decode_rows(rows)] if rows else []
+
+
+class Decoder:
+    """Each setting's outputs decoded once: the choice revisits settings (α = 1 after the style step, the fallback
+    off, the guard's card and cluster), and a decode of every validation person is the choice's whole cost. The
+    key is what the method's rows read: the cluster model ignores α and the style, card reads them all."""
+
+    def __init__(self, engine: Engine, prompts, golds, fits, items):
+        self.engine, self.prompts, self.golds, self.fits, self.items = engine, prompts, golds, fits, items
+        self.outputs: dict = {}
+        self.decodes = 0  # decodes of all the validation people (tests read it)
+
+    def key(self, method: str):
+        cfg = self.engine.cfg
+        if method == "cluster":
+            return method, replace(cfg.decoding, alpha=0.0)
+        return method, cfg.decoding, cfg.style, cfg.rerank if method == RERANK else None
+
+    def texts(self, method: str) -> list[str]:
+        key = self.key(method)
+        if key not in self.outputs:
+            self.decodes += 1
+            self.outputs[key] = decode_each(self.engine, method, self.prompts, self.fits, self.items,
+                                            self.engine.cfg.decoding)
+        return self.outputs[key]
+
+    def score(self, method: str) -> dict:
+        outs = self.texts(method)
+        return {"rougeL": round(rouge_scores(outs, self.golds)["rougeL"], 4),
+                "looping": round(sum(looping(o) for o in outs) / max(len(outs), 1), 4)}
+
+    def per_person(self, method: str) -> list[float]:
+        return rouge_per_query(self.texts(method), self.golds)
+
+
+STEPS = ("repetition", "style", "alpha", "knn_weight", "fallback")
+# steps run only when asked (`tune --steps rerank`): card_rerank's settings, beside card as chosen; card is unchanged
+OPTIONAL_STEPS = ("rerank",)
+RERANKS = (("4 candidates", RerankSettings(n=4)), ("8 candidates", RerankSettings(n=8)),
+           ("8 samples, no greedy ones", RerankSettings(n=8, greedy=False)),
+           ("8, summed log-probs", RerankSettings(n=8, length_norm=False)))
+
+
+def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str], fits: Sequence[UserFit],
+                    items: Sequence[Sequence[Item]], progress=None, steps: Sequence[str] = STEPS,
+                    alphas: Sequence[float] = ALPHAS, guard: bool = True,
+                    decoder: Decoder | None = None) -> tuple[Engine, dict]:
+    """The greedy pass above on (prompt, gold) of validation people fitted on `items`, then the harm guard;
+    returns the engine with the chosen settings in engine.cfg and the sweep. `steps` re-runs only some steps,
+    the others kept as built."""
+    unknown = [x for x in steps if x not in (*STEPS, *OPTIONAL_STEPS)]
+    if unknown:
+        raise ValueError(f"unknown tune steps {unknown}; choose from {(*STEPS, *OPTIONAL_STEPS)}")
+    report: dict = {"users": len(prompts)}
+    dec = decoder or Decoder(engine, prompts, golds, fits, items)
+
+    def pick(name, options, apply, method="card"):
+        if name not in steps:
+            return
+        scores = {}
+        for label, value in options:
+            engine.cfg = apply(value)
+            scores[label] = dec.score(method)
+            if progress:
+                progress(f"{name} {label}: {scores[label]}")
+        best = max(scores, key=lambda k: scores[k]["rougeL"])  # first of the ties: options go simplest first
+        chosen = dict(options)[best]
+        engine.cfg = apply(chosen)
+        report[name] = {"chosen": best, "sweep": scores}
+
+    def rep(v):
+        return replace(engine.cfg, decoding=replace(engine.cfg.decoding, repetition_penalty=v[0], no_repeat_ngram=v[1]))
+
+    pick("repetition", [(f"penalty {p}, no-repeat {n}", (p, n)) for p, n in REPETITION], rep, method="cluster")
+    if "repetition" in report:
+        report["cluster_rougeL"] = report["repetition"]["sweep"][report["repetition"]["chosen"]]["rougeL"]
+    if "alpha" in steps:
+        engine.cfg = replace(engine.cfg, decoding=replace(engine.cfg.decoding, alpha=1.0))
+    pick("style", [(k, v) for k, v in STYLES.items()],
+         lambda v: replace(engine.cfg, style=replace(engine.cfg.style, fallback=False, **v)))
+    pick("alpha", [(str(a), a) for a in alphas if a > 0],
+         lambda a: replace(engine.cfg, decoding=replace(engine.cfg.decoding, alpha=a)))
+    if engine.cfg.style.memory:
+        pick("knn_weight", [(str(w), w) for w in KNN_WEIGHTS],
+             lambda w: replace(engine.cfg, style=replace(engine.cfg.style, knn_weight=w)))
+    pick("fallback", [("off", False), ("on", True)],
+         lambda v: replace(engine.cfg, style=replace(engine.cfg.style, fallback=v)))
+    if "rerank" in steps:  # after card's own choice, so the candidates include card as it will decode
+        card = dec.score("card")
+        pick("rerank", RERANKS, lambda v: replace(engine.cfg, rerank=v), method=RERANK)
+        report["rerank"]["card"] = card
+    if guard:
+        engine, report["guard"] = harm_guard(engine, prompts, golds, fits, items, decoder=dec)
+        if progress:
+            progress(f"guard: {report['guard']['why']}")
+    report["chosen_decoding"] = {k: v for k, v in asdict(engine.cfg.decoding).items()
+                                 if k in ("alpha", "repetition_penalty", "no_repeat_ngram")}
+    report["chosen_style"] = asdict(engine.cfg.style)  # (report["style"] is the style step's sweep)
+    return engine, report
+
+
+def harm_guard(engine: Engine, prompts: Sequence[str], golds: Sequence[str], fits: Sequence[UserFit],
+               items: Sequence[Sequence[Item]], n_boot: int = 2000,
+               decoder: Decoder | None = None) -> tuple[Engine, dict]:
+    """`card` as chosen, or the cluster model (α = 0) unless the paired bootstrap 95 % interval of card −
+    cluster (ROUGE-L per person) lies above 0 on the validation people. Never a default that harms."""
+    s = engine.cfg.decoding
+    dec = decoder or Decoder(engine, prompts, golds, fits, items)
+    card, cluster = dec.per_person("card"), dec.per_person("cluster")
+    verdict = guard_verdict(card, cluster, s.alpha, n_boot)
+    if not verdict["kept"]:
+        engine.cfg = replace(engine.cfg, decoding=replace(s, alpha=0.0))
+    return engine, verdict
+
+
+def guard_verdict(card: Sequence[float], cluster: Sequence[float], alpha: float, n_boot: int = 2000) -> dict:
+    """The harm guard's rule on per-person scores: keep α only when the paired bootstrap 95 % interval of
+    card − cluster lies above 0; in plain words, why."""
+    from personalize.metrics import paired_interval
+
+    gain = paired_interval(np.asarray(card, float) - np.asarray(cluster, float), n_boot)
+    kept = alpha > 0 and gain["ci95"][0] > 0
+    where = f"on {len(card)} validation people" + (
+        f" (fewer than the {MIN_PEOPLE} wanted: the data has no more)" if len(card) < MIN_PEOPLE else "")
+    if kept:
+        why = f"card kept (α = {alpha}): card − cluster {gain['mean']:+.4f} {gain['ci95']} {where}"
+    else:
+        why = (f"card decodes as the cluster model (α = 0): the chosen setting (α = {alpha}) did not beat it, "
+               f"card − cluster ROUGE-L {gain['mean']:+.4f} {gain['ci95']} {where}, an interval not above 0")
+    return {"kept": kept, "alpha_chosen": alpha, "alpha": alpha if kept else 0.0, "people": len(card),
+            "card_minus_cluster": gain, "why": why}
+
+
+def validation_people(engine: Engine, data_dir: str | Path, split: str, n_users: int, max_items: int = 24):
+    """People of the build's sources who are not in its population: (query prompt, gold, profile) each."""
+    task, queries = read_lamp(data_dir, split)
+    built = set(engine.meta.get("report", {}).get("sources", {}).get("built", []))
+    population = set(engine.meta.get("users", []))
+    people = [q for q in queries if (q.user or q.id) not in population and q.gold is not None and len(q.profile) >= 3
+              and (not built or q.source in built)]
+    if not people:
+        raise ValueError(f"no validation people in {data_dir} ({split}): every user of the build's sources is in "
+                         "its population; build with a smaller --limit-users")
+    return [(q.input, q.gold, list(q.profile[:max_items])) for q in people[:n_users]]
+
+
+def tune(engine: Engine, data_dir: str | Path | None = None, split: str | None = None, n_users: int = MIN_PEOPLE,
+         write: bool = True, steps: Sequence[str] = STEPS) -> dict:
+    """Choose the decoding settings on validation people and (with `write`) save them in the artifacts."""
+    data_dir = data_dir or engine.meta.get("data")
+    split = split or engine.meta.get("split", "dev")
+    people = validation_people(engine, data_dir, split, n_users)
+    items, fits = [], []
+    for _, _, profile in tqdm(people, desc="onboarding", mininterval=2.0):
+        items.append(engine.prepare_items(profile))
+        fits.append(engine.fit(items[-1]))
+    engine, report = choose_decoding(engine, [p for p, _, _ in people], [g for _, g, _ in people], fits, items,
+                                     progress=lambda m: print(f"  {m}", flush=True), steps=steps)
+    report |= {"data": str(data_dir), "split": split,
+               "helps_share": round(float(np.mean([bool(f.diagnostics.get("helps")) for f in fits])), 3)}
+    if write and engine.folder is not None:
+        save_choice(engine.folder, engine, report)
+    return report
+
+
+def save_choice(folder: Path, engine: Engine, report: dict) -> None:
+    """Write the chosen settings into config.json (atomically), with the sweep in the report."""
+    path = Path(folder) / "config.json"
+    meta = json.loads(path.read_text())
+    meta["settings"]["decoding"] = asdict(engine.cfg.decoding)
+    meta["settings"]["style"] = asdict(engine.cfg.style)
+    meta["settings"]["rerank"] = asdict(engine.cfg.rerank)
+    obj = engine.cfg.objectives[0]
+    meta["report"].setdefault("alpha_by_objective", {})[obj] = {"alpha": engine.cfg.decoding.alpha,
+                                                                "sweep": report.get("alpha", {}).get("sweep")}
+    meta["report"]["tune"] = meta["report"].get("tune", {}) | report  # a partial re-run keeps the other steps
+    meta["format_version"] = FORMAT_VERSION  # α is now chosen under this version's decoding rule
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(meta, indent=2))
+    tmp.replace(path)

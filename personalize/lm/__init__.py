@@ -1,0 +1,5 @@
+"""The language model and the CPU it runs on: loading (models), one tokenisation (tokens), hidden-state capture
+(features), oneDNN linear layers (onednn) and the serving process's threads and heap (cpu_threads).
+
+May import: the standard library and third-party packages only (the bottom layer; nothing of personalize).
+"""

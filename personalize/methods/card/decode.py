@@ -1,0 +1,108 @@
+"""CARD's own three methods' decoding (base, cluster, card and its variants, METHOD §1.5, §1.10) over the engine:
+alone (`generate`, eval and bench) or as rows of a mixed batch (`rows`, the studio's scheduler), with the person's
+nearest items before the prompt when the style retrieves them, and the fallback to the cluster model's output for a
+person whose style lost to it on their held-out items. method.py's classes are the methods the registry serves.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from personalize.card import decoding
+from personalize.card.adapters import BASE_ADAPTER, adapter_name
+from personalize.card.decoding import DecodingSettings, Generation
+from personalize.catalog import CARD_METHODS, CORE_METHODS, RERANK, VARIANTS
+from personalize.data import Item
+from personalize.methods.card.steer import CardSteer, card_parts, person_styles
+from personalize.serving.rows import DecodeRow
+
+FALLBACK_NOTE = ("your style did not beat your cluster's model on your own held-out items, "
+                 "so this is the cluster model's output")
+
+
+def generate(engine, prompts: Sequence[str], method: str, cluster: int | None = None, lam=None,
+             k: int | None = None, settings: DecodingSettings | None = None, objective: str | None = None,
+             trace: bool = False, budget=None, items: Sequence[Item] | None = None) -> list[Generation]:
+    """Decode with one of the core methods: base, cluster (the user's cluster LoRA), card and its variants.
+
+    `items`: the person's history (prompts filled), for a style with retrieval: their BM25-nearest items
+    go before each prompt, as the RAG baseline places them.
+
+    `lam` is the person's style: a UserStyle, a λ array ([D], or [B, D] for one per prompt), a list of
+    either, or None (λ = 1). With the style's fallback on, a person whose style lost to the cluster model
+    on their held-out items gets the cluster model's output, with a note saying so."""
+    s = settings or engine.cfg.decoding
+    k = k or engine.cfg.default_k
+    budget = budget or engine.cfg.budget
+    if method == "base":
+        engine.use_adapter(None)
+        return decoding.generate(engine.model, engine.tok, list(prompts), budget, s)
+    if method not in ("cluster", *CARD_METHODS):
+        raise ValueError(f"unknown method {method!r}; choose from {(*CORE_METHODS, *VARIANTS)}")
+    if method == RERANK:
+        from personalize.methods.card.rerank import Query, rerank
+
+        return rerank(engine, [Query(p, cluster or 0, k, st) for p, st in zip(prompts, person_styles(
+            lam, len(prompts), engine.heads[objective or engine.cfg.objectives[0]].d))], s, objective=objective,
+            budget=budget)
+    engine.use_adapter(adapter_name(k, cluster or 0) if k > 1 else BASE_ADAPTER)
+    if method == "cluster":
+        return decoding.generate(engine.model, engine.tok, list(prompts), budget, s)
+    head, style, styles, s = card_parts(engine, method, lam, len(prompts), s, objective)
+    back = [i for i, st in enumerate(styles) if style.fallback and st.helps is False]
+    out: list[Generation | None] = [None] * len(prompts)
+    if back:  # the cluster model's own output: its prompt, no retrieved items
+        for i, g in zip(back, decoding.generate(engine.model, engine.tok, [prompts[i] for i in back], budget, s)):
+            g.note, out[i] = FALLBACK_NOTE, g
+    rest = [i for i in range(len(prompts)) if out[i] is None]
+    if rest:
+        card_prompts, card_budget = [prompts[i] for i in rest], budget
+        if style.retrieval and items:
+            card_prompts, card_budget = retrieval_prompts(engine, items, card_prompts, budget)
+        gens = decoding.generate(engine.model, engine.tok, card_prompts, card_budget, s, head=head,
+                        styles=[styles[i] for i in rest], style=style, n_layers=engine.cfg.head.n_layers,
+                        trace=trace)
+        for i, g in zip(rest, gens):
+            out[i] = g
+    return out
+
+
+def rows(engine, prompts: Sequence[str], method: str, cluster: int | None = None, lam=None, k: int | None = None,
+         settings: DecodingSettings | None = None, objective: str | None = None, trace: bool = False,
+         budget=None, items: Sequence[Item] | None = None) -> list[DecodeRow]:
+    """`generate`'s work as mixed-batch rows (serving/runner.py): the same prompts, adapters and CARD rule per row."""
+    s = settings or engine.cfg.decoding
+    k = k or engine.cfg.default_k
+    budget = budget or engine.cfg.budget
+    if method == "base":
+        return [DecodeRow(p, budget, s) for p in prompts]
+    if method not in ("cluster", *CARD_METHODS):
+        raise ValueError(f"unknown method {method!r}; choose from {(*CORE_METHODS, *VARIANTS)}")
+    ada = adapter_name(k, cluster or 0) if k > 1 else BASE_ADAPTER
+    if method == "cluster":
+        return [DecodeRow(p, budget, s, ada) for p in prompts]
+    if method == RERANK:
+        raise ValueError(f"{RERANK} decodes in two stages (candidates in one batch, then one scoring pass), so "
+                         "it has no single row: use methods.card.decode.generate or rerank.rerank")
+    head, style, styles, s = card_parts(engine, method, lam, len(prompts), s, objective)
+    out: list[DecodeRow] = []
+    for p, st in zip(prompts, styles):
+        if style.fallback and st.helps is False:
+            out.append(DecodeRow(p, budget, s, ada, note=FALLBACK_NOTE))
+            continue
+        card_prompt, card_budget = p, budget
+        if style.retrieval and items:
+            (card_prompt,), card_budget = retrieval_prompts(engine, items, [p], budget)
+        out.append(DecodeRow(card_prompt, card_budget, s, ada, CardSteer(head, st, style, engine.cfg.head.n_layers),
+                             want_trace=trace))
+    return out
+
+
+def retrieval_prompts(engine, items: Sequence[Item], prompts: Sequence[str], budget):
+    """Each prompt with the person's BM25-nearest history items before it, and the budget widened to fit."""
+    from personalize.methods.base import UserContext, widened
+    from personalize.methods.rag import RagMethod
+
+    rag = RagMethod(engine)
+    user = UserContext("_", list(items), templated=frozenset(i for i, it in enumerate(items) if not it.x))
+    return [rag.build_prompt(user, p)[0] for p in prompts], widened(budget, rag.extra_tokens)

@@ -1,0 +1,64 @@
+"""CARD's own three methods (base, cluster, card) in the methods' shape (base.Method), over the engine.
+
+They need no per-user work beyond onboarding (the cluster and λ come with the UserContext), so
+`prepare` only reports, and `generate` / `rows` are the engine's.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from personalize.serving.rows import DecodeRow
+from personalize.card.decoding import DecodingSettings, Generation
+from personalize.methods.base import UserContext
+from personalize.methods.card import decode as card_decode
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    """Nothing to set: the build's settings (adapters, head, style) decide everything."""
+
+
+class _Core:
+    name = ""
+    config_class = CoreConfig
+    batch = ""
+
+    def __init__(self, engine, store=None, cfg: CoreConfig = CoreConfig()):
+        self.engine, self.store, self.cfg = engine, store, cfg
+
+    def prepare(self, user: UserContext, progress=None) -> dict:
+        t0 = time.perf_counter()
+        return {"method": self.name, "n_items": len(user.items), "prepare_s": round(time.perf_counter() - t0, 4)}
+
+    def is_prepared(self, user: UserContext) -> bool:
+        return True
+
+    def _items(self, user: UserContext):
+        """The history, for a CARD style that retrieves the person's items into the prompt."""
+        return user.items if self.name == "card" and self.engine.cfg.style.retrieval else None
+
+    def generate(self, user: UserContext, prompts: list[str], settings: DecodingSettings) -> list[Generation]:
+        return card_decode.generate(self.engine, prompts, self.name, user.cluster, user.lam, k=user.k, settings=settings,
+                                    items=self._items(user))
+
+    def rows(self, user: UserContext, prompts: list[str], settings: DecodingSettings,
+             trace: bool = False) -> list[DecodeRow]:
+        return card_decode.rows(self.engine, prompts, self.name, user.cluster, user.lam, k=user.k, settings=settings, trace=trace,
+                                items=self._items(user))
+
+
+class BaseMethod(_Core):
+    name = "base"
+    batch = "a plain row on the frozen LM (adapter '__base__')"
+
+
+class ClusterMethod(_Core):
+    name = "cluster"
+    batch = "a plain row on the person's cluster LoRA"
+
+
+class CardMethod(_Core):
+    name = "card"
+    batch = "a row on the cluster LoRA with CARD's re-ranking (its own λ, bias, memory and α) on its scores"

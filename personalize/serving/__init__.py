@@ -1,0 +1,6 @@
+"""Mixed-batch serving: a decode request as data (rows: DecodeRow and the Steer protocol a method implements to
+steer its rows), the runner that decodes rows of any method, person and adapter in one generate (runner), every
+row with its own LoRA (row_lora), and the cross-request batching window (scheduler). The runner knows no method.
+
+May import: personalize.card, personalize.lm and the shared top-level modules.
+"""

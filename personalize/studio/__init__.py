@@ -1,0 +1,6 @@
+"""The app's use cases without UI: the `Studio` façade (facade) the tabs call, the runtime that owns the model lock
+and the executors, and one small service per concern (builds, histories, clusters, jobs, decode, votes, campaigns,
+explore, own_data, population_jobs).
+
+May import: personalize.humaneval, personalize.fitting and everything below them. Not eval, ui or cli.
+"""

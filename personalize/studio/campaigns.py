@@ -1,0 +1,83 @@
+"""The campaigns a researcher runs from the app (humaneval.campaign): create, judgments, status, export, the LLM
+judge; and the Export tab's tables."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from personalize.data import TASKS
+from personalize.humaneval import campaign_pool
+from personalize.humaneval.campaign_schema import Assignment
+from personalize.studio.service import Service
+
+
+class CampaignDesk(Service):
+    def __init__(self, rt):
+        super().__init__(rt)
+
+    def create_campaign(self, name: str, data: str | Path, split: str = "dev", limit: int = 10,
+                        methods: Sequence[str] = ("base", "cluster", "card"), reference: bool = False,
+                        mode: str = "pairwise", raters_per_item: int = 3, attention_every: int = 0,
+                        alpha: float | None = None, top_k: int | None = None,
+                        max_new_tokens: int | None = None, sources: Sequence[str] | str = (),
+                        min_raters_per_unit: int | None = None) -> dict:
+        """A campaign over the first `limit` queries of a LaMP split, for this build (campaign.create_from_lamp);
+        `sources` (a list, or comma-separated) keeps people from those sources only."""
+        if isinstance(sources, str):
+            sources = [x.strip() for x in sources.split(",") if x.strip()]
+        return campaign_pool.create_from_lamp(
+            self.store, name, data, split, limit, self.cfg.artifacts, self.engine.artifacts_id, self.task.name,
+            sources=tuple(sources), methods=tuple(methods),
+            reference=bool(reference), mode=mode, raters_per_item=int(raters_per_item),
+            attention_every=int(attention_every), alpha=alpha, top_k=top_k, max_new_tokens=max_new_tokens,
+            min_raters_per_unit=min_raters_per_unit)
+
+    def next_judgment(self, name: str, rater: str) -> Assignment | None:
+        return self.rt.campaigns.next(name, rater)
+
+    def submit_judgment(self, assignment: int, rater: str, verdict: str | None = None,
+                        scores: dict | None = None) -> int:
+        return self.rt.campaigns.submit(assignment, rater, verdict, scores)
+
+    def skip_judgment(self, assignment: int, rater: str) -> None:
+        self.rt.campaigns.skip(assignment, rater)
+
+    def set_campaign_status(self, name: str, status: str) -> None:
+        self.rt.campaigns.set_status(name, status)
+
+    def export_campaign(self, name: str, fmt: str = "jsonl") -> tuple[Path, Path, int]:
+        """The campaign's judgments (JSONL or CSV) and summary JSON in the export folder."""
+        if fmt not in ("jsonl", "csv"):
+            raise ValueError("export format is jsonl or csv")
+        safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name.strip()) or "campaign"
+        return self.rt.campaigns.export(name, Path(self.cfg.export_dir) / f"campaign-{safe}.{fmt}")
+
+    def campaign_results(self, name: str) -> dict:
+        return self.rt.campaigns.results(name)
+
+    def judge_campaign(self, name: str, model: str | None = None,
+                       progress: Callable[[int, int, str], None] | None = None) -> dict:
+        """The LLM judge (campaign.run_judge) on every unit; the judge model is loaded once and kept."""
+        from personalize.humaneval.judge import Judge, JudgeConfig
+
+        if model not in self.rt.judges:
+            self.rt.judges[model] = Judge(JudgeConfig(model=model))
+        campaign_pool.run_judge(self.rt.campaigns, name, self.rt.judges[model], progress, self.model_lock)
+        return self.rt.campaigns.results(name)
+
+    def export_table(self, table: str, fmt: str) -> tuple[Path, int]:
+        """Export: a table (votes, generations) as JSONL or CSV in a new time-stamped folder under export_dir."""
+        from personalize.humaneval.export import export_table
+
+        return export_table(self.store, table, fmt, self._export_folder())
+
+    def export_predictions(self, method: str) -> Path:
+        """Export: `method`'s generations as LaMP predictions for the task served."""
+        from personalize.humaneval.export import export_predictions
+
+        return export_predictions(self.store, TASKS[self.task.name].lamp_name, method, self._export_folder())
+
+    def _export_folder(self) -> Path:
+        return Path(self.cfg.export_dir) / time.strftime("%Y%m%d-%H%M%S")

@@ -1,0 +1,229 @@
+"""Decoding for the tabs: every method's rows (methods.registry) sent to the scheduler as one request, Compare's
+stream of tokens per column, outputs stored as generations, and Why (CARD step by step)."""
+
+from __future__ import annotations
+
+import json
+import queue
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterator, Sequence
+
+from personalize.card.decoding import DecodingSettings, Generation
+from personalize.catalog import ALL_METHODS, CORE_METHODS
+from personalize.methods.registry import METHODS
+from personalize.fitting.person import prepared_items
+from personalize.lm.tokens import decode as decode_text
+from personalize.methods.base import UserContext
+from personalize.store import StoreError
+from personalize.studio.histories import Histories, UserState
+from personalize.studio.jobs import FirstUseJobs, job_line
+from personalize.studio.service import Service
+
+
+@dataclass
+class MethodOutput:
+    method: str
+    text: str = ""
+    latency_s: float = 0.0
+    n_tokens: int = 0
+    gen_id: int | None = None
+    info: dict = field(default_factory=dict)  # what the method chose (EXACT's attributes, RAG's items)
+    error: str | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.n_tokens / self.latency_s if self.latency_s > 0 else 0.0
+
+
+def _jsonable(trace) -> dict:
+    """A method's trace, kept in the store only when it is plain JSON (CARD's tensors are not)."""
+    if not trace:
+        return {}
+    try:
+        json.dumps(trace)
+    except TypeError:
+        return {}
+    return {"trace": trace}
+
+
+def text_pieces(tok, steps: Sequence[dict]) -> list[tuple[str, bool]]:
+    """(text, changed) per displayed piece: byte-level tokens that only together form a character (an
+    emoji is often 2-4 tokens) are merged, changed if any of them was; special tokens are dropped."""
+    ids, shown, out, changed = [], "", [], False
+    for st in steps:
+        ids.append(st["token_id"])
+        changed = changed or st["changed"]
+        text = tok.decode(ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # an incomplete character: wait for its next bytes
+            continue
+        if text[len(shown):]:
+            out.append((text[len(shown):], changed))
+        shown, changed = text, False
+    return out
+
+
+class Decoding(Service):
+    def __init__(self, rt, histories: Histories, background_jobs: FirstUseJobs):
+        super().__init__(rt)
+        self.histories = histories
+        self.background_jobs = background_jobs
+
+    def rows(self, method: str, state: UserState, prompt: str, s: DecodingSettings,
+             trace: bool = False) -> list:
+        """The method's rows for one prompt (serving.rows.DecodeRow); built in the scheduler's worker."""
+        if method in CORE_METHODS:  # their person needs no stored rewrites (card's own items when it retrieves them)
+            user = UserContext(state.name, self.card_items(method, state) or [], state.cluster, state.k, state.lam)
+            return self.rt.method(method).rows(user, [prompt], s, trace=trace)
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}; choose from {ALL_METHODS}")
+        prepared_items(self.engine, self.store, state.name)  # fills missing neutral rewrites, once
+        user = UserContext.from_store(self.store, state.name, self.task, state.cluster, state.k, state.lam)
+        m = self.rt.method(method)
+        if not m.is_prepared(user):  # normally done by the background job; here the caller waits for it
+            m.prepare(user)
+        return m.rows(user, [prompt], s, trace=trace)
+
+    def decode(self, method: str, state: UserState, prompt: str, s: DecodingSettings,
+               on_step: Callable[[int, int], None] | None = None, trace: bool = False) -> Generation:
+        if self.background_jobs.needs_indexing(state.name, method):
+            self.background_jobs.wait_first_use(state.name, method)  # in this thread: the scheduler's worker stays free
+        return self.rt.scheduler.run(lambda: self.rows(method, state, prompt, s, trace), on_step)[0]
+
+    def card_items(self, method: str, state: UserState):
+        """The person's history for a CARD whose style retrieves their nearest items into the prompt."""
+        if method != "card" or not self.engine.cfg.style.retrieval:
+            return None
+        prepared_items(self.engine, self.store, state.name)  # fills missing neutral rewrites, once
+        return UserContext.from_store(self.store, state.name, self.task).items
+
+    def run_method(self, method: str, state: UserState, prompt: str, s: DecodingSettings,
+                   on_step: Callable[[int, int], None] | None = None) -> MethodOutput:
+        """One method's output, stored as a generation; a method that cannot run says why instead."""
+        try:
+            g = self.decode(method, state, prompt, s, on_step)
+        except (ValueError, StoreError, FileNotFoundError, RuntimeError) as e:
+            return MethodOutput(method, error=str(e))
+        return self.stored(method, state, prompt, s, g)
+
+    def stored(self, method: str, state: UserState, prompt: str, s: DecodingSettings, g: Generation) -> MethodOutput:
+        info = _jsonable(g.trace)
+        note = getattr(g, "note", None)  # why the method did what it did (CARD falling back to the cluster model)
+        if note:
+            info["note"] = str(note)
+        settings = {"alpha": s.alpha, "top_k": s.top_k, "max_new_tokens": s.max_new_tokens, "k": state.k,
+                    "cluster": state.cluster, "fitted": state.fitted}
+        gid = self.store.add_generation(state.name, self.engine.artifacts_id, method, prompt, g.text, settings,
+                                        g.latency_s, g.n_tokens, info)
+        return MethodOutput(method, g.text, g.latency_s, g.n_tokens, gid, info)
+
+    def compare(self, name: str, prompt: str, methods: Sequence[str], s: DecodingSettings,
+                k: int | None = None) -> Iterator[MethodOutput]:
+        """Each chosen method's output as soon as it is ready."""
+        for kind, _, value in self.compare_stream(name, prompt, methods, s, k):
+            if kind == "done":
+                yield value
+
+    def compare_stream(self, name: str, prompt: str, methods: Sequence[str], s: DecodingSettings,
+                       k: int | None = None, poll_s: float = 0.5) -> Iterator[tuple[str, str, object]]:
+        """(kind, method, value) events while a Compare runs: ("text", m, the text so far) as tokens are decoded,
+        ("progress", m, a line) while a method's first use prepares in the background, ("done", m,
+        MethodOutput). Every ready method joins one request to the scheduler (one mixed batch, shared with
+        other sessions' requests); a method whose first use needs work waits for its background job, and the
+        other columns do not wait for it."""
+        prompt = self.rt.check_prompt(prompt)
+        unknown = [m for m in methods if m not in ALL_METHODS]
+        if unknown or not methods:
+            raise ValueError(f"choose methods among {', '.join(ALL_METHODS)}" + (f" (unknown: {unknown})" if unknown else ""))
+        state = self.histories.user_state(name, k)
+        events: queue.Queue = queue.Queue()
+        tok, eos = self.engine.tok, self.engine.tok.eos_token_id
+        tokens: dict[str, list[int]] = {m: [] for m in methods}
+        pressed = time.perf_counter()
+        last_token: dict[str, float] = {}  # a column's latency is its own: from the press to its last token
+
+        def start(m: str) -> None:
+            def on_step(_row: int, t: int, m=m) -> None:
+                got = tokens[m]
+                if got and got[-1] == eos or len(got) >= s.max_new_tokens:
+                    return
+                got.append(t)
+                last_token[m] = time.perf_counter()
+                events.put(("token", m, None))
+
+            fut = self.rt.scheduler.submit(lambda m=m: self.rows(m, state, prompt, s), on_step)
+            fut.add_done_callback(lambda f, m=m: events.put(("finished", m, f)))
+
+        waiting = {}
+        for m in methods:
+            if self.background_jobs.needs_indexing(state.name, m):
+                waiting[m] = self.background_jobs.start_first_use(state.name, m)
+            else:
+                start(m)
+        left = set(methods)
+        while left:
+            try:
+                kind, m, value = events.get(timeout=poll_s)
+            except queue.Empty:
+                kind = None
+            if kind == "token" and m in left:
+                yield "text", m, decode_text(tok, tokens[m])
+            elif kind == "finished":
+                left.discard(m)
+                try:
+                    g = value.result()[0]
+                    g = replace(g, latency_s=last_token.get(m, time.perf_counter()) - pressed)
+                    out = self.stored(m, state, prompt, s, g)
+                except (ValueError, StoreError, FileNotFoundError, RuntimeError) as e:
+                    out = MethodOutput(m, error=str(e))
+                yield "done", m, out
+            for m, job in list(waiting.items()):
+                if job["state"] in ("done", "error"):
+                    del waiting[m]
+                    start(m)  # an error shows when the method runs (it retries the first use in the decode)
+                elif kind is None or kind == "finished":
+                    yield "progress", m, job_line(job)
+
+    def why(self, name: str, prompt: str, s: DecodingSettings, k: int | None = None) -> dict:
+        """CARD's decoding step by step: the token chosen, the cluster model's choice, and for the chosen token and
+        its top rivals the log-probability among the step's candidates before (the cluster model), the
+        correction and after (CARD), on one scale."""
+        prompt = self.rt.check_prompt(prompt)
+        state = self.histories.user_state(name, k)
+        g = self.decode("card", state, prompt, s, trace=True)
+        tok, steps = self.engine.tok, []
+        for st in (g.trace or [])[: g.n_tokens]:
+            used = st["cand"][0] >= 0  # the top-k candidates and the memory's extra tokens
+            cand, before, after = st["cand"][0][used], st["before"][0][used], st["after"][0][used]
+            order = after.argsort(descending=True)
+            chosen = int(st["chosen"][0]) if st.get("chosen") is not None else int(cand[order[0]])
+            cluster_choice = int(cand[before.argmax()])
+            shown = order[:10].tolist()  # the chosen token and the cluster model's are always among those shown
+            shown += [j for j in range(len(cand)) if int(cand[j]) in (chosen, cluster_choice) and j not in shown]
+            steps.append({"token": tok.decode([chosen]), "token_id": chosen, "changed": chosen != cluster_choice,
+                          "cluster_token": tok.decode([cluster_choice]),
+                          "candidates": [{"token": tok.decode([int(cand[j])]), "chosen": int(cand[j]) == chosen,
+                                          "before": float(before[j]), "correction": float(after[j] - before[j]),
+                                          "after": float(after[j])} for j in shown]})
+        return {"text": g.text, "steps": steps, "pieces": text_pieces(tok, steps), "alpha": s.alpha,
+                "fitted": state.fitted, "cluster": state.cluster, "k": state.k}
+
+    def compare_plan(self, name: str | None, text: str | None, templated: bool, item_id: float | None,
+                     methods: Sequence[str] | None, k: int | None = None) -> dict:
+        """What Compare runs, checked before anything decodes: {"name", "prompt" (resolve_prompt), "state" (at
+        K), "first_use" (method -> its first use for the user does per-user work: EXACT's attribute search,
+        OPPU's training), "order" (the chosen methods, slow first uses last)}."""
+        name = self.rt.need_user(name)
+        if not methods:
+            raise ValueError("choose at least one method")
+        prompt, _ = self.histories.resolve_prompt(text, templated, item_id, name)
+        state = self.histories.user_state(name, k)
+        first = {m: self.background_jobs.needs_indexing(name, m) for m in methods}
+        return {"name": name, "prompt": prompt, "state": state, "first_use": first,
+                "order": sorted(methods, key=first.get)}
+
+    def explain(self, name: str | None, text: str | None, templated: bool, item_id: float | None,
+                s: DecodingSettings, k: int | None = None) -> dict:
+        """Why: CARD step by step (why) for the user on Compare's prompt (resolve_prompt)."""
+        name = self.rt.need_user(name)
+        return self.why(name, self.histories.resolve_prompt(text, templated, item_id, name)[0], s, k)

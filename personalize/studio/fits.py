@@ -1,0 +1,152 @@
+"""Fit my style and its versions: the fit (with the verdict in plain words), the refit on the history plus every vote
+(votes.py's), the versions of a style and restoring one."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from personalize.card.adapters import adapter_name
+from personalize.card.head import PAIR_OBJECTIVES
+from personalize.fitting.person import onboard, prepared_items
+from personalize.lm.cpu_threads import trim_memory
+from personalize.fitting.votes import Refinement, Vote, VoteFeatures, refine_pairs, refine_tokens
+from personalize.methods.base import fingerprint
+from personalize.methods.engine import UserFit
+from personalize.studio.histories import Histories
+from personalize.studio.service import Service
+
+
+def fit_verdict(diagnostics: dict | None, cold_start: bool = False, fallback: bool = True, n_votes: int = 0) -> str:
+    """In plain words: does the user's vector beat their cluster's model on their held-out items?
+    Reads `helps` (own vector vs no head, set by the fit) with `acc_own` and `acc_no_head`; `fallback`: whether
+    this build's CARD then shows the cluster model's output (StyleSettings.fallback, chosen by tune)."""
+    d = diagnostics or {}
+    if cold_start:
+        return "Your history is too short to fit your own vector yet, so CARD uses your cluster's shared head."
+    helps, own, base = d.get("helps"), d.get("acc_own"), d.get("acc_no_head")
+    if helps is None or own is None or base is None:
+        return ("Too few items to tell whether your vector helps (too few held out to compare it with your "
+                "cluster's model); add more writing and refit.")
+    a, b = _percents(float(own), float(base))
+    if helps:
+        return f"Your vector helps: it predicts {a} of your held-out words vs {b} for your cluster's model."
+    if n_votes:
+        return (f"Your style does not beat your cluster's model on your held-out writing ({a} vs {b}), but your "
+                f"{n_votes} vote{'s' * (n_votes != 1)} ask for it, so CARD decodes with your style.")
+    if fallback:
+        return (f"Your vector does not beat your cluster's model on your held-out items ({a} vs {b}), so CARD will "
+                "show the cluster model's output for you.")
+    return (f"Your vector does not beat your cluster's model on your held-out items ({a} vs {b}); this build still "
+            "decodes CARD with it (on its validation people, falling back to the cluster model lowered ROUGE-L).")
+
+
+def _percents(a: float, b: float) -> tuple[str, str]:
+    """Two rates as percentages with the fewest decimals (0-2) that keep different values apart."""
+    for digits in (0, 1, 2):
+        fa, fb = f"{a:.{digits}%}", f"{b:.{digits}%}"
+        if fa != fb or a == b:
+            break
+    return fa, fb
+
+
+class Fits(Service):
+    def __init__(self, rt, histories: Histories):
+        super().__init__(rt)
+        self.histories = histories
+        # the person's one teacher-forced pass, kept from the fit so a vote costs a pass over its own text only
+        self._history: dict[tuple, tuple] = {}
+        self._vote_features: VoteFeatures | None = None
+
+    def fit(self, name: str, k: int | None = None, progress: Callable[[str], None] | None = None) -> UserFit:
+        """Onboards the user (§1.6); the stored vector is replaced only if the whole fit succeeds."""
+        if self.histories.rewrites is not None and not self.histories.rewrites.done() and progress:
+            progress("neutral rewrites (started when the history was saved)")
+        try:
+            with self.model_lock:
+                fit = onboard(self.engine, self.store, name, k=self.rt.snap_k(k), progress=progress)
+                if fit.features is not None:
+                    self._remember_history(name, fit.k, fit.cluster, fit.features, fit.n_hold)
+                if not fit.cold_start and self.store.feedback(name):  # the votes already cast count from the first fit
+                    if progress:
+                        progress("your votes")
+                    self.refine(name)
+                return fit
+        finally:
+            trim_memory()  # a fit's freed activations back to the system: the soak's rise came with the fits
+
+    def _history_key(self, name: str, k: int, cluster: int, objective: str) -> tuple:
+        stored = self.store.items(name)
+        return (self.engine.artifacts_id, name, k, cluster, objective, fingerprint([f"{s.x}\n{s.y}" for s in stored]))
+
+    def forget_user(self, name: str) -> None:
+        """Drops what this process keeps of the person's fits (forget me)."""
+        self._history = {k: v for k, v in self._history.items() if k[1] != name}
+        if self._vote_features is not None:
+            self._vote_features.clear()
+
+    def _remember_history(self, name: str, k: int, cluster: int, feats, n_hold: int) -> None:
+        self._history[self._history_key(name, k, cluster, "tokens")] = (feats, n_hold)
+        while len(self._history) > 32:
+            self._history.pop(next(iter(self._history)))
+
+    def _history_data(self, name: str, k: int, cluster: int, objective: str):
+        """(history data of the head, n items, n held out): kept from the fit, else one pass (after a restart)."""
+        items = prepared_items(self.engine, self.store, name)
+        key = self._history_key(name, k, cluster, objective)
+        if key not in self._history:
+            self.engine.use_adapter(adapter_name(k, cluster))
+            data = self.engine.features(items) if objective == "tokens" else self.engine.user_data(items, objective)
+            self._history[key] = (data, self.engine.n_held_out(len(items)))
+        data, n_hold = self._history[key]
+        return data, len(items), n_hold
+
+    def refine(self, name: str) -> dict:
+        """Refits the user's style on their history and every vote they cast (fitting/votes.py) and stores it as a
+        new version. Returns {"version", "n_votes", "seconds", "diagnostics", "verdict"}."""
+        got = self.store.vector(name, self.engine.artifacts_id)
+        if got is None:
+            raise ValueError(f"fit {name!r}'s style first (Fit my style); their votes are kept and count from then on")
+        stats = got[1]["stats"]
+        if stats.get("cold_start"):
+            raise ValueError(f"{name!r} has too few history items for a style of their own; votes count once it fits")
+        votes = [Vote.from_row(r) for r in self.store.feedback(name)]
+        if not votes:
+            raise ValueError(f"{name!r} has not voted yet")
+        k, cluster = int(stats["k"]), int(stats["cluster"])
+        objective = stats.get("objective", self.engine.cfg.objectives[0])
+        with self.model_lock:
+            if self._vote_features is None or self._vote_features.engine is not self.engine:
+                self._vote_features = VoteFeatures(self.engine)
+            data, n_items, n_hold = self._history_data(name, k, cluster, objective)
+            fs = self.cfg.feedback
+            if objective in PAIR_OBJECTIVES:
+                r: Refinement = refine_pairs(self.engine, objective, data, n_items, n_hold, votes, k, cluster,
+                                             self._vote_features, fs)
+            else:
+                r = refine_tokens(self.engine, data, n_hold, votes, k, cluster, self._vote_features, fs)
+        trim_memory()  # as after a fit
+        keep = dict(stats, diagnostics=r.diagnostics, loss_curve=r.curve, n_votes=r.n_votes,
+                    stages_s={"refit on votes": round(r.seconds, 4)})
+        extras = r.style.extras_bytes() if objective not in PAIR_OBJECTIVES else None
+        vid = self.store.save_vector(name, self.engine.artifacts_id, r.style.lam, self.engine.lm.model_id, keep,
+                                     extras, source="vote", note=f"history + {r.n_votes} vote{'s' * (r.n_votes != 1)}")
+        return {"version": vid, "n_votes": r.n_votes, "seconds": round(r.seconds, 3), "diagnostics": r.diagnostics,
+                "verdict": fit_verdict(r.diagnostics, fallback=self.engine.cfg.style.fallback, n_votes=r.n_votes)}
+
+    def versions(self, name: str) -> list[dict]:
+        """The user's styles under this build, newest first: id, time, source, note, votes, helps, current."""
+        rows = self.store.versions(name, self.engine.artifacts_id)
+        return [{"version": r["id"], "created": r["created"][:19].replace("T", " "), "source": r["source"],
+                 "note": r["note"], "votes": r["stats"].get("n_votes", 0),
+                 "helps": r["stats"].get("diagnostics", {}).get("helps"), "current": r["current"]}
+                for r in reversed(rows)]
+
+    def restore_version(self, name: str, version: int) -> str:
+        self.store.restore_version(name, self.engine.artifacts_id, int(version))
+        return f"Version {int(version)} is {name}'s style again; CARD decodes with it from now on."
+
+    def restore(self, name: str | None, version: float | None) -> str:
+        """Restore from the page: the version number given, then restore_version."""
+        if version is None:
+            raise ValueError("enter the number of the version to restore (first column of the table)")
+        return self.restore_version(self.rt.need_user(name), int(version))

@@ -1,0 +1,226 @@
+"""A person's history: parsing a paste or a file, saving it (clusters assigned at once, the neutral rewrites started
+in the background), editing their own items, the demo people, and where the person stands under the served build."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from personalize.card.cluster import closeness
+from personalize.card.style import UserStyle
+from personalize.data import TASKS, HistoryError, Item, parse_history, read_history_file
+from personalize.fitting.person import prepared_items, store_assignments
+from personalize.store import StoreError
+from personalize.studio.service import Service
+
+
+@dataclass
+class UserState:
+    """Where a user stands under the loaded artifacts: cluster at K, and λ if fitted (else λ = 1)."""
+
+    name: str
+    k: int
+    cluster: int
+    distances: list[float]
+    lam: "UserStyle | None"  # the fitted style (λ, token bias, kNN memory); None: not fitted, λ = 1
+    fit_stats: dict = field(default_factory=dict)
+
+    @property
+    def fitted(self) -> bool:
+        return self.lam is not None
+
+
+class Histories(Service):
+    def __init__(self, rt):
+        super().__init__(rt)
+        self.rewrites = None  # the background rewrites of the last saved history (a Future)
+
+    def parse(self, text: str | None = None, file: str | None = None) -> list[Item]:
+        """Items from a paste or an uploaded file; HistoryError says what is wrong with either."""
+        if file:
+            return read_history_file(file, task=self.task, max_bytes=self.cfg.max_history_chars)
+        if not text or not text.strip():
+            raise HistoryError("the history is empty: paste some texts you wrote (one per line), or upload a file")
+        return parse_history(text, max_items=self.cfg.max_items, max_chars=self.cfg.max_history_chars)
+
+    def save_history(self, name: str, items: Sequence[Item], task: str, replace_existing: bool = True) -> dict:
+        """Stores the history under `name` (replacing theirs: vector and clusters go with it) and assigns
+        clusters at once (embedding only: seconds); the fit is a separate, explicit step. "duplicates" counts
+        the exact repeats that parsing dropped (`parse` returns a data.History that knows it)."""
+        if task not in TASKS:
+            raise ValueError(f"unknown task {task!r}; choose from {sorted(TASKS)}")
+        self.store.add_user(name, items, task, replace=replace_existing)
+        name = self.store.user(name)["name"]
+        embedding = self.embed_history(name)
+        clusters = self.assign_all(name, embedding)
+        self.rewrites = self.rt.background.submit(self.prepare_rewrites, name)  # Fit then waits only for what is left
+        k = self.engine.cfg.default_k
+        a = self.store.assignment(name, self.engine.artifacts_id, k)
+        return {"name": name, "n_items": len(items), "clusters": clusters,
+                "duplicates": int(getattr(items, "duplicates", 0)), "task": task,
+                "closeness": self.closeness(k, a["distances"]) if a else "", "embedding": embedding}
+
+    def item_rows(self, name: str | None) -> list[list]:
+        """The stored items table: [number, text, neutral rewrite]; the number is the item's place in the person's
+        own history (1, 2, …; kept when others are deleted), the one Update, Delete and Compare's picker take."""
+        try:
+            return [[s.position + 1, s.y, s.neutral or ""] for s in self.store.items(name)] if name else []
+        except StoreError:  # not stored (yet), or not a valid name
+            return []
+
+    def own_item(self, name: str | None, number: float | None):
+        """The person's item with this number (item_rows), or None: another person's items are never reached."""
+        if number is None or not name or not name.strip():
+            return None
+        return next((s for s in self.store.items(name.strip()) if s.position + 1 == int(number)), None)
+
+    def switch_user(self, name: str | None, shown_for: str | None) -> dict:
+        """My writing when the user name is edited. `shown_for` is the user whose saved (or opened) history the
+        text box still holds (None: the box holds a fresh paste, or nothing). Another name empties the box, so a
+        new user starts from an empty history, never from the previous user's text; a fresh paste is kept (it
+        is the new user's). Returns {"clear": bool, "shown_for": str | None, "rows": table rows, "message"}."""
+        name = (name or "").strip()
+        clear = shown_for is not None and name != shown_for
+        rows = self.item_rows(name) if name else []
+        if not name:
+            msg = ""
+        elif rows:
+            msg = f"**{name}** has {len(rows)} stored items (table below); paste new writing to replace them."
+        else:
+            msg = f"New user **{name}**: paste your writing (or upload a file) and save it."
+        return {"clear": clear, "shown_for": None if clear else shown_for, "rows": rows, "message": msg}
+
+    def demo_history(self, user: str) -> str:
+        """The demo person's texts as a paste: one a line, or blocks separated by a blank line when a text has
+        several lines (a changelog entry), which is how parse_history reads them back."""
+        if user not in self.rt.demo_users:
+            raise ValueError(f"unknown demo user {user!r}")
+        texts = [it.y for it in self.rt.demo_users[user]]
+        return ("\n\n" if any("\n" in t for t in texts) else "\n").join(texts)
+
+    def demo_choices(self) -> list[tuple[str, str]]:
+        """The demo picker: people the build never saw first, marked "new" (they are how a newcomer is placed),
+        then those outside its training who chose its decoding settings, then the build's own population."""
+        built = set(self.engine.meta.get("users", []))
+        chose = set(self.engine.meta.get("report", {}).get("validation_people", [])) - built
+        new = sorted(u for u in self.rt.demo_users if u not in built and u not in chose)
+        return ([(f"{u} · new, not in the build", u) for u in new]
+                + [(f"{u} · not trained on (chose the build's settings)", u) for u in sorted(chose & set(self.rt.demo_users))]
+                + [(u, u) for u in sorted(set(self.rt.demo_users) & built)])
+
+    def demo_items(self, user: str) -> list[Item]:
+        if user not in self.rt.demo_users:
+            raise ValueError(f"unknown demo user {user!r}")
+        return list(self.rt.demo_users[user])
+
+    def embed_history(self, name: str) -> np.ndarray:
+        """The person's mean text embedding (their place among the clusters of every build with this encoder)."""
+        return self.engine.embed([Item(y=s.y) for s in self.store.items(name)])
+
+    def assign_all(self, name: str, embedding: np.ndarray | None = None) -> dict[int, int]:
+        emb = self.embed_history(name) if embedding is None else embedding
+        return store_assignments(self.engine, self.store, name, emb)
+
+    def user_state(self, name: str, k: int | None = None) -> UserState:
+        k = self.rt.snap_k(k)
+        a = self.store.assignment(name, self.engine.artifacts_id, k)
+        if a is None:  # stored before these artifacts were loaded
+            self.assign_all(name)
+            a = self.store.assignment(name, self.engine.artifacts_id, k)
+        got = self.store.vector(name, self.engine.artifacts_id)
+        stats = got[1]["stats"] if got else {}
+        style = UserStyle.from_stored(self.store.style(name, self.engine.artifacts_id)) if got else None  # λ + token bias + memory
+        return UserState(self.store.user(name)["name"], k, a["cluster"], a["distances"], style, stats)
+
+    def closeness(self, k: int, distances: Sequence[float]) -> str:
+        """The nearest cluster's distance in plain words (cluster.closeness), against the build's own people."""
+        c = self.engine.clusters
+        words, _ = closeness(c.embeddings, c.centroids[k], c.labels[k], min(distances))
+        return words
+
+    def prepare_rewrites(self, name: str) -> None:
+        """The neutral rewrites of a saved history (§1.8), in the background: the slow part of a first fit."""
+        try:
+            with self.model_lock:
+                prepared_items(self.engine, self.store, name)
+        except (ValueError, StoreError):
+            pass  # the user was deleted or replaced meanwhile; Fit redoes what is missing and reports errors
+
+    def user_names(self) -> list[str]:
+        """The stored users' names (the page's "open a stored user" list)."""
+        return [u["name"] for u in self.store.users()]
+
+    def open_user(self, name: str) -> dict:
+        """A stored user picked from the list: {"name", "task", "n_items", ...}; StoreError when unknown."""
+        return self.store.user(name)
+
+    def demo_pick(self, demo: str | None, name: str | None) -> tuple[str, str]:
+        """A demo user's history as the text to save, and the name to save it under (the typed one, else the
+        demo user's)."""
+        if not demo:
+            raise ValueError("pick a demo user first")
+        return self.demo_history(demo), (name or demo)
+
+    def history_from(self, text: str | None, file: str | None = None, demo: str | None = None) -> list[Item]:
+        """Which history Save stores: an uploaded file first; else the demo user's items (their prompts come with
+        their texts) while the box still holds that demo user's history; else the pasted text."""
+        if file:
+            return self.parse(file=file)
+        if demo and text and text.strip() == self.demo_history(demo).strip():
+            return self.demo_items(demo)
+        return self.parse(text=text)
+
+    def item_choices(self, name: str | None) -> list[tuple[str, int]]:
+        """The user's items as Compare's prompt choices: ("id: the first 80 characters", id)."""
+        return [(f"{r[0]}: {r[1][:80]}", r[0]) for r in self.item_rows(name)]
+
+    def update_item(self, name: str | None, item_id: float | None, text: str) -> str:
+        """Edits one of the user's own items, by its number in their history; returns the status line."""
+        name = self.rt.need_user(name)
+        if item_id is None:
+            raise ValueError("enter the number of the item to change (first column of the table)")
+        st = self.own_item(name, item_id)
+        if st is None:
+            raise ValueError(f"{name} has no item {int(item_id)}")
+        self.store.update_item(st.id, text)
+        return f"Item {int(item_id)} updated. Refit to use it."
+
+    def delete_item(self, name: str | None, item_id: float | None) -> str:
+        """Deletes one of the user's own items (by number), never their last one; returns the status line."""
+        name = self.rt.need_user(name)
+        st = self.own_item(name, item_id)
+        if st is None:
+            raise ValueError("enter the number of one of this user's items (first column of the table)")
+        if len(self.store.items(name)) <= 1:
+            raise ValueError("this is the user's last item: a user needs at least one")
+        self.store.delete_item(st.id)
+        return f"Item {int(item_id)} deleted. Refit to forget it."
+
+    def item_reference(self, name: str | None, item_id: float | None) -> str | None:
+        """The text of the person's history item picked as Compare's prompt (what its outputs are read against)."""
+        try:
+            st = self.own_item(name, item_id)
+        except StoreError:  # a name not stored (yet)
+            return None
+        return None if st is None else st.y
+
+    def resolve_prompt(self, text: str | None, templated: bool, item_id: float | None = None,
+                       name: str | None = None) -> tuple[str, str | None]:
+        """(prompt, reference) for Compare and Why: a picked history item, when no text is typed, gives its own
+        prompt (its task prompt, else the task template around its neutral rewrite) and its text as the
+        reference; else the typed text, in the task template when `templated`, and no reference."""
+        if item_id is not None and (not text or not text.strip()):
+            st = self.own_item(name, item_id)
+            if st is None:
+                raise ValueError("that history item no longer exists")
+            return st.x or self.task.prompt(st.neutral or st.y), st.y
+        text = self.rt.check_prompt(text)
+        return (self.task.prompt(text) if templated else text), None
+
+    def pair_prompt(self, text: str | None, fallback: str | None, templated: bool) -> str:
+        """Quick pair's prompt: its own box, else Compare's; in the task template when `templated`, unless the
+        text is already in it."""
+        full = self.rt.check_prompt(text if text and text.strip() else fallback)
+        return self.task.prompt(full) if templated and not full.startswith(self.task.prefix) else full

@@ -1,0 +1,127 @@
+"""What every use case of the studio shares: the served build's engine, the store, the settings, the model lock, the
+decode scheduler and the two background executors (first-use jobs; model work nobody waits on), the methods made on
+the engine, and the small rules several tabs apply (K snapping, prompts, decoding settings, the user name).
+
+The model lock is held per decode batch (the scheduler) and by fits and trainings (per step, for the background
+first-use work of EXACT and OPPU); store reads and votes do not take it.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from personalize.card.decoding import DecodingSettings
+from personalize.data import Item
+from personalize.fitting.votes import FeedbackSettings
+from personalize.humaneval.arena import Arena
+from personalize.humaneval.campaign import Campaigns
+from personalize.lm.cpu_threads import ReleasingExecutor, release_team
+from personalize.methods.engine import Engine
+from personalize.methods.registry import get_method
+from personalize.serving.scheduler import DecodeScheduler, SchedulerConfig
+from personalize.store import Store
+
+
+@dataclass(frozen=True)
+class StudioConfig:
+    artifacts: str = "data/artifacts/demo"  # the build served first
+    # every sub-folder with a build's config.json is offered, one task at a time; None: the parent of `artifacts`
+    artifacts_root: str | None = None
+    db: str = "data/studio.db"
+    demo_data: str = "data/demo"  # LaMP folder whose users the "demo user" picker offers
+    export_dir: str = "data/exports"
+    max_history_chars: int = 2_000_000  # a paste or upload larger than this is refused, not truncated
+    max_items: int = 500
+    max_prompt_chars: int = 20_000
+    # EXACT's first use scores 42 attributes × 3 steps per history pair (~15-40 s a pair for the 135M model on
+    # 2 CPU cores); the app indexes the newest few pairs, ratings add more. `eval` uses the method's default.
+    exact_pairs: int = 4
+    scheduler: SchedulerConfig = SchedulerConfig()  # the cross-request batching window
+    # the app's Save starts EXACT's attribute search and OPPU's training for the person in the background
+    first_use_in_background: bool = True
+    feedback: FeedbackSettings = FeedbackSettings()  # how much a vote counts against the history when λ is refitted
+
+    def __post_init__(self):
+        if min(self.max_history_chars, self.max_items, self.max_prompt_chars, self.exact_pairs) < 1:
+            raise ValueError("history, item, prompt and EXACT pair limits must be >= 1")
+
+
+class Runtime:
+    """The loaded build and what owns its use: one per studio, shared by every service."""
+
+    def __init__(self, engine: Engine, store: Store, cfg: StudioConfig, demo_users: dict[str, list[Item]] | None,
+                 population: dict[str, list[str]] | None):
+        self.engine, self.store, self.cfg = engine, store, cfg
+        self.arena = Arena(store)
+        self.campaigns = Campaigns(store)
+        self.judges: dict[str | None, object] = {}  # LLM judges by model id, loaded on first use
+        self.demo_users = demo_users or {}
+        self.population = population or {}
+        self.model_lock = threading.RLock()
+        self.scheduler = DecodeScheduler(engine, self.model_lock, cfg.scheduler)
+        self.methods: dict[str, object] = {}
+        # first-use work (EXACT's attribute search, OPPU's training): one at a time, beside the decodes
+        self.first_use = ReleasingExecutor(max_workers=1, thread_name_prefix="studio-first-use")
+        self.jobs: dict[tuple[str, str], dict] = {}  # (user, method) -> {"state", "done", "total", "error", ...}
+        # one background worker for model work nobody waits on: EXACT feedback, the rewrites of a saved history
+        self.background = ReleasingExecutor(max_workers=1, thread_name_prefix="studio-background")
+        self.feedback_log: list[dict] = []
+        release_team()  # the thread that loaded the engine and made the studio (the main one) keeps no team
+
+    def method(self, name: str):
+        """The method `name` on the served build (methods.registry), made once."""
+        if name not in self.methods:
+            cfg = {"max_pairs": self.cfg.exact_pairs} if name == "exact" else {}
+            if name == "oppu":  # user adapters live beside the database they belong to
+                cfg = {"folder": str(Path(self.cfg.db).parent / "oppu" / str(self.engine.artifacts_id))}
+            self.methods[name] = m = get_method(name, self.engine, self.store, **cfg)
+            if hasattr(m, "lock"):  # background first-use work takes the model lock per step, not for minutes
+                m.lock = self.model_lock
+        return self.methods[name]
+
+    # ------------------------------------------------------------ facts about the loaded artifacts
+    @property
+    def ks(self) -> list[int]:
+        return sorted(self.engine.clusters.centroids)
+
+    @property
+    def task(self):
+        return self.engine.task
+
+    def snap_k(self, k: float | int | None, previous: int | None = None) -> int:
+        """The built K nearest to a slider value (ties: the smaller). Given the K the slider came from, a value
+        between built Ks moves on to the next built K in that direction, so that one arrow-key step (2 -> 3)
+        reaches the next build (4) instead of snapping back (to 2)."""
+        if k is None:
+            return self.engine.cfg.default_k
+        k = float(k)
+        if previous is not None and k not in self.ks:
+            if k > previous and any(b > previous for b in self.ks):
+                return min((b for b in self.ks if b >= k), default=max(self.ks))
+            if k < previous and any(b < previous for b in self.ks):
+                return max((b for b in self.ks if b <= k), default=min(self.ks))
+        return min(self.ks, key=lambda b: (abs(b - k), b))
+
+    # ------------------------------------------------------------ rules several tabs apply
+    def check_prompt(self, prompt: str | None) -> str:
+        if not prompt or not prompt.strip():
+            raise ValueError("the prompt is empty: type a prompt or pick a history item")
+        if len(prompt) > self.cfg.max_prompt_chars:
+            raise ValueError(f"the prompt has {len(prompt):,} characters; the limit is {self.cfg.max_prompt_chars:,}")
+        return prompt.strip()
+
+    def settings(self, alpha: float | None = None, top_k: int | None = None,
+                 max_new_tokens: int | None = None) -> DecodingSettings:
+        s = self.engine.cfg.decoding
+        changes = {k: v for k, v in {"alpha": alpha, "top_k": None if top_k is None else int(top_k),
+                                     "max_new_tokens": None if max_new_tokens is None else int(max_new_tokens)}.items()
+                   if v is not None}
+        return replace(s, **changes)
+
+    def need_user(self, name: str | None) -> str:
+        """The user name typed at the top of the page, stripped; every tab that acts for a person needs one."""
+        if not name or not name.strip():
+            raise ValueError("enter a user name first (top of the page)")
+        return name.strip()

@@ -1,0 +1,148 @@
+"""Votes: blind pairs (Quick pair) and their votes, thumbs on a Compare column (a refit at once, CARD before and
+after), a decided vote as an EXACT preference pair, and the leaderboard."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from personalize.card.decoding import DecodingSettings
+from personalize.fitting.person import prepared_items
+from personalize.humaneval.arena import BlindPair
+from personalize.humaneval.leaderboard import LeaderboardConfig, leaderboard
+from personalize.methods.base import UserContext
+from personalize.store import StoreError
+from personalize.studio.decode import Decoding, MethodOutput
+from personalize.studio.fits import Fits
+from personalize.studio.histories import Histories, UserState
+from personalize.studio.service import Service
+
+
+class Votes(Service):
+    def __init__(self, rt, histories: Histories, decoding: Decoding, fits: Fits):
+        super().__init__(rt)
+        self.histories = histories
+        self.decoding = decoding
+        self.fits = fits
+
+    def new_pair(self, name: str, prompt: str, methods: Sequence[str], s: DecodingSettings,
+                 k: int | None = None) -> BlindPair:
+        """Two methods at random, each output generated now (or reused when this prompt and these settings
+        were already generated for the user), shown in random order."""
+        prompt = self.rt.check_prompt(prompt)
+        state = self.histories.user_state(name, k)
+        a, b = self.rt.arena.draw(methods)
+        outs = [self._reuse(state, m, prompt, s) or self.decoding.run_method(m, state, prompt, s) for m in (a, b)]
+        failed = [o for o in outs if o.error]
+        if failed:
+            raise ValueError(f"{failed[0].method} could not run: {failed[0].error}")
+        settings = {"alpha": s.alpha, "top_k": s.top_k, "max_new_tokens": s.max_new_tokens, "k": state.k,
+                    "cluster": state.cluster, "fitted": state.fitted, "artifacts": self.engine.artifacts_id}
+        return self.rt.arena.open(state.name, prompt, (a, b), (outs[0].text, outs[1].text),
+                               (outs[0].gen_id, outs[1].gen_id), settings)
+
+    def _reuse(self, state: UserState, method: str, prompt: str, s: DecodingSettings) -> MethodOutput | None:
+        want = {"alpha": s.alpha, "top_k": s.top_k, "max_new_tokens": s.max_new_tokens, "k": state.k,
+                "cluster": state.cluster, "fitted": state.fitted}
+        for g in self.store.generations(user=state.name, method=method, limit=50):
+            if g["prompt"] == prompt and g["settings"] == want and g["artifacts"] == self.engine.artifacts_id:
+                return MethodOutput(method, g["output"], g["latency_s"], g["n_tokens"], g["id"], g["extra"])
+        return None
+
+    def vote(self, pair_id: str | None, winner: str, rater: str) -> tuple[BlindPair, int]:
+        """Stores the vote; a decided vote also becomes an EXACT preference pair, in the background."""
+        pair, rid = self.rt.arena.vote(pair_id, winner, rater)
+        if winner in ("a", "b") and pair.user and pair.outputs[0].strip() != pair.outputs[1].strip():
+            win, lose = pair.outputs if winner == "a" else pair.outputs[::-1]
+            try:
+                self.store.add_feedback(pair.user, "rate", pair.prompt, win, lose, rating=rid)
+            except StoreError:
+                pass  # the user was forgotten meanwhile: the vote counts for the leaderboard only
+            else:
+                self.rt.background.submit(self._refine_quietly, pair.user)
+            self.rt.background.submit(self._exact_feedback, pair.user, pair.prompt, win, lose)
+        return pair, rid
+
+    def _refine_quietly(self, name: str) -> None:
+        try:
+            self.fits.refine(name)
+        except (ValueError, StoreError) as e:  # not fitted yet, or deleted: the vote is kept for the next fit
+            self.rt.feedback_log.append({"user": name, "refine": str(e)})
+
+    def _exact_feedback(self, name: str, prompt: str, preferred: str, other: str) -> None:
+        try:
+            with self.model_lock:
+                prepared_items(self.engine, self.store, name)
+                user = UserContext.from_store(self.store, name, self.task)
+                entry = self.rt.method("exact").add_feedback(user, prompt, preferred, other)
+            self.rt.feedback_log.append({"user": name, "prompt": prompt, "attributes": entry["attributes"]})
+        except Exception as e:  # a deleted user or a failed scoring pass must not break voting
+            self.rt.feedback_log.append({"user": name, "prompt": prompt, "error": str(e)})
+
+    def wait_feedback(self) -> None:
+        """Blocks until queued EXACT updates are done (tests, shutdown)."""
+        self.rt.background.submit(lambda: None).result()
+
+    def leaderboard(self, cfg: LeaderboardConfig = LeaderboardConfig()) -> dict:
+        return leaderboard(self.store.ratings(), cfg)
+
+    def thumb(self, name: str, prompt: str, text: str, up: bool, s: DecodingSettings, k: int | None = None,
+              before: str | None = None) -> dict:
+        """A thumbs up (this is like me) or down (this is not) on a Compare column: stored, λ refitted at once,
+        and CARD's output for the same prompt before and after. `before`: CARD's output already shown."""
+        prompt = self.rt.check_prompt(prompt)
+        if not (text or "").strip():
+            raise ValueError("this column has no output to vote on")
+        state = self.histories.user_state(name, k)
+        if before is None and state.fitted:
+            before = self.card_text(state, prompt, s)
+        self.store.add_feedback(state.name, "up" if up else "down", prompt, text if up else None, None if up else text)
+        try:
+            r = self.fits.refine(state.name)
+        except ValueError as e:  # not fitted: the vote waits for the fit
+            return {"version": None, "before": before, "after": None, "message": f"Vote kept. {e}."}
+        out = self.decoding.run_method("card", self.histories.user_state(state.name, k), prompt, s)  # stored: the next vote's "before"
+        if out.error:
+            raise ValueError(f"card could not run after the refit: {out.error}")
+        after = out.text
+        return r | {"before": before, "after": after,
+                    "message": f"λ refitted on your history and {r['n_votes']} vote{'s' * (r['n_votes'] != 1)} in "
+                               f"{r['seconds']:.2f} s (version {r['version']}). {r['verdict']}"}
+
+    def thumb_column(self, name: str, method: str, up: bool, s: DecodingSettings, k: int | None = None) -> dict:
+        """A thumb on a Compare column: the vote is on that method's newest output for the user (the one shown),
+        and "before" is CARD's output for the same prompt when Compare showed one."""
+        gens = self.store.generations(user=self.store.user(name)["name"], method=method, limit=1)
+        if not gens:
+            raise ValueError(f"no {method} output for {name!r} yet: generate in Compare first")
+        g = gens[0]
+        same = lambda c: c["prompt"] == g["prompt"] and all(  # noqa: E731
+            c["settings"].get(key) == v for key, v in (("alpha", s.alpha), ("top_k", s.top_k),
+                                                       ("max_new_tokens", s.max_new_tokens)))
+        card = [c for c in self.store.generations(user=g["user"], method="card", limit=20) if same(c)]
+        return self.thumb(g["user"], g["prompt"], g["output"], up, s, k, before=card[0]["output"] if card else None)
+
+    def card_text(self, state: UserState, prompt: str, s: DecodingSettings) -> str:
+        return self.decoding.decode("card", state, prompt, s).text
+
+    def quick_pair(self, name: str | None, prompt: str | None, fallback_prompt: str | None, templated: bool,
+                   methods: Sequence[str] | None, s: DecodingSettings, k: int | None = None,
+                   rater: str | None = None, logged_in: str | None = None) -> dict:
+        """Quick pair: a blind pair drawn now (new_pair) on pair_prompt's prompt, and whether the rater
+        (arena.rater_id: the logged-in name under --auth, else the typed id) already voted on these two outputs.
+        Returns {"user", "pair": BlindPair, "rater", "seen": bool}."""
+        from personalize.humaneval.arena import rater_id
+
+        name = self.rt.need_user(name)
+        who = rater_id(rater, logged_in)
+        pair = self.new_pair(name, self.histories.pair_prompt(prompt, fallback_prompt, templated), methods or [], s, k)
+        return {"user": name, "pair": pair, "rater": who, "seen": self.store.has_rating(who, *pair.gen_ids)}
+
+    def vote_as(self, pair_id: str | None, winner: str, rater: str | None = None,
+                logged_in: str | None = None) -> tuple[BlindPair, int, str]:
+        """A vote from the page, counted under arena.rater_id (with --auth: the logged-in name, always):
+        (pair, rating id, rater)."""
+        from personalize.humaneval.arena import rater_id
+
+        who = rater_id(rater, logged_in)
+        pair, rid = self.vote(pair_id, winner, who)
+        return pair, rid, who

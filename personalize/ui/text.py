@@ -1,0 +1,88 @@
+"""The page's text: the Markdown the tabs show for what the studio did (the title line, Save's status, the cluster
+summary and distance table, Fit's report, the harm guard's note), from the Studio façade's facts. Text from
+people and models enters it escaped by the caller (display.md)."""
+
+from __future__ import annotations
+
+from personalize.methods.engine import UserFit
+from personalize.studio.fits import fit_verdict
+from personalize.studio.histories import UserState
+
+
+def header(studio) -> str:
+    """What the app's title line says about the build being served."""
+    return (f"# Personalization studio\nCARD (cluster LoRA + user vector) next to the base model, EXACT, RAG, PAG, "
+            f"COPE, OPPU and Profile-to-PEFT. Artifacts `{studio.engine.artifacts_id}` (task {studio.task.name}, "
+            f"model {studio.engine.lm.model_id}, K ∈ {studio.ks}); choose another task in *My writing* to switch.")
+
+
+def save_message(studio, res: dict) -> str:
+    """The My writing status line after a save."""
+    k = studio.engine.cfg.default_k
+    n, dup = res["n_items"], res.get("duplicates", 0)
+    dropped = f" ({dup} duplicate item{'' if dup == 1 else 's'} dropped)" if dup else ""
+    task = res.get("task", studio.task.name)
+    note = "" if task == studio.task.name else (
+        f" No build for **{task}** is loaded: these artifacts were built for **{studio.task.name}**, so prompts "
+        "use that task's template.")
+    near = f", {res['closeness']}" if res.get("closeness") else ""
+    nearer = f"\n\n{res['nearer']}" if res.get("nearer") else ""
+    return (f"Saved **{n}** item{'' if n == 1 else 's'} for **{res['name']}**{dropped}; cluster at K = {k}: "
+            f"**{res['clusters'][k]}**{near}. Next: *Fit my style*.{note}{nearer}")
+
+
+def distance_table(state: UserState) -> str:
+    """The distance to every centroid as a Markdown table, the user's own cluster marked in a column."""
+    rows = [f"| {c} | {d:.4f} | {'◀ you' if c == state.cluster else ''} |" for c, d in enumerate(state.distances)]
+    return "\n".join(["| cluster | distance | yours |", "|---|---|---|", *rows])
+
+
+def cluster_summary(studio, state: UserState) -> str:
+    return (f"**{state.name}** is in cluster **{state.cluster}** of K = {state.k}, "
+            f"{studio.closeness(state.k, state.distances)}.\n\n{distance_table(state)}")
+
+
+def fit_message(studio, name: str, fit: UserFit, total_s: float, shown_name: str | None = None) -> str:
+    """Fit my style's report as Markdown: the verdict in plain words, seconds per stage (and the wait for a
+    busy model), held-out accuracies, bytes stored. `shown_name`: the name as the page shows it (the caller
+    escapes it); default `name`."""
+    lines = [f"Fitted **{shown_name or name}** in **{total_s:.2f} s** ({fit.n_items} items, cluster "
+             f"{fit.cluster} of K = {fit.k}, objective {fit.objective}).", "", "| stage | seconds |", "|---|---|"]
+    waited = total_s - fit.total_s
+    if waited > 0.5:  # the model was busy: the rewrites started at Save (or another person's request)
+        lines.append(f"| waiting for the model (neutral rewrites started at Save) | {waited:.3f} |")
+    lines += [f"| {s} | {v:.3f} |" for s, v in fit.stages_s.items()]
+    d = fit.diagnostics
+    if fit.cold_start:
+        lines.append(f"\n**Cold start**: fewer than {studio.engine.cfg.min_fit_items} items, so λ = 1 "
+                     "(your cluster's shared head). Add more writing and refit.")
+    else:  # the answer first, in plain words: does the vector beat the cluster model?
+        lines.insert(1, f"\n**{fit_verdict(d, fallback=studio.engine.cfg.style.fallback)}**\n")
+        if d.get("n"):
+            lines.append(f"\nHeld-out accuracy ({d.get('unit', 'tokens')}, n = {d['n']}): own style "
+                         f"**{d.get('acc_own', float('nan')):.3f}**"
+                         + (f", λ = 1 {d['acc_ones']:.3f}" if "acc_ones" in d else "")
+                         + (f", other users' λ {d['acc_other']:.3f}" if "acc_other" in d else "")
+                         + (f", no head {d['acc_no_head']:.3f}" if "acc_no_head" in d else "")
+                         + (f", likelihood rule {d['acc_logprob_rule']:.3f}" if "acc_logprob_rule" in d else "")
+                         + (f", γ·Δlogp alone {d['acc_covariate_only']:.3f}" if "acc_covariate_only" in d
+                            else "")
+                         + (f"; user-specificity gap {d['specificity_gap']:+.4f}" if "specificity_gap" in d
+                            else ""))
+    if not fit.cold_start and (note := guard_note(studio)):
+        lines.insert(2, note)
+    lines.append(f"\nStored: {studio.store.vector_bytes(name, studio.engine.artifacts_id)} bytes.")
+    return "\n".join(lines)
+
+
+def guard_note(studio) -> str | None:
+    """In plain words, when the build's harm guard (tune.harm_guard) kept `card` at the cluster model: on this
+    build's task no setting of the style moved the text above noise for its validation people (people who
+    differ in topic more than in form), so Compare's default α is 0 and nothing only looks personal."""
+    guard = studio.engine.meta.get("report", {}).get("tune", {}).get("guard")
+    if not guard or guard.get("kept", True) or studio.engine.cfg.decoding.alpha > 0:
+        return None
+    return (f"On this build's task (**{studio.task.name}**) CARD writes as your cluster's model: on its "
+            f"{guard.get('people', 'validation')} validation people no setting of the style moved the text "
+            "above noise, so α starts at 0 here. Your style is fitted all the same: Why and Explore show it, "
+            "and the α slider in Compare applies it.")
