@@ -69,8 +69,8 @@ sys.path.insert(0, ROOT)
 import numpy as np
 from personalize.data import Item
 from personalize.store import Store
-from personalize.engine import Engine
-from personalize.onboard import onboard
+from personalize.methods.engine import Engine
+from personalize.fitting.person import onboard
 from personalize.methods.base import UserContext
 from personalize.methods.oppu import OppuConfig, OppuMethod, adapter_id
 

@@ -58,13 +58,13 @@ def test_two_processes_convert_the_bundled_model_once(tmp_path: Path) -> None:
 
 
 _CARD = """
-from personalize.adapters import LoraSettings
-from personalize.build import build
-from personalize.config import CardConfig
-from personalize.decoding import DecodingSettings
-from personalize.head import HeadSettings
-from personalize.models import ModelConfig
-from personalize.tokens import TokenBudget
+from personalize.card.adapters import LoraSettings
+from personalize.fitting.build import build
+from personalize.card.config import CardConfig
+from personalize.card.decoding import DecodingSettings
+from personalize.card.head import HeadSettings
+from personalize.lm.models import ModelConfig
+from personalize.lm.tokens import TokenBudget
 card = CardConfig(model=ModelConfig({lm!r}, device="cpu"), ks=(1, 2), default_k=2, budget=TokenBudget(32, 12),
                   items_per_user=8, n_val_users=2,
                   lora=LoraSettings(r=4, alpha=8, targets=("q_proj", "v_proj"), batch_size=4, base_steps=2,
