@@ -14,9 +14,6 @@ from personalize.studio.service import Service
 
 
 class CampaignDesk(Service):
-    def __init__(self, rt):
-        super().__init__(rt)
-
     def create_campaign(self, name: str, data: str | Path, split: str = "dev", limit: int = 10,
                         methods: Sequence[str] = ("base", "cluster", "card"), reference: bool = False,
                         mode: str = "pairwise", raters_per_item: int = 3, attention_every: int = 0,
