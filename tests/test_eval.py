@@ -156,3 +156,36 @@ def test_eval_reports_each_golds_log_prob_under_each_methods_own_rows(engine, tw
     assert first["base_gold_logprob"] == pytest.approx(plain, abs=1e-3)
     assert any(p["oppu_gold_logprob"] != p["cluster_gold_logprob"] for p in res["predictions"])
     assert "card - oppu" in res["gold_logprob_differences"] and "card - oppu" in res["differences"]
+
+
+def test_card_personal_decodes_at_the_alpha_chosen_on_the_persons_held_out_items(engine, tiny_artifacts, two_sources):
+    """The α is chosen among the candidates by the held-out items' ROUGE-L (ties keep the build's); at the build's
+    α card_personal writes what card writes, at 0 what the cluster model writes (with a note); eval reports it."""
+    from personalize.methods.card.personal import choose_alpha
+    from personalize.metrics import rouge_per_query
+
+    task, qs = read_lamp(tiny_artifacts["demo"], "dev")
+    items = engine.prepare_items(list(qs[0].profile[:10]))
+    fit = engine.fit(items)
+    assert fit.n_hold >= 1 and fit.held_style is not None
+    choice = choose_alpha(engine, fit, items)
+    a0 = engine.cfg.decoding.alpha
+    assert set(choice.scores) == {0.0, a0 / 2, a0, 2 * a0} and choice.n_items == fit.n_hold
+    assert choice.scores[choice.alpha] == max(choice.scores.values())
+    assert choice.alpha == a0 or choice.scores[choice.alpha] > choice.scores[a0]
+    held = items[: fit.n_hold]  # the α = 0 score is the cluster model's outputs on those items, decoded alone
+    alone = card_decode.generate(engine, [it.x for it in held], "cluster", fit.cluster, k=fit.k)
+    assert choice.scores[0.0] == pytest.approx(np.mean(rouge_per_query([g.text for g in alone], [it.y for it in held])))
+    prompt = qs[0].input
+    card = card_decode.generate(engine, [prompt], "card", fit.cluster, fit.style)[0]
+    mine = card_decode.generate(engine, [prompt], "card_personal", fit.cluster, replace(fit.style, alpha=a0))[0]
+    assert mine.text == card.text
+    cluster = card_decode.generate(engine, [prompt], "cluster", fit.cluster)[0]
+    off = card_decode.generate(engine, [prompt], "card_personal", fit.cluster, replace(fit.style, alpha=0.0))[0]
+    assert off.text == cluster.text and off.note
+    folder, left_out = two_sources
+    res = run_eval(engine, folder, "dev", ["cluster", "card", "card_personal"], sources=["left/out"], limit=3,
+                   n_boot=100)
+    assert sum(res["settings"]["personal_alpha"]["counts"].values()) == 3
+    assert all(p["card_personal_alpha"] in {0.0, a0 / 2, a0, 2 * a0} for p in res["predictions"])
+    assert "card_personal - card" in res["differences"]

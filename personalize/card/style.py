@@ -81,6 +81,7 @@ class UserStyle:
     keys: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float16))  # [N, H] unit-norm states
     values: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [N] the token that followed
     helps: bool | None = None  # None: too few items to tell
+    alpha: float | None = None  # the person's own α (methods/card/personal.py, card_personal); None: the build's
 
     @classmethod
     def of(cls, lam) -> "UserStyle":

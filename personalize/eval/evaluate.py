@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from personalize.card.adapters import adapter_name
 from personalize.data import Item, read_lamp, select_sources
-from personalize.catalog import BENCH_METHODS, CARD_METHODS, CORE_METHODS, RERANK, VARIANTS
+from personalize.catalog import BENCH_METHODS, CARD_METHODS, CORE_METHODS, PERSONAL, RERANK, VARIANTS
 from personalize.methods.engine import Engine, UserFit
 from personalize.card.head import fit_user
 from personalize.methods.registry import METHODS, get_method
@@ -37,6 +37,7 @@ from personalize.metrics import looping, paired_interval, rouge_per_query, rouge
 from personalize.card.style import style_diagnostics, variant
 from personalize.store import Store
 from personalize.methods.card import decode as card_decode
+from personalize.methods.card.personal import choose_alpha
 
 SHUFFLED = {"card_shuffled": "card", "card_rerank_shuffled": RERANK}  # the method decoded with another person's style
 # eval's own columns beside the registry's methods: the core, CARD's variants, the shuffled control, the floor
@@ -86,6 +87,7 @@ def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence
         profiles.append(engine.prepare_items(q.profile[:max_items]))
         fits.append(engine.fit(profiles[-1]))
     onboard_s = time.perf_counter() - t0
+    personal = personal_alphas(engine, fits, profiles) if PERSONAL in methods else {}
     partner = shuffled_partners([f.cluster for f in fits], seed)
     preds: dict[str, list[str]] = {}
     gold_lp: dict[str, list[float | None]] = {}  # each gold's log-prob per token under the method's own rows
@@ -127,11 +129,25 @@ def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence
                          "repetition_penalty": engine.cfg.decoding.repetition_penalty,
                          "no_repeat_ngram": engine.cfg.decoding.no_repeat_ngram, "k": engine.cfg.default_k,
                          "objective": engine.cfg.objectives[0], "style": dataclasses.asdict(engine.cfg.style),
-                         "rerank": dataclasses.asdict(engine.cfg.rerank), "onboarding_s_total": round(onboard_s, 1), "method_configs": method_configs or {}},
+                         "rerank": dataclasses.asdict(engine.cfg.rerank), "onboarding_s_total": round(onboard_s, 1),
+                         "method_configs": method_configs or {}}
+            | ({"personal_alpha": {k: v for k, v in personal.items() if k != "alphas"}} if personal else {}),
             "predictions": [{"id": q.id, "user": q.user, "source": q.source, "gold": q.gold,
                              **{m: preds[m][i] for m in methods},
+                             **({f"{PERSONAL}_alpha": personal["alphas"][i]} if personal else {}),
                              **{f"{m}_gold_logprob": round(v[i], 4) for m, v in scored.items()},
                              **{f"{m}_candidates": c[i] for m, c in candidates.items()}} for i, q in enumerate(queries)]}
+
+
+def personal_alphas(engine: Engine, fits: Sequence[UserFit], profiles: Sequence[Sequence[Item]]) -> dict:
+    """card_personal's α for every person (methods/card/personal.py), set on their style; what it cost and chose."""
+    t0, chosen = time.perf_counter(), []
+    for f, items in zip(tqdm(fits, desc="own α", mininterval=2.0), profiles):
+        if f.style is not None:
+            f.style.alpha = choose_alpha(engine, f, items).alpha
+        chosen.append(None if f.style is None else f.style.alpha)
+    counts = {str(a): chosen.count(a) for a in sorted({a for a in chosen if a is not None})}
+    return {"alphas": chosen, "counts": counts, "seconds_per_person": round((time.perf_counter() - t0) / len(fits), 3)}
 
 
 NO_GOLD_LOGPROB = {  # methods whose gold log-prob eval does not report, and why
@@ -240,9 +256,10 @@ def paired_differences(per_query: dict[str, list[float]], n_boot: int = 1000, se
     """Mean ROUGE-L difference and its paired bootstrap 95 % interval (queries resampled) for each pair that
     the comparison rests on, among the methods present."""
     pairs = [("card", "cluster"), ("cluster", "base"), ("card", "base"), ("card", "card_shuffled"),
-             ("card", "bm25_copy"), ("card", "card_paper"), (RERANK, "card"), (RERANK, "card_rerank_shuffled")]
+             ("card", "bm25_copy"), ("card", "card_paper"), (RERANK, "card"), (RERANK, "card_rerank_shuffled"),
+             (PERSONAL, "card"), (PERSONAL, "bm25_copy")]
     pairs += [(v, "cluster") for v in ("card_paper", *VARIANTS, "oppu") if v != "card_shuffled"]
-    pairs += [("card", "oppu")]  # OPPU, the per-person LoRA, is the bar
+    pairs += [("card", "oppu"), (PERSONAL, "oppu")]  # OPPU, the per-person LoRA, is the bar
     rng = np.random.default_rng(seed)
     out = {}
     for a, b in dict.fromkeys(pairs):

@@ -6,18 +6,21 @@ person whose style lost to it on their held-out items. method.py's classes are t
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 from personalize.card import decoding
 from personalize.card.adapters import BASE_ADAPTER, adapter_name
 from personalize.card.decoding import DecodingSettings, Generation
-from personalize.catalog import CARD_METHODS, CORE_METHODS, RERANK, VARIANTS
+from personalize.catalog import CARD_METHODS, CORE_METHODS, PERSONAL, RERANK, VARIANTS
 from personalize.data import Item
 from personalize.methods.card.steer import CardSteer, card_parts, person_styles
 from personalize.serving.rows import DecodeRow
 
 FALLBACK_NOTE = ("your style did not beat your cluster's model on your own held-out items, "
                  "so this is the cluster model's output")
+PERSONAL_ZERO_NOTE = ("at your own α, chosen on your held-out items, your style is off: this is the cluster "
+                      "model's output")
 
 
 def generate(engine, prompts: Sequence[str], method: str, cluster: int | None = None, lam=None,
@@ -45,6 +48,9 @@ def generate(engine, prompts: Sequence[str], method: str, cluster: int | None = 
         return rerank(engine, [Query(p, cluster or 0, k, st) for p, st in zip(prompts, person_styles(
             lam, len(prompts), engine.heads[objective or engine.cfg.objectives[0]].d))], s, objective=objective,
             budget=budget)
+    if method == PERSONAL:  # one α per row: the mixed batch's rows carry their own settings
+        return engine.decode_rows(rows(engine, prompts, method, cluster, lam, k, settings, objective, trace, budget,
+                                       items))
     engine.use_adapter(adapter_name(k, cluster or 0) if k > 1 else BASE_ADAPTER)
     if method == "cluster":
         return decoding.generate(engine.model, engine.tok, list(prompts), budget, s)
@@ -87,13 +93,17 @@ def rows(engine, prompts: Sequence[str], method: str, cluster: int | None = None
     head, style, styles, s = card_parts(engine, method, lam, len(prompts), s, objective)
     out: list[DecodeRow] = []
     for p, st in zip(prompts, styles):
+        s_row = replace(s, alpha=st.alpha) if method == PERSONAL and st.alpha is not None else s
         if style.fallback and st.helps is False:
             out.append(DecodeRow(p, budget, s, ada, note=FALLBACK_NOTE))
+            continue
+        if method == PERSONAL and s_row.alpha == 0:
+            out.append(DecodeRow(p, budget, s, ada, note=PERSONAL_ZERO_NOTE))
             continue
         card_prompt, card_budget = p, budget
         if style.retrieval and items:
             (card_prompt,), card_budget = retrieval_prompts(engine, items, [p], budget)
-        out.append(DecodeRow(card_prompt, card_budget, s, ada, CardSteer(head, st, style, engine.cfg.head.n_layers),
+        out.append(DecodeRow(card_prompt, card_budget, s_row, ada, CardSteer(head, st, style, engine.cfg.head.n_layers),
                              want_trace=trace))
     return out
 
