@@ -158,34 +158,60 @@ def test_eval_reports_each_golds_log_prob_under_each_methods_own_rows(engine, tw
     assert "card - oppu" in res["gold_logprob_differences"] and "card - oppu" in res["differences"]
 
 
-def test_card_personal_decodes_at_the_alpha_chosen_on_the_persons_held_out_items(engine, tiny_artifacts, two_sources):
-    """The α is chosen among the candidates by the held-out items' ROUGE-L (ties keep the build's); at the build's
-    α card_personal writes what card writes, at 0 what the cluster model writes (with a note); eval reports it."""
-    from personalize.methods.card.personal import choose_alpha
-    from personalize.metrics import rouge_per_query
+def test_card_personal_decodes_at_the_setting_chosen_on_the_persons_held_out_items(engine, tiny_artifacts, two_sources):
+    """The setting is the candidate whose held-out outputs score best (ties keep the build's); at the build's α
+    card_personal writes what card writes, at α = 0 what the cluster model writes (with a note), with retrieval
+    what card_rag writes; eval reports the choice."""
+    from personalize.methods.card.personal import candidates
 
     task, qs = read_lamp(tiny_artifacts["demo"], "dev")
     items = engine.prepare_items(list(qs[0].profile[:10]))
     fit = engine.fit(items)
     assert fit.n_hold >= 1 and fit.held_style is not None
-    choice = choose_alpha(engine, fit, items)
+    assert [o.alpha for o in candidates(0.0)] == [0.0, 0.5, 1.0, 2.0, 1.0]  # a guard's α = 0: scaled from 1
+    cfg = engine.cfg
+    engine.cfg = replace(cfg, decoding=replace(cfg.decoding, alpha=1.0))  # the style on, whatever the tiny build chose
+    try:
+        _check_card_personal(engine, fit, items, qs[0].input, two_sources)
+    finally:
+        engine.cfg = cfg
+
+
+def _check_card_personal(engine, fit, items, prompt, two_sources):
+    from personalize.card.style import OwnSetting
+    from personalize.methods.card.personal import candidates, choose_own_setting
+    from personalize.metrics import rouge_per_query
+
+    choice = choose_own_setting(engine, fit, items)
     a0 = engine.cfg.decoding.alpha
-    assert set(choice.scores) == {0.0, a0 / 2, a0, 2 * a0} and choice.n_items == fit.n_hold
-    assert choice.scores[choice.alpha] == max(choice.scores.values())
-    assert choice.alpha == a0 or choice.scores[choice.alpha] > choice.scores[a0]
+    build = OwnSetting(a0)
+    assert list(choice.scores) == candidates(a0) and choice.n_items == fit.n_hold
+    assert {o.alpha for o in choice.scores} == {0.0, a0 / 2, a0, 2 * a0} and OwnSetting(a0, True) in choice.scores
+    assert choice.scores[choice.setting] == max(choice.scores.values())
+    assert choice.setting == build or choice.scores[choice.setting] > choice.scores[build]
     held = items[: fit.n_hold]  # the α = 0 score is the cluster model's outputs on those items, decoded alone
     alone = card_decode.generate(engine, [it.x for it in held], "cluster", fit.cluster, k=fit.k)
-    assert choice.scores[0.0] == pytest.approx(np.mean(rouge_per_query([g.text for g in alone], [it.y for it in held])))
-    prompt = qs[0].input
+    assert choice.scores[OwnSetting(0.0)] == pytest.approx(
+        np.mean(rouge_per_query([g.text for g in alone], [it.y for it in held])))
     card = card_decode.generate(engine, [prompt], "card", fit.cluster, fit.style)[0]
-    mine = card_decode.generate(engine, [prompt], "card_personal", fit.cluster, replace(fit.style, alpha=a0))[0]
+    mine = card_decode.generate(engine, [prompt], "card_personal", fit.cluster, replace(fit.style, own=build))[0]
     assert mine.text == card.text
     cluster = card_decode.generate(engine, [prompt], "cluster", fit.cluster)[0]
-    off = card_decode.generate(engine, [prompt], "card_personal", fit.cluster, replace(fit.style, alpha=0.0))[0]
+    off = card_decode.generate(engine, [prompt], "card_personal", fit.cluster, replace(fit.style, own=OwnSetting(0.0)))[0]
     assert off.text == cluster.text and off.note
+    rag = card_decode.generate(engine, [prompt], "card_rag", fit.cluster, fit.style, items=items)[0]
+    paper = replace(engine.cfg.style, bias=False, memory=False, fallback=False)  # card_rag's parts, no retrieval
+    cfg = engine.cfg
+    try:
+        engine.cfg = replace(cfg, style=paper)
+        own_rag = card_decode.generate(engine, [prompt], "card_personal", fit.cluster,
+                                       replace(fit.style, own=OwnSetting(a0, True)), items=items)[0]
+    finally:
+        engine.cfg = cfg
+    assert own_rag.text == rag.text
     folder, left_out = two_sources
     res = run_eval(engine, folder, "dev", ["cluster", "card", "card_personal"], sources=["left/out"], limit=3,
                    n_boot=100)
-    assert sum(res["settings"]["personal_alpha"]["counts"].values()) == 3
-    assert all(p["card_personal_alpha"] in {0.0, a0 / 2, a0, 2 * a0} for p in res["predictions"])
+    assert sum(res["settings"]["personal"]["counts"].values()) == 3
+    assert all(p["card_personal_setting"]["alpha"] in {0.0, a0 / 2, a0, 2 * a0} for p in res["predictions"])
     assert "card_personal - card" in res["differences"]

@@ -71,6 +71,18 @@ def variant(name: str, default: StyleSettings) -> StyleSettings:
     return replace(default, **VARIANTS[name])
 
 
+@dataclass(frozen=True)
+class OwnSetting:
+    """The style's α and parts chosen for one person on their own held-out items (methods/card/personal.py)."""
+
+    alpha: float
+    retrieval: bool = False  # their nearest items before the prompt
+
+    def __post_init__(self):
+        if self.alpha < 0:
+            raise ValueError(f"α must be >= 0, got {self.alpha}")
+
+
 @dataclass
 class UserStyle:
     """One person: λ (the paper's user vector), a sparse token bias, a kNN memory, and whether it helps."""
@@ -81,7 +93,7 @@ class UserStyle:
     keys: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float16))  # [N, H] unit-norm states
     values: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [N] the token that followed
     helps: bool | None = None  # None: too few items to tell
-    alpha: float | None = None  # the person's own α (methods/card/personal.py, card_personal); None: the build's
+    own: OwnSetting | None = None  # card_personal's α and parts for this person (None: the build's)
 
     @classmethod
     def of(cls, lam) -> "UserStyle":

@@ -37,7 +37,7 @@ from personalize.metrics import looping, paired_interval, rouge_per_query, rouge
 from personalize.card.style import style_diagnostics, variant
 from personalize.store import Store
 from personalize.methods.card import decode as card_decode
-from personalize.methods.card.personal import choose_alpha
+from personalize.methods.card.personal import choose_own_setting
 
 SHUFFLED = {"card_shuffled": "card", "card_rerank_shuffled": RERANK}  # the method decoded with another person's style
 # eval's own columns beside the registry's methods: the core, CARD's variants, the shuffled control, the floor
@@ -87,7 +87,7 @@ def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence
         profiles.append(engine.prepare_items(q.profile[:max_items]))
         fits.append(engine.fit(profiles[-1]))
     onboard_s = time.perf_counter() - t0
-    personal = personal_alphas(engine, fits, profiles) if PERSONAL in methods else {}
+    personal = personal_settings(engine, fits, profiles) if PERSONAL in methods else {}
     partner = shuffled_partners([f.cluster for f in fits], seed)
     preds: dict[str, list[str]] = {}
     gold_lp: dict[str, list[float | None]] = {}  # each gold's log-prob per token under the method's own rows
@@ -131,23 +131,27 @@ def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence
                          "objective": engine.cfg.objectives[0], "style": dataclasses.asdict(engine.cfg.style),
                          "rerank": dataclasses.asdict(engine.cfg.rerank), "onboarding_s_total": round(onboard_s, 1),
                          "method_configs": method_configs or {}}
-            | ({"personal_alpha": {k: v for k, v in personal.items() if k != "alphas"}} if personal else {}),
+            | ({"personal": {k: v for k, v in personal.items() if k != "chosen"}} if personal else {}),
             "predictions": [{"id": q.id, "user": q.user, "source": q.source, "gold": q.gold,
                              **{m: preds[m][i] for m in methods},
-                             **({f"{PERSONAL}_alpha": personal["alphas"][i]} if personal else {}),
+                             **({f"{PERSONAL}_setting": personal["chosen"][i]} if personal else {}),
                              **{f"{m}_gold_logprob": round(v[i], 4) for m, v in scored.items()},
                              **{f"{m}_candidates": c[i] for m, c in candidates.items()}} for i, q in enumerate(queries)]}
 
 
-def personal_alphas(engine: Engine, fits: Sequence[UserFit], profiles: Sequence[Sequence[Item]]) -> dict:
-    """card_personal's α for every person (methods/card/personal.py), set on their style; what it cost and chose."""
+def personal_settings(engine: Engine, fits: Sequence[UserFit], profiles: Sequence[Sequence[Item]]) -> dict:
+    """card_personal's setting for every person (methods/card/personal.py), set on their style; what it chose
+    and cost."""
     t0, chosen = time.perf_counter(), []
-    for f, items in zip(tqdm(fits, desc="own α", mininterval=2.0), profiles):
+    for f, items in zip(tqdm(fits, desc="own setting", mininterval=2.0), profiles):
         if f.style is not None:
-            f.style.alpha = choose_alpha(engine, f, items).alpha
-        chosen.append(None if f.style is None else f.style.alpha)
-    counts = {str(a): chosen.count(a) for a in sorted({a for a in chosen if a is not None})}
-    return {"alphas": chosen, "counts": counts, "seconds_per_person": round((time.perf_counter() - t0) / len(fits), 3)}
+            f.style.own = choose_own_setting(engine, f, items).setting
+        chosen.append(None if f.style is None else dataclasses.asdict(f.style.own))
+    counts: dict[str, int] = {}
+    for c in chosen:
+        key = "none" if c is None else f"alpha={c['alpha']:g}" + (" +retrieval" if c["retrieval"] else "")
+        counts[key] = counts.get(key, 0) + 1
+    return {"chosen": chosen, "counts": counts, "seconds_per_person": round((time.perf_counter() - t0) / len(fits), 3)}
 
 
 NO_GOLD_LOGPROB = {  # methods whose gold log-prob eval does not report, and why
@@ -212,13 +216,13 @@ def decode_people(engine: Engine, method: str, prompts: Sequence[str], fits: Seq
                   styles: Sequence, items: Sequence[Sequence[Item]], settings=None, batch: int = 8,
                   desc: str | None = None, traces: list | None = None) -> list[str]:
     """One output per person for a core method or CARD variant: people of a cluster decode together in batches;
-    a CARD that retrieves the person's own items into the prompt decodes each person alone. `traces`: filled
+    card_personal and a CARD that retrieves the person's own items into the prompt decode each person alone. `traces`: filled
     with each output's Generation.trace (card_rerank: its candidates and their scores)."""
     out = [""] * len(prompts)
     groups: dict[int, list[int]] = {}
     for i, f in enumerate(fits):
         groups.setdefault(-1 if method == "base" else f.cluster, []).append(i)
-    alone = method in CARD_METHODS and variant(method, engine.cfg.style).retrieval
+    alone = method == PERSONAL or (method in CARD_METHODS and variant(method, engine.cfg.style).retrieval)
     for c, idx in tqdm(groups.items(), desc=desc, mininterval=2.0, disable=desc is None):
         for j in range(0, len(idx), 1 if alone else batch):
             b = idx[j: j + (1 if alone else batch)]

@@ -93,15 +93,16 @@ def rows(engine, prompts: Sequence[str], method: str, cluster: int | None = None
     head, style, styles, s = card_parts(engine, method, lam, len(prompts), s, objective)
     out: list[DecodeRow] = []
     for p, st in zip(prompts, styles):
-        s_row = replace(s, alpha=st.alpha) if method == PERSONAL and st.alpha is not None else s
+        own = st.own if method == PERSONAL else None
+        s_row = s if own is None else replace(s, alpha=own.alpha)
         if style.fallback and st.helps is False:
             out.append(DecodeRow(p, budget, s, ada, note=FALLBACK_NOTE))
             continue
-        if method == PERSONAL and s_row.alpha == 0:
+        if own is not None and own.alpha == 0:
             out.append(DecodeRow(p, budget, s, ada, note=PERSONAL_ZERO_NOTE))
             continue
         card_prompt, card_budget = p, budget
-        if style.retrieval and items:
+        if (style.retrieval or (own is not None and own.retrieval)) and items:
             (card_prompt,), card_budget = retrieval_prompts(engine, items, [p], budget)
         out.append(DecodeRow(card_prompt, card_budget, s_row, ada, CardSteer(head, st, style, engine.cfg.head.n_layers),
                              want_trace=trace))
