@@ -52,6 +52,9 @@ CATALOG: tuple[MethodInfo, ...] = (
                style=dict(bias=False, memory=False, retrieval=True, fallback=False)),
     # the build's style at the person's own α, chosen on their held-out items during the fit (personal.py)
     MethodInfo("card_personal", "variant", "the build's style at the person's own α (0: the cluster model)"),
+    # the person's nearest items before the prompt, amplified against the prompt alone (contrast.py); no head
+    MethodInfo("card_cad", "variant", "the person's nearest items, amplified by context-aware decoding",
+               style=dict(bias=False, memory=False, retrieval=True, fallback=False)),
     # the build's style (λ, bias, memory) as a sequence score: the cluster model's candidates reranked (rerank.py)
     MethodInfo("card_rerank", "variant", "the cluster model's candidates reranked under the whole style",
                style=dict(retrieval=False, fallback=False)),
@@ -67,6 +70,7 @@ COMPARED = tuple(m.name for m in CATALOG if m.family == "compared")  # the metho
 VARIANTS: dict[str, dict] = {m.name: m.style for m in CATALOG if m.family == "variant"}
 CARD_METHODS = ("card", *VARIANTS)  # the default CARD and its variants
 RERANK = "card_rerank"  # decodes in two stages (candidates, then one scoring pass): no single row
+CONTRAST = "card_cad"  # a row and its twin without the person's items (context-aware decoding), no head
 PERSONAL = "card_personal"  # each row at its person's own α (UserStyle.alpha), chosen when they are fitted
 SLOW_FIRST_USE = tuple(m.name for m in CATALOG if m.slow_first_use)
 BENCH_METHODS = tuple(m.name for m in sorted((m for m in CATALOG if m.bench is not None), key=lambda m: m.bench))

@@ -215,3 +215,44 @@ def _check_card_personal(engine, fit, items, prompt, two_sources):
     assert sum(res["settings"]["personal"]["counts"].values()) == 3
     assert all(p["card_personal_setting"]["alpha"] in {0.0, a0 / 2, a0, 2 * a0} for p in res["predictions"])
     assert "card_personal - card" in res["differences"]
+
+
+def test_card_cad_contrasts_the_prompt_with_the_persons_items_against_the_prompt_alone(engine, tiny_artifacts):
+    """Context-aware decoding in the mixed batch (a twin row with its own prompt): its first token is the argmax of
+    (1+β)·log p(t | items, x) − β·log p(t | x) among the tokens p(t | items, x) finds plausible; at β = 0 it is
+    the cluster model given the person's items; without items, the cluster model."""
+    import torch
+
+    from personalize.card import decoding
+    from personalize.card.adapters import adapter_name
+    from personalize.lm.tokens import prompt_ids
+    from personalize.methods.card.contrast import ContrastConfig, ContrastSteer
+    from personalize.serving.rows import DecodeRow
+
+    task, qs = read_lamp(tiny_artifacts["demo"], "dev")
+    items = engine.prepare_items(list(qs[0].profile[:6]))
+    fit = engine.fit(items)
+    prompt, k = qs[0].input, engine.cfg.default_k
+    ada = adapter_name(k, fit.cluster) if k > 1 else "k1c0"
+    s = replace(engine.cfg.decoding, max_new_tokens=4)
+    rows = card_decode.rows(engine, [prompt], "card_cad", fit.cluster, k=k, settings=s, items=items, trace=True)
+    cad = engine.decode_rows(rows)[0]
+    assert cad.text == card_decode.generate(engine, [prompt], "card_cad", fit.cluster, k=k, settings=s,
+                                            items=items)[0].text
+    (with_items,), wide = card_decode.retrieval_prompts(engine, items, [prompt], engine.cfg.budget)
+    engine.use_adapter(ada)
+    with torch.no_grad():
+        lp = [engine.model(input_ids=torch.tensor([prompt_ids(engine.tok, p, wide)])).logits[0, -1].float()
+              .log_softmax(-1) for p in (with_items, prompt)]
+    cfg = ContrastConfig()
+    plausible = lp[0] >= lp[0].max() + torch.log(torch.tensor(cfg.tau))
+    score = torch.where(plausible, (1 + cfg.beta) * lp[0] - cfg.beta * lp[1], torch.tensor(float("-inf")))
+    assert int(cad.trace[0]["token"]) == int(score.argmax())
+    zero = engine.decode_rows([DecodeRow(with_items, wide, s, ada, ContrastSteer(0.0, cfg.tau, ada,
+                                                                                  plain_prompt=prompt))])[0]
+    engine.use_adapter(ada)
+    assert zero.text == decoding.generate(engine.model, engine.tok, [with_items], wide, s)[0].text
+    alone = card_decode.generate(engine, [prompt], "card_cad", fit.cluster, k=k, settings=s)[0]
+    assert alone.text == card_decode.generate(engine, [prompt], "cluster", fit.cluster, k=k, settings=s)[0].text
+    with pytest.raises(ValueError):
+        ContrastConfig(beta=-1)

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from personalize.card.adapters import adapter_name
 from personalize.data import Item, read_lamp, select_sources
-from personalize.catalog import BENCH_METHODS, CARD_METHODS, CORE_METHODS, PERSONAL, RERANK, VARIANTS
+from personalize.catalog import BENCH_METHODS, CARD_METHODS, CONTRAST, CORE_METHODS, PERSONAL, RERANK, VARIANTS
 from personalize.methods.engine import Engine, UserFit
 from personalize.card.head import fit_user
 from personalize.methods.registry import METHODS, get_method
@@ -158,6 +158,7 @@ NO_GOLD_LOGPROB = {  # methods whose gold log-prob eval does not report, and why
     "bm25_copy": "no model: it copies a past text",
     RERANK: "two stages (candidates, then a choice): no one distribution over the gold",
     "cope": "its rows contrast two forward passes (a twin row), which the scorer does not run",
+    CONTRAST: "its rows contrast two prompts (a twin row), which the scorer does not run",
     "p2p": "its rows carry a generated LoRA, which the scorer does not apply",
 }
 
@@ -261,7 +262,7 @@ def paired_differences(per_query: dict[str, list[float]], n_boot: int = 1000, se
     the comparison rests on, among the methods present."""
     pairs = [("card", "cluster"), ("cluster", "base"), ("card", "base"), ("card", "card_shuffled"),
              ("card", "bm25_copy"), ("card", "card_paper"), (RERANK, "card"), (RERANK, "card_rerank_shuffled"),
-             (PERSONAL, "card"), (PERSONAL, "bm25_copy")]
+             (PERSONAL, "card"), (PERSONAL, "bm25_copy"), (CONTRAST, "card"), (CONTRAST, "bm25_copy")]
     pairs += [(v, "cluster") for v in ("card_paper", *VARIANTS, "oppu") if v != "card_shuffled"]
     pairs += [("card", "oppu"), (PERSONAL, "oppu")]  # OPPU, the per-person LoRA, is the bar
     rng = np.random.default_rng(seed)

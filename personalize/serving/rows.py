@@ -3,7 +3,8 @@ on its own rows while a mixed batch decodes. The runner (runner.py) calls a row'
 
 A steer can give its row
 - processors: the row's logits processors (between its minimum-length and repetition control, or after them);
-- a twin: a second row on another adapter decoded in lockstep, both rows seeing the same processors (COPE);
+- a twin: a second row on another adapter or prompt decoded in lockstep, both rows seeing the same processors
+  (COPE; card_cad's prompt without the person's items);
 - hidden states: the batch's last n layers captured for its processors (CARD);
 - a generated LoRA on its row alone (Profile-to-PEFT), with the hooks that apply it on the libraries' own path.
 The steers are implemented beside their methods (methods/card/steer.py, methods/cope.py, methods/p2p/steer.py);
@@ -27,6 +28,7 @@ class Steer:
     what it needs (a frozen dataclass of the row's own parameters)."""
 
     twin_adapter: ClassVar[str | None] = None  # overridden by a field: the twin row's adapter
+    twin_prompt: ClassVar[str | None] = None  # overridden by a field: the twin's own prompt (None: the row's)
     hidden_layers: ClassVar[int | None] = None  # overridden by a field: the last layers its processors read
     restricts_top_k: ClassVar[bool] = False  # its processors keep the top-k themselves (sampling: none in generate)
     twin_error: ClassVar[str] = "a row and its twin chose different tokens"

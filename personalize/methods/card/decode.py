@@ -12,8 +12,9 @@ from typing import Sequence
 from personalize.card import decoding
 from personalize.card.adapters import BASE_ADAPTER, adapter_name
 from personalize.card.decoding import DecodingSettings, Generation
-from personalize.catalog import CARD_METHODS, CORE_METHODS, PERSONAL, RERANK, VARIANTS
+from personalize.catalog import CARD_METHODS, CONTRAST, CORE_METHODS, PERSONAL, RERANK, VARIANTS
 from personalize.data import Item
+from personalize.methods.card.contrast import contrast_steer
 from personalize.methods.card.steer import CardSteer, card_parts, person_styles
 from personalize.serving.rows import DecodeRow
 
@@ -48,7 +49,7 @@ def generate(engine, prompts: Sequence[str], method: str, cluster: int | None = 
         return rerank(engine, [Query(p, cluster or 0, k, st) for p, st in zip(prompts, person_styles(
             lam, len(prompts), engine.heads[objective or engine.cfg.objectives[0]].d))], s, objective=objective,
             budget=budget)
-    if method == PERSONAL:  # one α per row: the mixed batch's rows carry their own settings
+    if method in (PERSONAL, CONTRAST):  # a row's own α, or a twin with its own prompt: the mixed batch's rows
         return engine.decode_rows(rows(engine, prompts, method, cluster, lam, k, settings, objective, trace, budget,
                                        items))
     engine.use_adapter(adapter_name(k, cluster or 0) if k > 1 else BASE_ADAPTER)
@@ -90,6 +91,11 @@ def rows(engine, prompts: Sequence[str], method: str, cluster: int | None = None
     if method == RERANK:
         raise ValueError(f"{RERANK} decodes in two stages (candidates in one batch, then one scoring pass), so "
                          "it has no single row: use methods.card.decode.generate or rerank.rerank")
+    if method == CONTRAST:  # the person's items before the prompt, contrasted with the prompt alone (contrast.py)
+        if not items:  # nothing to contrast: the cluster model's rows
+            return [DecodeRow(p, budget, s, ada) for p in prompts]
+        with_items, wide = retrieval_prompts(engine, items, prompts, budget)
+        return [DecodeRow(w, wide, s, ada, contrast_steer(ada, p), want_trace=trace) for w, p in zip(with_items, prompts)]
     head, style, styles, s = card_parts(engine, method, lam, len(prompts), s, objective)
     out: list[DecodeRow] = []
     for p, st in zip(prompts, styles):
