@@ -29,7 +29,7 @@ def cmd_build(a) -> None:
 
 def cmd_onboard(a) -> None:
     from personalize.data import read_history_file
-    from personalize.fitting.person import onboard
+    from personalize.fitting.person import fit_person
     from personalize.store import Store
 
     from personalize.data import TASKS
@@ -43,7 +43,7 @@ def cmd_onboard(a) -> None:
     name = a.user or Path(a.history).stem
     store.add_user(name, items, engine.task.name, replace=a.replace)
     t0 = time.perf_counter()
-    fit = onboard(engine, store, name, k=a.k, progress=lambda s: print(f"  {s} ...", flush=True))
+    fit, _ = fit_person(engine, store, name, k=a.k, progress=lambda s: print(f"  {s} ...", flush=True))
     print(f"user {name}: {fit.n_items} items, cluster {fit.cluster} of K={fit.k} "
           f"(distances {', '.join(f'{d:.3f}' for d in fit.distances)})")
     for s, v in fit.stages_s.items():

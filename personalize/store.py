@@ -1,4 +1,5 @@
-"""SQLite store: users, history items, clusters, user vectors, generations, ratings, blobs.
+"""SQLite store: users, history items, clusters, user vectors, generations, ratings, blobs, and the tables a
+higher package keeps here (Tables: humaneval/campaign_schema.py's campaign tables).
 
 One file (default data/studio.db) holds everything the studio keeps, so the CLI, the web app
 and experiments share state. WAL mode, a 30 s busy timeout and `BEGIN IMMEDIATE` write
@@ -15,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import sqlite_utils
@@ -23,7 +24,7 @@ import sqlite_utils
 from personalize.data import Item
 
 SCHEMA_VERSION = 4  # 2: vectors.style (token bias, kNN memory); 3: every fitted style kept as a version, votes;
-# 4: human-evaluation campaigns (humaneval/campaign.py)
+# 4: human-evaluation campaigns (their tables: humaneval/campaign_schema.py)
 VERSION_SOURCES = ("history", "vote", "import")  # what produced a version of a user's style
 FEEDBACK_SOURCES = ("rate", "up", "down")  # a Rate vote, a thumbs up / down on a Compare column
 WINNERS = ("a", "b", "tie", "both_bad")
@@ -74,31 +75,6 @@ CREATE TABLE IF NOT EXISTS ratings (
   winner TEXT NOT NULL CHECK (winner IN ('a', 'b', 'tie', 'both_bad')),
   settings TEXT NOT NULL, gen_a INTEGER, gen_b INTEGER);
 CREATE INDEX IF NOT EXISTS idx_ratings_created ON ratings(created);
-CREATE TABLE IF NOT EXISTS campaigns (
-  id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL UNIQUE, created TEXT NOT NULL,
-  status TEXT NOT NULL CHECK (status IN ('open', 'closed')), config TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS campaign_items (
-  id INTEGER PRIMARY KEY AUTOINCREMENT, campaign INTEGER NOT NULL REFERENCES campaigns(id), position INTEGER NOT NULL,
-  user TEXT NOT NULL, prompt TEXT NOT NULL, reference TEXT, history TEXT NOT NULL, UNIQUE (campaign, position));
-CREATE TABLE IF NOT EXISTS campaign_outputs (
-  item INTEGER NOT NULL REFERENCES campaign_items(id), method TEXT NOT NULL, output TEXT NOT NULL,
-  seconds REAL NOT NULL, created TEXT NOT NULL, PRIMARY KEY (item, method));
-CREATE TABLE IF NOT EXISTS campaign_units (
-  id INTEGER PRIMARY KEY AUTOINCREMENT, campaign INTEGER NOT NULL REFERENCES campaigns(id),
-  item INTEGER NOT NULL REFERENCES campaign_items(id), method_a TEXT NOT NULL, method_b TEXT NOT NULL,
-  attention INTEGER NOT NULL, UNIQUE (item, method_a, method_b));
-CREATE TABLE IF NOT EXISTS campaign_assignments (
-  id INTEGER PRIMARY KEY AUTOINCREMENT, campaign INTEGER NOT NULL REFERENCES campaigns(id),
-  unit INTEGER NOT NULL REFERENCES campaign_units(id), rater TEXT NOT NULL, swapped INTEGER NOT NULL,
-  status TEXT NOT NULL CHECK (status IN ('pending', 'done', 'skipped')), served TEXT NOT NULL, served_at REAL NOT NULL,
-  UNIQUE (unit, rater));
-CREATE INDEX IF NOT EXISTS idx_campaign_assignments_rater ON campaign_assignments(campaign, rater, status);
-CREATE TABLE IF NOT EXISTS campaign_judgments (
-  id INTEGER PRIMARY KEY AUTOINCREMENT, uid TEXT NOT NULL UNIQUE, campaign INTEGER NOT NULL REFERENCES campaigns(id),
-  unit INTEGER NOT NULL REFERENCES campaign_units(id), rater TEXT NOT NULL, swapped INTEGER NOT NULL,
-  verdict TEXT CHECK (verdict IN ('a', 'b', 'tie', 'both_bad')), scores TEXT, seconds REAL, served TEXT,
-  created TEXT NOT NULL, source TEXT NOT NULL CHECK (source IN ('rater', 'import', 'judge')), UNIQUE (unit, rater));
-CREATE INDEX IF NOT EXISTS idx_campaign_judgments ON campaign_judgments(campaign, source);
 CREATE TABLE IF NOT EXISTS blobs (
   user TEXT NOT NULL, kind TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
   updated TEXT NOT NULL, PRIMARY KEY (user, kind, key));
@@ -122,6 +98,16 @@ _ONE_VOTE = ("CREATE UNIQUE INDEX IF NOT EXISTS idx_ratings_one_vote ON ratings(
 
 class StoreError(ValueError):
     """Clear, user-facing error (unknown user, bad schema version...)."""
+
+
+@dataclass(frozen=True)
+class Tables:
+    """Tables a higher package keeps in the store (it owns their DDL; the store must not import it): created by the
+    migration step (CREATE ... IF NOT EXISTS, so an existing file keeps its rows), and cleared of a forgotten person
+    by `forget(db, name)` in Store.forget's transaction, which returns what it changed ({key: rows})."""
+    name: str
+    ddl: str
+    forget: Callable[[sqlite_utils.Database, str], dict[str, int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -173,8 +159,9 @@ def _item_rows(user: str, items: Sequence[Item], start: int) -> list[dict]:
             for i, it in enumerate(items)]
 
 
-def migrate(db: sqlite_utils.Database, path: Path) -> None:
-    """The store's migration step (one transaction): an older schema to SCHEMA_VERSION, then every table made."""
+def migrate(db: sqlite_utils.Database, path: Path, parts: Sequence[Tables] = ()) -> None:
+    """The store's migration step (one transaction): an older schema to SCHEMA_VERSION, then every table made,
+    the store's own and those of `parts`."""
     if db["meta"].exists():
         row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         version = int(row[0]) if row else SCHEMA_VERSION
@@ -195,13 +182,15 @@ def migrate(db: sqlite_utils.Database, path: Path) -> None:
                 db.execute("UPDATE vectors SET version = ? WHERE user = ? AND artifacts = ?",
                            [vid, r["user"], r["artifacts"]])
             version = 3
-        if version == 3:  # v3 → v4: the campaign tables are new (created below)
+        if version == 3:  # v3 → v4: the campaign tables are new (made with the parts, below)
             version = 4
         if version != SCHEMA_VERSION:
             raise StoreError(
                 f"{path} has schema version {version}, but this code only knows "
                 f"version {SCHEMA_VERSION}: upgrade personalize or use another database")
     db.executescript(_SCHEMA)
+    for part in parts:
+        db.executescript(part.ddl)
     try:  # the one-vote rule across processes; a database that already holds repeated votes keeps the
         db.execute(_ONE_VOTE)  # rule of Arena.vote alone (it checks has_rating under its lock)
     except sqlite3.IntegrityError:
@@ -212,8 +201,9 @@ def migrate(db: sqlite_utils.Database, path: Path) -> None:
 class Store:
     """All studio state in one SQLite file; methods are thread-safe and each write is atomic."""
 
-    def __init__(self, path: str | Path = "data/studio.db"):
+    def __init__(self, path: str | Path = "data/studio.db", parts: Sequence[Tables] = ()):
         self.path = Path(path)
+        self.parts: dict[str, Tables] = {p.name: p for p in parts}  # the higher packages' tables kept here
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()  # reentrant so writes can call the read helpers
         conn = sqlite3.connect(self.path, timeout=30.0, check_same_thread=False)
@@ -228,7 +218,16 @@ class Store:
 
     def _init_schema(self) -> None:
         with self._write() as db:
-            migrate(db, self.path)
+            migrate(db, self.path, tuple(self.parts.values()))
+
+    def attach(self, part: Tables) -> None:
+        """Makes a higher package's tables (the migration step, once per Store) and has forget clear them."""
+        with self._lock:
+            if part.name in self.parts:
+                return
+            with self._write() as db:
+                migrate(db, self.path, (part,))
+            self.parts[part.name] = part
 
     def close(self) -> None:
         with self._lock:
@@ -370,8 +369,8 @@ class Store:
         """"Forget me": deletes everything of the user in one transaction and anonymises their ratings (the
         verdicts and methods stay for the leaderboard; prompt, outputs and user name go), then rewrites the
         file (VACUUM) and empties the write-ahead log, so no free page or WAL frame keeps their texts.
-        Returns what was removed: {table: rows}, "ratings_anonymised" and "campaign_items_anonymised" (a campaign
-        keeps the verdicts on the person's items; their prompt, history, reference and outputs go)."""
+        Returns what was removed: {table: rows}, "ratings_anonymised", and what each attached part's forget
+        changed (the campaigns': "campaign_items_anonymised")."""
         with self._write() as db:
             name = self._require(name)
             out = {t: db[t].count_where("user = ?", [name]) for t in USER_TABLES}
@@ -380,12 +379,9 @@ class Store:
             out["ratings_anonymised"] = db["ratings"].count_where("user = ?", [name])
             db.execute("UPDATE ratings SET user = NULL, prompt = '', output_a = '', output_b = '' WHERE user = ?",
                        [name])
-            # campaign items of the person: the judgments keep their verdicts, their texts and outputs go
-            out["campaign_items_anonymised"] = db["campaign_items"].count_where("user = ?", [name])
-            db.execute("UPDATE campaign_outputs SET output = '' WHERE item IN "
-                       "(SELECT id FROM campaign_items WHERE user = ?)", [name])
-            db.execute("UPDATE campaign_items SET user = '(forgotten ' || id || ')', prompt = '', reference = NULL, "
-                       "history = '[]' WHERE user = ?", [name])
+            for part in self.parts.values():
+                if part.forget is not None:
+                    out |= part.forget(db, name)
             db["users"].delete(name)
         with self._lock:
             self.db.execute("VACUUM")

@@ -70,7 +70,7 @@ import numpy as np
 from personalize.data import Item
 from personalize.store import Store
 from personalize.methods.engine import Engine
-from personalize.fitting.person import onboard
+from personalize.fitting.person import fit_person
 from personalize.methods.base import UserContext
 from personalize.methods.oppu import OppuConfig, OppuMethod, adapter_id
 
@@ -89,13 +89,13 @@ def fit(job):
     for r in range(job["rounds"]):
         say("FITTING", r)
         t0 = time.perf_counter()
-        onboard(ENGINE, store, job["user"])
+        fit_person(ENGINE, store, job["user"])
         say("SAVED", r, time.perf_counter() - t0)
 
 
 def write(job):  # one fit, then its vector and the previous one written in turn
     store = Store(job["db"])
-    done = onboard(ENGINE, store, job["user"])
+    done, _ = fit_person(ENGINE, store, job["user"])
     new = (done.lam, ENGINE.lm.model_id, done.stats(), done.style.extras_bytes() if done.style is not None else None)
     v0 = (np.asarray(job["v0"], np.float32), job["v0_model"], {"v0": True}, None)
     say("WRITING")

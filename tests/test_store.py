@@ -11,7 +11,7 @@ import pytest
 import sqlite_utils
 
 from personalize.data import Item
-from personalize.store import SCHEMA_VERSION, Store, StoredItem, StoreError
+from personalize.store import SCHEMA_VERSION, Store, StoredItem, StoreError, Tables
 
 HISTORY = [Item(y="first post", x="title 1", id="a"), Item(y="second post"), Item(y="third")]
 
@@ -316,3 +316,27 @@ def test_one_vote_per_rater_and_pair_holds_across_connections(tmp_path: Path) ->
     one.add_rating("r1", "p", None, "card", "x", "base", "y", "a", {})
     assert len(one.ratings()) == 4
     one.close(), two.close()
+
+
+def test_a_higher_package_s_tables_are_made_by_the_migration_step_and_cleared_by_forget(tmp_path: Path) -> None:
+    """The store owns no table of a higher package: a Tables part brings its DDL and its share of "forget me"."""
+    def forget(db, name):
+        n = db["notes"].count_where("user = ?", [name])
+        db["notes"].delete_where("user = ?", [name])
+        return {"notes_removed": n}
+
+    notes = Tables("notes", "CREATE TABLE IF NOT EXISTS notes (user TEXT NOT NULL, text TEXT NOT NULL);", forget)
+    path = tmp_path / "s.db"
+    plain = Store(path)
+    assert "notes" not in plain.db.table_names()
+    plain.add_user("ann", HISTORY, task="news")
+    plain.attach(notes)
+    plain.attach(notes)  # once per Store
+    with plain.transaction() as db:
+        db["notes"].insert({"user": "ann", "text": "hers"})
+    plain.close()
+    again = Store(path, parts=(notes,))  # an existing file keeps its rows
+    assert again.query("SELECT text FROM notes") == [{"text": "hers"}]
+    out = again.forget("ann")
+    assert out["notes_removed"] == 1 and not again.query("SELECT * FROM notes")
+    again.close()

@@ -380,6 +380,23 @@ def test_fit_verdict_says_in_plain_words_whether_the_vector_helps():
     assert "too short" in fit_verdict({}, cold_start=True)
 
 
+def test_one_compare_and_one_fit_read_the_person_once(studio, monkeypatch):
+    """A Compare of several methods reads the person's history from the store once and hands it to every column;
+    a fit reads it once for the fit, the memory of its features and the refit on the votes already cast."""
+    studio.save_history("una", studio.demo_items("terse_02"), "tweets")
+    studio.histories.rewrites.result()  # the save's background rewrites are done: the Compare only reads
+    reads, items = [], studio.store.items
+    monkeypatch.setattr(studio.store, "items", lambda name: reads.append(name) or items(name))
+    s = studio.settings(alpha=0.0, max_new_tokens=3)
+    outs = list(studio.compare("una", studio.task.prompt("the bus"), ["base", "card", "rag", "cope", "p2p"], s))
+    assert len(outs) == 5 and reads == ["una"]
+    studio.store.add_feedback("una", "up", "p", outs[0].text or "a text of hers")
+    reads.clear()
+    stages = []
+    studio.fit("una", progress=stages.append)
+    assert "your votes" in stages and reads == ["una"]
+
+
 def test_a_methods_note_reaches_the_compare_column(studio, monkeypatch):
     from types import SimpleNamespace
 

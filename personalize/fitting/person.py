@@ -1,4 +1,5 @@
-"""Onboarding a stored user: items from the store → neutral rewrites → clusters for every K → λ, all stored.
+"""Fitting a stored person (the CLI's `onboard`, the app's Fit my style): items from the store → neutral rewrites →
+clusters for every K → λ, all stored.
 
 The fit happens first and the store is written only when it succeeded, so an
 interrupted or failed fit leaves the previous vector in place.
@@ -12,11 +13,13 @@ import numpy as np
 
 from personalize.data import Item
 from personalize.methods.engine import Engine, UserFit
-from personalize.store import Store
+from personalize.store import Store, StoredItem
 
 
-def prepared_items(engine: Engine, store: Store, name: str, progress=None) -> list[Item]:
-    """The user's items with every prompt filled; missing neutral rewrites (§1.8) are generated once and stored."""
+def stored_with_rewrites(engine: Engine, store: Store, name: str,
+                         progress=None) -> tuple[list[StoredItem], dict[int, str]]:
+    """The user's stored items, read once, and their neutral rewrites (§1.8) by index: the missing ones are
+    generated once and stored, so every item without a prompt has one."""
     stored = store.items(name)
     if not stored:
         raise ValueError(f"user {name!r} has no history items")
@@ -25,7 +28,12 @@ def prepared_items(engine: Engine, store: Store, name: str, progress=None) -> li
         progress("neutral rewrites")
     rewrites = engine.neutral_rewrites([stored[i].y for i in todo])
     store.set_neutral([(stored[i].id, r) for i, r in zip(todo, rewrites)])
-    neutral = {i: s.neutral for i, s in enumerate(stored) if s.neutral} | dict(zip(todo, rewrites))
+    return stored, {i: s.neutral for i, s in enumerate(stored) if s.neutral} | dict(zip(todo, rewrites))
+
+
+def prepared_items(engine: Engine, store: Store, name: str, progress=None) -> list[Item]:
+    """The user's items with every prompt filled (stored_with_rewrites)."""
+    stored, neutral = stored_with_rewrites(engine, store, name, progress)
     return engine.prepare_items([Item(y=s.y, x=s.x, id=str(s.id)) for s in stored], neutral=neutral)
 
 
@@ -39,8 +47,9 @@ def store_assignments(engine: Engine, store: Store, name: str, embedding: np.nda
     return out
 
 
-def onboard(engine: Engine, store: Store, name: str, k: int | None = None, objective: str | None = None,
-            progress=None) -> UserFit:
+def fit_person(engine: Engine, store: Store, name: str, k: int | None = None, objective: str | None = None,
+               progress=None) -> tuple[UserFit, list[Item]]:
+    """The person's fit, stored, and the items it was fitted on (the request's one read of the person)."""
     t0 = time.perf_counter()
     items = prepared_items(engine, store, name, progress)
     rewrite_s = time.perf_counter() - t0
@@ -52,4 +61,4 @@ def onboard(engine: Engine, store: Store, name: str, k: int | None = None, objec
     store.save_vector(name, engine.artifacts_id, fit.lam, engine.lm.model_id, fit.stats(),
                       fit.style.extras_bytes() if fit.style is not None else None,
                       assignments={k: engine.assign(emb, k) for k in engine.clusters.centroids})
-    return fit
+    return fit, items

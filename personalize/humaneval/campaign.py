@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from personalize.humaneval import campaign_report
-from personalize.humaneval.campaign_schema import (DEGENERATE, MAX_ITEMS, REFERENCE, Assignment, CampaignConfig,
-                                                   CampaignError, CampaignItem, degenerate, judgment, rater_id)
+from personalize.humaneval.campaign_schema import (DEGENERATE, MAX_ITEMS, REFERENCE, TABLES, Assignment,
+                                                   CampaignConfig, CampaignError, CampaignItem, degenerate, judgment,
+                                                   rater_id)
 from personalize.humaneval.leaderboard import LeaderboardConfig
 from personalize.store import Store, now
 
@@ -36,6 +37,7 @@ class Campaigns:
     """Campaigns in the studio's SQLite file: creation, the output pool, assignment, judgments, results."""
 
     def __init__(self, store: Store, seed: int | None = None):
+        store.attach(TABLES)
         self.store = store
         self.rng = random.Random(seed)
 

@@ -1,6 +1,7 @@
 """A campaign's data (METHOD §6): what a campaign is (CampaignConfig), an item, an assignment as a rater sees it,
-a valid judgment and rater id, and the modes, criteria and arms they use. The tables that hold them are created
-by the store's migration step (store.migrate); the queries on them are campaign.py's.
+a valid judgment and rater id, and the modes, criteria and arms they use; the tables that hold them (TABLES: their
+DDL, made by the store's migration step once a Store is given them, and what "forget me" clears in them). The
+queries on them are campaign.py's.
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ import json
 from dataclasses import dataclass, field, fields
 
 from personalize.catalog import ALL_METHODS
-from personalize.store import WINNERS, StoreError
+import sqlite_utils
+
+from personalize.store import WINNERS, StoreError, Tables
 
 MODES = ("pairwise", "rubric")
 CRITERIA = ("style", "content", "fluency")
@@ -20,6 +23,49 @@ INSTRUCTIONS = {
               "write? content — does it do what the prompt asks? fluency — is it well-formed text?",
 }
 MAX_ITEMS = 1000
+
+# A campaign's rows outlive the studio's users: an item keeps a snapshot of the person's history, and forget
+# anonymises it rather than deleting the judgments on it.
+_DDL = """
+CREATE TABLE IF NOT EXISTS campaigns (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL UNIQUE, created TEXT NOT NULL,
+  status TEXT NOT NULL CHECK (status IN ('open', 'closed')), config TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS campaign_items (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, campaign INTEGER NOT NULL REFERENCES campaigns(id), position INTEGER NOT NULL,
+  user TEXT NOT NULL, prompt TEXT NOT NULL, reference TEXT, history TEXT NOT NULL, UNIQUE (campaign, position));
+CREATE TABLE IF NOT EXISTS campaign_outputs (
+  item INTEGER NOT NULL REFERENCES campaign_items(id), method TEXT NOT NULL, output TEXT NOT NULL,
+  seconds REAL NOT NULL, created TEXT NOT NULL, PRIMARY KEY (item, method));
+CREATE TABLE IF NOT EXISTS campaign_units (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, campaign INTEGER NOT NULL REFERENCES campaigns(id),
+  item INTEGER NOT NULL REFERENCES campaign_items(id), method_a TEXT NOT NULL, method_b TEXT NOT NULL,
+  attention INTEGER NOT NULL, UNIQUE (item, method_a, method_b));
+CREATE TABLE IF NOT EXISTS campaign_assignments (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, campaign INTEGER NOT NULL REFERENCES campaigns(id),
+  unit INTEGER NOT NULL REFERENCES campaign_units(id), rater TEXT NOT NULL, swapped INTEGER NOT NULL,
+  status TEXT NOT NULL CHECK (status IN ('pending', 'done', 'skipped')), served TEXT NOT NULL, served_at REAL NOT NULL,
+  UNIQUE (unit, rater));
+CREATE INDEX IF NOT EXISTS idx_campaign_assignments_rater ON campaign_assignments(campaign, rater, status);
+CREATE TABLE IF NOT EXISTS campaign_judgments (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, uid TEXT NOT NULL UNIQUE, campaign INTEGER NOT NULL REFERENCES campaigns(id),
+  unit INTEGER NOT NULL REFERENCES campaign_units(id), rater TEXT NOT NULL, swapped INTEGER NOT NULL,
+  verdict TEXT CHECK (verdict IN ('a', 'b', 'tie', 'both_bad')), scores TEXT, seconds REAL, served TEXT,
+  created TEXT NOT NULL, source TEXT NOT NULL CHECK (source IN ('rater', 'import', 'judge')), UNIQUE (unit, rater));
+CREATE INDEX IF NOT EXISTS idx_campaign_judgments ON campaign_judgments(campaign, source);
+"""
+
+
+def _forget(db: sqlite_utils.Database, name: str) -> dict[str, int]:
+    """The person's campaign items: the judgments keep their verdicts, their texts and outputs go."""
+    n = db["campaign_items"].count_where("user = ?", [name])
+    db.execute("UPDATE campaign_outputs SET output = '' WHERE item IN "
+               "(SELECT id FROM campaign_items WHERE user = ?)", [name])
+    db.execute("UPDATE campaign_items SET user = '(forgotten ' || id || ')', prompt = '', reference = NULL, "
+               "history = '[]' WHERE user = ?", [name])
+    return {"campaign_items_anonymised": n}
+
+
+TABLES = Tables("campaigns", _DDL, _forget)
 
 
 class CampaignError(StoreError):

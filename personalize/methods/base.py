@@ -23,6 +23,7 @@ import numpy as np
 
 from personalize.data import Item, Task
 from personalize.lm.tokens import TokenBudget
+from personalize.store import StoredItem
 
 from personalize.serving.rows import DecodeRow
 from personalize.card.decoding import DecodingSettings, Generation
@@ -49,7 +50,7 @@ class Method(Protocol):
 
 @dataclass
 class UserContext:
-    """One user as the methods see them: history with prompts filled, cluster and λ from onboarding."""
+    """One user as the methods see them: history with prompts filled, cluster and λ from their fit."""
 
     name: str
     items: list[Item]  # every x filled (free-form items: the task template of the neutral rewrite, §1.8)
@@ -67,16 +68,24 @@ class UserContext:
     @classmethod
     def from_store(cls, store, name: str, task: Task, cluster: int = 0, k: int = 1,
                    lam: np.ndarray | None = None) -> "UserContext":
-        """The stored history with prompts filled from the stored neutral rewrites (onboard writes them)."""
+        """The stored history with prompts filled from the stored neutral rewrites (a fit writes them)."""
+        stored = store.items(name)
+        neutral = {i: s.neutral for i, s in enumerate(stored) if s.neutral}
+        return cls.of_stored(name, stored, neutral, task, cluster, k, lam)
+
+    @classmethod
+    def of_stored(cls, name: str, stored: Sequence[StoredItem], neutral: dict[int, str], task: Task,
+                  cluster: int = 0, k: int = 1, lam: np.ndarray | None = None) -> "UserContext":
+        """Stored items (read once by the caller) with prompts filled from their neutral rewrites, by index."""
         items, templated = [], set()
-        for i, s in enumerate(store.items(name)):
-            if not s.x and not s.neutral:
+        for i, s in enumerate(stored):
+            if not s.x and not neutral.get(i):
                 raise ValueError(f"item {s.position + 1} of user {name!r} has no prompt and no neutral rewrite: "
                                  "onboard first")
             if not s.x:
                 templated.add(i)
             # the item's number in the person's own history (as My writing shows it), not the store's row id
-            items.append(Item(y=s.y, x=s.x or task.prompt(s.neutral), id=str(s.position + 1)))
+            items.append(Item(y=s.y, x=s.x or task.prompt(neutral[i]), id=str(s.position + 1)))
         return cls(name, items, cluster, k, lam, frozenset(templated))
 
 

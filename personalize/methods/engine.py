@@ -52,7 +52,7 @@ class Clusters:
 
 @dataclass
 class UserFit:
-    """What onboarding produced for one user, and what it cost."""
+    """What a fit produced for one user, and what it cost."""
 
     cluster: int
     distances: list[float]

@@ -161,7 +161,7 @@ class OppuMethod:
         self._loaded: OrderedDict[str, None] = OrderedDict()  # user adapters in the peft model, oldest first
         self.lock = nullcontext()  # the studio's model lock: training takes it per step, so decodes interleave
 
-    # ------------------------------------------------------------ onboarding
+    # ------------------------------------------------------------ prepare: the per-user work
     def prepare(self, user: UserContext, progress: Callable[[int, int], None] | None = None) -> dict:
         """Trains, saves and loads the user's adapter; returns its report (time, tokens, bytes, loss).
         The model lock is held per training step (and for the short set-up), never for the whole training."""
@@ -179,7 +179,7 @@ class OppuMethod:
         steps = min(self.cfg.max_steps, max(1, math.ceil(self.cfg.epochs * len(examples) / settings.batch_size)))
         loss_before = None
         with self.lock:
-            if ada in eng.model.peft_config:  # re-onboarding: start again from the K = 1 weights
+            if ada in eng.model.peft_config:  # prepared before: start again from the K = 1 weights
                 self._unload(ada)
             self._make_room(keep=None)
             if self.cfg.report_loss:

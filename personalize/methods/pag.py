@@ -1,6 +1,6 @@
 """PAG baseline (METHOD §5): RAG plus a one-sentence profile of the user's writing, generated once by the LM.
 
-The summary costs one generation per user, so it is made at onboarding, stored
+The summary costs one generation per user, so it is made once (prepare), stored
 (blob kind "pag_summary", key "summary") and reused by every later query and
 process; it is made again only when the history or the LM changes.
 """

@@ -62,7 +62,7 @@ class RagMethod:
         self.engine, self.store, self.cfg = engine, store, cfg
         self._indexes: dict[str, tuple[str, RagIndex]] = {}  # user -> (history fingerprint, index)
 
-    # ------------------------------------------------------------ onboarding
+    # ------------------------------------------------------------ prepare: the per-user work
     def prepare(self, user: UserContext, progress=None) -> dict:
         """Builds the user's BM25 index (kept in memory: it takes milliseconds to rebuild)."""
         t0 = time.perf_counter()

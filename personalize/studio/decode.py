@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import queue
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, Sequence
@@ -12,7 +13,7 @@ from typing import Callable, Iterator, Sequence
 from personalize.card.decoding import DecodingSettings, Generation
 from personalize.catalog import ALL_METHODS, CORE_METHODS
 from personalize.methods.registry import METHODS
-from personalize.fitting.person import prepared_items
+from personalize.fitting.person import stored_with_rewrites
 from personalize.lm.tokens import decode as decode_text
 from personalize.methods.base import UserContext
 from personalize.store import StoreError
@@ -63,22 +64,41 @@ def text_pieces(tok, steps: Sequence[dict]) -> list[tuple[str, bool]]:
     return out
 
 
+def once(load: Callable[[], UserContext]) -> Callable[[], UserContext]:
+    """A request's person, read from the store by the first method that needs it and shared by the others (a
+    lock: the scheduler's worker and the request's thread may both ask); a failed read is tried again."""
+    lock, got = threading.Lock(), []
+
+    def person() -> UserContext:
+        with lock:
+            if not got:
+                got.append(load())
+            return got[0]
+    return person
+
+
 class Decoding(Service):
     def __init__(self, rt, histories: Histories, background_jobs: FirstUseJobs):
         super().__init__(rt)
         self.histories = histories
         self.background_jobs = background_jobs
 
+    def person(self, state: UserState) -> UserContext:
+        """The person as the methods see them: their history, read once, missing neutral rewrites filled."""
+        stored, neutral = stored_with_rewrites(self.engine, self.store, state.name)
+        return UserContext.of_stored(state.name, stored, neutral, self.task, state.cluster, state.k, state.lam)
+
     def rows(self, method: str, state: UserState, prompt: str, s: DecodingSettings,
-             trace: bool = False) -> list:
-        """The method's rows for one prompt (serving.rows.DecodeRow); built in the scheduler's worker."""
+             trace: bool = False, person: Callable[[], UserContext] | None = None) -> list:
+        """The method's rows for one prompt (serving.rows.DecodeRow); built in the scheduler's worker. `person`:
+        the request's (once), so a request of several methods reads the person once."""
+        person = person or once(lambda: self.person(state))
         if method in CORE_METHODS:  # their person needs no stored rewrites (card's own items when it retrieves them)
-            user = UserContext(state.name, self.card_items(method, state) or [], state.cluster, state.k, state.lam)
+            user = UserContext(state.name, self.card_items(method, person) or [], state.cluster, state.k, state.lam)
             return self.rt.method(method).rows(user, [prompt], s, trace=trace)
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose from {ALL_METHODS}")
-        prepared_items(self.engine, self.store, state.name)  # fills missing neutral rewrites, once
-        user = UserContext.from_store(self.store, state.name, self.task, state.cluster, state.k, state.lam)
+        user = person()
         m = self.rt.method(method)
         if not m.is_prepared(user):  # normally done by the background job; here the caller waits for it
             m.prepare(user)
@@ -90,12 +110,11 @@ class Decoding(Service):
             self.background_jobs.wait_first_use(state.name, method)  # in this thread: the scheduler's worker stays free
         return self.rt.scheduler.run(lambda: self.rows(method, state, prompt, s, trace), on_step)[0]
 
-    def card_items(self, method: str, state: UserState):
+    def card_items(self, method: str, person: Callable[[], UserContext]):
         """The person's history for a CARD whose style retrieves their nearest items into the prompt."""
         if method != "card" or not self.engine.cfg.style.retrieval:
             return None
-        prepared_items(self.engine, self.store, state.name)  # fills missing neutral rewrites, once
-        return UserContext.from_store(self.store, state.name, self.task).items
+        return person().items
 
     def run_method(self, method: str, state: UserState, prompt: str, s: DecodingSettings,
                    on_step: Callable[[int, int], None] | None = None) -> MethodOutput:
@@ -136,6 +155,7 @@ class Decoding(Service):
         if unknown or not methods:
             raise ValueError(f"choose methods among {', '.join(ALL_METHODS)}" + (f" (unknown: {unknown})" if unknown else ""))
         state = self.histories.user_state(name, k)
+        person = once(lambda: self.person(state))  # read by the first column that needs it, for all
         events: queue.Queue = queue.Queue()
         tok, eos = self.engine.tok, self.engine.tok.eos_token_id
         tokens: dict[str, list[int]] = {m: [] for m in methods}
@@ -151,7 +171,7 @@ class Decoding(Service):
                 last_token[m] = time.perf_counter()
                 events.put(("token", m, None))
 
-            fut = self.rt.scheduler.submit(lambda m=m: self.rows(m, state, prompt, s), on_step)
+            fut = self.rt.scheduler.submit(lambda m=m: self.rows(m, state, prompt, s, person=person), on_step)
             fut.add_done_callback(lambda f, m=m: events.put(("finished", m, f)))
 
         waiting = {}

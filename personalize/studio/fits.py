@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 from personalize.card.adapters import adapter_name
 from personalize.card.head import PAIR_OBJECTIVES
-from personalize.fitting.person import onboard, prepared_items
+from personalize.data import Item
+from personalize.fitting.person import fit_person, prepared_items
 from personalize.lm.cpu_threads import trim_memory
 from personalize.fitting.votes import Refinement, Vote, VoteFeatures, refine_pairs, refine_tokens
 from personalize.methods.base import fingerprint
@@ -58,25 +59,25 @@ class Fits(Service):
         self._vote_features: VoteFeatures | None = None
 
     def fit(self, name: str, k: int | None = None, progress: Callable[[str], None] | None = None) -> UserFit:
-        """Onboards the user (§1.6); the stored vector is replaced only if the whole fit succeeds."""
+        """Fits the user's style (§1.6); the stored vector is replaced only if the whole fit succeeds. The person is
+        read once: the fit's items serve the memory of its features and the refit on the votes already cast."""
         if self.histories.rewrites is not None and not self.histories.rewrites.done() and progress:
             progress("neutral rewrites (started when the history was saved)")
         try:
             with self.model_lock:
-                fit = onboard(self.engine, self.store, name, k=self.rt.snap_k(k), progress=progress)
+                fit, items = fit_person(self.engine, self.store, name, k=self.rt.snap_k(k), progress=progress)
                 if fit.features is not None:
-                    self._remember_history(name, fit.k, fit.cluster, fit.features, fit.n_hold)
+                    self._remember_history(name, fit.k, fit.cluster, fit.features, fit.n_hold, items)
                 if not fit.cold_start and self.store.feedback(name):  # the votes already cast count from the first fit
                     if progress:
                         progress("your votes")
-                    self.refine(name)
+                    self.refine(name, items)
                 return fit
         finally:
             trim_memory()  # a fit's freed activations back to the system: the soak's rise came with the fits
 
-    def _history_key(self, name: str, k: int, cluster: int, objective: str) -> tuple:
-        stored = self.store.items(name)
-        return (self.engine.artifacts_id, name, k, cluster, objective, fingerprint([f"{s.x}\n{s.y}" for s in stored]))
+    def _history_key(self, name: str, k: int, cluster: int, objective: str, items: Sequence[Item]) -> tuple:
+        return (self.engine.artifacts_id, name, k, cluster, objective, fingerprint([f"{s.x}\n{s.y}" for s in items]))
 
     def forget_user(self, name: str) -> None:
         """Drops what this process keeps of the person's fits (forget me)."""
@@ -84,15 +85,14 @@ class Fits(Service):
         if self._vote_features is not None:
             self._vote_features.clear()
 
-    def _remember_history(self, name: str, k: int, cluster: int, feats, n_hold: int) -> None:
-        self._history[self._history_key(name, k, cluster, "tokens")] = (feats, n_hold)
+    def _remember_history(self, name: str, k: int, cluster: int, feats, n_hold: int, items: Sequence[Item]) -> None:
+        self._history[self._history_key(name, k, cluster, "tokens", items)] = (feats, n_hold)
         while len(self._history) > 32:
             self._history.pop(next(iter(self._history)))
 
-    def _history_data(self, name: str, k: int, cluster: int, objective: str):
+    def _history_data(self, name: str, k: int, cluster: int, objective: str, items: Sequence[Item]):
         """(history data of the head, n items, n held out): kept from the fit, else one pass (after a restart)."""
-        items = prepared_items(self.engine, self.store, name)
-        key = self._history_key(name, k, cluster, objective)
+        key = self._history_key(name, k, cluster, objective, items)
         if key not in self._history:
             self.engine.use_adapter(adapter_name(k, cluster))
             data = self.engine.features(items) if objective == "tokens" else self.engine.user_data(items, objective)
@@ -100,9 +100,10 @@ class Fits(Service):
         data, n_hold = self._history[key]
         return data, len(items), n_hold
 
-    def refine(self, name: str) -> dict:
+    def refine(self, name: str, items: Sequence[Item] | None = None) -> dict:
         """Refits the user's style on their history and every vote they cast (fitting/votes.py) and stores it as a
-        new version. Returns {"version", "n_votes", "seconds", "diagnostics", "verdict"}."""
+        new version; `items`: the history as the fit just prepared it (else read here). Returns {"version",
+        "n_votes", "seconds", "diagnostics", "verdict"}."""
         got = self.store.vector(name, self.engine.artifacts_id)
         if got is None:
             raise ValueError(f"fit {name!r}'s style first (Fit my style); their votes are kept and count from then on")
@@ -117,7 +118,8 @@ class Fits(Service):
         with self.model_lock:
             if self._vote_features is None or self._vote_features.engine is not self.engine:
                 self._vote_features = VoteFeatures(self.engine)
-            data, n_items, n_hold = self._history_data(name, k, cluster, objective)
+            items = items if items is not None else prepared_items(self.engine, self.store, name)
+            data, n_items, n_hold = self._history_data(name, k, cluster, objective, items)
             fs = self.cfg.feedback
             if objective in PAIR_OBJECTIVES:
                 r: Refinement = refine_pairs(self.engine, objective, data, n_items, n_hold, votes, k, cluster,

@@ -16,6 +16,7 @@ from safetensors import safe_open
 
 from personalize.card.style import UserStyle
 from personalize.card import stylekey
+from personalize.humaneval import campaign_schema
 from personalize.store import Store
 from personalize.studio.service import Service
 
@@ -113,6 +114,7 @@ def forget_user(store: Store, name: str, oppu_root: Path, export_dir: Path) -> d
     name = store.user(name)["name"]
     texts = [s.y for s in store.items(name)]
     gen_ids = {str(g["extra"].get("question_id", g["id"])) for g in store.generations(user=name)}  # LaMP ids
+    store.attach(campaign_schema.TABLES)  # a campaign's items hold the person's texts too
     out = store.forget(name)
     needles = _needles(name, texts)
     removed, rewritten = [], {}

@@ -1,6 +1,6 @@
 """CARD's own three methods (base, cluster, card) in the methods' shape (base.Method), over the engine.
 
-They need no per-user work beyond onboarding (the cluster and λ come with the UserContext), so
+They need no per-user work beyond the fit (the cluster and λ come with the UserContext), so
 `prepare` only reports, and `generate` / `rows` are the engine's.
 """
 

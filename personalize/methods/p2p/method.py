@@ -77,7 +77,7 @@ class P2PMethod:
         """Drops a forgotten user's generated LoRA from the cache."""
         self._cache.pop(name, None)
 
-    # ------------------------------------------------------------ onboarding
+    # ------------------------------------------------------------ prepare: the per-user work
     def prepare(self, user: UserContext, progress=None) -> dict:
         """Embeds the profile and generates the LoRA (kept in memory; storing the profile is enough to
         regenerate it). Empty history: the mean training profile, flagged cold_start."""
