@@ -18,16 +18,6 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.ray
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    from personalize.distributed.pool import connect
-
-    cfg = RayConfig(num_cpus=2, max_retries=2)
-    ray = connect(cfg)
-    yield ray, cfg
-    ray.shutdown()
-
-
 def _crash_once(marker: str, x: int) -> int:
     """Kills its own worker the first time (the marker file says it did), then answers."""
     if not os.path.exists(marker):
@@ -46,7 +36,8 @@ def test_split_keeps_order_and_sizes():
 def test_a_shard_whose_worker_dies_is_run_again(ray_local, tmp_path):
     from personalize.distributed.pool import map_shards
 
-    ray, cfg = ray_local
+    ray = ray_local
+    cfg = RayConfig(max_retries=2)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this test module
     marker = str(tmp_path / "crashed")
     assert map_shards(ray, cfg, _crash_once, [(marker, 1), (marker, 2)]) == [10, 20]
