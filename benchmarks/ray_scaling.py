@@ -166,6 +166,7 @@ def main() -> None:
         studio.fit(n)
     s, prompt = studio.settings(), studio.task.prompt("the bus was late again")
     rt = studio.runtime
+    concurrent_compares(studio, names[:1], prompt, s)  # warm-up, as for the replicas below
     rows = [("in-process scheduler", concurrent_compares(studio, names, prompt, s))]
     for replicas in (1, 2):
         rt.scheduler = make_decoder(rt.engine, rt.model_lock, rt.cfg.scheduler,
