@@ -24,6 +24,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from personalize.studio.decoder import DecodeTarget
 from personalize.studio.facade import Studio, StudioConfig
 from personalize.ui import campaigns, cluster, compare, explore, export, fit, leaderboard, populations, quick_pair, rate, why, writing
 from personalize.ui.common import CSS, EXPECTED
@@ -114,6 +115,10 @@ def main(argv=None) -> int:
     p.add_argument("--demo-data", default="data/demo")
     p.add_argument("--auth", default=os.environ.get("STUDIO_AUTH"), metavar="USER:PASSWORD[,...] | @FILE",
                    help=AUTH_HELP)
+    p.add_argument("--decode", default=None, metavar="auto | ray://HOST:10001",
+                   help="decode on a Ray Serve deployment ('auto': a local Ray; docs/SCALING.md); default: in-process")
+    p.add_argument("--decode-replicas", type=int, default=1, help="replicas of the decoding deployment")
+    p.add_argument("--decode-gpus", type=float, default=0.0, help="GPUs per replica (1 where each has its own)")
     a = p.parse_args(argv)
     auth = parse_auth(a.auth)
     if not _loopback(a.host) and auth is None:
@@ -126,8 +131,10 @@ def main(argv=None) -> int:
     try:
         if Path(a.artifacts).resolve() == Path(DEMO_ARTIFACTS).resolve():
             ensure_demo(Path(a.demo_data), Path(a.artifacts))
-        studio = Studio.load(StudioConfig(artifacts=a.artifacts, db=a.db, demo_data=a.demo_data), adapters_later=True)
-    except EXPECTED as e:
+        target = DecodeTarget(a.decode, a.decode_replicas, a.decode_gpus)
+        studio = Studio.load(StudioConfig(artifacts=a.artifacts, db=a.db, demo_data=a.demo_data, decode=target),
+                             adapters_later=True)
+    except (*EXPECTED, ConnectionError) as e:  # ConnectionError: --decode names a Ray that cannot be reached
         print(f"error: {e}", file=sys.stderr)
         return 2
     app = build_app(studio)

@@ -1,7 +1,7 @@
 """personalize: CARD (cluster LoRA + reward-guided decoding with per-user vectors) and the methods it is compared with.
 
 Packages by concern, each importing only the layers below it (docs/ARCHITECTURE.md, .importlinter):
-cli > eval | ui > studio > humaneval | fitting > methods > serving > card > lm; the shared top-level modules
+cli > eval | ui > studio > distributed > humaneval | fitting > methods > serving > card > lm; the shared top-level modules
 (store, data, metrics, display, catalog, demo) import no package.
 """
 

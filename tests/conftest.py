@@ -94,3 +94,14 @@ def tiny_studio(tiny_artifacts, folder):
     db = folder / "studio.db"
     return Studio.load(StudioConfig(artifacts=str(tiny_artifacts["artifacts"]), db=str(db),
                                     demo_data=str(tiny_artifacts["demo"]), export_dir=str(folder / "exports")))
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """A local Ray with 2 CPUs, started once for the tests marked `ray` (tests/test_ray*.py); the code under test
+    joins it (distributed.pool.connect reuses an initialised Ray)."""
+    from personalize.distributed.pool import RayConfig, connect
+
+    ray = connect(RayConfig(num_cpus=2))
+    yield ray
+    ray.shutdown()

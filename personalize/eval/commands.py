@@ -73,9 +73,14 @@ def cmd_eval(a) -> None:
         engine.meta.get("report", {}).get("alpha_by_objective", {}).get(objectives[0], {}).get("alpha")
     if alpha is not None:
         engine.cfg = replace(engine.cfg, decoding=replace(engine.cfg.decoding, alpha=alpha))
+    shards = _ray_shards(a, engine)
     t0 = time.perf_counter()
-    result = run_eval(engine, a.data, a.split, comma_names(a.methods), a.limit, method_configs=configs,
-                      sources=comma_list(a.sources))
+    try:
+        result = run_eval(engine, a.data, a.split, comma_names(a.methods), a.limit, method_configs=configs,
+                          sources=comma_list(a.sources), shards=shards)
+    finally:
+        if shards is not None:
+            shards.close()
     result["settings"]["wall_s"] = round(time.perf_counter() - t0, 1)
     print(format_table(result))
     print("held-out diagnostics (mean over users):", json.dumps(result["diagnostics"]))
@@ -91,6 +96,28 @@ def cmd_eval(a) -> None:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps(result, indent=2))
         print(f"wrote {a.json}")
+
+
+def _ray_shards(a, engine):
+    """--ray ADDRESS: eval's onboarding and decoding as Ray tasks (eval.ray_eval); None without the flag, and
+    then Ray is not imported."""
+    if not getattr(a, "ray", None):
+        return None
+    from personalize.distributed.pool import RayConfig
+    from personalize.eval.ray_eval import RayShards
+
+    try:
+        return RayShards(engine, RayConfig(address=a.ray, num_cpus=a.ray_cpus))
+    except (ValueError, ConnectionError) as e:
+        raise UsageError(f"--ray: {e}") from e
+
+
+def add_ray_args(p: argparse.ArgumentParser) -> None:
+    """--ray and --ray-cpus, for the commands whose batch work fans out over Ray."""
+    p.add_argument("--ray", default=None, metavar="ADDRESS",
+                   help="run the work in shards on Ray: 'auto' starts or joins a local Ray, HOST:6379 or "
+                        "ray://HOST:10001 joins a cluster (docs/SCALING.md); without it nothing uses Ray")
+    p.add_argument("--ray-cpus", type=int, default=None, help="CPUs of a local Ray started by --ray auto (default: all)")
 
 
 def _objectives_first(a) -> tuple[str, ...]:
@@ -200,6 +227,7 @@ def add_eval(sub) -> None:
     e.add_argument("--objective", default=None,
                    help="which built head onboards users and steers card (tokens, pairs, hard_pairs; default: the build's first)")
     _add_method_budgets(e)
+    add_ray_args(e)
     e.add_argument("--json", default=None)
     e.set_defaults(fn=cmd_eval)
 

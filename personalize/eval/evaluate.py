@@ -18,6 +18,7 @@ import statistics
 import tempfile
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Sequence
 
@@ -66,10 +67,11 @@ def bm25_copy(query: str, profile: Sequence[Item]) -> str:
 
 def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence[str], limit: int | None = None,
              max_items: int = 24, method_configs: dict[str, dict] | None = None, sources: Sequence[str] = (),
-             n_boot: int = 1000, seed: int = 0) -> dict:
+             n_boot: int = 1000, seed: int = 0, shards=None) -> dict:
     """ROUGE per method on the queries of `sources` (all when empty), with paired bootstrap intervals of the
     differences that matter (card − cluster, ...), the decoded user-specificity (card − card_shuffled) and the
-    teacher-forced one (each user's held-out tokens under their own style vs another evaluated user's)."""
+    teacher-forced one (each user's held-out tokens under their own style vs another evaluated user's).
+    `shards` (eval.ray_eval.RayShards): onboarding and decoding run there in shards, with the same results."""
     task, queries = read_lamp(data_dir, split)
     queries = [q for q in select_sources(queries, sources) if q.gold is not None and q.profile][: limit or None]
     if not queries:
@@ -83,7 +85,9 @@ def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence
     fits: list[UserFit] = []
     profiles: list[list[Item]] = []
     t0 = time.perf_counter()
-    for q in tqdm(queries, desc="onboarding", mininterval=2.0):
+    if shards is not None:
+        profiles, fits = shards.onboard(queries, max_items, n_methods=len(methods))
+    for q in tqdm(queries if shards is None else [], desc="onboarding", mininterval=2.0):
         profiles.append(engine.prepare_items(q.profile[:max_items]))
         fits.append(engine.fit(profiles[-1]))
     onboard_s = time.perf_counter() - t0
@@ -100,8 +104,8 @@ def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence
         if SHUFFLED.get(m, m) == RERANK:
             candidates[m] = [None] * len(queries)
         gold_lp[m] = [None] * len(queries)
-        _predict(engine, m, task, queries, profiles, fits, partner, method_configs, preds[m], candidates.get(m),
-                 gold_lp[m])
+        (shards.predict if shards is not None else partial(_predict, engine))(
+            m, task, queries, profiles, fits, partner, method_configs, preds[m], candidates.get(m), gold_lp[m])
         seconds[m] = (time.perf_counter() - t_method) / len(queries)
         if any(v is None for v in gold_lp[m]):
             no_gold_lp[m] = NO_GOLD_LOGPROB.get(SHUFFLED.get(m, m), "its rows are not plain or CARD rows")
@@ -187,13 +191,24 @@ def _predict(engine: Engine, m: str, task, queries, profiles, fits, partner, met
             if hasattr(method, "release"):
                 method.release()
         return
-    styles = [fits[partner[i] if m in SHUFFLED else i].style for i in range(len(fits))]
-    prompts = [q.input for q in queries]
-    out[:] = decode_people(engine, SHUFFLED.get(m, m), prompts, fits, styles, profiles, desc=m, traces=candidates)
+    styles = method_styles(m, fits, partner)
+    out[:] = decode_people(engine, SHUFFLED.get(m, m), [q.input for q in queries], fits, styles, profiles, desc=m,
+                           traces=candidates)
     if gold_lp is not None and SHUFFLED.get(m, m) != RERANK:
-        rows = [card_decode.rows(engine, [p], SHUFFLED.get(m, m), f.cluster, st, k=f.k, settings=s, items=it)[0]
-                for p, f, st, it in zip(prompts, fits, styles, profiles)]
-        gold_lp[:] = gold_logprobs(engine, rows, [q.gold for q in queries])
+        gold_lp[:] = core_gold_logprobs(engine, m, queries, fits, styles, profiles)
+
+
+def method_styles(m: str, fits: Sequence[UserFit], partner: Sequence[int]) -> list:
+    """The style each person decodes with under core method m: their own, or their partner's (card_shuffled)."""
+    return [fits[partner[i] if m in SHUFFLED else i].style for i in range(len(fits))]
+
+
+def core_gold_logprobs(engine: Engine, m: str, queries, fits, styles, profiles) -> list[float | None]:
+    """Each gold's log-prob per token under core method m's row for its person (gold_logprobs)."""
+    rows = [card_decode.rows(engine, [q.input], SHUFFLED.get(m, m), f.cluster, st, k=f.k,
+                             settings=engine.cfg.decoding, items=it)[0]
+            for q, f, st, it in zip(queries, fits, styles, profiles)]
+    return gold_logprobs(engine, rows, [q.gold for q in queries])
 
 
 def gold_logprobs(engine: Engine, rows: Sequence, golds: Sequence[str]) -> list[float | None]:
@@ -217,23 +232,36 @@ def decode_people(engine: Engine, method: str, prompts: Sequence[str], fits: Seq
                   styles: Sequence, items: Sequence[Sequence[Item]], settings=None, batch: int = 8,
                   desc: str | None = None, traces: list | None = None) -> list[str]:
     """One output per person for a core method or CARD variant: people of a cluster decode together in batches;
-    card_personal and a CARD that retrieves the person's own items into the prompt decode each person alone. `traces`: filled
-    with each output's Generation.trace (card_rerank: its candidates and their scores)."""
+    card_personal and a CARD that retrieves the person's own items into the prompt decode each person alone.
+    `traces`: filled with each output's Generation.trace (card_rerank: its candidates and their scores)."""
     out = [""] * len(prompts)
+    alone = decodes_alone(engine, method)
+    for b in tqdm(decode_batches(engine, method, fits, batch), desc=desc, mininterval=2.0, disable=desc is None):
+        c = -1 if method == "base" else fits[b[0]].cluster
+        gens = card_decode.generate(engine, [prompts[i] for i in b], method, max(c, 0), [styles[i] for i in b],
+                                    k=fits[b[0]].k, settings=settings, items=items[b[0]] if alone else None)
+        for i, g in zip(b, gens):
+            out[i] = g.text
+            if traces is not None:
+                traces[i] = g.trace
+    return out
+
+
+def decode_batches(engine: Engine, method: str, fits: Sequence[UserFit], batch: int = 8) -> list[list[int]]:
+    """decode_people's batches (people's indices): a cluster's people in order, `batch` at a time (all people
+    together for base; one at a time for a CARD that retrieves). Shards made of whole batches decode exactly as
+    one run does."""
     groups: dict[int, list[int]] = {}
     for i, f in enumerate(fits):
         groups.setdefault(-1 if method == "base" else f.cluster, []).append(i)
-    alone = method == PERSONAL or (method in CARD_METHODS and variant(method, engine.cfg.style).retrieval)
-    for c, idx in tqdm(groups.items(), desc=desc, mininterval=2.0, disable=desc is None):
-        for j in range(0, len(idx), 1 if alone else batch):
-            b = idx[j: j + (1 if alone else batch)]
-            gens = card_decode.generate(engine, [prompts[i] for i in b], method, max(c, 0), [styles[i] for i in b],
-                                   k=fits[b[0]].k, settings=settings, items=items[b[0]] if alone else None)
-            for i, g in zip(b, gens):
-                out[i] = g.text
-                if traces is not None:
-                    traces[i] = g.trace
-    return out
+    size = 1 if decodes_alone(engine, method) else batch
+    return [idx[j: j + size] for idx in groups.values() for j in range(0, len(idx), size)]
+
+
+def decodes_alone(engine: Engine, method: str) -> bool:
+    """card_personal (each person's own setting) and a CARD that retrieves the person's items decode one person a
+    call."""
+    return method == PERSONAL or (method in CARD_METHODS and variant(method, engine.cfg.style).retrieval)
 
 
 def shuffled_partners(clusters: Sequence[int], seed: int = 0) -> list[int]:

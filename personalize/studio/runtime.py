@@ -20,8 +20,9 @@ from personalize.humaneval.campaign import Campaigns
 from personalize.lm.cpu_threads import ReleasingExecutor, release_team
 from personalize.methods.engine import Engine
 from personalize.methods.registry import get_method
-from personalize.serving.scheduler import DecodeScheduler, SchedulerConfig
+from personalize.serving.scheduler import SchedulerConfig
 from personalize.store import Store
+from personalize.studio.decoder import DecodeTarget, make_decoder
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class StudioConfig:
     # the app's Save starts EXACT's attribute search and OPPU's training for the person in the background
     first_use_in_background: bool = True
     feedback: FeedbackSettings = FeedbackSettings()  # how much a vote counts against the history when λ is refitted
+    decode: DecodeTarget = DecodeTarget()  # where decodes run: in-process, or a Ray Serve deployment (studio/decoder)
 
     def __post_init__(self):
         if min(self.max_history_chars, self.max_items, self.max_prompt_chars, self.exact_pairs) < 1:
@@ -60,7 +62,7 @@ class Runtime:
         self.demo_users = demo_users or {}
         self.population = population or {}
         self.model_lock = threading.RLock()
-        self.scheduler = DecodeScheduler(engine, self.model_lock, cfg.scheduler)
+        self.scheduler = make_decoder(engine, self.model_lock, cfg.scheduler, cfg.decode)
         self.methods: dict[str, object] = {}
         # first-use work (EXACT's attribute search, OPPU's training): one at a time, beside the decodes
         self.first_use = ReleasingExecutor(max_workers=1, thread_name_prefix="studio-first-use")

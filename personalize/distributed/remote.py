@@ -1,0 +1,97 @@
+"""The studio's decoder on Ray Serve (`app.py --decode ADDRESS`): the seam is the studio scheduler's own
+submit/run, so every decode of every tab (Compare, Why, Quick pair, campaigns) goes through it unchanged.
+
+A request's rows are built here, under the studio's model lock, as before (a person's style travels in their
+steer); they are decoded by a replica of the deployment (serve.py), whose scheduler batches them with the requests
+that reached it at the same time. Rows on an adapter the replicas do not hold (a person's own OPPU LoRA, trained
+beside this studio's database) decode in-process. A replica that dies mid-decode: the request is sent once more
+(Serve routes it to a live replica); if that fails too, the caller gets a RuntimeError that says so, which the
+Compare column shows, and nothing is stored for it. Tokens arrive with the whole output, not one by one.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable, Sequence
+
+from personalize.card.adapters import BASE_ADAPTER, adapter_name
+from personalize.card.decoding import Generation
+from personalize.distributed.pool import RayConfig, connect
+from personalize.distributed.serve import ServeConfig, deploy, pack_rows
+from personalize.serving.rows import DecodeRow
+from personalize.serving.scheduler import DecodeScheduler
+
+_FROZEN = (None, "__base__")  # rows on the frozen LM
+
+
+class RemoteDecoder:
+    """DecodeScheduler's submit/run/close over the deployment's replicas (local: the in-process fallback)."""
+
+    def __init__(self, local: DecodeScheduler, ray_cfg: RayConfig, serve_cfg: ServeConfig = ServeConfig(),
+                 attempts: int = 2, timeout_s: float = 600.0):
+        if attempts < 1 or timeout_s <= 0:
+            raise ValueError("need attempts >= 1 and timeout_s > 0")
+        self.local, self.serve_cfg, self.attempts, self.timeout_s = local, serve_cfg, attempts, timeout_s
+        self.lock = local.lock
+        self.ray = connect(ray_cfg)
+        self._deploy_lock = threading.Lock()
+        self._deployed: str | None = None
+        self.handle = None
+        self._ensure_deployed()
+        self.pool = ThreadPoolExecutor(max_workers=serve_cfg.max_ongoing_requests, thread_name_prefix="remote-decode")
+        self.batches: list[dict] = []  # the replicas keep their own; here: requests sent and where they went
+        self.remote_requests = 0
+
+    @property
+    def engine(self):
+        return self.local.engine
+
+    @engine.setter
+    def engine(self, engine) -> None:  # the studio serves another build: the replicas follow on the next decode
+        self.local.engine = engine
+
+    def _ensure_deployed(self):
+        with self._deploy_lock:
+            if self._deployed != self.engine.artifacts_id:
+                self.handle = deploy(self.ray, self.engine, self.serve_cfg)
+                self._deployed = self.engine.artifacts_id
+            return self.handle
+
+    def replicated(self, rows: Sequence[DecodeRow]) -> bool:
+        """Whether every adapter the rows read (their own and a twin's) is one of the build's, held by the replicas."""
+        built = {adapter_name(k, c) for k in self.engine.cfg.ks for c in range(k)} | {BASE_ADAPTER, *_FROZEN}
+        return all(r.adapter in built and (r.steer is None or r.steer.twin_adapter in (None, *built)) for r in rows)
+
+    def submit(self, build: Callable[[], Sequence[DecodeRow]],
+               on_step: Callable[[int, int], None] | None = None) -> Future:
+        return self.pool.submit(self._run, build, on_step)
+
+    def run(self, build: Callable[[], Sequence[DecodeRow]], on_step=None) -> list[Generation]:
+        owned = getattr(self.lock, "_is_owned", None)
+        if owned is not None and owned():  # a fit that decodes holds the model: decode in-process, as the scheduler does
+            return self.engine.decode_rows(list(build()), on_step=on_step)
+        return self._run(build, on_step)
+
+    def _run(self, build, on_step) -> list[Generation]:
+        with self.lock:  # building may load an adapter or prepare a method on the studio's own model
+            rows = list(build())
+        if not rows or not self.replicated(rows):
+            return self.local.run(lambda: rows, on_step)
+        handle, packed = self._ensure_deployed(), pack_rows(self.engine, rows)
+        last: Exception | None = None
+        for _ in range(self.attempts):
+            try:
+                gens = handle.decode.remote(packed).result(timeout_s=self.timeout_s)
+                self.remote_requests += 1
+                return gens
+            except ValueError:  # the rows' own error (the replica raised it): the caller's, as in-process
+                raise
+            except Exception as e:  # a replica that died or cannot be reached: once more, on a live one
+                last = e
+        raise RuntimeError(f"decoding on Ray failed after {self.attempts} attempts ({type(last).__name__}); "
+                           "nothing was stored, try again")
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.local.close()

@@ -1,0 +1,97 @@
+"""The decoding deployment on Ray Serve: each replica holds one loaded build (the LM, every cluster LoRA, the heads)
+and runs the in-process mixed-batch scheduler (serving.scheduler.DecodeScheduler) on the rows it is sent, so the
+requests that reach one replica within the scheduler's window decode as one batch, as in one studio.
+
+Rows travel as they are (serving.rows.DecodeRow: prompt, budget, settings, adapter, the steer with the person's
+style); a steer's head, which every replica already holds, travels as its name (HeadRef) and is put back here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import threading
+from dataclasses import dataclass
+from typing import Sequence
+
+from personalize.methods.engine import Engine
+from personalize.serving.rows import DecodeRow
+from personalize.serving.scheduler import DecodeScheduler, SchedulerConfig
+
+APP = "personalize-decoder"
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """How many replicas decode, and what each one takes."""
+
+    replicas: int = 1
+    num_gpus: float = 0.0  # per replica: 1 where each replica has a GPU of its own
+    num_cpus: float = 1.0  # per replica
+    max_ongoing_requests: int = 64  # requests a replica accepts at once (its scheduler batches them)
+    scheduler: SchedulerConfig = SchedulerConfig()
+
+    def __post_init__(self):
+        if self.replicas < 1 or self.num_gpus < 0 or self.num_cpus <= 0 or self.max_ongoing_requests < 1:
+            raise ValueError("need replicas >= 1, num_gpus >= 0, num_cpus > 0 and max_ongoing_requests >= 1")
+
+
+@dataclass(frozen=True)
+class HeadRef:
+    """A steer's head by its objective's name: the replica's own copy stands in for it."""
+
+    objective: str
+
+
+def _swap_heads(rows: Sequence[DecodeRow], swap) -> list[DecodeRow]:
+    out = []
+    for r in rows:
+        st = r.steer
+        if st is not None and dataclasses.is_dataclass(st):
+            changes = {f.name: swap(getattr(st, f.name)) for f in dataclasses.fields(st)}
+            changes = {k: v for k, v in changes.items() if v is not getattr(st, k)}
+            if changes:
+                r = dataclasses.replace(r, steer=dataclasses.replace(st, **changes))
+        out.append(r)
+    return out
+
+
+def pack_rows(engine: Engine, rows: Sequence[DecodeRow]) -> list[DecodeRow]:
+    """The rows to send: every head of the build replaced by its HeadRef."""
+    names = {id(h): o for o, h in engine.heads.items()}
+    return _swap_heads(rows, lambda v: HeadRef(names[id(v)]) if id(v) in names else v)
+
+
+def unpack_rows(engine: Engine, rows: Sequence[DecodeRow]) -> list[DecodeRow]:
+    """The rows received, with this replica's heads back in place of their HeadRefs."""
+    return _swap_heads(rows, lambda v: engine.heads[v.objective] if isinstance(v, HeadRef) else v)
+
+
+class DecoderReplica:
+    """One replica: the build loaded once, its own scheduler, decode(rows) -> Generations."""
+
+    def __init__(self, artifacts: str, card_cfg, scheduler: SchedulerConfig):
+        self.engine = Engine.load(artifacts, card_cfg.model)
+        self.engine.cfg = card_cfg  # the studio's settings (its objective and decoding), not only the build's
+        self.scheduler = DecodeScheduler(self.engine, threading.RLock(), scheduler)
+
+    async def decode(self, rows: list[DecodeRow]) -> list:
+        rows = unpack_rows(self.engine, rows)
+        return await asyncio.wrap_future(self.scheduler.submit(lambda: rows))
+
+    def info(self) -> dict:
+        """What this replica is: its process (tests kill it) and its build."""
+        return {"pid": os.getpid(), "artifacts": self.engine.artifacts_id}
+
+
+def deploy(ray, engine: Engine, cfg: ServeConfig):
+    """The deployment with cfg.replicas replicas of `engine`'s build, started (or updated) on the connected Ray;
+    returns its handle."""
+    from ray import serve
+
+    dep = serve.deployment(DecoderReplica, name="decoder", num_replicas=cfg.replicas,
+                           max_ongoing_requests=cfg.max_ongoing_requests,
+                           ray_actor_options={"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus})
+    serve.start(http_options={"location": "NoServer"})  # the studio calls it through handles: no HTTP proxy
+    return serve.run(dep.bind(str(engine.folder), engine.cfg, cfg.scheduler), name=APP, route_prefix=None)

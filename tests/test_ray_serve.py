@@ -1,0 +1,105 @@
+"""The studio decoding on Ray Serve (`--decode auto`, 2 replicas on the tiny build): the same outputs as in-process,
+a replica killed mid-decode costs at most that column (an error that says so, nothing stored half), the studio goes
+on; a Ray that cannot be reached is a clear error at start (marker `ray`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from personalize.studio.decoder import DecodeTarget
+from personalize.studio.facade import Studio, StudioConfig
+
+from conftest import tiny_studio
+
+pytestmark = pytest.mark.ray
+ROOT = Path(__file__).resolve().parents[1]
+METHODS = ["base", "cluster", "card", "cope"]
+
+
+def _person(studio) -> None:
+    studio.save_history("bo", studio.demo_items("terse_01"), "tweets")
+    studio.fit("bo")
+
+
+def _texts(studio, prompt, s) -> dict[str, str]:
+    outs = {o.method: o for o in studio.compare("bo", prompt, METHODS, s)}
+    assert all(o.error is None for o in outs.values()), {m: o.error for m, o in outs.items()}
+    return {m: o.text for m, o in outs.items()}
+
+
+def test_studio_on_two_replicas_decodes_as_in_process_and_survives_a_killed_replica(ray_local, tiny_artifacts,
+                                                                                    tmp_path):
+    from ray import serve
+
+    local = tiny_studio(tiny_artifacts, tmp_path / "local")
+    _person(local)
+    s = local.settings(alpha=1.0, max_new_tokens=6)
+    prompt = local.task.prompt("the bus was late")
+    want = _texts(local, prompt, s)
+    local.scheduler.close()
+
+    (tmp_path / "remote").mkdir()
+    remote = Studio.load(StudioConfig(artifacts=str(tiny_artifacts["artifacts"]), db=str(tmp_path / "remote" / "s.db"),
+                                      demo_data=str(tiny_artifacts["demo"]),
+                                      decode=DecodeTarget("auto", replicas=2, num_cpus=0.5)))
+    try:
+        _person(remote)
+        assert _texts(remote, prompt, s) == want
+        assert remote.scheduler.remote_requests >= len(METHODS)
+        status = serve.status().applications["personalize-decoder"].deployments["decoder"]
+        assert status.replica_states.get("RUNNING") == 2
+        pids = {r.result()["pid"] for r in [remote.scheduler.handle.info.remote() for _ in range(20)]}
+
+        got: dict = {}
+        run = threading.Thread(target=lambda: got.update(
+            {o.method: o for o in remote.compare("bo", prompt, METHODS, s)}))
+        run.start()
+        time.sleep(0.05)
+        os.kill(sorted(pids)[0], signal.SIGKILL)  # one replica dies while the Compare decodes
+        run.join(300)
+        assert set(got) == set(METHODS)
+        for m, o in got.items():  # each column: the right text (retried on the live replica) or an error saying so
+            assert o.text == want[m] if o.error is None else ("Ray" in o.error and o.gen_id is None)
+        stored = remote.store.generations(user="bo")
+        assert all(g["output"] == want[g["method"]] for g in stored)  # nothing half
+        assert _texts(remote, prompt, s) == want  # the studio goes on
+    finally:
+        remote.scheduler.close()
+        serve.shutdown()  # the replicas go; the session's Ray stays for the other tests
+
+
+def test_a_ray_that_cannot_be_reached_is_a_clear_error_at_start(tiny_artifacts, tmp_path):
+    r = subprocess.run([sys.executable, "app.py", "--artifacts", str(tiny_artifacts["artifacts"]), "--db",
+                        str(tmp_path / "s.db"), "--demo-data", str(tiny_artifacts["demo"]), "--decode",
+                        "ray://127.0.0.1:1"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "error: cannot reach Ray at 'ray://127.0.0.1:1'" in r.stderr
+
+
+def test_rows_travel_with_the_head_by_name_and_come_back_with_the_replicas_own():
+    from types import SimpleNamespace
+
+    from personalize.card.style import StyleSettings, UserStyle
+    from personalize.distributed.serve import HeadRef, pack_rows, unpack_rows
+    from personalize.lm.tokens import TokenBudget
+    from personalize.methods.card.steer import CardSteer
+    from personalize.serving.rows import DecodeRow
+    from personalize.card.decoding import DecodingSettings
+    import numpy as np
+
+    here, there = object(), object()
+    row = DecodeRow("p", TokenBudget(8, 4), DecodingSettings(), "k2c1",
+                    CardSteer(here, UserStyle.of(np.ones(4, np.float32)), StyleSettings(), 4))
+    plain = DecodeRow("p", TokenBudget(8, 4), DecodingSettings(), "k2c1")
+    sent = pack_rows(SimpleNamespace(heads={"tokens": here}), [row, plain])
+    assert sent[0].steer.head == HeadRef("tokens") and sent[1] is plain and row.steer.head is here
+    got = unpack_rows(SimpleNamespace(heads={"tokens": there}), sent)
+    assert got[0].steer.head is there and got[0].steer.style is row.steer.style
