@@ -252,6 +252,15 @@ def test_card_cad_contrasts_the_prompt_with_the_persons_items_against_the_prompt
                                                                                   plain_prompt=prompt))])[0]
     engine.use_adapter(ada)
     assert zero.text == decoding.generate(engine.model, engine.tok, [with_items], wide, s)[0].text
+    # a strong contrast whose choice differs from the items-prompt's own argmax: only the twin's own prompt gives it
+    for beta in (2.0, 5.0, 20.0, 100.0):
+        strong = torch.where(torch.isfinite(lp[0]), (1 + beta) * lp[0] - beta * lp[1], lp[0])
+        if int(strong.argmax()) != int(lp[0].argmax()):
+            break
+    assert int(strong.argmax()) != int(lp[0].argmax()), "no β moves the first token on this tiny model"
+    row = DecodeRow(with_items, wide, s, ada, ContrastSteer(beta / (1 + beta), 0.0, ada, plain_prompt=prompt),
+                    want_trace=True)
+    assert int(engine.decode_rows([row])[0].trace[0]["token"]) == int(strong.argmax())
     alone = card_decode.generate(engine, [prompt], "card_cad", fit.cluster, k=k, settings=s)[0]
     assert alone.text == card_decode.generate(engine, [prompt], "cluster", fit.cluster, k=k, settings=s)[0].text
     with pytest.raises(ValueError):

@@ -19,10 +19,11 @@ from personalize.card.adapters import BASE_ADAPTER, adapter_name
 from personalize.card.decoding import Generation
 from personalize.distributed.pool import RayConfig, connect
 from personalize.distributed.serve import ServeConfig, deploy, pack_rows
+from personalize.serving.row_lora import NO_ADAPTER
 from personalize.serving.rows import DecodeRow
 from personalize.serving.scheduler import DecodeScheduler
 
-_FROZEN = (None, "__base__")  # rows on the frozen LM
+_FROZEN = (None, NO_ADAPTER)  # rows on the frozen LM
 
 
 class RemoteDecoder:
@@ -68,8 +69,7 @@ class RemoteDecoder:
         return self.pool.submit(self._run, build, on_step)
 
     def run(self, build: Callable[[], Sequence[DecodeRow]], on_step=None) -> list[Generation]:
-        owned = getattr(self.lock, "_is_owned", None)
-        if owned is not None and owned():  # a fit that decodes holds the model: decode in-process, as the scheduler does
+        if self.local.caller_holds_lock():  # a fit that decodes holds the model: in-process, as the scheduler does
             return self.engine.decode_rows(list(build()), on_step=on_step)
         return self._run(build, on_step)
 

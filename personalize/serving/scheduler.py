@@ -76,10 +76,14 @@ class DecodeScheduler:
     def run(self, build: Callable[[], Sequence[DecodeRow]], on_step=None) -> list[Generation]:
         """The request's Generations; a caller that already holds the model lock (a fit that decodes) decodes
         in its own thread, since the worker would wait for that lock forever."""
-        owned = getattr(self.lock, "_is_owned", None)
-        if owned is not None and owned():
+        if self.caller_holds_lock():
             return self.engine.decode_rows(list(build()), on_step=on_step)
         return self.submit(build, on_step).result()
+
+    def caller_holds_lock(self) -> bool:
+        """Whether this thread holds the model lock (an RLock: a fit that decodes)."""
+        owned = getattr(self.lock, "_is_owned", None)
+        return owned is not None and owned()
 
     def close(self) -> None:
         if self._thread is not None and self._thread.is_alive():
