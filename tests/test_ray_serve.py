@@ -1,6 +1,7 @@
 """The studio decoding on Ray Serve (`--decode auto`, 2 replicas on the tiny build): the same outputs as in-process,
-a replica killed mid-decode costs at most that column (an error that says so, nothing stored half), the studio goes
-on; a Ray that cannot be reached is a clear error at start (marker `ray`)."""
+streamed token by token to the Compare columns; a replica killed mid-decode costs at most that column (an error
+that says so, nothing stored half), the studio goes on; a Ray that cannot be reached is a clear error at start
+(marker `ray`)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,17 @@ def _texts(studio, prompt, s) -> dict[str, str]:
     return {m: o.text for m, o in outs.items()}
 
 
+def _streamed(studio, prompt, s) -> tuple[dict[str, str], dict]:
+    """A Compare as the page sees it: each column's last streamed text, and its output."""
+    last, outs = {}, {}
+    for kind, m, value in studio.compare_stream("bo", prompt, METHODS, s):
+        if kind == "text":
+            last[m] = value
+        elif kind == "done":
+            outs[m] = value
+    return last, outs
+
+
 def test_studio_on_two_replicas_decodes_as_in_process_and_survives_a_killed_replica(ray_local, tiny_artifacts,
                                                                                     tmp_path):
     from ray import serve
@@ -52,22 +64,27 @@ def test_studio_on_two_replicas_decodes_as_in_process_and_survives_a_killed_repl
                                       decode=DecodeTarget("auto", replicas=2, num_cpus=0.5)))
     try:
         _person(remote)
-        assert _texts(remote, prompt, s) == want
+        last, outs = _streamed(remote, prompt, s)
+        assert {m: o.text for m, o in outs.items()} == want
+        assert last == want  # every column streamed its tokens from the replica
         assert remote.scheduler.remote_requests >= len(METHODS)
         status = serve.status().applications["personalize-decoder"].deployments["decoder"]
         assert status.replica_states.get("RUNNING") == 2
         pids = {r.result()["pid"] for r in [remote.scheduler.handle.info.remote() for _ in range(20)]}
 
-        got: dict = {}
-        run = threading.Thread(target=lambda: got.update(
-            {o.method: o for o in remote.compare("bo", prompt, METHODS, s)}))
+        got: list = []
+        run = threading.Thread(target=lambda: got.extend(_streamed(remote, prompt, s)))
         run.start()
         time.sleep(0.05)
         os.kill(sorted(pids)[0], signal.SIGKILL)  # one replica dies while the Compare decodes
         run.join(300)
-        assert set(got) == set(METHODS)
-        for m, o in got.items():  # each column: the right text (retried on the live replica) or an error saying so
-            assert o.text == want[m] if o.error is None else ("Ray" in o.error and o.gen_id is None)
+        last, outs = got
+        assert set(outs) == set(METHODS)
+        for m, o in outs.items():  # each column: the right text (retried on the live replica, streamed once) or
+            if o.error is None:    # an error saying so
+                assert o.text == want[m] and last[m] == want[m]
+            else:
+                assert "Ray" in o.error and o.gen_id is None
         stored = remote.store.generations(user="bo")
         assert all(g["output"] == want[g["method"]] for g in stored)  # nothing half
         assert _texts(remote, prompt, s) == want  # the studio goes on
