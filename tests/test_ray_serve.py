@@ -18,6 +18,7 @@ import pytest
 from personalize.studio.decoder import DecodeTarget
 from personalize.studio.facade import Studio, StudioConfig
 
+from browser import Page, chromium, served
 from conftest import tiny_studio
 
 pytestmark = pytest.mark.ray
@@ -91,6 +92,47 @@ def test_studio_on_two_replicas_decodes_as_in_process_and_survives_a_killed_repl
     finally:
         remote.scheduler.close()
         serve.shutdown()  # the replicas go; the session's Ray stays for the other tests
+
+
+def test_browser_compare_of_every_method_on_two_replicas_as_in_process(ray_local, tiny_artifacts, tmp_path):
+    """The studio as `app.py --decode auto --decode-replicas 2` serves it: a Compare of every method in headless
+    Chromium; each column's output is the one in-process decoding gives."""
+    from ray import serve
+
+    from personalize.catalog import ALL_METHODS
+
+    (tmp_path / "remote").mkdir()
+    remote = Studio.load(StudioConfig(artifacts=str(tiny_artifacts["artifacts"]), db=str(tmp_path / "remote" / "s.db"),
+                                      demo_data=str(tiny_artifacts["demo"]),
+                                      decode=DecodeTarget("auto", replicas=2, num_cpus=0.5)))
+    driver = chromium(tmp_path)
+    try:
+        _person(remote)
+        with served(remote) as url:
+            p = Page(driver, tmp_path / "shots")
+            driver.get(url)
+            p.type("user-name", "bo")
+            p.until_text("writing-status", "stored items")
+            p.tab("Compare")
+            p.choose_methods(ALL_METHODS)
+            p.type("prompt", "the bus was late")
+            p.click("compare-button")
+            assert p.until_text("compare-status", "Done", "⚠️").startswith(f"Done: {len(ALL_METHODS)} methods")
+            shown = {m: " ".join(p.text(f"out-{m}").split()) for m in ALL_METHODS}
+        assert remote.scheduler.remote_requests > 0
+    finally:
+        driver.quit()
+        remote.scheduler.close()
+        serve.shutdown()
+    page = {g["method"]: g for g in remote.store.generations(user="bo")}
+    g = next(iter(page.values()))
+    local = tiny_studio(tiny_artifacts, tmp_path / "local")
+    _person(local)
+    s = local.settings(g["settings"]["alpha"], g["settings"]["top_k"], g["settings"]["max_new_tokens"])
+    want = {o.method: o for o in local.compare("bo", g["prompt"], ALL_METHODS, s, g["settings"]["k"])}
+    assert {m: g["output"] for m, g in page.items()} == {m: o.text for m, o in want.items() if o.error is None}
+    for m, o in want.items():  # and the page shows it (or the method's own error, as in-process)
+        assert " ".join((o.text if o.error is None else o.error).split()) in shown[m], (m, shown[m])
 
 
 def test_a_ray_that_cannot_be_reached_is_a_clear_error_at_start(tiny_artifacts, tmp_path):
