@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +22,8 @@ sys.path.insert(0, str(ROOT))
 import app as studio_app  # noqa: E402
 from personalize.ui import cluster, common, compare, figures, quick_pair  # noqa: E402
 from personalize.studio.facade import Studio, StudioConfig  # noqa: E402
+
+from browser import Page, chromium, served  # noqa: E402
 
 HISTORY = "\n".join(f"omg the {w} was SO good today!!! 🔥🔥" for w in
                     ["coffee", "train", "concert", "pizza", "run", "book", "match", "movie", "beach", "show"])
@@ -48,12 +48,6 @@ FORMAL_HISTORY = "\n".join([
 TWO_PEOPLE_PROMPT = "Fix build failure on arm64 with the new toolchain."
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tiny_artifacts, tmp_path_factory):
     art = Path(os.environ.get("STUDIO_ARTIFACTS") or tiny_artifacts["artifacts"])
@@ -61,11 +55,8 @@ def server(tiny_artifacts, tmp_path_factory):
     folder = tmp_path_factory.mktemp("app")
     studio = Studio.load(StudioConfig(artifacts=str(art), db=str(folder / "studio.db"), demo_data=str(demo),
                                       export_dir=str(folder / "exports")))
-    app = studio_app.build_app(studio)
-    port = free_port()
-    app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, css=studio_app.CSS)
-    yield {"url": f"http://127.0.0.1:{port}/", "studio": studio, "folder": folder}
-    app.close()
+    with served(studio) as url:
+        yield {"url": url, "studio": studio, "folder": folder}
     studio.store.close()
 
 
@@ -292,12 +283,8 @@ def test_parse_auth_takes_several_raters_and_a_file(tmp_path):
 @pytest.fixture(scope="module")
 def auth_server(server):
     """A second server over the same studio, started as `--auth u1:p1,u2:p2` starts it."""
-    app = studio_app.build_app(server["studio"])
-    port = free_port()
-    app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, css=studio_app.CSS,
-               auth=studio_app.parse_auth("u1:p1,u2:p2"))
-    yield {**server, "url": f"http://127.0.0.1:{port}/"}
-    app.close()
+    with served(server["studio"], auth=studio_app.parse_auth("u1:p1,u2:p2")) as url:
+        yield {**server, "url": url}
 
 
 def test_with_auth_votes_count_under_the_logged_in_user_once_per_pair(auth_server):
@@ -331,7 +318,7 @@ def test_with_auth_votes_count_under_the_logged_in_user_once_per_pair(auth_serve
 def test_browser_with_auth_the_rater_id_is_the_logged_in_user(auth_server, tmp_path):
     from selenium.webdriver.common.by import By
 
-    driver = _driver(tmp_path)
+    driver = chromium(tmp_path)
     try:
         p = Page(driver, tmp_path / "shots")
         driver.get(auth_server["url"])
@@ -352,92 +339,9 @@ def test_browser_with_auth_the_rater_id_is_the_logged_in_user(auth_server, tmp_p
 
 # ---------------------------------------------------------------- in a browser
 
-def _driver(download_dir: Path):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver_bin = shutil.which("chromedriver")
-    if not chromium or not driver_bin:
-        pytest.fail("Chromium and chromedriver are needed (apt-get install chromium chromium-driver; `make test` "
-                    "installs them)")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = chromium
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1400,1000"):
-        opts.add_argument(flag)
-    opts.add_argument(f"--user-data-dir={download_dir / 'profile'}")
-    return webdriver.Chrome(service=Service(driver_bin), options=opts)
-
-
-class Page:
-    def __init__(self, driver, shots: Path):
-        from selenium.webdriver.support.ui import WebDriverWait
-
-        self.d, self.shots, self.wait = driver, shots, WebDriverWait(driver, 300, poll_frequency=0.3)
-
-    def el(self, css):
-        from selenium.webdriver.common.by import By
-
-        return self.wait.until(lambda d: d.find_element(By.CSS_SELECTOR, css))
-
-    def type(self, elem_id, text):
-        box = self.el(f"#{elem_id} textarea, #{elem_id} input")
-        box.clear()
-        if len(text) > 200:  # send_keys is slow for long pastes
-            self.d.execute_script("arguments[0].value = arguments[1];"
-                                  "arguments[0].dispatchEvent(new Event('input', {bubbles: true}));", box, text)
-        else:
-            box.send_keys(text)
-
-    def click(self, elem_id):
-        b = self.el(f"#{elem_id}")
-        self.d.execute_script("arguments[0].scrollIntoView({block: 'center'});", b)
-        b.click()
-
-    def tab(self, label):
-        from selenium.webdriver.common.by import By
-
-        t = self.wait.until(lambda d: d.find_element(By.XPATH, f"//button[@role='tab' and contains(., '{label}')]"))
-        t.click()
-
-    def text(self, elem_id) -> str:
-        return self.el(f"#{elem_id}").text
-
-    def settled(self, elem_id) -> str | None:
-        """The element's text once Gradio's "processing | 1.2s" / "queue: 1/2" overlay is gone."""
-        t = self.text(elem_id)
-        return None if "processing |" in t or "queue:" in t else t
-
-    def until_text(self, elem_id, *needles) -> str:
-        return self.wait.until(lambda d: (t := self.settled(elem_id)) is not None and any(n in t for n in needles) and t)
-
-    def fit(self, name) -> str:
-        """Fit my style for the named person; the page's report once it says they were fitted."""
-        self.tab("Fit my style")
-        self.click("fit-button")
-        fit = self.until_text("fit-status", f"Fitted {name}", "⚠️")
-        assert f"Fitted {name}" in fit, fit
-        return fit
-
-    def choose_methods(self, methods):
-        """Ticks exactly these methods in Compare (on the Compare tab)."""
-        from selenium.webdriver.common.by import By
-
-        for box in self.d.find_elements(By.CSS_SELECTOR, "#methods label"):
-            tick = box.find_element(By.CSS_SELECTOR, "input")
-            if tick.is_selected() != (box.text.strip() in methods):
-                box.click()
-
-    def shot(self, name):
-        self.shots.mkdir(parents=True, exist_ok=True)
-        self.d.save_screenshot(str(self.shots / f"{name}.png"))
-
-
 def test_browser_path_paste_cluster_fit_compare_vote_leaderboard_export(server, tmp_path):
     shots = Path(os.environ.get("SCREENSHOTS") or tmp_path / "shots")
-    driver = _driver(tmp_path)
+    driver = chromium(tmp_path)
     try:
         p = Page(driver, shots)
         driver.get(server["url"])
@@ -517,7 +421,7 @@ def test_browser_a_thumb_refits_the_style_then_key_versions_and_forget_me(server
     """A person votes 👍 on a Compare column and sees CARD before and after; the new version is listed and the
     first can be restored; their style key is shown; Forget me (confirmed) deletes them."""
     shots = Path(os.environ.get("SCREENSHOTS") or tmp_path / "shots")
-    driver = _driver(tmp_path)
+    driver = chromium(tmp_path)
     studio = server["studio"]
     try:
         p = Page(driver, shots)
@@ -602,7 +506,7 @@ def test_browser_two_people_get_their_own_card_outputs_and_nothing_loops(server,
 
     studio = server["studio"]
     shots = Path(os.environ.get("SCREENSHOTS") or tmp_path / "shots")
-    driver = _driver(tmp_path)
+    driver = chromium(tmp_path)
     methods = ("base", "cluster", "card")
     try:
         p = Page(driver, shots)
@@ -684,7 +588,7 @@ def test_browser_people_the_build_never_saw_are_placed_and_compared(server, tmp_
     _, queries = read_lamp(studio.cfg.demo_data, "dev")
     prompt_of = {q.user: q.input for q in queries}
     methods = ("base", "cluster", "card")
-    driver = _driver(tmp_path)
+    driver = chromium(tmp_path)
     try:
         p = Page(driver, shots)
         driver.get(server["url"])
@@ -752,7 +656,7 @@ def test_browser_text_from_people_and_models_is_shown_never_executed(server, tmp
     monkeypatch.setattr(studio.decoding, "why", why_with_markup)
 
     shots = Path(os.environ.get("SCREENSHOTS") or tmp_path / "shots")
-    driver = _driver(tmp_path)
+    driver = chromium(tmp_path)
     seen = []
 
     def nothing_ran(where):

@@ -18,7 +18,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from campaign_serving import load_campaign, run_raters  # noqa: E402
-from test_app import Page, _driver, auth_server, server  # noqa: E402,F401  (real servers over the tiny artifacts)
+from browser import Page, chromium  # noqa: E402
+from test_app import auth_server, server  # noqa: E402,F401  (real servers over the tiny artifacts)
 
 
 def test_twenty_raters_fifty_judgments_each_over_http(server):  # noqa: F811
@@ -81,7 +82,7 @@ def _rate_all(pages: dict, total: int) -> dict:
 def test_browser_a_whole_small_campaign(server, tmp_path):  # noqa: F811
     studio = server["studio"]
     shots = Path(os.environ.get("SCREENSHOTS") or tmp_path / "shots")
-    admin = Page(_driver(tmp_path / "admin"), shots)
+    admin = Page(chromium(tmp_path / "admin"), shots)
     raters = {}
     try:
         admin.d.get(server["url"])
@@ -95,7 +96,7 @@ def test_browser_a_whole_small_campaign(server, tmp_path):  # noqa: F811
         admin.click("campaign-generate")
         admin.until_text("campaign-status", "outputs 16 / 16")
         for who in ("ana", "ben"):  # two browser sessions
-            p = Page(_driver(tmp_path / who), shots)
+            p = Page(chromium(tmp_path / who), shots)
             p.d.get(server["url"])
             p.tab("Rate")
             p.type("rate-rater", who)

@@ -1,6 +1,7 @@
 """The studio decoding on Ray Serve (`--decode auto`, 2 replicas on the tiny build): the same outputs as in-process,
-a replica killed mid-decode costs at most that column (an error that says so, nothing stored half), the studio goes
-on; a Ray that cannot be reached is a clear error at start (marker `ray`)."""
+streamed token by token to the Compare columns; a replica killed mid-decode costs at most that column (an error
+that says so, nothing stored half), the studio goes on; a Ray that cannot be reached is a clear error at start
+(marker `ray`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 from personalize.studio.decoder import DecodeTarget
 from personalize.studio.facade import Studio, StudioConfig
 
+from browser import Page, chromium, served
 from conftest import tiny_studio
 
 pytestmark = pytest.mark.ray
@@ -33,6 +35,17 @@ def _texts(studio, prompt, s) -> dict[str, str]:
     outs = {o.method: o for o in studio.compare("bo", prompt, METHODS, s)}
     assert all(o.error is None for o in outs.values()), {m: o.error for m, o in outs.items()}
     return {m: o.text for m, o in outs.items()}
+
+
+def _streamed(studio, prompt, s) -> tuple[dict[str, str], dict]:
+    """A Compare as the page sees it: each column's last streamed text, and its output."""
+    last, outs = {}, {}
+    for kind, m, value in studio.compare_stream("bo", prompt, METHODS, s):
+        if kind == "text":
+            last[m] = value
+        elif kind == "done":
+            outs[m] = value
+    return last, outs
 
 
 def test_studio_on_two_replicas_decodes_as_in_process_and_survives_a_killed_replica(ray_local, tiny_artifacts,
@@ -52,28 +65,74 @@ def test_studio_on_two_replicas_decodes_as_in_process_and_survives_a_killed_repl
                                       decode=DecodeTarget("auto", replicas=2, num_cpus=0.5)))
     try:
         _person(remote)
-        assert _texts(remote, prompt, s) == want
+        last, outs = _streamed(remote, prompt, s)
+        assert {m: o.text for m, o in outs.items()} == want
+        assert last == want  # every column streamed its tokens from the replica
         assert remote.scheduler.remote_requests >= len(METHODS)
         status = serve.status().applications["personalize-decoder"].deployments["decoder"]
         assert status.replica_states.get("RUNNING") == 2
         pids = {r.result()["pid"] for r in [remote.scheduler.handle.info.remote() for _ in range(20)]}
 
-        got: dict = {}
-        run = threading.Thread(target=lambda: got.update(
-            {o.method: o for o in remote.compare("bo", prompt, METHODS, s)}))
+        got: list = []
+        run = threading.Thread(target=lambda: got.extend(_streamed(remote, prompt, s)))
         run.start()
         time.sleep(0.05)
         os.kill(sorted(pids)[0], signal.SIGKILL)  # one replica dies while the Compare decodes
         run.join(300)
-        assert set(got) == set(METHODS)
-        for m, o in got.items():  # each column: the right text (retried on the live replica) or an error saying so
-            assert o.text == want[m] if o.error is None else ("Ray" in o.error and o.gen_id is None)
+        last, outs = got
+        assert set(outs) == set(METHODS)
+        for m, o in outs.items():  # each column: the right text (retried on the live replica, streamed once) or
+            if o.error is None:    # an error saying so
+                assert o.text == want[m] and last[m] == want[m]
+            else:
+                assert "Ray" in o.error and o.gen_id is None
         stored = remote.store.generations(user="bo")
         assert all(g["output"] == want[g["method"]] for g in stored)  # nothing half
         assert _texts(remote, prompt, s) == want  # the studio goes on
     finally:
         remote.scheduler.close()
         serve.shutdown()  # the replicas go; the session's Ray stays for the other tests
+
+
+def test_browser_compare_of_every_method_on_two_replicas_as_in_process(ray_local, tiny_artifacts, tmp_path):
+    """The studio as `app.py --decode auto --decode-replicas 2` serves it: a Compare of every method in headless
+    Chromium; each column's output is the one in-process decoding gives."""
+    from ray import serve
+
+    from personalize.catalog import ALL_METHODS
+
+    (tmp_path / "remote").mkdir()
+    remote = Studio.load(StudioConfig(artifacts=str(tiny_artifacts["artifacts"]), db=str(tmp_path / "remote" / "s.db"),
+                                      demo_data=str(tiny_artifacts["demo"]),
+                                      decode=DecodeTarget("auto", replicas=2, num_cpus=0.5)))
+    driver = chromium(tmp_path)
+    try:
+        _person(remote)
+        with served(remote) as url:
+            p = Page(driver, tmp_path / "shots")
+            driver.get(url)
+            p.type("user-name", "bo")
+            p.until_text("writing-status", "stored items")
+            p.tab("Compare")
+            p.choose_methods(ALL_METHODS)
+            p.type("prompt", "the bus was late")
+            p.click("compare-button")
+            assert p.until_text("compare-status", "Done", "⚠️").startswith(f"Done: {len(ALL_METHODS)} methods")
+            shown = {m: " ".join(p.text(f"out-{m}").split()) for m in ALL_METHODS}
+        assert remote.scheduler.remote_requests > 0
+    finally:
+        driver.quit()
+        remote.scheduler.close()
+        serve.shutdown()
+    page = {g["method"]: g for g in remote.store.generations(user="bo")}
+    g = next(iter(page.values()))
+    local = tiny_studio(tiny_artifacts, tmp_path / "local")
+    _person(local)
+    s = local.settings(g["settings"]["alpha"], g["settings"]["top_k"], g["settings"]["max_new_tokens"])
+    want = {o.method: o for o in local.compare("bo", g["prompt"], ALL_METHODS, s, g["settings"]["k"])}
+    assert {m: g["output"] for m, g in page.items()} == {m: o.text for m, o in want.items() if o.error is None}
+    for m, o in want.items():  # and the page shows it (or the method's own error, as in-process)
+        assert " ".join((o.text if o.error is None else o.error).split()) in shown[m], (m, shown[m])
 
 
 def test_a_ray_that_cannot_be_reached_is_a_clear_error_at_start(tiny_artifacts, tmp_path):

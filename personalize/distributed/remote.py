@@ -6,7 +6,8 @@ steer); they are decoded by a replica of the deployment (serve.py), whose schedu
 that reached it at the same time. Rows on an adapter the replicas do not hold (a person's own OPPU LoRA, trained
 beside this studio's database) decode in-process. A replica that dies mid-decode: the request is sent once more
 (Serve routes it to a live replica); if that fails too, the caller gets a RuntimeError that says so, which the
-Compare column shows, and nothing is stored for it. Tokens arrive with the whole output, not one by one.
+Compare column shows, and nothing is stored for it. Tokens stream from the replica to the caller's on_step as they
+are decoded (a retried request goes on from the tokens already shown), so the Compare columns fill as in-process.
 """
 
 from __future__ import annotations
@@ -79,10 +80,11 @@ class RemoteDecoder:
         if not rows or not self.replicated(rows):
             return self.local.run(lambda: rows, on_step)
         handle, packed = self._ensure_deployed(), pack_rows(self.engine, rows)
+        shown = [0] * len(packed)  # tokens per row already passed to on_step: a retry does not repeat them
         last: Exception | None = None
         for _ in range(self.attempts):
             try:
-                gens = handle.decode.remote(packed).result(timeout_s=self.timeout_s)
+                gens = self._stream(handle, packed, on_step, shown)
                 self.remote_requests += 1
                 return gens
             except ValueError:  # the rows' own error (the replica raised it): the caller's, as in-process
@@ -91,6 +93,30 @@ class RemoteDecoder:
                 last = e
         raise RuntimeError(f"decoding on Ray failed after {self.attempts} attempts ({type(last).__name__}); "
                            "nothing was stored, try again")
+
+    def _stream(self, handle, packed, on_step, shown: list[int]) -> list[Generation]:
+        """One attempt: the replica's tokens passed to on_step as they come (those beyond `shown`), then its
+        Generations; cancelled after timeout_s (a replica that hangs)."""
+        stream = handle.options(stream=True).decode.remote(packed)
+        timer = threading.Timer(self.timeout_s, stream.cancel)
+        timer.daemon = True
+        timer.start()
+        got = [0] * len(packed)
+        try:
+            for kind, value in stream:
+                if kind == "done":
+                    return value
+                for i, token in value:
+                    got[i] += 1
+                    if got[i] > shown[i] and on_step is not None:
+                        shown[i] = got[i]
+                        try:
+                            on_step(i, token)
+                        except Exception:  # a page that went away stops its stream, not the decode
+                            on_step = None
+        finally:
+            timer.cancel()
+        raise ConnectionError("the replica's stream ended without its outputs")
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

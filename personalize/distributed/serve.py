@@ -4,6 +4,8 @@ requests that reach one replica within the scheduler's window decode as one batc
 
 Rows travel as they are (serving.rows.DecodeRow: prompt, budget, settings, adapter, the steer with the person's
 style); a steer's head, which every replica already holds, travels as its name (HeadRef) and is put back here.
+Tokens stream back as they are decoded (DecoderReplica.decode is a generator), so the Compare columns fill as they
+do in-process.
 """
 
 from __future__ import annotations
@@ -76,9 +78,26 @@ class DecoderReplica:
         self.engine.cfg = card_cfg  # the studio's settings (its objective and decoding), not only the build's
         self.scheduler = DecodeScheduler(self.engine, threading.RLock(), scheduler)
 
-    async def decode(self, rows: list[DecodeRow]) -> list:
-        rows = unpack_rows(self.engine, rows)
-        return await asyncio.wrap_future(self.scheduler.submit(lambda: rows))
+    async def decode(self, rows: list[DecodeRow]):
+        """A stream (the caller asks with `handle.options(stream=True)`): ("steps", [(row, token), ...]) as the
+        scheduler decodes them, so the studio's columns fill token by token, then ("done", the Generations)."""
+        loop, steps = asyncio.get_running_loop(), asyncio.Queue()
+
+        def put(item) -> None:  # from the scheduler's thread, in order: every step, then the end
+            loop.call_soon_threadsafe(steps.put_nowait, item)
+
+        future = self.scheduler.submit(lambda: unpack_rows(self.engine, rows), lambda i, t: put((i, t)))
+        future.add_done_callback(lambda _: put(None))
+        done = False
+        while not done:
+            got = [await steps.get()]
+            while not steps.empty():  # the steps that came meanwhile go as one message
+                got.append(steps.get_nowait())
+            if done := got[-1] is None:
+                got.pop()
+            if got:
+                yield "steps", got
+        yield "done", future.result()  # the rows' own error is raised here, to the caller
 
     def info(self) -> dict:
         """What this replica is: its process (tests kill it) and its build."""
