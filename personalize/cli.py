@@ -24,7 +24,11 @@ DEFAULT_DB = "data/studio.db"
 # ---------------------------------------------------------------- commands
 
 def cmd_build(a) -> None:
-    run_build(a)
+    def on_ray(cfg):
+        from personalize.distributed.adapters import RayAdapters
+
+        return RayAdapters(cfg)
+    run_build(a, cluster_trainer=commands.on_ray(a, on_ray))
 
 
 def cmd_onboard(a) -> None:
@@ -122,8 +126,19 @@ def cmd_tune(a) -> None:
     from personalize.fitting.tune import STEPS, tune
 
     engine = load_engine(a)
+
+    def on_ray(cfg):
+        from personalize.distributed.people import PeopleShards
+
+        return PeopleShards(engine, cfg, desc="tune on Ray (people × decodes)")
+    shards = commands.on_ray(a, on_ray)
     t0 = time.perf_counter()
-    report = tune(engine, a.data, a.split, a.users, write=not a.dry_run, steps=comma_list(a.steps) or STEPS)
+    try:
+        report = tune(engine, a.data, a.split, a.users, write=not a.dry_run, steps=comma_list(a.steps) or STEPS,
+                      shards=shards)
+    finally:
+        if shards is not None:
+            shards.close()
     print(json.dumps({k: report[k] for k in ("chosen_decoding", "chosen_style", "users", "helps_share")}, indent=1))
     if "rerank" in report:
         print("card_rerank:", json.dumps(report["rerank"]))
@@ -207,7 +222,13 @@ def cmd_campaign(a) -> None:
 
             c = camps.get(a.name)
             studio = Studio.load(StudioConfig(artifacts=a.artifacts or c["config"].artifacts, db=a.db))
-            bar = tqdm(total=None, unit="output", desc=f"campaign {a.name}")
+
+            def on_ray(cfg):
+                from personalize.distributed.requests import RequestShards
+
+                return RequestShards(studio.engine, cfg)
+            shards = commands.on_ray(a, on_ray)
+            bar = tqdm(total=None, unit="output", desc=f"campaign {a.name}" + (" on Ray" if shards else ""))
 
             def tick(i, n, what):
                 bar.total = n
@@ -215,7 +236,7 @@ def cmd_campaign(a) -> None:
                 bar.set_postfix_str(what[:40])
                 bar.refresh()
             try:
-                res = studio.generate_campaign(a.name, tick)
+                res = campaign_pool.generate(studio, a.name, tick, shards=shards)
             finally:
                 bar.close()
             print(f"generated {res['generated']} output(s) in {res['seconds']} s; outputs {res['outputs']['done']}/"
@@ -300,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("build", help="offline stage: clusters, cluster LoRAs, head, α", description="The offline stage of CARD on LaMP-format data.")
     add_build_args(b)
+    commands.add_ray_args(b)
     b.set_defaults(fn=cmd_build)
 
     o = sub.add_parser("onboard", help="store a user, assign a cluster, fit λ", description="Onboard one user from a history file.")
@@ -336,6 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--steps", default="", help="re-run only these steps (comma-separated: repetition, style, alpha, "
                                                "knn_weight, fallback; and rerank, run only when named: card_rerank's "
                                                "candidates); the others keep the build's settings")
+    commands.add_ray_args(t)
     t.set_defaults(fn=cmd_tune)
 
     commands.add_bench(sub)
@@ -390,6 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
     decoding_args(cr)
     cg = cc.add_parser("generate", help="generate the missing outputs (resumable; each output stored once)")
     cg.add_argument("--artifacts", default=None, help="the build's folder (default: the one the campaign names)")
+    commands.add_ray_args(cg)
     cs = cc.add_parser("status", help="progress, agreement and leaderboard")
     cs.add_argument("--json", action="store_true", help="the status as JSON (keys items, outputs, judgments, "
                                                         "agreement, leaderboard, ...)")

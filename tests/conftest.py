@@ -61,29 +61,34 @@ def save_tiny_lm(tokenizer, folder: Path) -> Path:
     return folder
 
 
-@pytest.fixture(scope="session")
-def tiny_artifacts(tokenizer, tmp_path_factory):
-    """CARD artifacts built by the real `build` on a small demo population, with a tiny random Llama saved
-    as a local model folder (the path a user's own checkpoint takes): seconds instead of minutes."""
+def tiny_build_config(lm: Path):
+    """The tiny build's settings (tiny_artifacts), on the model saved in `lm`."""
     from personalize.card.adapters import LoraSettings
-    from personalize.fitting.build import build
     from personalize.card.config import CardConfig
     from personalize.card.decoding import DecodingSettings
-    from personalize.demo import write_demo
     from personalize.card.head import HeadSettings
     from personalize.lm.models import ModelConfig
     from personalize.lm.tokens import TokenBudget
 
-    root = tmp_path_factory.mktemp("tiny")
-    save_tiny_lm(tokenizer, root / "lm")
-    demo = write_demo(root / "demo", n_users_per_style=2, n_items=10)
-    card = CardConfig(model=ModelConfig(str(root / "lm"), device="cpu"), ks=(1, 2, 4), default_k=2,
+    return CardConfig(model=ModelConfig(str(lm), device="cpu"), ks=(1, 2, 4), default_k=2,
                       budget=TokenBudget(32, 12), items_per_user=8, n_val_users=2,
                       lora=LoraSettings(r=4, alpha=8, targets=("q_proj", "v_proj"), batch_size=4, base_steps=2,
                                         cluster_steps=1),
                       head=HeadSettings(d=16, epochs=2), decoding=DecodingSettings(max_new_tokens=6),
                       alphas=(0.0, 1.0))
-    out = build(demo, "dev", root / "artifacts", card, p2p=None)
+
+
+@pytest.fixture(scope="session")
+def tiny_artifacts(tokenizer, tmp_path_factory):
+    """CARD artifacts built by the real `build` on a small demo population, with a tiny random Llama saved
+    as a local model folder (the path a user's own checkpoint takes): seconds instead of minutes."""
+    from personalize.fitting.build import build
+    from personalize.demo import write_demo
+
+    root = tmp_path_factory.mktemp("tiny")
+    save_tiny_lm(tokenizer, root / "lm")
+    demo = write_demo(root / "demo", n_users_per_style=2, n_items=10)
+    out = build(demo, "dev", root / "artifacts", tiny_build_config(root / "lm"), p2p=None)
     return {"artifacts": out, "demo": demo, "root": root}
 
 

@@ -11,6 +11,7 @@ import dataclasses
 import random
 import sys
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from contextlib import nullcontext
@@ -167,12 +168,43 @@ def new_peft_model(base_model, settings: LoraSettings) -> PeftModel:
 
 def add_warm_adapter(model: PeftModel, name: str, settings: LoraSettings, source: str = BASE_ADAPTER) -> None:
     """A new adapter that starts from `source`'s weights (clusters start from the K = 1 adapter)."""
+    put_adapter(model, name, settings, get_peft_model_state_dict(model, adapter_name=source))
+
+
+def put_adapter(model: PeftModel, name: str, settings: LoraSettings, state: dict) -> None:
+    """A new adapter `name` with the weights `state` (adapter_state's form), frozen, the model in eval mode."""
     model.add_adapter(name, settings.peft_config())
-    state = get_peft_model_state_dict(model, adapter_name=source)
     set_peft_model_state_dict(model, state, adapter_name=name)
     for p in model.parameters():  # peft marks a new adapter trainable; train_adapter unfreezes its own
         p.requires_grad_(False)
     model.eval()  # a new adapter's dropout starts in training mode
+
+
+def adapter_state(model: PeftModel, name: str) -> dict:
+    """An adapter's weights, copied to the CPU: what travels between processes (put_adapter takes it back)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in get_peft_model_state_dict(model, adapter_name=name).items()}
+
+
+@dataclass(frozen=True)
+class ClusterJob:
+    """One cluster adapter's training, whole: its name, its members' (prompt, text) pairs and its held-out ones.
+    Nothing in it depends on another cluster's, so jobs run in any order, or in other processes."""
+
+    name: str
+    examples: tuple[tuple[str, str], ...]
+    held_out: tuple[tuple[str, str], ...] = ()
+
+
+def train_cluster_adapter(model: PeftModel, tok, job: ClusterJob, settings: LoraSettings, budget: TokenBudget,
+                          progress: Callable[[int, int, float], None] | None = None) -> dict:
+    """job.name, warm-started from the K = 1 adapter and trained for settings.cluster_steps, under a random stream
+    of its own (dropout; seeded by settings.seed and the name, the caller's stream left as it was): the adapter comes
+    out the same after others, alone, or in another process (build on Ray)."""
+    add_warm_adapter(model, job.name, settings)
+    with torch.random.fork_rng():
+        torch.manual_seed(settings.seed * 1_000_003 + zlib.crc32(job.name.encode()))
+        return train_adapter(model, tok, job.name, job.examples, settings.cluster_steps, settings, budget,
+                             job.held_out, progress=progress)
 
 
 def save_adapters(model: PeftModel, folder: Path) -> None:

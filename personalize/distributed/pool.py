@@ -73,17 +73,22 @@ def split(items: Sequence, n: int) -> list[list]:
 
 
 def map_shards(ray, cfg: RayConfig, fn: Callable, shards: Sequence[tuple], weights: Sequence[int] | None = None,
-               progress=None) -> list:
+               progress=None, on_done: Callable[[int, object], None] | None = None) -> list:
     """fn(*shard) for every shard as a Ray task (retried cfg.max_retries times when its worker dies), results in
-    the shards' order. `progress`: a tqdm bar advanced by each shard's weight (default 1) as it finishes."""
+    the shards' order. `progress`: a tqdm bar advanced by each shard's weight (default 1) as it finishes;
+    `on_done(i, result)`: called here as the i-th shard finishes (a caller that stores results as they come, so an
+    interrupted run keeps what finished)."""
     task = ray.remote(max_retries=cfg.max_retries, num_cpus=cfg.cpus_per_task)(fn)
     refs = [task.remote(*args) for args in shards]
     weight = dict(zip(refs, weights or [1] * len(refs)))
+    index = {ref: i for i, ref in enumerate(refs)}
     results, pending = {}, list(refs)
     while pending:
         done, pending = ray.wait(pending, num_returns=1)
         for ref in done:
             results[ref] = ray.get(ref)
+            if on_done is not None:
+                on_done(index[ref], results[ref])
             if progress is not None:
                 progress.update(weight[ref])
     return [results[r] for r in refs]

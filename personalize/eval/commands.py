@@ -99,15 +99,23 @@ def cmd_eval(a) -> None:
 
 
 def _ray_shards(a, engine):
-    """--ray ADDRESS: eval's onboarding and decoding as Ray tasks (eval.ray_eval); None without the flag, and
-    then Ray is not imported."""
+    """--ray ADDRESS: eval's onboarding and decoding as Ray tasks (eval.ray_eval)."""
+    def make(cfg):
+        from personalize.eval.ray_eval import RayShards
+
+        return RayShards(engine, cfg)
+    return on_ray(a, make)
+
+
+def on_ray(a, make):
+    """--ray ADDRESS: make(RayConfig), the command's work on Ray (connected; a Ray that cannot be reached is a usage
+    error); None without the flag, and then Ray is not imported."""
     if not getattr(a, "ray", None):
         return None
     from personalize.distributed.pool import RayConfig
-    from personalize.eval.ray_eval import RayShards
 
     try:
-        return RayShards(engine, RayConfig(address=a.ray, num_cpus=a.ray_cpus))
+        return make(RayConfig(address=a.ray, num_cpus=a.ray_cpus))
     except (ValueError, ConnectionError) as e:
         raise UsageError(f"--ray: {e}") from e
 

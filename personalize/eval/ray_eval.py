@@ -9,75 +9,37 @@ whole decode batches (evaluate.decode_batches), so every row decodes in the batc
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Sequence
-
-from tqdm import tqdm
-
-from personalize.distributed.pool import RayConfig, connect, map_shards, shard_count, split
+from personalize.distributed import workers
+from personalize.distributed.people import PeopleShards, for_decoding
+from personalize.distributed.pool import RayConfig, shard_count, split
 from personalize.eval.evaluate import SHUFFLED, _predict, core_gold_logprobs, decode_batches, decode_people, \
     method_styles
 from personalize.catalog import RERANK
-from personalize.methods.engine import Engine, UserFit
+from personalize.methods.engine import Engine
 from personalize.methods.registry import METHODS
-
-_ENGINES: dict[str, Engine] = {}  # per worker process: the build, loaded by its first shard
-
-
-def _engine(folder: str, cfg) -> Engine:
-    if folder not in _ENGINES:
-        _ENGINES[folder] = Engine.load(folder, cfg.model)
-    engine = _ENGINES[folder]
-    engine.cfg = cfg
-    return engine
-
-
-def _light(f: UserFit) -> UserFit:
-    """A fit without its teacher-forced features (what eval never reads again): what travels between processes."""
-    return replace(f, features=None)
-
-
-def onboard_shard(folder: str, cfg, profiles: list[list], max_items: int) -> list[tuple[list, UserFit]]:
-    engine = _engine(folder, cfg)
-    out = []
-    for profile in profiles:
-        items = engine.prepare_items(profile[:max_items])
-        out.append((items, _light(engine.fit(items))))
-    return out
 
 
 def decode_shard(folder: str, cfg, method: str, prompts, fits, styles, profiles, traces: bool):
-    engine = _engine(folder, cfg)
+    engine = workers.engine(folder, cfg)
     got = [None] * len(prompts) if traces else None
     return decode_people(engine, method, prompts, fits, styles, profiles, traces=got), got
 
 
 def method_shard(folder: str, cfg, m: str, task, queries, profiles, fits, method_configs):
-    engine = _engine(folder, cfg)
+    engine = workers.engine(folder, cfg)
     out, gold = [""] * len(queries), [None] * len(queries)
     _predict(engine, m, task, queries, profiles, fits, list(range(len(queries))), method_configs, out, None, gold)
     return out, gold
 
 
-class RayShards:
+class RayShards(PeopleShards):
     """What run_eval hands to Ray (its `shards`): onboard() and predict(), one progress bar over every shard."""
 
     def __init__(self, engine: Engine, cfg: RayConfig):
-        self.engine, self.cfg = engine, cfg
-        self.ray = connect(cfg)
-        self.folder = str(engine.folder)
-        self.bar: tqdm | None = None
-
-    def _map(self, fn, shards: Sequence[tuple], weights: Sequence[int]) -> list:
-        return map_shards(self.ray, self.cfg, fn, shards, weights, self.bar)
+        super().__init__(engine, cfg, desc="eval on Ray (people × stages)")
 
     def onboard(self, queries, max_items: int, n_methods: int = 0) -> tuple[list, list]:
-        self.bar = tqdm(total=len(queries) * (1 + n_methods), desc="eval on Ray (people × stages)", mininterval=2.0)
-        parts = split(list(range(len(queries))), shard_count(self.ray, self.cfg, len(queries)))
-        done = self._map(onboard_shard, [(self.folder, self.engine.cfg, [list(queries[i].profile) for i in p],
-                                          max_items) for p in parts], [len(p) for p in parts])
-        pairs = [pair for shard in done for pair in shard]
-        return [p for p, _ in pairs], [f for _, f in pairs]
+        return super().onboard([q.profile for q in queries], max_items, stages=1 + n_methods)
 
     def predict(self, m: str, task, queries, profiles, fits, partner, method_configs, out: list[str],
                 candidates: list | None = None, gold_lp: list | None = None) -> None:
@@ -89,10 +51,10 @@ class RayShards:
             styles = method_styles(m, fits, partner)
             batches = decode_batches(self.engine, core, fits)
             parts = [[i for b in run for i in b] for run in split(batches, shard_count(self.ray, self.cfg, len(batches)))]
-            light = [replace(f, held=None, held_style=None) for f in fits]
-            done = self._map(decode_shard, [(self.folder, cfg, core, [queries[i].input for i in p],
-                                             [light[i] for i in p], [styles[i] for i in p], [profiles[i] for i in p],
-                                             candidates is not None) for p in parts], [len(p) for p in parts])
+            light = [for_decoding(f) for f in fits]
+            done = self.map(decode_shard, [(self.folder, cfg, core, [queries[i].input for i in p],
+                                            [light[i] for i in p], [styles[i] for i in p], [profiles[i] for i in p],
+                                            candidates is not None) for p in parts], [len(p) for p in parts])
             for p, (texts, traces) in zip(parts, done):
                 for j, i in enumerate(p):
                     out[i] = texts[j]
@@ -105,15 +67,11 @@ class RayShards:
             _predict(self.engine, m, task, queries, profiles, fits, partner, method_configs, out)
             self.bar.update(n)
             return
-        parts = split(list(range(n)), shard_count(self.ray, self.cfg, n))
-        done = self._map(method_shard, [(self.folder, cfg, m, task, [queries[i] for i in p], [profiles[i] for i in p],
-                                         [fits[i] for i in p], method_configs) for p in parts], [len(p) for p in parts])
+        parts = self.parts(n)
+        done = self.map(method_shard, [(self.folder, cfg, m, task, [queries[i] for i in p], [profiles[i] for i in p],
+                                        [fits[i] for i in p], method_configs) for p in parts], [len(p) for p in parts])
         for p, (texts, gold) in zip(parts, done):
             for j, i in enumerate(p):
                 out[i] = texts[j]
                 if gold_lp is not None:
                     gold_lp[i] = gold[j]
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()

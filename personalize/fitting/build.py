@@ -26,7 +26,8 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from personalize.card.adapters import BASE_ADAPTER, adapter_name, add_warm_adapter, new_peft_model, save_adapters, train_adapter
+from personalize.card.adapters import BASE_ADAPTER, ClusterJob, adapter_name, adapter_state, add_warm_adapter, \
+    new_peft_model, put_adapter, save_adapters, train_adapter, train_cluster_adapter
 from personalize.card.cluster import fit_clusters, user_embeddings
 from personalize.card.config import FORMAT_VERSION, CardConfig
 from personalize.data import Item, Query, read_lamp, select_sources
@@ -64,6 +65,10 @@ class _Steps:
             self.progress(stage, self.shown)
 
 
+# trains cluster adapters elsewhere (distributed.adapters.RayAdapters: as Ray tasks): (jobs, the K = 1 adapter's
+# weights, the settings) -> (the adapter's weights, its report) per job, in the jobs' order
+ClusterTrainer = Callable[[Sequence[ClusterJob], dict, CardConfig], list[tuple[dict, dict]]]
+
 _NO_HOOKS = _Steps(None, None)  # reports nothing and is never cancelled (shared: it keeps no state without hooks)
 
 
@@ -79,7 +84,7 @@ def build(data_dir: str | Path, split: str, out: str | Path, cfg: CardConfig = C
           limit_users: int | None = None, seed: int = 0,
           p2p: P2PConfig | None = P2PConfig(steps=P2P_STEPS), sources: Sequence[str] = (),
           exclude_sources: Sequence[str] = (), progress: Callable[[str, float], None] | None = None,
-          cancel: threading.Event | None = None) -> Path:
+          cancel: threading.Event | None = None, cluster_trainer: ClusterTrainer | None = None) -> Path:
     """Run the whole offline stage and write the artifacts folder (replaced only on success).
     p2p: the hypernetwork's training settings (budget and base adapter: the build's); None skips it.
     sources / exclude_sources: keep only (or leave out) users whose query comes from these sources
@@ -87,6 +92,7 @@ def build(data_dir: str | Path, split: str, out: str | Path, cfg: CardConfig = C
     progress: called with (stage, fraction of the whole build) at every step; cancel: an event checked at every
     step, and once more before the finished folder is renamed in: set, the build raises BuildCancelled and
     leaves no artifacts folder behind (the app's Populations tab builds in a thread with both).
+    cluster_trainer: trains the cluster adapters elsewhere (`build --ray`), with the same weights; None: here.
 
     Two processes building the same `out` at once (two first starts) take turns under a lock on
     `<out>.lock`; one that waited and finds `out` freshly written by the other returns it as it is."""
@@ -99,8 +105,10 @@ def build(data_dir: str | Path, split: str, out: str | Path, cfg: CardConfig = C
         if waited and after is not None and after != before:
             _log(f"{out} was built by the other process meanwhile: using it")
             return out
-        return _build(data_dir, split, out, cfg, limit_users, seed, p2p, sources, exclude_sources,
-                      _Steps(progress, cancel))
+        with torch.random.fork_rng():  # the same build from the same seed (LoRA init, dropout), caller's stream kept
+            torch.manual_seed(seed)
+            return _build(data_dir, split, out, cfg, limit_users, seed, p2p, sources, exclude_sources,
+                          _Steps(progress, cancel), cluster_trainer)
 
 
 def _signature(path: Path) -> tuple[int, int] | None:
@@ -113,7 +121,7 @@ def _signature(path: Path) -> tuple[int, int] | None:
 
 
 def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, sources, exclude_sources,
-           step: _Steps = _NO_HOOKS) -> Path:
+           step: _Steps = _NO_HOOKS, cluster_trainer: ClusterTrainer | None = None) -> Path:
     t_all = time.perf_counter()
     report: dict = {"stages_s": {}}
 
@@ -177,27 +185,15 @@ def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, 
         report["adapters"].append(r)
         _log(f"K=1: {r['tokens']} tokens, held-out loss {r['held_out_loss']}")
     with timed("cluster adapters"):
-        n_adapters, done = sum(k for k in cfg.ks if k != 1), 0
+        jobs = []
         for k in sorted(cfg.ks):
-            if k == 1:
-                continue
-            for c in range(k):
-                step("cluster adapters", done / n_adapters)
-                done += 1
-                name = adapter_name(k, c)
-                add_warm_adapter(model, name, cfg.lora)
+            for c in range(k) if k != 1 else ():
                 members = [n for n in train_names if labels[k][names.index(n)] == c]
-                ex = [(it.x, it.y) for n in members for it in users[n]]
                 held = [(it.x, it.y) for n in names if labels[k][names.index(n)] == c and n in val_users
                         for it in users[n][:2]]
-                if not ex or cfg.lora.cluster_steps == 0:
-                    report["adapters"].append({"adapter": name, "steps": 0, "examples": 0, "tokens": 0})
-                    continue
-                r = train_adapter(model, lm.tokenizer, name, ex, cfg.lora.cluster_steps, cfg.lora, cfg.budget, held,
-                                  progress=lambda s, n, loss: step("cluster adapters", (done - 1 + s / n) / n_adapters))
-                report["adapters"].append(r)
-                _log(f"{name}: {len(members)} users, {r['tokens']} tokens, {r['seconds']} s, "
-                     f"held-out loss {r['held_out_loss'][:1] + r['held_out_loss'][-1:]}")
+                jobs.append(ClusterJob(adapter_name(k, c), tuple((it.x, it.y) for n in members for it in users[n]),
+                                       tuple(held)))
+        report["adapters"] += _cluster_adapters(model, lm.tokenizer, jobs, cfg, step, cluster_trainer)
 
     heads, head_users, lambdas = {}, {}, {}
     report["head"] = {}
@@ -260,6 +256,35 @@ def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, 
     step("save")
     return _save(Path(out), cfg, task.name, names, head_users, engine.clusters, model, heads, lambdas, report,
                  str(data_dir), split, hyper, step)
+
+
+def _cluster_adapters(model, tok, jobs: list[ClusterJob], cfg: CardConfig, step: _Steps,
+                      trainer: ClusterTrainer | None) -> list[dict]:
+    """Every cluster adapter, warm-started from the K = 1 adapter: trained here one after another, or by `trainer`
+    (each job apart) and put into the model in the same order; each under its own random stream
+    (adapters.train_cluster_adapter), so both ways give the same weights. A cluster without training users (or
+    with no cluster steps) keeps the K = 1 weights."""
+    trained = [j for j in jobs if j.examples and cfg.lora.cluster_steps > 0]
+    names = {j.name for j in trained}
+    done = dict(zip([j.name for j in trained], trainer(trained, adapter_state(model, BASE_ADAPTER), cfg))) \
+        if trainer is not None and trained else {}
+    reports = []
+    for i, job in enumerate(jobs):
+        step("cluster adapters", i / len(jobs))
+        if job.name not in names:
+            add_warm_adapter(model, job.name, cfg.lora)
+            reports.append({"adapter": job.name, "steps": 0, "examples": 0, "tokens": 0})
+            continue
+        if job.name in done:
+            state, r = done[job.name]
+            put_adapter(model, job.name, cfg.lora, state)
+        else:
+            r = train_cluster_adapter(model, tok, job, cfg.lora, cfg.budget,
+                                      progress=lambda s, n, loss: step("cluster adapters", (i + s / n) / len(jobs)))
+        reports.append(r)
+        _log(f"{job.name}: {len(job.examples)} examples, {r['tokens']} tokens, {r['seconds']} s, "
+             f"held-out loss {r['held_out_loss'][:1] + r['held_out_loss'][-1:]}")
+    return reports
 
 
 def _train_p2p(engine: Engine, users: dict[str, list[Item]], train_names: list[str], val_names: list[str],

@@ -152,12 +152,12 @@ def build_plan(a) -> tuple[Path, Path, CardConfig, dict]:
                             "exclude_sources": comma_list(a.exclude_sources)}
 
 
-def run_build(a) -> None:
-    """`build` as its arguments ask (build_plan)."""
+def run_build(a, **more) -> None:
+    """`build` as its arguments ask (build_plan); `more`: build()'s other keyword arguments (`cluster_trainer`)."""
     from personalize.fitting.build import build
 
     data, out, cfg, kwargs = build_plan(a)
-    build(data, a.split, out, cfg, **kwargs)
+    build(data, a.split, out, cfg, **kwargs, **more)
 
 
 # Sized for a first start of minutes on a 2-core CPU (docs/RESULTS.md, "Real people out of the box"): K up to 4 for

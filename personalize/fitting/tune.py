@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, replace
+from functools import partial
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 from tqdm import tqdm
@@ -70,8 +71,10 @@ class Decoder:
     off, the guard's card and cluster), and a decode of every validation person is the choice's whole cost. The
     key is what the method's rows read: the cluster model ignores α and the style, card reads them all."""
 
-    def __init__(self, engine: Engine, prompts, golds, fits, items):
+    def __init__(self, engine: Engine, prompts, golds, fits, items, decode: Callable | None = None):
         self.engine, self.prompts, self.golds, self.fits, self.items = engine, prompts, golds, fits, items
+        # decode(method, prompts, fits, items, settings) -> texts: decode_each here, or in shards (`tune --ray`)
+        self.decode = decode or partial(decode_each, engine)
         self.outputs: dict = {}
         self.decodes = 0  # decodes of all the validation people (tests read it)
 
@@ -85,8 +88,7 @@ class Decoder:
         key = self.key(method)
         if key not in self.outputs:
             self.decodes += 1
-            self.outputs[key] = decode_each(self.engine, method, self.prompts, self.fits, self.items,
-                                            self.engine.cfg.decoding)
+            self.outputs[key] = self.decode(method, self.prompts, self.fits, self.items, self.engine.cfg.decoding)
         return self.outputs[key]
 
     def score(self, method: str) -> dict:
@@ -210,17 +212,24 @@ def validation_people(engine: Engine, data_dir: str | Path, split: str, n_users:
 
 
 def tune(engine: Engine, data_dir: str | Path | None = None, split: str | None = None, n_users: int = MIN_PEOPLE,
-         write: bool = True, steps: Sequence[str] = STEPS) -> dict:
-    """Choose the decoding settings on validation people and (with `write`) save them in the artifacts."""
+         write: bool = True, steps: Sequence[str] = STEPS, shards=None) -> dict:
+    """Choose the decoding settings on validation people and (with `write`) save them in the artifacts.
+    `shards` (distributed.people.PeopleShards, `tune --ray`): the people onboarded and every setting's decode
+    run there in shards, with the same choice."""
     data_dir = data_dir or engine.meta.get("data")
     split = split or engine.meta.get("split", "dev")
     people = validation_people(engine, data_dir, split, n_users)
-    items, fits = [], []
-    for _, _, profile in tqdm(people, desc="onboarding", mininterval=2.0):
-        items.append(engine.prepare_items(profile))
-        fits.append(engine.fit(items[-1]))
-    engine, report = choose_decoding(engine, [p for p, _, _ in people], [g for _, g, _ in people], fits, items,
-                                     progress=lambda m: print(f"  {m}", flush=True), steps=steps)
+    prompts, golds = [p for p, _, _ in people], [g for _, g, _ in people]
+    if shards is not None:
+        items, fits = shards.onboard([profile for _, _, profile in people])
+    else:
+        items, fits = [], []
+        for _, _, profile in tqdm(people, desc="onboarding", mininterval=2.0):
+            items.append(engine.prepare_items(profile))
+            fits.append(engine.fit(items[-1]))
+    decoder = Decoder(engine, prompts, golds, fits, items, decode=shards.decode_each if shards is not None else None)
+    engine, report = choose_decoding(engine, prompts, golds, fits, items,
+                                     progress=lambda m: print(f"  {m}", flush=True), steps=steps, decoder=decoder)
     report |= {"data": str(data_dir), "split": split,
                "helps_share": round(float(np.mean([bool(f.diagnostics.get("helps")) for f in fits])), 3)}
     if write and engine.folder is not None:

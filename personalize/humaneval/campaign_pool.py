@@ -73,9 +73,14 @@ def create_from_lamp(store: Store, name: str, data: str | Path, split: str, limi
     return camps.create(name, items, cfg)
 
 
-def generate(studio, name: str, progress: Callable[[int, int, str], None] | None = None) -> dict:
+_FAILURES = (ValueError, RuntimeError, FileNotFoundError)  # a method that cannot run (StoreError is a ValueError)
+
+
+def generate(studio, name: str, progress: Callable[[int, int, str], None] | None = None, shards=None) -> dict:
     """Fills the campaign's output pool, method by method; resumable: what is stored is not generated again, and
-    each output is stored the moment it exists, so a kill loses at most the one being decoded."""
+    each output is stored the moment it exists, so a kill loses at most the one being decoded.
+    `shards` (distributed.requests.RequestShards, `campaign generate --ray`): the decodes run there in shards, the
+    same outputs stored as each shard comes back (a kill loses the shards still running)."""
     camps = studio.campaigns
     c = camps.get(name)
     cfg: CampaignConfig = c["config"]
@@ -86,22 +91,66 @@ def generate(studio, name: str, progress: Callable[[int, int, str], None] | None
     s = studio.settings(cfg.alpha, cfg.top_k, cfg.max_new_tokens)
     fitted: set[str] = set()
     made, failed, t0 = 0, [], time.perf_counter()
-    for i, (item, method) in enumerate(todo):
-        if progress:
-            progress(i, len(todo), f"{method} for {item['user']}")
-        user = _stored_person(studio.store, cfg.task, item)
-        if method == "card" and user not in fitted and not studio.user_state(user).fitted:
-            studio.fit(user)
-        fitted.add(user)
-        out = studio.run_method(method, studio.user_state(user), item["prompt"], s)
-        if out.error:
-            failed.append(f"{method} for {item['user']}: {out.error}")
-            continue
-        made += camps.add_output(item["id"], method, out.text, out.latency_s)
+    if shards is not None:
+        made, failed = _generate_in_shards(studio, cfg, todo, s, shards, progress)
+    else:
+        for i, (item, method) in enumerate(todo):
+            if progress:
+                progress(i, len(todo), f"{method} for {item['user']}")
+            out = studio.run_method(method, _state(studio, cfg, item, method, fitted), item["prompt"], s)
+            if out.error:
+                failed.append(f"{method} for {item['user']}: {out.error}")
+                continue
+            made += camps.add_output(item["id"], method, out.text, out.latency_s)
     if progress:
         progress(len(todo), len(todo), "done")
     return {"generated": made, "failed": failed, "outputs": camps.outputs(name),
             "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def _state(studio, cfg: CampaignConfig, item: dict, method: str, fitted: set[str]):
+    """The state an item's person decodes with: fitted first where card needs it and nobody has fitted them yet."""
+    user = _stored_person(studio.store, cfg.task, item)
+    if method == "card" and user not in fitted and not studio.user_state(user).fitted:
+        studio.fit(user)
+    fitted.add(user)
+    return studio.user_state(user)
+
+
+def _generate_in_shards(studio, cfg: CampaignConfig, todo, s, shards, progress) -> tuple[int, list[str]]:
+    """generate's work with the decodes in shards: every request's rows built here in generate's order (each person
+    fitted where generate fits them, a slow first use waited for as a decode waits for it), decoded there each
+    request alone, as the studio's scheduler decodes a request that arrives by itself, and stored as they come."""
+    fitted: set[str] = set()
+    requests, rows, failed = [], [], []
+    for item, method in todo:
+        if progress:
+            progress(0, len(todo), f"rows: {method} for {item['user']}")
+        state = _state(studio, cfg, item, method, fitted)
+        try:
+            if studio.needs_indexing(state.name, method):
+                studio.wait_first_use(state.name, method)
+            with studio.runtime.model_lock:  # building may load an adapter or prepare a method on the model
+                rows.append(studio.decoding.rows(method, state, item["prompt"], s))
+        except _FAILURES as e:
+            failed.append(f"{method} for {item['user']}: {e}")
+            continue
+        requests.append((item, method, state))
+    made, done = 0, 0
+
+    def store(i: int, outcome) -> None:
+        nonlocal made, done
+        item, method, state = requests[i]
+        done += 1
+        if isinstance(outcome, str):
+            failed.append(f"{method} for {item['user']}: {outcome}")
+        else:
+            out = studio.decoding.stored(method, state, item["prompt"], s, outcome[0])
+            made += studio.campaigns.add_output(item["id"], method, out.text, out.latency_s)
+        if progress:
+            progress(done, len(requests), f"{method} for {item['user']}")
+    shards.decode(rows, lambda r: studio.runtime.scheduler.run(lambda: r), store)
+    return made, failed
 
 
 def run_judge(camps: Campaigns, name: str, judge, progress: Callable[[int, int, str], None] | None = None,
