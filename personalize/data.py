@@ -38,6 +38,7 @@ class Task:
     name: str
     lamp_name: str
     template: str
+    instruction: str = ""  # the fixed line a full prompt starts with, where the template is "{text}"
 
     def prompt(self, text: str) -> str:
         return self.template.replace("{text}", text)
@@ -47,22 +48,29 @@ class Task:
         """The fixed text before the slot; "" when inputs are already full prompts."""
         return self.template.split("{text}")[0]
 
+    @property
+    def fixed_start(self) -> str:
+        """What every prompt of this task starts with: the template's prefix, else its full prompts' instruction.
+        Retrieval strips it (it would match every item, and repeated before the prompt it is what a small model
+        copies)."""
+        return self.prefix or self.instruction
+
 
 TASKS: dict[str, Task] = {
     t.name: t
     for t in (
         Task("scholarly_titles", "ScholarlyTitleGeneration", "Generate a title for the following abstract of a paper: {text}"),
-        Task("commit_subjects", "CommitSubjectGeneration", "{text}"),
+        Task("commit_subjects", "CommitSubjectGeneration", "{text}",
+             "Write the commit message subject line for this change."),
         Task("headlines", "NewsHeadlineGeneration", "Generate a headline for the following article: {text}"),
         Task("tweets", "TweetParaphrasing", "Paraphrase the following tweet without any explanation before or after it: {text}"),
-        Task("changelog_entries", "DebianChangelogGeneration", "{text}"),
+        Task("changelog_entries", "DebianChangelogGeneration", "{text}",
+             "Write the Debian changelog entry for this upload."),
         Task("writing", "PersonalWriting", "{text}"),
         Task("rewrite", "PersonalRewrite",
              "Rewrite the following text in your own words, without any explanation before or after it: {text}"),
     )
 }
-# Tasks whose inputs are full prompts (template "{text}", so no Task.prefix) but start with a fixed instruction.
-_PROMPT_STARTS = {"Write the Debian changelog entry": "changelog_entries"}
 # Names other files use for the same tasks (the LaMP benchmark numbers its tasks).
 _ALIASES = {"lamp_4": "headlines", "lamp_5": "scholarly_titles", "lamp_7": "tweets"}
 
@@ -177,11 +185,8 @@ def items_to_lamp_profile(items: Sequence[Item]) -> list[dict[str, str]]:
 def _detect(raw: list[dict[str, Any]], where: Path) -> Task:
     """The task of a questions file without an outputs file: by its prompt, else by its profile keys."""
     first = str(raw[0]["input"])
-    for start, name in _PROMPT_STARTS.items():
-        if first.startswith(start):
-            return TASKS[name]
     for t in TASKS.values():
-        if t.prefix and first.startswith(t.prefix):
+        if t.fixed_start and first.startswith(t.fixed_start):
             return t
     keys = next((set(p) for q in raw for p in q["profile"] if isinstance(p, dict)), set())
     for need, name in (({"title", "abstract"}, "scholarly_titles"), ({"title", "text"}, "headlines"),

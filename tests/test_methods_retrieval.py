@@ -100,6 +100,24 @@ def test_rag_free_form_items_show_only_their_output(engine):
     assert "→" in RagMethod(engine).line(u, 2)
 
 
+def test_rag_lines_of_full_prompt_tasks_leave_out_their_instruction(engine):
+    """Commit prompts are whole prompts that all open with one instruction: repeated in every retrieved line it
+    matched every item and was what card_cad's amplified context copied (16 of 40 outputs, docs/RESULTS.md)."""
+    from personalize.fitting.population import COMMIT_PROMPT
+
+    task = TASKS["commit_subjects"]
+    x = COMMIT_PROMPT.format(stat=" parser.py | 2 +-\n", diff="-old\n+new\n")
+    assert x.startswith(task.fixed_start) and task.prefix == ""
+    rag = RagMethod(engine)
+    engine.task = task
+    try:
+        line = rag.line(user([Item("fix the parser", x, "c0")]), 0)
+    finally:
+        engine.task = TASK
+    assert line.startswith("Files changed:") and line.endswith("→ fix the parser")
+    assert task.instruction not in line
+
+
 # ---------------------------------------------------------------- PAG
 
 def test_pag_summary_is_generated_once_stored_and_reused(engine, store, monkeypatch):

@@ -27,9 +27,9 @@ from typing import Callable, Iterable, Mapping, Sequence
 from personalize.data import TASKS, HistoryError, Item, Query, Task, parse_json, short_text, task_named, write_lamp
 from personalize.card.neutral import plain
 
-COMMIT_PROMPT = "Write the commit message subject line for this change.\nFiles changed:\n{stat}Diff excerpt:\n{diff}"
+COMMIT_PROMPT = TASKS["commit_subjects"].instruction + "\nFiles changed:\n{stat}Diff excerpt:\n{diff}"
 DEBIAN_DOCS = "/usr/share/doc"  # where every Debian-based system keeps its packages' changelog.Debian.gz
-CHANGELOG_PROMPT = ("Write the Debian changelog entry for this upload.\nPackage: {pkg}\n"
+CHANGELOG_PROMPT = (TASKS["changelog_entries"].instruction + "\nPackage: {pkg}\n"
                     "Version: {version} (previous: {previous})\nDistribution: {dists}; {fields}")
 
 

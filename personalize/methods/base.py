@@ -102,8 +102,8 @@ def n_tokens(tok, text: str) -> int:
 
 
 def task_input(task: Task, x: str) -> str:
-    """The content of a prompt without the task's fixed instruction (it would match every item)."""
-    p = task.prefix
+    """The content of a prompt without the task's fixed start (Task.fixed_start)."""
+    p = task.fixed_start
     return x[len(p):].strip() if p and x.startswith(p) else x
 
 
