@@ -31,6 +31,7 @@ from personalize.lm.features import HiddenCapture
 from personalize.card.head import PersonalizationHead
 from personalize.card.style import StyleSettings, StyleTensors, UserStyle, style_scores
 from personalize.lm.tokens import TokenBudget, decode, left_pad, prompt_ids
+from personalize.lm.utf8 import utf8_guard
 
 
 @dataclass(frozen=True)
@@ -77,10 +78,11 @@ class MinNewTokens(MinNewTokensLengthLogitsProcessor):
         return out
 
 
-def repetition_processors(s: DecodingSettings, prompt_length: int, eos_token_id: int | None = None
-                          ) -> list[LogitsProcessor]:
+def repetition_processors(s: DecodingSettings, prompt_length: int, eos_token_id: int | None = None,
+                          utf8: LogitsProcessor | None = None) -> list[LogitsProcessor]:
     """Repetition control shared by every method, over the generated tokens only; with `eos_token_id`, also
-    no end-of-sequence before the first token (a memory's neighbours may vote for it: an empty output)."""
+    no end-of-sequence before the first token (a memory's neighbours may vote for it: an empty output); with
+    `utf8` (lm.utf8.utf8_guard), whole characters only, last, on the final scores."""
     out: list[LogitsProcessor] = []
     if eos_token_id is not None:
         out.append(MinNewTokens(prompt_length, 1, eos_token_id))
@@ -88,6 +90,8 @@ def repetition_processors(s: DecodingSettings, prompt_length: int, eos_token_id:
         out.append(RepetitionPenaltyLogitsProcessor(float(s.repetition_penalty), prompt_ignore_length=prompt_length))
     if s.no_repeat_ngram:
         out.append(GeneratedNoRepeatNGram(s.no_repeat_ngram, prompt_length))
+    if utf8 is not None:
+        out.append(utf8)
     return out
 
 
@@ -165,8 +169,9 @@ def generate(model, tok, prompts: list[str], budget: TokenBudget, s: DecodingSet
              extra_processors=()) -> list[Generation]:
     """Batched decoding with the active adapter; CARD when a head and one style per prompt are given."""
     ids, mask = left_pad([prompt_ids(tok, x, budget) for x in prompts], tok.pad_token_id, model.device)
-    processors = list(extra_processors)
-    repeats = repetition_processors(s, ids.shape[1], tok.eos_token_id)  # last: on the final scores, CARD's included
+    utf8 = utf8_guard(tok, ids.shape[1])  # first too: CARD's top-k are then whole-character tokens
+    processors = [*([utf8] if utf8 else []), *extra_processors]
+    repeats = repetition_processors(s, ids.shape[1], tok.eos_token_id, utf8)  # last: on the final scores, CARD's included
     kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=s.max_new_tokens, min_new_tokens=s.min_new_tokens or None,
                   pad_token_id=tok.pad_token_id, do_sample=s.do_sample, repetition_penalty=None, top_p=None)
     if s.do_sample:

@@ -27,6 +27,7 @@ from personalize.serving.row_lora import NO_ADAPTER
 from personalize.serving.rows import DecodeRow, Steer
 from personalize.card.decoding import DecodingSettings, Generation, repetition_processors
 from personalize.lm.tokens import decode, left_pad, prompt_ids
+from personalize.lm.utf8 import utf8_guard
 from personalize.methods.base import UserContext
 
 
@@ -142,13 +143,15 @@ class CopeMethod:
         e.use_adapter(user_ad)  # adapters on; each row then runs the adapter adapter_names gives it
         ids, mask = left_pad([prompt_ids(e.tok, x, e.cfg.budget) for x in prompts], e.tok.pad_token_id, e.model.device)
         proc = CopeLogitsProcessor(self.cfg.alpha, self.cfg.tau, n)
+        utf8 = utf8_guard(e.tok, ids.shape[1])
         if trace:
             proc.trace = []
         t0 = time.perf_counter()
         out = e.model.generate(
             input_ids=torch.cat([ids, ids]), attention_mask=torch.cat([mask, mask]),
             adapter_names=[user_ad] * n + [base_ad] * n,
-            logits_processor=LogitsProcessorList([proc, *repetition_processors(settings, ids.shape[1], e.tok.eos_token_id)]),
+            logits_processor=LogitsProcessorList([*([utf8] if utf8 else []), proc,
+                                                  *repetition_processors(settings, ids.shape[1], e.tok.eos_token_id, utf8)]),
             max_new_tokens=settings.max_new_tokens, min_new_tokens=settings.min_new_tokens or None,
             repetition_penalty=None, pad_token_id=e.tok.pad_token_id,
             do_sample=False, temperature=None, top_k=None, top_p=None)

@@ -28,6 +28,7 @@ from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList, Sto
 from transformers.generation.streamers import BaseStreamer
 
 from personalize.card.decoding import DecodingSettings, Generation, MinNewTokens, repetition_processors
+from personalize.lm.utf8 import utf8_guard
 from personalize.lm.features import HiddenCapture, position_ids
 from personalize.lm.onednn import onednn_linears
 from personalize.lm.tokens import decode, left_pad, prompt_ids
@@ -159,11 +160,12 @@ def _decode_group(model, tok, rows: Sequence[DecodeRow], on_step, fast: bool) ->
                 stack.enter_context(kind.reference_hooks(model, [(i, rows[i].steer) for i in generated
                                                                  if type(rows[i].steer) is kind]))
         chains, steppers = [], {}
+        utf8 = utf8_guard(tok, length)  # whole characters: first (a steer's candidates) and last
         for i, r in enumerate(rows):
             s = r.settings
-            first = [MinNewTokens(length, s.min_new_tokens, tok.eos_token_id)] \
-                if s.min_new_tokens else []
-            repeats = repetition_processors(s, length, tok.eos_token_id)
+            first = [*([utf8] if utf8 else []), *([MinNewTokens(length, s.min_new_tokens, tok.eos_token_id)]
+                                                  if s.min_new_tokens else [])]
+            repeats = repetition_processors(s, length, tok.eos_token_id, utf8)
             if r.steer is None:
                 chains.append(([i], [*first, *repeats]))
                 continue
