@@ -226,6 +226,7 @@ def test_card_cad_contrasts_the_prompt_with_the_persons_items_against_the_prompt
     from personalize.card import decoding
     from personalize.card.adapters import adapter_name
     from personalize.lm.tokens import prompt_ids
+    from personalize.lm.utf8 import utf8_guard
     from personalize.methods.card.contrast import ContrastConfig, ContrastSteer
     from personalize.serving.rows import DecodeRow
 
@@ -245,6 +246,8 @@ def test_card_cad_contrasts_the_prompt_with_the_persons_items_against_the_prompt
         lp = [engine.model(input_ids=torch.tensor([prompt_ids(engine.tok, p, wide)])).logits[0, -1].float()
               .log_softmax(-1) for p in (with_items, prompt)]
     cfg = ContrastConfig()
+    whole = utf8_guard(engine.tok, 0)(torch.zeros(1, 0, dtype=torch.long), torch.zeros(1, len(lp[0])))[0] == 0
+    lp = [x.masked_fill(~whole, float("-inf")) for x in lp]  # an output opens with a whole character (lm/utf8.py)
     plausible = lp[0] >= lp[0].max() + torch.log(torch.tensor(cfg.tau))
     score = torch.where(plausible, (1 + cfg.beta) * lp[0] - cfg.beta * lp[1], torch.tensor(float("-inf")))
     assert int(cad.trace[0]["token"]) == int(score.argmax())
@@ -254,7 +257,7 @@ def test_card_cad_contrasts_the_prompt_with_the_persons_items_against_the_prompt
     assert zero.text == decoding.generate(engine.model, engine.tok, [with_items], wide, s)[0].text
     # a strong contrast whose choice differs from the items-prompt's own argmax: only the twin's own prompt gives it
     for beta in (2.0, 5.0, 20.0, 100.0):
-        strong = torch.where(torch.isfinite(lp[0]), (1 + beta) * lp[0] - beta * lp[1], lp[0])
+        strong = torch.where(torch.isfinite(lp[0]), (1 + beta) * lp[0] - beta * lp[1], lp[0])  # -inf: not whole
         if int(strong.argmax()) != int(lp[0].argmax()):
             break
     assert int(strong.argmax()) != int(lp[0].argmax()), "no β moves the first token on this tiny model"

@@ -61,6 +61,7 @@ class CopeLogitsProcessor(LogitsProcessor):
         user = torch.log_softmax(scores[:b].float(), -1)
         base = torch.log_softmax(scores[b:].float(), -1)
         head = user >= user.max(-1, keepdim=True).values + self.log_tau  # π_user ≥ τ·max π_user
+        head &= torch.isfinite(user)  # a token masked before (whole characters only) stays masked, also at τ = 0
         reward = torch.where(head, user - self.alpha * base, torch.full_like(user, float("-inf")))
         if self.trace is not None:
             best = reward.argmax(-1)
