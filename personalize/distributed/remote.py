@@ -16,15 +16,11 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Sequence
 
-from personalize.card.adapters import BASE_ADAPTER, adapter_name
 from personalize.card.decoding import Generation
 from personalize.distributed.pool import RayConfig, connect
-from personalize.distributed.serve import ServeConfig, deploy, pack_rows
-from personalize.serving.row_lora import NO_ADAPTER
+from personalize.distributed.serve import ServeConfig, deploy, held_by_build, pack_rows
 from personalize.serving.rows import DecodeRow
 from personalize.serving.scheduler import DecodeScheduler
-
-_FROZEN = (None, NO_ADAPTER)  # rows on the frozen LM
 
 
 class RemoteDecoder:
@@ -61,9 +57,8 @@ class RemoteDecoder:
             return self.handle
 
     def replicated(self, rows: Sequence[DecodeRow]) -> bool:
-        """Whether every adapter the rows read (their own and a twin's) is one of the build's, held by the replicas."""
-        built = {adapter_name(k, c) for k in self.engine.cfg.ks for c in range(k)} | {BASE_ADAPTER, *_FROZEN}
-        return all(r.adapter in built and (r.steer is None or r.steer.twin_adapter in (None, *built)) for r in rows)
+        """Whether the replicas hold every adapter the rows read (serve.held_by_build)."""
+        return held_by_build(self.engine, rows)
 
     def submit(self, build: Callable[[], Sequence[DecodeRow]],
                on_step: Callable[[int, int], None] | None = None) -> Future:

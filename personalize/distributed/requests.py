@@ -8,13 +8,11 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from personalize.card.adapters import BASE_ADAPTER, adapter_name
 from personalize.card.decoding import Generation
 from personalize.distributed import workers
 from personalize.distributed.pool import RayConfig, connect, map_shards, shard_count, split
-from personalize.distributed.serve import pack_rows, unpack_rows
+from personalize.distributed.serve import held_by_build, pack_rows, unpack_rows
 from personalize.methods.engine import Engine
-from personalize.serving.row_lora import NO_ADAPTER
 from personalize.serving.rows import DecodeRow
 
 Outcome = list[Generation] | str  # a request's generations, or why it failed (the error of its rows)
@@ -30,12 +28,6 @@ def decode_requests(folder: str, cfg, requests: list[list[DecodeRow]]) -> list[O
         except (ValueError, RuntimeError) as e:  # the rows' own error, as in-process decoding raises it
             out.append(str(e))
     return out
-
-
-def held_by_build(engine: Engine, rows: Sequence[DecodeRow]) -> bool:
-    """Whether every adapter the rows read (their own and a twin's) is one of the build's, which workers load."""
-    built = {adapter_name(k, c) for k in engine.cfg.ks for c in range(k)} | {BASE_ADAPTER, None, NO_ADAPTER}
-    return all(r.adapter in built and (r.steer is None or r.steer.twin_adapter in built) for r in rows)
 
 
 class RequestShards:

@@ -17,7 +17,9 @@ import threading
 from dataclasses import dataclass
 from typing import Sequence
 
+from personalize.card.adapters import BASE_ADAPTER, adapter_name
 from personalize.methods.engine import Engine
+from personalize.serving.row_lora import NO_ADAPTER
 from personalize.serving.rows import DecodeRow
 from personalize.serving.scheduler import DecodeScheduler, SchedulerConfig
 
@@ -57,6 +59,13 @@ def _swap_heads(rows: Sequence[DecodeRow], swap) -> list[DecodeRow]:
                 r = dataclasses.replace(r, steer=dataclasses.replace(st, **changes))
         out.append(r)
     return out
+
+
+def held_by_build(engine: Engine, rows: Sequence[DecodeRow]) -> bool:
+    """Whether every adapter the rows read (their own and a twin's) is one of the build's, which every replica and
+    worker loads; rows on another (a person's OPPU LoRA, trained beside the studio's database) decode in-process."""
+    built = {adapter_name(k, c) for k in engine.cfg.ks for c in range(k)} | {BASE_ADAPTER, None, NO_ADAPTER}
+    return all(r.adapter in built and (r.steer is None or r.steer.twin_adapter in built) for r in rows)
 
 
 def pack_rows(engine: Engine, rows: Sequence[DecodeRow]) -> list[DecodeRow]:
