@@ -32,19 +32,25 @@ def cmd_build(a) -> None:
 
 
 def cmd_onboard(a) -> None:
-    from personalize.data import read_history_file
-    from personalize.fitting.person import fit_person
-    from personalize.store import Store
-
-    from personalize.data import TASKS
-    from personalize.methods.engine import artifacts_meta
+    """A missing build, a bad history file or a taken name is refused before the models load (seconds, not ten)."""
+    from personalize.data import TASKS, read_history_file
+    from personalize.methods.artifacts import artifacts_meta
+    from personalize.store import Store, StoreError
 
     if not (Path(a.artifacts) / "config.json").exists():
         raise UsageError(f"no artifacts at {a.artifacts}: build them with `python -m personalize build`")
     items = read_history_file(a.history, task=TASKS[artifacts_meta(Path(a.artifacts))["task"]])
-    engine = load_engine(a)
-    store = Store(a.db)
     name = a.user or Path(a.history).stem
+    store = Store(a.db)
+    try:
+        store.user(name)
+        if not a.replace:
+            raise UsageError(f"user {name!r} exists: pass --replace to replace their history and style")
+    except StoreError:
+        pass  # a new user
+    from personalize.fitting.person import fit_person
+
+    engine = load_engine(a)
     store.add_user(name, items, engine.task.name, replace=a.replace)
     t0 = time.perf_counter()
     fit, _ = fit_person(engine, store, name, k=a.k, progress=lambda s: print(f"  {s} ...", flush=True))
@@ -93,8 +99,9 @@ def cmd_generate(a) -> None:
 
     if not a.prompt.strip():
         raise UsageError("--prompt is empty")
-    engine = load_engine(a)
     store = Store(a.db)
+    store.user(a.user)  # an unknown user is told before the models load
+    engine = load_engine(a)
     lam, cluster, k = _user_state(engine, store, a.user, a.k)
     s = decoding(engine, a)
     prompt = engine.task.prompt(a.prompt) if a.template else a.prompt
@@ -201,7 +208,7 @@ def cmd_campaign(a) -> None:
     try:
         camps = campaign.Campaigns(store)
         if a.action == "create":
-            from personalize.methods.engine import artifacts_meta
+            from personalize.methods.artifacts import artifacts_meta
 
             if not (Path(a.artifacts) / "config.json").exists():
                 raise UsageError(f"no artifacts at {a.artifacts}: build them with `python -m personalize build`")

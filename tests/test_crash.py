@@ -399,7 +399,7 @@ def check_vector(store: Store, user: str, artifacts: str, v0: np.ndarray, ref: d
 
 def test_kill_during_fit_keeps_the_previous_vector_or_the_whole_new_one(worker, tiny_artifacts, demo_items,
                                                                        tmp_path, request):
-    from personalize.methods.engine import artifacts_meta
+    from personalize.methods.artifacts import artifacts_meta
 
     artifacts = artifacts_meta(tiny_artifacts["artifacts"])["id"]
     db = tmp_path / "studio.db"

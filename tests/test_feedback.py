@@ -180,7 +180,7 @@ def pairs_studio(tiny_artifacts, tmp_path_factory):
     from dataclasses import replace
 
     from personalize.fitting.build import build
-    from personalize.methods.engine import artifacts_meta
+    from personalize.methods.artifacts import artifacts_meta
     from personalize.card.config import CardConfig
 
     root = tmp_path_factory.mktemp("pairs")

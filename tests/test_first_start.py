@@ -76,7 +76,7 @@ card = CardConfig(model=ModelConfig({lm!r}, device="cpu"), ks=(1, 2), default_k=
 def test_two_processes_build_the_same_folder(tokenizer, tmp_path: Path) -> None:
     from conftest import save_tiny_lm
     from personalize.demo import write_demo
-    from personalize.methods.engine import artifacts_meta
+    from personalize.methods.artifacts import artifacts_meta
 
     save_tiny_lm(tokenizer, tmp_path / "lm")
     demo = write_demo(tmp_path / "demo", n_users_per_style=2, n_items=10)

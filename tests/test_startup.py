@@ -9,7 +9,7 @@ from peft import PeftModel
 
 from personalize.card.adapters import adapter_name, load_adapters
 from personalize.card.config import CardConfig
-from personalize.methods.engine import artifacts_meta
+from personalize.methods.artifacts import artifacts_meta
 from personalize.lm.models import load_lm
 
 

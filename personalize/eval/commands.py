@@ -130,7 +130,7 @@ def add_ray_args(p: argparse.ArgumentParser) -> None:
 
 def _objectives_first(a) -> tuple[str, ...]:
     """The built heads with --objective first (onboarding and card use the first), checked before models load."""
-    from personalize.methods.engine import artifacts_meta
+    from personalize.methods.artifacts import artifacts_meta
 
     if not (Path(a.artifacts) / "config.json").exists():
         raise UsageError(f"no artifacts at {a.artifacts}: build them with `python -m personalize build`")

@@ -218,7 +218,7 @@ def ensure_demo(demo: Path, art: Path) -> None:
     if not (demo / "dev_questions.json").exists():
         print(f"first start: the demo's people are {write_demo_people(demo)}", flush=True)
     from personalize.card.config import FORMAT_VERSION
-    from personalize.methods.engine import ArtifactsError, artifacts_meta
+    from personalize.methods.artifacts import ArtifactsError, artifacts_meta
 
     try:
         old = (art / "config.json").exists() and artifacts_meta(art).get("format_version", 0) < FORMAT_VERSION

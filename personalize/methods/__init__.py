@@ -7,6 +7,7 @@
   `XConfig` and an `XMethod(engine, store=None, cfg=XConfig())`; a method that steers its rows in a mixed batch
   (cope, p2p, card) implements serving.rows.Steer beside it, so the runner knows none of them;
 - engine.py: the loaded build (LM, cluster adapters, heads, encoder) the methods decode with.
+- artifacts.py: a build's config.json read without the model code (the CLI refuses a missing build at once).
 
 What a method chose for an output (retrieved items, attributes) is in `Generation.trace`.
 

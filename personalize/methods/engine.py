@@ -8,7 +8,6 @@ one `set_adapter` call. Onboarding = embed → assign → features → λ fit.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -19,6 +18,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from personalize.methods.artifacts import ArtifactsError, artifacts_meta
 from personalize.card.adapters import BASE_ADAPTER, adapter_name, add_adapters, load_adapters
 from personalize.serving.rows import DecodeRow
 from personalize.serving.runner import decode_rows
@@ -34,10 +34,6 @@ from personalize.lm.models import LM, EncoderConfig, ModelConfig, load_encoder, 
 from personalize.card.neutral import neutral
 
 NEUTRAL_TEMPLATE = "Rewrite the following text in plain, neutral English: {text}"
-
-
-class ArtifactsError(ValueError):
-    """Missing or unusable artifacts; the message says what to run."""
 
 
 @dataclass
@@ -366,11 +362,3 @@ def split_held_out(data, n_hold: int, n_items: int):
     sl = lambda a, b: TokenData(data.h[a:b], data.cand[a:b], data.base[a:b], data.target[a:b],  # noqa: E731
                                 None if w is None else w[a:b])
     return sl(cut, len(data)), sl(0, cut)
-
-
-def artifacts_meta(folder: Path) -> dict:
-    try:
-        return json.loads((Path(folder) / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ArtifactsError(f"unreadable artifacts config {Path(folder) / 'config.json'}: {e}") from None
-

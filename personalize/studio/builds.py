@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from personalize.data import TASKS, HistoryError, Item, read_lamp
-from personalize.methods.engine import ArtifactsError, Engine
+from personalize.methods.artifacts import ArtifactsError
+from personalize.methods.engine import Engine
 from personalize.studio.service import Service
 
 

@@ -44,7 +44,7 @@ class BuildInfo:
 
     @classmethod
     def of_folder(cls, folder: str | Path) -> "BuildInfo":
-        from personalize.methods.engine import artifacts_meta
+        from personalize.methods.artifacts import artifacts_meta
 
         folder = Path(folder)
         meta = artifacts_meta(folder)

@@ -10,7 +10,7 @@ import gradio as gr
 from personalize.humaneval.arena import StalePair
 from personalize.data import HistoryError
 from personalize.display import md
-from personalize.methods.engine import ArtifactsError
+from personalize.methods.artifacts import ArtifactsError
 from personalize.store import StoreError
 from personalize.lm.cpu_threads import hands_back_team
 
