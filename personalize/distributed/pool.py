@@ -4,6 +4,7 @@ finish. Ray is imported here only, and only when called."""
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -41,6 +42,8 @@ def connect(cfg: RayConfig):
         raise ConnectionError("Ray is not installed: pip install -r requirements.txt") from e
     if ray.is_initialized():
         return ray
+    if cfg.address != "auto":
+        _reachable(cfg.address)
     runtime_env = {"py_modules": [str(PACKAGE)], "env_vars": {"TOKENIZERS_PARALLELISM": "false", **cfg.env}}
     kwargs = {"runtime_env": runtime_env, "include_dashboard": False, "log_to_driver": False}
     try:
@@ -52,6 +55,20 @@ def connect(cfg: RayConfig):
         raise ConnectionError(f"cannot reach Ray at {cfg.address!r}: {e}. Start a cluster with `ray start --head` "
                               "(and `ray start --address HEAD:6379` on each other machine), then pass that address")
     return ray
+
+
+def _reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A TCP connect to HOST:PORT first: ray.init retries an address nobody listens on for about a minute before
+    it gives up, and a typo should be told at once."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return  # a form Ray reads itself (e.g. a bare host): its own error then
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConnectionError(f"cannot reach Ray at {address!r}: nothing answers at {host}:{port} ({e}). Start a "
+                              "cluster with `ray start --head` (and `ray start --address HEAD:6379` on each other "
+                              "machine), then pass that address") from None
 
 
 def shard_count(ray, cfg: RayConfig, n_items: int) -> int:
