@@ -153,12 +153,12 @@ def test_end_to_end_on_the_bundled_model(artifacts, demo_dir, tmp_path):
     assert "unknown user 'nobody'" in r.stderr
 
     out_json = tmp_path / "eval.json"
-    r = cli("eval", "--artifacts", artifacts, "--data", demo_dir, "--limit", "3", "--methods",
+    r = cli("eval", "--artifacts", artifacts, "--data", demo_dir, "--limit", "2", "--methods",
             "base,cluster,card,bm25_copy,rag,p2p,oppu", "--oppu-steps", "1", "--json", out_json, check=0)
     res = json.loads(out_json.read_text())
     assert set(res["methods"]) == {"base", "cluster", "card", "bm25_copy", "rag", "p2p", "oppu"}
     assert res["settings"]["method_configs"]["oppu"] == {"max_steps": 1}  # trains each user's LoRA on first use
-    assert all(0 <= v["rougeL"] <= 1 and v["n"] == 3 for v in res["methods"].values())
+    assert all(0 <= v["rougeL"] <= 1 and v["n"] == 2 for v in res["methods"].values())
     assert "R-L" in r.stdout
 
     r = cli("eval", "--artifacts", artifacts, "--data", demo_dir, "--exact-pairs", "0", check=2)
@@ -166,22 +166,28 @@ def test_end_to_end_on_the_bundled_model(artifacts, demo_dir, tmp_path):
     r = cli("eval", "--artifacts", artifacts, "--data", demo_dir, "--objective", "hard_pairs", check=2)
     assert "heads for ['tokens']" in r.stderr and "--objectives hard_pairs" in r.stderr and "Traceback" not in r.stderr
 
+
+def test_bench_on_the_tiny_build(tiny_artifacts, tmp_path):
+    """`bench` end to end (onboarding, fit, Table 5's rows, serving) on the tiny build: its figures measure nothing
+    there, its table and JSON keys are what this checks (benchmarks run it on real builds)."""
+    artifacts = tiny_artifacts["artifacts"]
     bench_json = tmp_path / "bench.json"
     r = cli("bench", "--artifacts", artifacts, "--users", "3", "--items", "6", "--repeats", "2", "--json", bench_json,
-            "--methods", "rag,oppu,p2p,card", "--oppu-steps", "1", "--serving-people", "3", "--exact-pairs", "1",
+            "--methods", "rag,oppu,card", "--oppu-steps", "1", "--serving-people", "3", "--exact-pairs", "1",
             "--start-repeats", "1", check=0)  # exact: see test_bench_methods_side_by_side
     b = json.loads(bench_json.read_text())
     assert b["bytes_per_user"] > 512 and b["fit_ms"] > 0 and b["decode_overhead_ratio"] > 0  # λ + bias + memory
     assert {"same_cluster", "cross_cluster"} <= set(b["switch_ms"]) and b["onboarding_s"]["total"] > 0
     # paper Table 5, measured side by side in the same run
-    assert list(b["methods"]) == ["rag", "oppu", "p2p", "card"]
+    assert list(b["methods"]) == ["rag", "oppu", "card"]
     for m, row in b["methods"].items():
         assert row["onboarding_s"] > 0 and row["latency_s_per_query"] > 0 and row["bytes_per_user"] > 0, (m, row)
     assert b["methods"]["card"]["bytes_per_user"] == b["bytes_per_user"]
-    assert b["methods"]["oppu"]["bytes_per_user"] > 10 * b["methods"]["card"]["bytes_per_user"]  # a LoRA vs a style
-    assert "| p2p |" in r.stdout and "latency s/query" in r.stdout
+    assert b["methods"]["oppu"]["bytes_per_user"] > b["methods"]["card"]["bytes_per_user"]  # a LoRA vs a style (tiny: 4 layers)
+    assert "| oppu |" in r.stdout and "latency s/query" in r.stdout
     sv = b["serving"]  # mixed batches and the scheduler (eval/bench_serving.py), names fixed
-    assert sv["methods"] == ["base", "cluster", "card", "cope", "p2p"] and sv["compare_s"] > 0 and sv["single_s"] > 0
+    assert sv["methods"] == ["base", "cluster", "card", "cope"]  # and p2p where the build has its hypernetwork
+    assert sv["compare_s"] > 0 and sv["single_s"] > 0
     assert {"sequential_s", "scheduled_s", "p50_s", "p95_s"} <= set(sv["concurrent"])
     assert max(x["requests"] for x in sv["concurrent"]["batches"]) > 1  # people shared a batch
     assert sv["exact_first_use_s"] > 0 and sv["exact_first_use_old_s"] > 0 and sv["exact_same_attributes"]
@@ -203,7 +209,7 @@ def test_bad_history_files_are_refused_and_nothing_is_written(artifacts, tmp_pat
 
 
 def test_mixed_batch_on_the_bundled_model_equals_each_method_alone(artifacts, demo_dir, tmp_path):
-    """Issue 12: base, cluster, card, cope and p2p rows of two people and two prompts in ONE generate give,
+    """Issue 12: base, cluster, card, cope and p2p rows of two people on the same prompt in ONE generate give,
     row by row, what each method gives alone (greedy), on the bundled SmolLM2 build."""
     from personalize.data import read_lamp
     from personalize.methods.base import UserContext
@@ -221,7 +227,7 @@ def test_mixed_batch_on_the_bundled_model_equals_each_method_alone(artifacts, de
             prepared_items(st.engine, st.store, q.user)
             state = st.user_state(q.user)
             user = UserContext.from_store(st.store, q.user, st.task, state.cluster, state.k, state.lam)
-            plan += [(m, user, p) for m in ("base", "cluster", "card", "cope", "p2p") for p in (q.input, people[0].input)]
+            plan += [(m, user, people[0].input) for m in ("base", "cluster", "card", "cope", "p2p")]  # one prompt, two styles
         s = st.engine.cfg.decoding
         rows = [r for m, u, p in plan for r in st.method(m).rows(u, [p], s)]
         mixed = st.engine.decode_rows(rows)
