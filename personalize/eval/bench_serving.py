@@ -7,6 +7,8 @@
   before the scheduler (sequential_s: each method of each person alone, behind one lock);
 - exact_first_use_s: EXACT's attribute search for one person with the shared-prompt cache, and the old
   full-sequence path's time on the same pairs (exact_first_use_old_s);
+- fit: Fit my style on a pasted history (texts only, so §1.8's neutral rewrites run from Save), clicked right
+  after Save and after the rewrites ended, as the app's two buttons do; medians over people (fit_after_save);
 - start_s: the app's later start, process start to HTTP 200 (the build already made).
 """
 
@@ -111,10 +113,31 @@ def bench_serving(engine, store, names: Sequence[str], prompts: Sequence[str], s
                           "speedup": round(sequential / scheduled, 2),
                           "batches": studio.scheduler.batches[-10:]}}
     out |= exact_first_use(studio, n0, exact_pairs, progress)
+    out["fit"] = fit_after_save(studio, [[i.y for i in store.items(n)] for n in names], progress=progress)
     if start_repeats:
         out["start_s"] = later_start(engine.folder, repeats=start_repeats, progress=progress)
     studio.scheduler.close()
     return out
+
+
+def fit_after_save(studio, histories: Sequence[Sequence[str]], n_items: int = 24, progress=print) -> dict:
+    """Each history pasted under a new name (texts only: no prompts, so Save starts the neutral rewrites), then
+    Fit my style: every other person at once ("right after Save"), the others once the rewrites ended ("after
+    the rewrites", as a person who looks at their cluster first). Seconds a fit, per mode and their medians."""
+    from personalize.data import Item
+
+    times: dict[str, list[float]] = {"right_after_save_s": [], "after_rewrites_s": []}
+    for i, texts in enumerate(histories):
+        name, mode = f"pasted-{i}", ("after_rewrites_s" if i % 2 else "right_after_save_s")
+        studio.save_history(name, [Item(y=t) for t in texts[:n_items]], studio.task.name)
+        if i % 2:
+            studio.histories.rewrites.result()  # the background rewrites Save started
+        t0 = time.perf_counter()
+        fit = studio.fit(name)
+        times[mode].append(round(time.perf_counter() - t0, 2))
+        progress(f"serving: Fit my style, {fit.n_items} pasted items, {mode[:-2].replace('_', ' ')}: "
+                 f"{times[mode][-1]:.2f} s {({k: round(v, 2) for k, v in fit.stages_s.items()})}")
+    return {"items": n_items, **times, **{f"median_{k}": round(_median(v), 2) for k, v in times.items()}}
 
 
 def demo_compare(artifacts: str, demo_data: str, tokens: int):

@@ -555,6 +555,10 @@ def format_bench(b: dict) -> str:
                  ("  latency p50 / p95 (s)", f"{c['p50_s']} / {c['p95_s']}")]
         if "exact_first_use_s" in sv:
             rows += [("EXACT first use (s)", sv["exact_first_use_s"]), ("  old path (s)", sv["exact_first_use_old_s"])]
+        if "fit" in sv:
+            f = sv["fit"]
+            rows += [(f"Fit my style, {f['items']} pasted items, right after Save (s)", f["median_right_after_save_s"]),
+                     ("  after the neutral rewrites (s)", f["median_after_rewrites_s"])]
         if "start_s" in sv:
             rows += [("app later start (s)", sv["start_s"])]
     w = max(len(r[0]) for r in rows)
