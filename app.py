@@ -129,9 +129,13 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     try:
+        target = DecodeTarget(a.decode, a.decode_replicas, a.decode_gpus)
+        if target.address not in (None, "auto"):
+            from personalize.distributed.pool import check_reachable
+
+            check_reachable(target.address)  # before a first start's build and the model's load, not after
         if Path(a.artifacts).resolve() == Path(DEMO_ARTIFACTS).resolve():
             ensure_demo(Path(a.demo_data), Path(a.artifacts))
-        target = DecodeTarget(a.decode, a.decode_replicas, a.decode_gpus)
         studio = Studio.load(StudioConfig(artifacts=a.artifacts, db=a.db, demo_data=a.demo_data, decode=target),
                              adapters_later=True)
     except (*EXPECTED, ConnectionError) as e:  # ConnectionError: --decode names a Ray that cannot be reached

@@ -43,7 +43,7 @@ def connect(cfg: RayConfig):
     if ray.is_initialized():
         return ray
     if cfg.address != "auto":
-        _reachable(cfg.address)
+        check_reachable(cfg.address)
     runtime_env = {"py_modules": [str(PACKAGE)], "env_vars": {"TOKENIZERS_PARALLELISM": "false", **cfg.env}}
     kwargs = {"runtime_env": runtime_env, "include_dashboard": False, "log_to_driver": False}
     try:
@@ -57,7 +57,7 @@ def connect(cfg: RayConfig):
     return ray
 
 
-def _reachable(address: str, timeout_s: float = 5.0) -> None:
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
     """A TCP connect to HOST:PORT first: ray.init retries an address nobody listens on for about a minute before
     it gives up, and a typo should be told at once."""
     host, _, port = address.removeprefix("ray://").rpartition(":")
