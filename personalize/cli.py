@@ -37,8 +37,6 @@ def cmd_onboard(a) -> None:
     from personalize.methods.artifacts import artifacts_meta
     from personalize.store import Store, StoreError
 
-    if not (Path(a.artifacts) / "config.json").exists():
-        raise UsageError(f"no artifacts at {a.artifacts}: build them with `python -m personalize build`")
     items = read_history_file(a.history, task=TASKS[artifacts_meta(Path(a.artifacts))["task"]])
     name = a.user or Path(a.history).stem
     store = Store(a.db)
@@ -210,8 +208,6 @@ def cmd_campaign(a) -> None:
         if a.action == "create":
             from personalize.methods.artifacts import artifacts_meta
 
-            if not (Path(a.artifacts) / "config.json").exists():
-                raise UsageError(f"no artifacts at {a.artifacts}: build them with `python -m personalize build`")
             meta = artifacts_meta(Path(a.artifacts))
             c = campaign_pool.create_from_lamp(
                 store, a.name, a.data, a.split, a.limit, a.artifacts, meta.get("id", "unbuilt"), meta["task"],

@@ -162,3 +162,25 @@ def test_rows_travel_with_the_head_by_name_and_come_back_with_the_replicas_own()
     assert sent[0].steer.head == HeadRef("tokens") and sent[1] is plain and row.steer.head is here
     got = unpack_rows(SimpleNamespace(heads={"tokens": there}), sent)
     assert got[0].steer.head is there and got[0].steer.style is row.steer.style
+
+
+def test_an_address_is_checked_for_a_listener_before_ray_is_asked():
+    """check_reachable: a port that listens passes (IPv4, ray:// and IPv6 forms), a closed one is a ConnectionError
+    naming the address at once; `auto` never reaches it (connect skips it)."""
+    import socket
+
+    from personalize.distributed.pool import check_reachable
+
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        port = srv.getsockname()[1]
+        check_reachable(f"127.0.0.1:{port}")
+        check_reachable(f"ray://127.0.0.1:{port}")
+    with pytest.raises(ConnectionError, match=f"cannot reach Ray at 'ray://127.0.0.1:{port}'"):
+        check_reachable(f"ray://127.0.0.1:{port}")  # the listener is gone
+    if socket.has_ipv6:
+        try:
+            srv6 = socket.create_server(("::1", 0), family=socket.AF_INET6)
+        except OSError:
+            return  # no IPv6 loopback here
+        with srv6:
+            check_reachable(f"[::1]:{srv6.getsockname()[1]}")

@@ -61,6 +61,7 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
     """A TCP connect to HOST:PORT first: ray.init retries an address nobody listens on for about a minute before
     it gives up, and a typo should be told at once."""
     host, _, port = address.removeprefix("ray://").rpartition(":")
+    host = host.strip("[]")  # an IPv6 address: [::1]:6379
     if not host or not port.isdigit():
         return  # a form Ray reads itself (e.g. a bare host): its own error then
     try:

@@ -132,8 +132,6 @@ def _objectives_first(a) -> tuple[str, ...]:
     """The built heads with --objective first (onboarding and card use the first), checked before models load."""
     from personalize.methods.artifacts import artifacts_meta
 
-    if not (Path(a.artifacts) / "config.json").exists():
-        raise UsageError(f"no artifacts at {a.artifacts}: build them with `python -m personalize build`")
     built = tuple(artifacts_meta(Path(a.artifacts))["settings"]["objectives"])
     if a.objective is None:
         return built

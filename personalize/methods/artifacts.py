@@ -14,6 +14,9 @@ class ArtifactsError(ValueError):
 
 
 def artifacts_meta(folder: Path) -> dict:
+    """The build's config.json; a folder without one is told as such, with the command that makes a build."""
+    if not (Path(folder) / "config.json").exists():
+        raise ArtifactsError(f"no artifacts at {folder}: run `python -m personalize build` first")
     try:
         return json.loads((Path(folder) / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as e:

@@ -98,8 +98,6 @@ class Engine:
         """The build in `folder`. adapters_later: only the first cluster adapter now, the others on first
         need or by load_pending_adapters (the app calls it once its page answers: ~1 s of its start)."""
         folder = Path(folder)
-        if not (folder / "config.json").exists():
-            raise ArtifactsError(f"no CARD artifacts at {folder}: run `python -m personalize build` first")
         meta = artifacts_meta(folder)
         if meta.get("format_version", 0) > FORMAT_VERSION:
             raise ArtifactsError(f"artifacts at {folder} have format {meta['format_version']}, newer than this code "
