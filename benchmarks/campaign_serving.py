@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import secrets
 import socket
 import statistics
 import subprocess
@@ -60,18 +61,19 @@ def run_raters(url: str, name: str, n_raters: int = 20, n_each: int = 50, seed: 
     lock = threading.Lock()
     start = threading.Barrier(n_raters)
 
-    def call(c, endpoint, *data):
-        r = c.post(api + endpoint, json={"data": list(data)}, timeout=120)
+    def call(c, endpoint, *data, session):
+        r = c.post(api + endpoint, json={"data": list(data), "session_hash": session}, timeout=120)
         r.raise_for_status()
         return r.json()["data"]
 
     def rater(i: int) -> None:
         rng = random.Random(seed * 1000 + i)
         who = f"rater-{i:02d}"
+        session = secrets.token_hex(6)  # one page load's session: the page sends its hash with each event
         try:
             with httpx.Client() as c:
                 start.wait()
-                aid = call(c, "campaign_next", name, who)[0]
+                aid = call(c, "campaign_next", name, who, session=session)[0]
                 mine, done = [], 0
                 while done < n_each:
                     if aid is None:
@@ -79,7 +81,7 @@ def run_raters(url: str, name: str, n_raters: int = 20, n_each: int = 50, seed: 
                     if pace_s:
                         time.sleep(rng.expovariate(1 / pace_s))
                     t0 = time.perf_counter()
-                    out = call(c, rng.choice(VERDICT_ENDPOINTS), name, who, aid)
+                    out = call(c, rng.choice(VERDICT_ENDPOINTS), name, who, aid, session=session)
                     mine.append(time.perf_counter() - t0)
                     status = out[9]  # (id, progress, instruction, history, prompt, A, B, rows ×2, status, campaign)
                     if not str(status).startswith("Judgment #"):
