@@ -832,6 +832,8 @@ def test_eight_compares_at_once_over_http_and_votes_meanwhile(server):
         alone = {o.method: o.text for o in studio.compare(p, prompt, methods, studio.settings(1.0, 50, 8))}
         assert alone == gens, p
     assert len([r for r in studio.store.ratings() if r["rater"] in {f"v{i}" for i in range(4)}]) == 4
+    for p in people:  # their queued first-use work (EXACT, OPPU: 16 jobs) goes with them, not before the next tests'
+        studio.forget(p)
 
 
 def test_finished_columns_show_their_final_text_while_a_first_use_goes_on(server):
