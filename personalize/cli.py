@@ -97,23 +97,26 @@ def cmd_generate(a) -> None:
 
     if not a.prompt.strip():
         raise UsageError("--prompt is empty")
+    from personalize.catalog import CARD_METHODS, COMPARED, CORE_METHODS
+    from personalize.methods.artifacts import require_parts
+
+    methods = comma_names(a.methods)
+    known = [*CORE_METHODS, *CARD_METHODS[1:], *COMPARED]
+    unknown = [m for m in methods if m not in known]
+    if unknown:
+        raise UsageError(f"unknown methods {unknown}; choose from {known}")
     store = Store(a.db)
-    store.user(a.user)  # an unknown user is told before the models load
+    store.user(a.user)  # an unknown user, a method or a build's part that is not there: told before the models load
+    require_parts(a.artifacts, methods)
     engine = load_engine(a)
     lam, cluster, k = _user_state(engine, store, a.user, a.k)
     s = decoding(engine, a)
     prompt = engine.task.prompt(a.prompt) if a.template else a.prompt
-    from personalize.catalog import CARD_METHODS, CORE_METHODS
+    from personalize.card.style import variant
+    from personalize.methods.base import UserContext
     from personalize.methods.card import decode as card_decode
     from personalize.methods.registry import METHODS, get_method
-    from personalize.methods.base import UserContext
 
-    methods = comma_names(a.methods)
-    from personalize.card.style import variant
-    known = [*CORE_METHODS, *CARD_METHODS[1:], *METHODS]
-    unknown = [m for m in methods if m not in known]
-    if unknown:
-        raise UsageError(f"unknown methods {unknown}; choose from {known}")
     for m in methods:
         if m in METHODS:
             user = UserContext.from_store(store, a.user, engine.task, cluster, k, lam)

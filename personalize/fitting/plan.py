@@ -123,17 +123,17 @@ def build_args(argv: list[str]) -> argparse.Namespace:
 def build_plan(a) -> tuple[Path, Path, CardConfig, dict]:
     """What `build`'s arguments ask for: (data, out, the settings, build()'s other keyword arguments); the app's
     Populations tab builds with the same arguments (population_jobs)."""
+    data = Path(a.data)
+    if not data.is_dir():  # told before the model code is imported
+        raise UsageError(f"--data {data} is not a folder")
     from personalize.card.adapters import LoraSettings
-    from personalize.fitting.build import P2P_STEPS
     from personalize.card.config import CardConfig
     from personalize.card.head import HeadSettings
-    from personalize.methods.p2p import P2PConfig
+    from personalize.fitting.build import P2P_STEPS
     from personalize.lm.models import EncoderConfig, ModelConfig
     from personalize.lm.tokens import TokenBudget
+    from personalize.methods.p2p import P2PConfig
 
-    data = Path(a.data)
-    if not data.is_dir():
-        raise UsageError(f"--data {data} is not a folder")
     cfg = CardConfig()
     cfg = replace(
         cfg, ks=a.ks, default_k=a.default_k or (4 if 4 in a.ks else max(a.ks)),
@@ -154,9 +154,9 @@ def build_plan(a) -> tuple[Path, Path, CardConfig, dict]:
 
 def run_build(a, **more) -> None:
     """`build` as its arguments ask (build_plan); `more`: build()'s other keyword arguments (`cluster_trainer`)."""
+    data, out, cfg, kwargs = build_plan(a)  # first: a wrong folder is told before the model code loads
     from personalize.fitting.build import build
 
-    data, out, cfg, kwargs = build_plan(a)
     build(data, a.split, out, cfg, **kwargs, **more)
 
 

@@ -1,12 +1,18 @@
 """A build's folder as read before any model loads: its config.json, and the error that says what to run.
 
-Light on purpose (json only): the CLI refuses a missing build or a bad history before it imports torch.
+Light on purpose (json only): the CLI refuses a missing build, a method whose part of the build is not there,
+or a bad history before it imports torch.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from personalize.catalog import BY_NAME
+
+# Profile-to-PEFT's hypernetwork, inside a build: the folder and its two files (methods.p2p reads these names)
+P2P_DIR, P2P_WEIGHTS, P2P_CONFIG = "p2p", "hypernet.safetensors", "p2p.json"
 
 
 class ArtifactsError(ValueError):
@@ -21,3 +27,15 @@ def artifacts_meta(folder: Path) -> dict:
         return json.loads((Path(folder) / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ArtifactsError(f"unreadable artifacts config {Path(folder) / 'config.json'}: {e}") from None
+
+
+def require_parts(folder: Path, methods) -> None:
+    """Refuses a method whose part of the build (catalog's `needs`) is missing, before any model loads: a build
+    made with --skip-p2p, or by an older version, has no P2P hypernetwork."""
+    artifacts_meta(folder)  # no build at all is told as such
+    p2p = Path(folder) / P2P_DIR
+    for m in methods:
+        if m in BY_NAME and BY_NAME[m].needs == "p2p" and not (
+                (p2p / P2P_CONFIG).exists() and (p2p / P2P_WEIGHTS).exists()):
+            raise ArtifactsError(f"no P2P hypernetwork in the artifacts at {folder} (built with --skip-p2p or by an "
+                                 "older build): run `python -m personalize build` again without --skip-p2p")

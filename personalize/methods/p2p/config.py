@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 from personalize.card.adapters import BASE_ADAPTER
 from personalize.lm.tokens import TokenBudget
+from personalize.methods.artifacts import P2P_CONFIG as CONFIG
+from personalize.methods.artifacts import P2P_DIR as ARTIFACTS_DIR  # the hypernetwork's folder inside a build
+from personalize.methods.artifacts import P2P_WEIGHTS as WEIGHTS
 
 FORMAT = 1
-WEIGHTS, CONFIG = "hypernet.safetensors", "p2p.json"
-ARTIFACTS_DIR = "p2p"  # where build saves the hypernetwork inside the artifacts folder
 
 LoRA = dict  # module type -> (A [b, L, r, d_in], B [b, L, d_out, r])
 
