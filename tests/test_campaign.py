@@ -386,33 +386,33 @@ def test_generate_is_resumable_after_a_kill(tiny_artifacts, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     cli = [sys.executable, "-m", "personalize", "campaign"]
     subprocess.run([*cli, "create", "--name", "k", "--artifacts", str(tiny_artifacts["artifacts"]),
-                    "--data", str(tiny_artifacts["demo"]), "--split", "dev", "--limit", "8",
-                    "--methods", "base,cluster,card", "--reference", "--max-tokens", "48", "--db", str(db)],
+                    "--data", str(tiny_artifacts["demo"]), "--split", "dev", "--limit", "6",
+                    "--methods", "base,cluster,card", "--reference", "--max-tokens", "16", "--db", str(db)],
                    check=True, env=env, capture_output=True, cwd=tmp_path)
-    assert _count_outputs(db) == 8  # the references
+    assert _count_outputs(db) == 6  # the references
     proc = subprocess.Popen([*cli, "generate", "--name", "k", "--db", str(db)], env=env, cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     t0 = time.time()
-    while _count_outputs(db) < 8 + 3 and time.time() - t0 < 300:
+    while _count_outputs(db) < 6 + 3 and time.time() - t0 < 300:
         time.sleep(0.02)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     stored = _count_outputs(db)
-    assert 8 < stored < 8 + 24, f"the kill did not land mid-way ({stored} outputs)"
+    assert 6 < stored < 6 + 18, f"the kill did not land mid-way ({stored} outputs)"
     con = sqlite3.connect(db)
     before = dict(((i, m), c) for i, m, c in con.execute("SELECT item, method, created FROM campaign_outputs"))
     con.close()
     done = subprocess.run([*cli, "generate", "--name", "k", "--db", str(db)], env=env, cwd=tmp_path,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert f"generated {8 + 24 - stored} output(s)" in done.stdout
+    assert f"generated {6 + 18 - stored} output(s)" in done.stdout
     con = sqlite3.connect(db)
     after = dict(((i, m), c) for i, m, c in con.execute("SELECT item, method, created FROM campaign_outputs"))
     assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     con.close()
-    assert len(after) == 32 and all(after[k] == v for k, v in before.items())
+    assert len(after) == 24 and all(after[k] == v for k, v in before.items())
     status = subprocess.run([*cli, "status", "--name", "k", "--json", "--db", str(db)], env=env, cwd=tmp_path,
                             capture_output=True, text=True, check=True)
     res = json.loads(status.stdout)
     assert {"items", "outputs", "judgments", "agreement", "leaderboard"} <= set(res)
-    assert res["items"] == 8 and res["outputs"] == {"done": 32, "total": 32} and res["judgments"] == 0
+    assert res["items"] == 6 and res["outputs"] == {"done": 24, "total": 24} and res["judgments"] == 0

@@ -127,6 +127,7 @@ def fit_after_save(studio, histories: Sequence[Sequence[str]], n_items: int = 24
     from personalize.data import Item
 
     times: dict[str, list[float]] = {"right_after_save_s": [], "after_rewrites_s": []}
+    counts = sorted({len(texts[:n_items]) for texts in histories})  # what was pasted: shorter histories paste fewer
     for i, texts in enumerate(histories):
         name, mode = f"pasted-{i}", ("after_rewrites_s" if i % 2 else "right_after_save_s")
         studio.save_history(name, [Item(y=t) for t in texts[:n_items]], studio.task.name)
@@ -137,7 +138,8 @@ def fit_after_save(studio, histories: Sequence[Sequence[str]], n_items: int = 24
         times[mode].append(round(time.perf_counter() - t0, 2))
         progress(f"serving: Fit my style, {fit.n_items} pasted items, {mode[:-2].replace('_', ' ')}: "
                  f"{times[mode][-1]:.2f} s {({k: round(v, 2) for k, v in fit.stages_s.items()})}")
-    return {"items": n_items, **times, **{f"median_{k}": round(_median(v), 2) for k, v in times.items()}}
+    items = counts[0] if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    return {"items": items, **times, **{f"median_{k}": round(_median(v), 2) for k, v in times.items()}}
 
 
 def demo_compare(artifacts: str, demo_data: str, tokens: int):
