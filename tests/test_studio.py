@@ -170,16 +170,31 @@ def test_bad_histories_are_refused(studio, text, msg):
         studio.parse(text=text)
 
 
+def test_the_pass_read_ahead_after_save_is_the_one_fit_makes(studio):
+    """Save's background work ends with the teacher-forced pass Fit my style makes (most of a fit's time), under
+    the cluster the person was placed in; Fit then reuses it, and fits the style a fit without it fits."""
+    studio.save_history("ahead", [Item(y=it.y) for it in studio.demo_items("formal_01")], "tweets")  # no prompts
+    studio.histories.rewrites.result()
+    kept = studio.fit("ahead")
+    assert "features (made already)" in kept.stages_s and "features" not in kept.stages_s
+    studio.fits.forget_user("ahead")  # what this process kept of them: the next fit makes its own pass
+    made = studio.fit("ahead")
+    assert "features" in made.stages_s and made.cluster == kept.cluster
+    np.testing.assert_allclose(made.lam, kept.lam, rtol=1e-5, atol=1e-6)
+    assert np.array_equal(made.style.bias_ids, kept.style.bias_ids)
+
+
 def test_fit_compare_why_and_refit_keeps_vector_on_failure(studio, monkeypatch):
     studio.save_history("bo", studio.demo_items("terse_01"), "tweets")
+    studio.histories.rewrites.result()  # Save's background work: the rewrites, then the pass Fit makes
     stages = []
     fit = studio.fit("bo", progress=stages.append)
-    assert "features" in stages and "fit" in stages and not fit.cold_start
+    assert "fit" in stages and "features" not in stages and not fit.cold_start  # the pass was made already
     lam, info = studio.store.vector("bo", studio.engine.artifacts_id)
     assert lam.shape == (16,) and info["stats"]["n_items"] == 10
 
     # a refit that fails leaves the stored vector as it was
-    monkeypatch.setattr(studio.engine, "features", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    monkeypatch.setattr(studio.engine, "fit_style", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     with pytest.raises(RuntimeError):
         studio.fit("bo")
     monkeypatch.undo()

@@ -48,12 +48,13 @@ def store_assignments(engine: Engine, store: Store, name: str, embedding: np.nda
 
 
 def fit_person(engine: Engine, store: Store, name: str, k: int | None = None, objective: str | None = None,
-               progress=None) -> tuple[UserFit, list[Item]]:
-    """The person's fit, stored, and the items it was fitted on (the request's one read of the person)."""
+               progress=None, kept_pass=None) -> tuple[UserFit, list[Item]]:
+    """The person's fit, stored, and the items it was fitted on (the request's one read of the person).
+    `kept_pass`: Engine.fit's, a teacher-forced pass made before (the studio's read-ahead after Save)."""
     t0 = time.perf_counter()
     items = prepared_items(engine, store, name, progress)
     rewrite_s = time.perf_counter() - t0
-    fit = engine.fit(items, k=k, objective=objective, progress=progress)
+    fit = engine.fit(items, k=k, objective=objective, progress=progress, kept_pass=kept_pass)
     if rewrite_s > 0.01:
         fit.stages_s = {"neutral rewrites": round(rewrite_s, 4), **fit.stages_s}
     emb = engine.embed(items)

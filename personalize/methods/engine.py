@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -245,8 +245,10 @@ class Engine:
                         covariate=objective == "hard_pairs")
 
     def fit(self, items: Sequence[Item], k: int | None = None, objective: str | None = None,
-            progress=None) -> UserFit:
-        """Onboard a user from their items: cluster, then λ (with held-out diagnostics)."""
+            progress=None, kept_pass: Callable[[int, int, Sequence[Item]], list | None] | None = None) -> UserFit:
+        """Onboard a user from their items: cluster, then λ (with held-out diagnostics). `kept_pass(k, cluster,
+        items)`: the teacher-forced pass over these items under that cluster's model when one was made already
+        (the studio reads ahead after Save), else None; the pass is most of a fit's time."""
         k = k or self.cfg.default_k
         objective = objective or self.cfg.objectives[0]
         if objective not in self.heads:
@@ -271,7 +273,8 @@ class Engine:
         self.use_adapter(adapter_name(k, cluster))
         n_hold = self.n_held_out(len(items))
         if objective == "tokens":
-            return self._fit_tokens(items, head, cluster, distances, k, n_hold, stage, stages)
+            kept = kept_pass(k, cluster, items) if kept_pass is not None else None
+            return self._fit_tokens(items, head, cluster, distances, k, n_hold, stage, stages, kept)
         if objective in PAIR_OBJECTIVES:
             negs = stage("negatives", lambda: self.negatives(items, objective))
             data = stage("features", lambda: self.user_data(items, objective, negatives=negs))
@@ -317,9 +320,13 @@ class Engine:
             style.keys, style.values = keys, values
         return style, curve
 
-    def _fit_tokens(self, items, head, cluster, distances, k, n_hold, stage, stages) -> UserFit:
-        """The tokens head: one pass, then λ + bias + memory; held-out diagnostics under the decoding rule."""
-        feats = stage("features", lambda: self.features(items))
+    def _fit_tokens(self, items, head, cluster, distances, k, n_hold, stage, stages, feats=None) -> UserFit:
+        """The tokens head: one pass (or the one kept), then λ + bias + memory; held-out diagnostics under the
+        decoding rule."""
+        if feats is None:
+            feats = stage("features", lambda: self.features(items))
+        else:
+            stages["features (made already)"] = 0.0
         diag, own, held = self.held_out_style(feats, n_hold, head)
         style, curve = stage("fit", lambda: self.fit_style(feats, head))
         style.helps = diag.get("helps")

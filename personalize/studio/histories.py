@@ -36,6 +36,7 @@ class Histories(Service):
     def __init__(self, rt):
         super().__init__(rt)
         self.rewrites = None  # the background rewrites of the last saved history (a Future)
+        self.after_rewrites: list = []  # f(name), run after them on the same worker (Fits.read_ahead)
 
     def parse(self, text: str | None = None, file: str | None = None) -> list[Item]:
         """Items from a paste or an uploaded file; HistoryError says what is wrong with either."""
@@ -145,6 +146,8 @@ class Histories(Service):
         try:
             with self.model_lock:
                 prepared_items(self.engine, self.store, name)
+            for then in self.after_rewrites:  # the lock let go between: a waiting decode goes first
+                then(name)
         except (ValueError, StoreError):
             pass  # the user was deleted or replaced meanwhile; Fit redoes what is missing and reports errors
 

@@ -12,8 +12,8 @@ from personalize.ui.controls import Shared
 from personalize.ui.figures import loss_figure
 from personalize.ui import text as page_text
 
-INTRO = ("Fits your style on your history: neutral rewrites of pasted items (started when you saved), one "
-         "teacher-forced pass of your cluster's model, then milliseconds to fit your user vector λ (128 numbers) "
+INTRO = ("Fits your style on your history: neutral rewrites of pasted items and one teacher-forced pass of your "
+         "cluster's model (both started when you saved), then milliseconds to fit your user vector λ (128 numbers) "
          "jointly with a sparse bias over the words you use, beside a memory of what you wrote after each state "
          "of that pass.")
 STAGES = ["assign", "neutral rewrites", "negatives", "features", "fit"]  # studio.fit's progress, in order

@@ -50,7 +50,7 @@ def fit_message(studio, name: str, fit: UserFit, total_s: float, shown_name: str
              f"{fit.cluster} of K = {fit.k}, objective {fit.objective}).", "", "| stage | seconds |", "|---|---|"]
     waited = total_s - fit.total_s
     if waited > 0.5:  # the model was busy: the rewrites started at Save (or another person's request)
-        lines.append(f"| waiting for the model (neutral rewrites started at Save) | {waited:.3f} |")
+        lines.append(f"| waiting for the model (the rewrites and the pass started at Save) | {waited:.3f} |")
     lines += [f"| {s} | {v:.3f} |" for s, v in fit.stages_s.items()]
     d = fit.diagnostics
     if fit.cold_start:
