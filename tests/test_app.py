@@ -832,8 +832,6 @@ def test_eight_compares_at_once_over_http_and_votes_meanwhile(server):
         alone = {o.method: o.text for o in studio.compare(p, prompt, methods, studio.settings(1.0, 50, 8))}
         assert alone == gens, p
     assert len([r for r in studio.store.ratings() if r["rater"] in {f"v{i}" for i in range(4)}]) == 4
-    for p in people:  # their queued first-use work (EXACT, OPPU: 16 jobs) goes with them, not before the next tests'
-        studio.forget(p)
 
 
 def test_finished_columns_show_their_final_text_while_a_first_use_goes_on(server):
@@ -847,7 +845,7 @@ def test_finished_columns_show_their_final_text_while_a_first_use_goes_on(server
     gate = threading.Event()
     studio.runtime.first_use.submit(gate.wait)  # another person's first use, ahead of this one's in the queue
     try:
-        c.predict("latecols", TERSE_HISTORY, None, "tweets", None, api_name="/save_history")  # queues OPPU's
+        c.predict("latecols", TERSE_HISTORY, None, "tweets", None, api_name="/save_history")
         job = c.submit("latecols", "the parade in town", False, None, ["cluster", "card", "oppu"], 1.0, 50, 6, None,
                        api_name="/compare")
         deadline = time.time() + 120

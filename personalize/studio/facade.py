@@ -112,8 +112,8 @@ class Studio:
         res = self.histories.save_history(name, self.histories.history_from(text, file, demo), task)
         if len(self.served_builds.build_choices()) > 1:  # another build here may be nearer the person's writing (nearest_build)
             res["nearer"] = self.populations.nearest_build(res["name"], res["embedding"])["message"]
-        if self.cfg.first_use_in_background:
-            self.background_jobs.prepare_first_use(res["name"])
+        # the slow first uses (EXACT, OPPU) start after the person's Fit (after_fit) or at their first Compare, not
+        # here: started at Save, EXACT's decode of the history held the model while the person's Fit waited
         return res
 
     def generate_campaign(self, name: str, progress: Callable[[int, int, str], None] | None = None) -> dict:
