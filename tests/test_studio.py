@@ -184,6 +184,19 @@ def test_the_pass_read_ahead_after_save_is_the_one_fit_makes(studio):
     assert np.array_equal(made.style.bias_ids, kept.style.bias_ids)
 
 
+def test_save_starts_no_first_use_and_the_fit_does(studio):
+    """EXACT's and OPPU's first uses start after the person's Fit, not at Save: started at Save, EXACT's decode of
+    the history held the model while the Fit waited for it (docs/RESULTS.md, the browser walk)."""
+    text = "\n".join(it.y for it in studio.demo_items("hype_01"))
+    studio.save_from("later", text, None, "tweets")
+    assert not [key for key in studio.runtime.jobs if key[0] == "later"]
+    studio.histories.rewrites.result()
+    studio.fit("later")
+    studio.after_fit("later")  # what the Fit tab calls
+    assert {m for u, m in studio.runtime.jobs if u == "later"} == {"exact", "oppu"}
+    assert all(studio.wait_first_use("later", m)["state"] == "done" for m in ("exact", "oppu"))
+
+
 def test_fit_compare_why_and_refit_keeps_vector_on_failure(studio, monkeypatch):
     studio.save_history("bo", studio.demo_items("terse_01"), "tweets")
     studio.histories.rewrites.result()  # Save's background work: the rewrites, then the pass Fit makes

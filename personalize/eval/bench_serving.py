@@ -132,7 +132,7 @@ def fit_after_save(studio, histories: Sequence[Sequence[str]], n_items: int = 24
         name, mode = f"pasted-{i}", ("after_rewrites_s" if i % 2 else "right_after_save_s")
         studio.save_history(name, [Item(y=t) for t in texts[:n_items]], studio.task.name)
         if i % 2:
-            studio.histories.rewrites.result()  # the background rewrites Save started
+            studio.histories.rewrites.result()  # Save's background work: the rewrites, then the fit's pass
         t0 = time.perf_counter()
         fit = studio.fit(name)
         times[mode].append(round(time.perf_counter() - t0, 2))
