@@ -68,7 +68,7 @@ class Fits(Service):
         objective = self.engine.cfg.objectives[0]
         if objective != "tokens":
             return
-        with self.model_lock:
+        with self.model_lock.background:
             items = prepared_items(self.engine, self.store, name)  # stored already: no model work
             k = self.rt.snap_k(None)
             placed = self.store.assignment(name, self.engine.artifacts_id, k)

@@ -144,7 +144,7 @@ class Histories(Service):
     def prepare_rewrites(self, name: str) -> None:
         """The neutral rewrites of a saved history (§1.8), in the background: the slow part of a first fit."""
         try:
-            with self.model_lock:
+            with self.model_lock.background:  # Save's work: a person's Compare or Fit waiting goes first
                 prepared_items(self.engine, self.store, name)
             for then in self.after_rewrites:  # the lock let go between: a waiting decode goes first
                 then(name)

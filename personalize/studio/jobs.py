@@ -52,7 +52,7 @@ class FirstUseJobs(Service):
         def work() -> None:
             job["state"] = "running"
             try:
-                with self.model_lock:  # the rewrites: a few short decodes, once per history
+                with self.model_lock.background:  # the rewrites: a few short decodes, once per history
                     prepared_items(self.engine, self.store, name)
                 user = UserContext.from_store(self.store, name, self.task)
                 m = self.rt.method(method)

@@ -3,12 +3,13 @@ decode scheduler and the two background executors (first-use jobs; model work no
 the engine, and the small rules several tabs apply (K snapping, prompts, decoding settings, the user name).
 
 The model lock is held per decode batch (the scheduler) and by fits and trainings (per step, for the background
-first-use work of EXACT and OPPU); store reads and votes do not take it.
+first-use work of EXACT and OPPU); store reads and votes do not take it. Work nobody waits on (first uses, Save's
+rewrites and read-ahead, EXACT's feedback) takes it as `model_lock.background`, which lets a waiting person in
+first (serving/model_lock.py).
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from personalize.humaneval.campaign import Campaigns
 from personalize.lm.cpu_threads import ReleasingExecutor, release_team
 from personalize.methods.engine import Engine
 from personalize.methods.registry import get_method
+from personalize.serving.model_lock import ModelLock
 from personalize.serving.scheduler import SchedulerConfig
 from personalize.store import Store
 from personalize.studio.decoder import DecodeTarget, make_decoder
@@ -61,7 +63,7 @@ class Runtime:
         self.judges: dict[str | None, object] = {}  # LLM judges by model id, loaded on first use
         self.demo_users = demo_users or {}
         self.population = population or {}
-        self.model_lock = threading.RLock()
+        self.model_lock = ModelLock()  # a person's request first: work nobody waits on takes .background
         self.scheduler = make_decoder(engine, self.model_lock, cfg.scheduler, cfg.decode)
         self.methods: dict[str, object] = {}
         # first-use work (EXACT's attribute search, OPPU's training): one at a time, beside the decodes
@@ -79,8 +81,8 @@ class Runtime:
             if name == "oppu":  # user adapters live beside the database they belong to
                 cfg = {"folder": str(Path(self.cfg.db).parent / "oppu" / str(self.engine.artifacts_id))}
             self.methods[name] = m = get_method(name, self.engine, self.store, **cfg)
-            if hasattr(m, "lock"):  # background first-use work takes the model lock per step, not for minutes
-                m.lock = self.model_lock
+            if hasattr(m, "lock"):  # background first-use work takes the model lock per step, not for minutes,
+                m.lock = self.model_lock.background  # and lets a waiting person in between its steps
         return self.methods[name]
 
     # ------------------------------------------------------------ facts about the loaded artifacts

@@ -70,7 +70,7 @@ class Votes(Service):
 
     def _exact_feedback(self, name: str, prompt: str, preferred: str, other: str) -> None:
         try:
-            with self.model_lock:
+            with self.model_lock.background:
                 prepared_items(self.engine, self.store, name)
                 user = UserContext.from_store(self.store, name, self.task)
                 entry = self.rt.method("exact").add_feedback(user, prompt, preferred, other)
