@@ -81,6 +81,7 @@ ATTRIBUTES: dict[str, str] = {
 }
 MEMORY_KIND = "exact_memory"
 ATTR_TOKENS = 48  # room for the attribute line past the prompt budget
+PAIRS_PER_TURN = 4  # history pairs decoded per hold of the model lock (~3.7 s on 2 cores for the studio's 4)
 
 Row = tuple[str, str, str, tuple[str, ...]]  # (x, y_w, y_l, attribute set)
 ScoreFn = Callable[[Sequence[Row]], np.ndarray]
@@ -226,13 +227,16 @@ class ExactMethod:
 
     # ------------------------------------------------------------ pairs
     def history_pairs(self, user: UserContext) -> list[tuple[str, str, str]]:
-        """(x, the user's text, the base model's output for x): the app's own pairs."""
+        """(x, the user's text, the base model's output for x): the app's own pairs. The base model's outputs are
+        decoded PAIRS_PER_TURN at a time, each under the lock (the studio's: a waiting person goes between), by the
+        mixed-batch runner (the same texts as generate's, a third faster)."""
         items = user.items[: self.cfg.max_pairs]
-        if not items:
-            return []
-        self.engine.use_adapter(None)
-        outs = generate(self.engine.model, self.engine.tok, [it.x for it in items], self.engine.cfg.budget,
-                        DecodingSettings(max_new_tokens=self.engine.cfg.budget.max_target_tokens))
+        budget = self.engine.cfg.budget
+        s = DecodingSettings(max_new_tokens=budget.max_target_tokens)
+        outs: list[Generation] = []
+        for i in range(0, len(items), PAIRS_PER_TURN):
+            with self.lock:
+                outs += self.engine.decode_rows([DecodeRow(it.x, budget, s) for it in items[i: i + PAIRS_PER_TURN]])
         return [(it.x, it.y, g.text) for it, g in zip(items, outs) if g.text.strip() != it.y.strip()]
 
     def rating_pairs(self, name: str) -> list[tuple[str, str, str]]:
@@ -281,8 +285,7 @@ class ExactMethod:
         t0 = time.perf_counter()
         if progress:
             progress(0, 1 + self.cfg.k)
-        with self.lock:
-            hist = self.history_pairs(user)
+        hist = self.history_pairs(user)
         t1 = time.perf_counter()
         rated = self.rating_pairs(user.name)
         if not hist and not rated:
