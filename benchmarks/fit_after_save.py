@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,14 +25,9 @@ def main(argv=None) -> int:
     p.add_argument("--items", type=int, default=24)
     a = p.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from personalize.eval.bench_serving import fit_after_save
-    from personalize.studio.facade import Studio, StudioConfig
+    from personalize.eval.bench_serving import fit_after_save, newcomer_studio
 
-    folder = Path(tempfile.mkdtemp(prefix="fit-after-save-"))
-    st = Studio.load(StudioConfig(artifacts=a.artifacts, db=str(folder / "s.db"), demo_data=a.demo_data,
-                                  export_dir=str(folder / "exports")))
-    people = [u for label, u in st.demo_choices() if "new" in label][: a.people]
-    histories = [[i.y for i in st.parse(st.demo_history(person))] for person in people]
+    st, histories = newcomer_studio(a.artifacts, a.demo_data, a.people, "fit-after-save-")
     got = fit_after_save(st, histories, n_items=a.items)
     for mode in ("right_after_save_s", "after_rewrites_s"):
         print(f"{mode[:-2].replace('_', ' ')}: median {got['median_' + mode]:.2f} s of {got[mode]}")

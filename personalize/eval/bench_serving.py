@@ -120,6 +120,18 @@ def bench_serving(engine, store, names: Sequence[str], prompts: Sequence[str], s
     return out
 
 
+def newcomer_studio(artifacts: str, demo_data: str, people: int, prefix: str) -> tuple[object, list[list[str]]]:
+    """(a studio on a throwaway database, the texts of the demo picker's first `people` newcomers: people the
+    build never saw), for the benchmarks that paste histories as a newcomer does."""
+    from personalize.studio.facade import Studio, StudioConfig
+
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    st = Studio.load(StudioConfig(artifacts=artifacts, db=str(folder / "s.db"), demo_data=demo_data,
+                                  export_dir=str(folder / "exports")))
+    names = [u for label, u in st.demo_choices() if "new" in label][:people]
+    return st, [[i.y for i in st.parse(st.demo_history(n))] for n in names]
+
+
 def fit_after_save(studio, histories: Sequence[Sequence[str]], n_items: int = 24, progress=print) -> dict:
     """Each history pasted under a new name (texts only: no prompts, so Save starts the neutral rewrites), then
     Fit my style: every other person at once ("right after Save"), the others once the rewrites ended ("after
