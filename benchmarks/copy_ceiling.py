@@ -15,9 +15,9 @@ import argparse
 import json
 
 import numpy as np
-from rank_bm25 import BM25Okapi
 
 from personalize.data import read_lamp
+from personalize.eval.evaluate import bm25_scores
 from personalize.metrics import paired_interval, rouge_per_query
 
 COPY = "bm25_copy"
@@ -25,8 +25,7 @@ COPY = "bm25_copy"
 
 def bm25_margin(query: str, profile) -> float:
     """The nearest profile item's BM25 score minus the second's, as eval's bm25_copy scores them."""
-    docs = [(it.x or it.y).lower().split() for it in profile]
-    s = np.sort(BM25Okapi(docs).get_scores(query.lower().split()))[::-1]
+    s = np.sort(bm25_scores(query, profile))[::-1]
     return float(s[0] - (s[1] if len(s) > 1 else 0.0))
 
 

@@ -41,12 +41,20 @@ def test_the_lock_is_re_entrant_both_ways_and_the_scheduler_sees_who_holds_it():
     lock = ModelLock()
     sched = DecodeScheduler(engine=None, lock=lock)
     assert not sched.caller_holds_lock()
-    with lock.background:
-        waiting = threading.Thread(target=lambda: lock.acquire() and lock.release())
-        waiting.start()
-        time.sleep(0.05)  # a person now waits for us
-        with lock.background, lock:  # re-entrant: no wait for the waiting person
-            assert sched.caller_holds_lock()
-    waiting.join(5)
-    assert not waiting.is_alive()
+    seen = []
+
+    def job():
+        with lock.background:
+            waiting = threading.Thread(target=lambda: lock.acquire() and lock.release(), daemon=True)
+            waiting.start()
+            time.sleep(0.05)  # a person now waits for us
+            with lock.background, lock:  # re-entrant: no wait for the waiting person (else a deadlock)
+                seen.append(sched.caller_holds_lock())
+        waiting.join(5)
+        seen.append(waiting.is_alive())
+
+    worker = threading.Thread(target=job, daemon=True)  # a deadlock fails the test instead of hanging it
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive() and seen == [True, False], seen
     assert not sched.caller_holds_lock()

@@ -56,13 +56,16 @@ def _words(s: str) -> list[str]:
     return s.lower().split()
 
 
+def bm25_scores(query: str, profile: Sequence[Item]) -> np.ndarray:
+    """Each profile item's BM25 score for the query (its input, else its output; lowercase words)."""
+    docs = [_words(it.x or it.y) for it in profile]
+    return BM25Okapi(docs).get_scores(_words(query)) if docs else np.zeros(0)
+
+
 def bm25_copy(query: str, profile: Sequence[Item]) -> str:
     """The no-model floor of shared/data/README: copy the output of the BM25-nearest profile item."""
-    docs = [_words(it.x or it.y) for it in profile]
-    if not docs:
-        return ""
-    scores = BM25Okapi(docs).get_scores(_words(query))
-    return profile[int(np.argmax(scores))].y
+    scores = bm25_scores(query, profile)
+    return profile[int(np.argmax(scores))].y if len(scores) else ""
 
 
 def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence[str], limit: int | None = None,
