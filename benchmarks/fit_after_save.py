@@ -5,7 +5,8 @@
 People are the demo picker's newcomers (people the build never saw), their history pasted (no prompts, so §1.8's
 neutral rewrites run from Save). Every other person clicks Fit at once; the others wait for the rewrites first,
 as a person who looks at their cluster does (the fit measured by `bench`, eval/bench_serving.fit_after_save).
-Prints each fit's seconds and stages, then the two medians.
+Prints each fit's seconds and stages, then the two medians, and the floor of a fit right after Save: the model work
+it waits for (the rewrites and the pass, counted from the person's tokens) at this machine's best fp32 GEMM rate.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ def main(argv=None) -> int:
     got = fit_after_save(st, histories, n_items=a.items)
     for mode in ("right_after_save_s", "after_rewrites_s"):
         print(f"{mode[:-2].replace('_', ' ')}: median {got['median_' + mode]:.2f} s of {got[mode]}")
+    print(f"right after Save, the model work: {got['right_after_save_tflop']} TFLOP; at this machine's best fp32 GEMM "
+          f"rate ({got['gemm_gflops']} GFLOP/s) no fit takes under median {got['median_floor_right_after_save_s']:.2f} s "
+          f"of {got['floor_right_after_save_s']}")
+    print(f"  with the prompts' common beginning made once: {got['right_after_save_tflop_shared_prefix']} TFLOP, "
+          f"median {got['median_floor_shared_prefix_s']:.2f} s of {got['floor_shared_prefix_s']}")
     st.store.close()
     return 0
 

@@ -200,6 +200,11 @@ def test_bench_on_the_tiny_build(tiny_artifacts, tmp_path, capsys):
     assert fit["median_right_after_save_s"] > 0 and fit["median_after_rewrites_s"] > 0
     assert fit["items"] == 6 and "Fit my style, 6 pasted items, right after Save (s)" in r.stdout  # as pasted
     assert "after the neutral rewrites (s)" in r.stdout
+    # the floor of a fit right after Save (its model work at the machine's best GEMM rate) is below what it took
+    assert len(fit["right_after_save_tflop"]) == 2 and min(fit["right_after_save_tflop"]) > 0 < fit["gemm_gflops"]
+    assert all(0 < f <= t for f, t in zip(fit["floor_right_after_save_s"], fit["right_after_save_s"]))
+    assert all(0 < a < b for a, b in zip(fit["right_after_save_tflop_shared_prefix"], fit["right_after_save_tflop"]))
+    assert "right after Save, floor at" in r.stdout
     assert 0 < sv["start_s"] < 180 and "app later start" in r.stdout
     from personalize.cli import main
 

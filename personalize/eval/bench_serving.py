@@ -9,6 +9,8 @@
   full-sequence path's time on the same pairs (exact_first_use_old_s);
 - fit: Fit my style on a pasted history (texts only, so §1.8's neutral rewrites run from Save), clicked right
   after Save and after the rewrites ended, as the app's two buttons do; medians over people (fit_after_save);
+  with the model work a fit right after Save waits for (TFLOP) and the least time it can take at this machine's
+  best fp32 GEMM rate (floor_right_after_save_s);
 - start_s: the app's later start, process start to HTTP 200 (the build already made).
 """
 
@@ -139,6 +141,8 @@ def fit_after_save(studio, histories: Sequence[Sequence[str]], n_items: int = 24
     from personalize.data import Item
 
     times: dict[str, list[float]] = {"right_after_save_s": [], "after_rewrites_s": []}
+    tflop: list[float] = []
+    shared: list[float] = []  # the same work with the prompts' common beginning made once
     counts = sorted({len(texts[:n_items]) for texts in histories})  # what was pasted: shorter histories paste fewer
     for i, texts in enumerate(histories):
         name, mode = f"pasted-{i}", ("after_rewrites_s" if i % 2 else "right_after_save_s")
@@ -150,8 +154,78 @@ def fit_after_save(studio, histories: Sequence[Sequence[str]], n_items: int = 24
         times[mode].append(round(time.perf_counter() - t0, 2))
         progress(f"serving: Fit my style, {fit.n_items} pasted items, {mode[:-2].replace('_', ' ')}: "
                  f"{times[mode][-1]:.2f} s {({k: round(v, 2) for k, v in fit.stages_s.items()})}")
+        if not i % 2:
+            tflop.append(fit_tflop(studio, name))
+            shared.append(fit_tflop(studio, name, shared_prefix=True))
     items = counts[0] if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
-    return {"items": items, **times, **{f"median_{k}": round(_median(v), 2) for k, v in times.items()}}
+    rate = gemm_gflops()
+    floor = [float(f"{t * 1e3 / rate:.3g}") for t in tflop]
+    floor_shared = [float(f"{t * 1e3 / rate:.3g}") for t in shared]
+    progress(f"serving: right after Save the model work is {_median(tflop):.2f} TFLOP ({_median(shared):.2f} with "
+             f"the prompts' common beginning made once); at this machine's best fp32 GEMM rate ({rate:.0f} GFLOP/s) "
+             f"no fit can take under {_median(floor):.2f} s ({_median(floor_shared):.2f} s)")
+    return {"items": items, **times, **{f"median_{k}": round(_median(v), 2) for k, v in times.items()},
+            "right_after_save_tflop": tflop, "right_after_save_tflop_shared_prefix": shared,
+            "gemm_gflops": round(rate, 1), "floor_right_after_save_s": floor,
+            "median_floor_right_after_save_s": float(f"{_median(floor):.3g}"),
+            "floor_shared_prefix_s": floor_shared,
+            "median_floor_shared_prefix_s": float(f"{_median(floor_shared):.3g}")}
+
+
+def fit_tflop(studio, name: str, shared_prefix: bool = False) -> float:
+    """The model work a Fit right after Save waits for, counted from the person's stored items: §1.8's rewrites
+    (their prompts and decoded tokens) and the teacher-forced pass (prompt on the rewrite, then the item). Two FLOP
+    per weight per token: the decoder blocks for every token, the word head where a token is decoded or scored;
+    attention, LoRA and padding are left out, so the count is a floor. `shared_prefix`: the prompts' common
+    beginning (the chat template's system turn, the rewrite instruction) counted once, as a cache could."""
+    from os.path import commonprefix
+
+    from personalize.card.neutral import plain
+    from personalize.lm.tokens import prompt_ids, target_ids
+    from personalize.methods.engine import NEUTRAL_TEMPLATE
+
+    e = studio.engine
+    tok, budget = e.tok, e.cfg.budget
+    head = e.model.get_input_embeddings().weight.numel()  # tied: the word head is the embedding matrix
+    blocks = sum(p.numel() for n, p in e.model.named_parameters() if ".layers." in n and "lora_" not in n)
+    rewrite_prompts, pass_prompts, read, headed = [], [], 0, 0
+    for s in studio.store.items(name):
+        x = s.x
+        if not x:  # a pasted text: rewritten first, then its rewrite is the pass's prompt
+            rewritten = s.neutral != plain(s.y)  # else the model's rewrite was refused: count one token of it
+            decoded = len(tok(s.neutral, add_special_tokens=False)["input_ids"]) + 1 if rewritten else 1
+            rewrite_prompts.append(prompt_ids(tok, NEUTRAL_TEMPLATE.format(text=s.y), budget))
+            read, headed = read + decoded, headed + decoded
+            x = e.task.prompt(s.neutral)
+        target = len(target_ids(tok, s.y, budget))
+        pass_prompts.append(prompt_ids(tok, x, budget))
+        read, headed = read + target, headed + target
+    for prompts in (rewrite_prompts, pass_prompts):
+        read += sum(map(len, prompts))
+        if shared_prefix and len(prompts) > 1:
+            read -= (len(prompts) - 1) * len(commonprefix(prompts))
+    return float(f"{2 * (blocks * read + head * headed) / 1e12:.4g}")
+
+
+def gemm_gflops(repeats: int = 10, rows: int = 512) -> float:
+    """This machine's best fp32 matrix-multiply rate on the model's linear shapes, with both kernels the model can
+    run (MKL's F.linear and oneDNN's packed linear, lm/onednn.py): an upper bound on the rate of the model's work,
+    so work / rate is a time no fit can beat."""
+    import torch
+
+    best = 0.0
+    for n_in, n_out in ((576, 576), (576, 1536), (1536, 576)):
+        x, w = torch.randn(rows, n_in), torch.randn(n_out, n_in)
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+        for run in (lambda: torch.nn.functional.linear(x, w),
+                    lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [None], "")):
+            run()
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                for _ in range(5):
+                    run()
+                best = max(best, 2 * rows * n_in * n_out * 5 / (time.perf_counter() - t0) / 1e9)
+    return best
 
 
 def demo_compare(artifacts: str, demo_data: str, tokens: int):

@@ -562,6 +562,10 @@ def format_bench(b: dict) -> str:
             f = sv["fit"]
             rows += [(f"Fit my style, {f['items']} pasted items, right after Save (s)", f["median_right_after_save_s"]),
                      ("  after the neutral rewrites (s)", f["median_after_rewrites_s"])]
+            if "median_floor_right_after_save_s" in f:
+                rows += [(f"  right after Save, floor at {f['gemm_gflops']:.0f} GFLOP/s (s)",
+                          f["median_floor_right_after_save_s"]),
+                         ("    with the prompts' common beginning made once (s)", f["median_floor_shared_prefix_s"])]
         if "start_s" in sv:
             rows += [("app later start (s)", sv["start_s"])]
     w = max(len(r[0]) for r in rows)
