@@ -189,7 +189,7 @@ def fit_tflop(studio, name: str, shared_prefix: bool = False) -> float:
 
     e = studio.engine
     tok, budget = e.tok, e.cfg.budget
-    head = e.model.get_input_embeddings().weight.numel()  # tied: the word head is the embedding matrix
+    head = e.model.get_input_embeddings().weight.numel()  # the word head's size, tied to the embedding or not
     blocks = sum(p.numel() for n, p in e.model.named_parameters() if ".layers." in n and "lora_" not in n)
     rewrite_prompts, pass_prompts, read, headed = [], [], 0, 0
     for s in studio.store.items(name):
