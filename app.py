@@ -1,7 +1,7 @@
 """The personalization studio, a Gradio app over personalize.studio.Studio.
 
     python app.py [--host 127.0.0.1] [--port 7860] [--db data/studio.db] [--artifacts data/artifacts/demo]
-                  [--auth u1:p1,u2:p2 | --auth @raters.txt]
+                  [--auth u1:p1,u2:p2 | --auth @raters.txt] [--admin u1]
 
 Tabs: My writing, My cluster, Fit my style, Compare, Why, Rate, Quick pair, Leaderboard, Campaigns, Export,
 Explore, Populations; each is a module of personalize/ui with build(studio, shared), listed in page order in TABS. Every
@@ -10,7 +10,8 @@ Expected problems (bad input, unknown user, a stale vote) are answered in the ta
 status line and change nothing else; model work runs in Gradio's queue with a progress bar.
 Text from people and models (history items, names, prompts, outputs, errors quoting them) is shown as
 written, never rendered or executed: it enters Markdown and plots only through personalize.display.
-With --auth, a vote counts under the logged-in user name (arena.rater_id), once per rater and pair.
+With --auth, a vote counts under the logged-in user name (arena.rater_id), once per rater and pair; logins are
+checked and throttled by personalize.ui.login.Login. What each login may reach, and the tests for it: docs/SECURITY.md.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from personalize.studio.facade import Studio, StudioConfig
 from personalize.ui import campaigns, cluster, compare, explore, export, fit, leaderboard, populations, quick_pair, rate, why, writing
 from personalize.ui.common import CSS, EXPECTED
 from personalize.ui.controls import forget_previous_person, page_top
+from personalize.ui.login import AUTH_HELP, Login, parse_admins, parse_auth
 
 # The tabs in page order: each lays itself out and wires its events, reading the shared components.
 TABS = (
@@ -47,8 +49,34 @@ TABS = (
 )
 
 
+# Gradio's cache (uploads, downloads): every `delete_cache[0]` seconds, files older than `delete_cache[1]` go (all of
+# them when the server stops); a download link lives a day at most.
+DELETE_CACHE = (3600, 86400)
+
+
+def page_files(studio: Studio) -> Path:
+    """Points Gradio's file cache at the studio's page folder (StudioConfig.page_files), so that the files the page
+    takes and hands out live where Forget me looks and nowhere in /tmp. Gradio reads GRADIO_TEMP_DIR when a
+    component is made and when the server starts (components' GRADIO_CACHE, the upload route's folder), so this
+    runs before the Blocks is; one folder a process (the variable is the process's)."""
+    folder = studio.cfg.page_files.resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ["GRADIO_TEMP_DIR"] = str(folder)
+    return folder
+
+
+def launch_options(studio: Studio) -> dict:
+    """launch()'s limits for this studio: an upload larger than a history may be (at 4 bytes a character, UTF-8's
+    widest) is refused by the upload route itself (HTTP 413) before it is written; the database files are never
+    served, whatever the cache folder is set to."""
+    db = Path(studio.cfg.db).resolve()
+    return {"max_file_size": 4 * studio.cfg.max_history_chars,
+            "blocked_paths": [str(db), f"{db}-wal", f"{db}-shm", f"{db}-journal"]}
+
+
 def build_app(studio: Studio) -> gr.Blocks:
-    with gr.Blocks(title="Personalization studio", analytics_enabled=False) as app:
+    page_files(studio)
+    with gr.Blocks(title="Personalization studio", analytics_enabled=False, delete_cache=DELETE_CACHE) as app:
         shared = page_top(studio, app)
         for build in TABS:
             build(studio, shared)
@@ -68,44 +96,6 @@ def _loopback(host: str) -> bool:
         return False
 
 
-AUTH_HELP = ("raters who may log in: USER:PASSWORD, several separated by commas (u1:p1,u2:p2), or @FILE with one "
-             "USER:PASSWORD a line (blank lines and # comments skipped; use a file when a password holds a comma); "
-             "or env STUDIO_AUTH. Required when --host is not a loopback address. With it, a vote counts under the "
-             "logged-in user name (the Quick pair tab's rater id is that name, not editable) and each rater votes once "
-             "per pair of outputs")
-
-
-def parse_auth(value: str | None) -> list[tuple[str, str]] | None:
-    """--auth as Gradio's launch(auth=...) takes it: [(user, password), ...]; None when not given. The password
-    is everything after an entry's first colon; whitespace around an entry is ignored. Errors never echo a
-    password."""
-    if not value or not value.strip():
-        return None
-    value = value.strip()
-    if value.startswith("@"):
-        path = Path(value[1:]).expanduser()
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise SystemExit(f"error: --auth {value}: cannot read {path} ({e.__class__.__name__})") from None
-        entries = [(f"{path} line {i}", line.strip()) for i, line in enumerate(text.splitlines(), 1)
-                   if line.strip() and not line.strip().startswith("#")]
-        if not entries:
-            raise SystemExit(f"error: --auth {value}: no USER:PASSWORD line in {path}")
-    else:
-        entries = [(f"entry {i}", e.strip()) for i, e in enumerate(value.split(","), 1)]
-    pairs: dict[str, str] = {}
-    for where, entry in entries:
-        user, sep, password = entry.partition(":")
-        user = user.strip()  # Gradio's login form strips the user name too
-        if not sep or not user or not password:
-            raise SystemExit(f"error: --auth must be USER:PASSWORD[,USER:PASSWORD...] or @FILE; {where} is not")
-        if user in pairs:
-            raise SystemExit(f"error: --auth names the user {user!r} twice ({where})")
-        pairs[user] = password
-    return list(pairs.items())
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="The personalization studio (Gradio).")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
@@ -119,8 +109,12 @@ def main(argv=None) -> int:
                    help="decode on a Ray Serve deployment ('auto': a local Ray; docs/SCALING.md); default: in-process")
     p.add_argument("--decode-replicas", type=int, default=1, help="replicas of the decoding deployment")
     p.add_argument("--decode-gpus", type=float, default=0.0, help="GPUs per replica (1 where each has its own)")
+    p.add_argument("--admin", action="append", metavar="USER[,USER...]",
+                   help="an --auth login that may see, open and export every person (not only those it created); "
+                        "may be given several times")
     a = p.parse_args(argv)
     auth = parse_auth(a.auth)
+    admins = parse_admins(a.admin, None if auth is None else [u for u, _ in auth])
     if not _loopback(a.host) and auth is None:
         print(f"error: --host {a.host} shares the studio beyond this machine; give --auth USER:PASSWORD",
               file=sys.stderr)
@@ -136,15 +130,15 @@ def main(argv=None) -> int:
             check_reachable(target.address)  # before a first start's build and the model's load, not after
         if Path(a.artifacts).resolve() == Path(DEMO_ARTIFACTS).resolve():
             ensure_demo(Path(a.demo_data), Path(a.artifacts))
-        studio = Studio.load(StudioConfig(artifacts=a.artifacts, db=a.db, demo_data=a.demo_data, decode=target),
-                             adapters_later=True)
+        studio = Studio.load(StudioConfig(artifacts=a.artifacts, db=a.db, demo_data=a.demo_data, decode=target,
+                                          logins=auth is not None, admins=admins), adapters_later=True)
     except (*EXPECTED, ConnectionError) as e:  # ConnectionError: --decode names a Ray that cannot be reached
         print(f"error: {e}", file=sys.stderr)
         return 2
     app = build_app(studio)
     print(f"ready in {time.perf_counter() - t0:.1f} s: http://{a.host}:{a.port}", flush=True)
-    app.launch(server_name=a.host, server_port=a.port, auth=auth, share=False, css=CSS, show_error=False,
-               prevent_thread_lock=True)
+    app.launch(server_name=a.host, server_port=a.port, auth=Login.of(auth), share=False, css=CSS, show_error=False,
+               prevent_thread_lock=True, **launch_options(studio))
     studio.load_pending()  # the page answers already; the other cluster adapters load now (~1 s)
     app.block_thread()
     return 0

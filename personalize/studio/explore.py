@@ -1,17 +1,52 @@
-"""Explore: α and K sweeps against the person's own held-out items."""
+"""Explore: α and K sweeps against the person's own held-out items.
+
+Why the split is strict: a score on an item the style saw is not a score. The held-out items, and every other
+item of the history with the same text or the same prompt (a history of commit subjects repeats "Update
+translations"), are left out of everything the sweep fits or decodes with: λ, the token bias and the kNN memory
+(all fitted on the rest), the items retrieved into the prompt (the rest only) and the embedding that picks the
+cluster at each K."""
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import replace
 from typing import Callable, Sequence
 
 import numpy as np
 
 from personalize.card.decoding import DecodingSettings
+from personalize.data import Item
 from personalize.fitting.person import prepared_items
 from personalize.metrics import rouge_scores
 from personalize.studio.service import Service
 from personalize.methods.card import decode as card_decode
+
+
+def _same(text: str) -> str:
+    """A text as compared for repeats: case and spacing do not make an item new."""
+    return re.sub(r"\s+", " ", text).strip().casefold()
+
+
+def split_held_out(items: Sequence[Item], n_holdout: int) -> tuple[list[Item], list[Item], int]:
+    """(held out, the rest to fit on, how many repeats of a held-out item were set aside): the first `n_holdout`
+    items (the newest) are held out, and any other item whose text or prompt equals one of theirs is left out of
+    the rest too, so no copy of a held-out answer reaches the fit, the memory or the retrieved items."""
+    held = list(items[:n_holdout])
+    texts, prompts = {_same(it.y) for it in held}, {_same(it.x) for it in held if it.x}
+    rest = [it for it in items[n_holdout:] if _same(it.y) not in texts and not (it.x and _same(it.x) in prompts)]
+    return held, rest, len(items) - n_holdout - len(rest)
+
+
+def check_alphas(alphas: Sequence[float]) -> list[float]:
+    """The α values a sweep accepts: one or more finite numbers >= 0 (nan and inf are no strength)."""
+    values = [float(a) for a in alphas]
+    if not values:
+        raise ValueError("give one or more α values (numbers >= 0 separated by commas, e.g. 0, 0.5, 1)")
+    bad = [a for a in values if not math.isfinite(a) or a < 0]
+    if bad:
+        raise ValueError(f"α values must be finite numbers >= 0; not {', '.join(map(str, bad))}")
+    return values
 
 
 class Explorer(Service):
@@ -20,17 +55,19 @@ class Explorer(Service):
 
     def explore(self, name: str, alphas: Sequence[float], n_holdout: int = 4, s: DecodingSettings | None = None,
                 progress: Callable[[float, str], None] | None = None) -> dict:
-        """α and K sweeps against the user's own held-out items: λ is refitted without them (not stored), then
-        CARD (and the cluster model, for K) generates for their prompts; ROUGE-L and output length per point."""
+        """α and K sweeps against the user's own held-out items: the style (λ, bias, memory) is refitted without
+        them (not stored), then CARD (and the cluster model, for K) generates for their prompts, retrieving only
+        from the rest; ROUGE-L and output length per point. "n_set_aside": repeats of a held-out item left out."""
         s = s or self.engine.cfg.decoding
-        if not alphas or any(a < 0 for a in alphas):
-            raise ValueError("give one or more α values >= 0")
+        alphas = check_alphas(alphas)
         with self.model_lock:
             items = prepared_items(self.engine, self.store, name)
-            if len(items) < n_holdout + self.engine.cfg.min_fit_items:
-                raise ValueError(f"explore needs at least {n_holdout + self.engine.cfg.min_fit_items} history items "
-                                 f"({n_holdout} held out, the rest to fit λ); {name!r} has {len(items)}")
-            held, rest = items[:n_holdout], items[n_holdout:]
+            held, rest, set_aside = split_held_out(items, n_holdout)
+            if len(rest) < self.engine.cfg.min_fit_items:
+                raise ValueError(f"explore needs at least {n_holdout + self.engine.cfg.min_fit_items} different "
+                                 f"history items ({n_holdout} held out, the rest to fit λ); {name!r} has "
+                                 f"{len(items)}" + (f", {set_aside} of them repeating a held-out one"
+                                                    if set_aside else ""))
             prompts, golds = [it.x for it in held], [it.y for it in held]
             total, done = len(alphas) + 2 * len(self.ks) + 1, 0
 
@@ -53,7 +90,7 @@ class Explorer(Service):
 
             alpha_rows = []
             for a in alphas:
-                alpha_rows.append({"alpha": float(a), **score("card", fit.k, fit.cluster, float(a))})
+                alpha_rows.append({"alpha": a, **score("card", fit.k, fit.cluster, a)})
                 tick(f"α = {a}")
             k_rows = []
             for k in self.ks:
@@ -62,14 +99,14 @@ class Explorer(Service):
                     k_rows.append({"k": k, "method": m, "cluster": c, **score(m, k, c, s.alpha)})
                     tick(f"K = {k} ({m})")
         return {"alpha": alpha_rows, "k": k_rows, "golds": golds, "prompts": prompts, "n_fit": len(rest),
-                "default_alpha": s.alpha}
+                "n_set_aside": set_aside, "default_alpha": s.alpha}
 
     def parse_alphas(self, text: str | None, most: int = 12) -> list[float]:
-        """Explore's α values: numbers separated by commas (or semicolons), at most `most` of them."""
+        """Explore's α values: finite numbers >= 0 separated by commas (or semicolons), at most `most` of them."""
         try:
             values = [float(v) for v in (text or "").replace(";", ",").split(",") if v.strip()]
         except ValueError:
             raise ValueError(f"α values must be numbers separated by commas, got {text!r}") from None
         if len(values) > most:
             raise ValueError(f"at most {most} α values per sweep")
-        return values
+        return check_alphas(values) if values else []  # none: explore says what to give

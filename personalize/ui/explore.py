@@ -9,8 +9,11 @@ from personalize.ui.controls import Shared
 from personalize.ui.figures import explore_figures
 
 
+CLEARED = (None, None, [])  # a refused sweep leaves no figure or row of an earlier one beside its message
+
+
 def explore(studio, name, alpha_text, n, alpha, top_k, max_tokens, progress=gr.Progress()):
-    """(status, α plot, K plot, table rows)."""
+    """(status, α plot, K plot, table rows); a refusal clears the plots and the table."""
     try:
         name = studio.need_user(name)
         values = studio.parse_alphas(alpha_text)
@@ -18,13 +21,22 @@ def explore(studio, name, alpha_text, n, alpha, top_k, max_tokens, progress=gr.P
         res = studio.explore(name, values, int(n), studio.settings(alpha, top_k, max_tokens),
                              progress=lambda f, d: progress(f, desc=d))
     except EXPECTED as e:
-        return _err(e), gr.skip(), gr.skip(), gr.skip()
+        return (_err(e), *CLEARED)
     fa, fk = explore_figures(res)
     rows = [["α", r["alpha"], "card", r["rougeL"], r["length"]] for r in res["alpha"]]
     rows += [["K", r["k"], r["method"], r["rougeL"], r["length"]] for r in res["k"]]
+    return explore_message(res), fa, fk, rows
+
+
+def explore_message(res: dict) -> str:
+    """The sweep's status line: what was held out and fitted on, and the best α read as a hint."""
     best = max(res["alpha"], key=lambda r: r["rougeL"])
-    return (f"Held out {len(res['golds'])} items, λ fitted on {res['n_fit']}. Best α here: **{best['alpha']}** "
-            f"(ROUGE-L {best['rougeL']:.3f}); few items, so read it as a hint.", fa, fk, rows)
+    n_aside = res.get("n_set_aside", 0)
+    aside = (f" ({n_aside} item{'s' * (n_aside != 1)} repeating a held-out one left out of the fit too)"
+             if n_aside else "")
+    return (f"Held out {len(res['golds'])} items, λ fitted on {res['n_fit']}{aside}; nothing of the held-out items "
+            f"is in the style, its memory or what it retrieves. Best α here: **{best['alpha']}** "
+            f"(ROUGE-L {best['rougeL']:.3f}); few items, so read it as a hint.")
 
 
 def build(studio, shared: Shared) -> None:
