@@ -283,3 +283,79 @@ def test_card_cad_contrasts_the_prompt_with_the_persons_items_against_the_prompt
     assert alone.text == card_decode.generate(engine, [prompt], "cluster", fit.cluster, k=k, settings=s)[0].text
     with pytest.raises(ValueError):
         ContrastConfig(beta=-1)
+
+
+# ---------------------------------------------------------------- α = 0 is the cluster model (issue 36)
+
+ZERO_CHECKS = {"defaults": {}, "a penalty after a narrow top-k": {"top_k": 2, "repetition_penalty": 3.0}}
+
+
+@pytest.mark.parametrize("changes", list(ZERO_CHECKS.values()), ids=list(ZERO_CHECKS))
+def test_every_card_method_at_alpha_zero_decodes_as_the_cluster_model(engine, tiny_artifacts, changes):
+    """People with a fitted style that has a bias, a memory, an own setting (α = 2 with their items) and a build
+    style that retrieves and never falls back: at α = 0 every CARD method's rows, in one mixed batch with the
+    cluster rows, and each method's own generate give the cluster model's tokens. The narrow top-k with a strong
+    penalty is where the old α = 0 (CARD's top-k kept, then the penalty) chose other tokens."""
+    from personalize.card.style import OwnSetting
+    from personalize.catalog import CARD_METHODS, RERANK
+
+    task, qs = read_lamp(tiny_artifacts["demo"], "dev")
+    cfg = engine.cfg
+    s = replace(cfg.decoding, alpha=0.0, max_new_tokens=8, **changes)
+    engine.cfg = replace(cfg, style=replace(cfg.style, bias=True, memory=True, retrieval=True, fallback=False))
+    try:
+        people = []
+        for q in qs[:3]:
+            items = engine.prepare_items(list(q.profile[:8]))
+            fit = engine.fit(items)
+            assert len(fit.style.values)  # the memory of the person's tokens
+            rng = np.random.default_rng(len(people))  # λ and a bias planted (the tiny model's fit leaves both flat)
+            ids = np.unique(np.concatenate([fit.style.values, rng.integers(0, len(engine.tok), 64)]))
+            style = replace(fit.style, lam=rng.normal(1, 2, len(fit.style.lam)).astype(np.float32), bias_ids=ids,
+                            bias=rng.normal(0, 4, len(ids)).astype(np.float32), helps=True,
+                            own=OwnSetting(2.0, retrieval=True))
+            people.append((q.input, fit, style, items))
+        rows = [card_decode.rows(engine, [p], "cluster", f.cluster, k=f.k, settings=s)[0] for p, f, _, _ in people]
+        mixed = [m for m in CARD_METHODS if m != RERANK]
+        for m in mixed:
+            rows += [card_decode.rows(engine, [p], m, f.cluster, st, k=f.k, settings=s, items=it)[0]
+                     for p, f, st, it in people]
+        gens = engine.decode_rows(rows)
+        n = len(people)
+        cluster = [g.text for g in gens[:n]]
+        assert len(set(cluster)) > 1 and all(cluster)
+        for j, m in enumerate(mixed):
+            assert [g.text for g in gens[(j + 1) * n: (j + 2) * n]] == cluster, m
+        for m in CARD_METHODS:
+            alone = [card_decode.generate(engine, [p], m, f.cluster, st, k=f.k, settings=s, items=it)[0].text
+                     for p, f, st, it in people]
+            assert alone == [card_decode.generate(engine, [p], "cluster", f.cluster, k=f.k, settings=s)[0].text
+                             for p, f, _, _ in people], m
+        on = [card_decode.generate(engine, [p], "card_personal", f.cluster, st, k=f.k, settings=replace(s, alpha=1.0),
+                                   items=it)[0].text for p, f, st, it in people]
+        assert on != cluster  # the same people's styles do move the output when α is not 0
+    finally:
+        engine.cfg = cfg
+
+
+def test_eval_at_alpha_zero_gives_every_card_method_the_cluster_models_outputs(tiny_artifacts, tmp_path):
+    """`eval --alpha 0` on a build whose style retrieves the person's items and never falls back: every person's
+    card and CARD-variant outputs are the cluster model's."""
+    import shutil
+
+    from personalize.catalog import CARD_METHODS
+    from personalize.cli import main
+
+    art = tmp_path / "art"
+    shutil.copytree(tiny_artifacts["artifacts"], art)
+    meta = json.loads((art / "config.json").read_text())
+    meta["settings"]["style"] |= {"retrieval": True, "fallback": False}
+    (art / "config.json").write_text(json.dumps(meta))
+    out = tmp_path / "eval.json"
+    methods = ["cluster", *CARD_METHODS]
+    assert main(["eval", "--artifacts", str(art), "--data", str(tiny_artifacts["demo"]), "--alpha", "0", "--limit",
+                 "4", "--methods", ",".join(methods), "--json", str(out)]) in (0, None)
+    res = json.loads(out.read_text())
+    assert res["settings"]["alpha"] == 0.0 and res["settings"]["style"]["retrieval"]
+    for p in res["predictions"]:
+        assert all(p[m] == p["cluster"] for m in CARD_METHODS), p

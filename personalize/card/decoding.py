@@ -6,8 +6,8 @@ held-out diagnostics use): ℓ̃ = ℓ_T + α·(Δ_T + b[T]), with Δ_t = U((P h
 exactly as the tokens head was trained (α = 1 as trained, METHOD §1.9.2; pair
 heads, whose Δ has no logit scale, standardise it to the logits' spread), then
 mixed with the person's kNN memory (weight α·w). Only the k rows U[T_t] are
-multiplied. α = 0 keeps the top-k of ℓ unchanged, so greedy decoding returns the
-cluster model's output. The hidden states come from forward hooks,
+multiplied. At α = 0 the processor passes ℓ on unchanged, so decoding returns the
+cluster model's output whatever the style holds. The hidden states come from forward hooks,
 so generate() keeps its KV cache.
 
 Repetition is controlled in the generated text only: transformers'
@@ -106,20 +106,27 @@ def _one_scale(scores: torch.Tensor, ids: torch.Tensor, new: torch.Tensor) -> di
 
 
 class CardLogitsProcessor(LogitsProcessor):
-    """Re-ranks the top-k candidates by each row's style and masks every other token."""
+    """Re-ranks the top-k candidates by each row's style and masks every other token.
+
+    At α = 0 it hands the scores on unchanged, whatever the style holds (λ, bias, memory): the row's chain is then
+    the cluster row's, token for token, also where repetition control acts after it (a penalty can move a top-k
+    token below one outside the top-k). `sampled`: the row samples, and generate's own top-k is off for CARD
+    rows, so the top-k is kept here at α = 0 too (the cluster row's sampling set)."""
 
     def __init__(self, head: PersonalizationHead, styles: StyleTensors, style: StyleSettings, capture: HiddenCapture,
-                 alpha: float, top_k: int, standardize: bool = False):
+                 alpha: float, top_k: int, standardize: bool = False, sampled: bool = False):
         self.head, self.styles, self.style, self.capture = head, styles, style, capture
-        self.alpha, self.top_k, self.standardize = alpha, top_k, standardize
+        self.alpha, self.top_k, self.standardize, self.sampled = alpha, top_k, standardize, sampled
         self.trace: list[dict] | None = None  # set to [] to record each step (the app's "Why" view)
         self.plain = alpha == 0  # style_scores: α scales everything of the person's
 
     @torch.no_grad()
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         vals, cand = scores.topk(min(self.top_k, scores.shape[-1]), dim=-1)
-        if self.plain and self.trace is None:  # the cluster model's top-k, exactly, whatever the head holds
-            return torch.full_like(scores, float("-inf")).scatter(-1, cand, vals)
+        if self.plain and self.trace is not None:  # the Why view's steps: the cluster model's top-k, as they are
+            self.trace.append(_one_scale(scores, cand.cpu(), vals.cpu()))
+        if self.plain:  # the cluster model exactly, whatever the head and the style hold
+            return torch.full_like(scores, float("-inf")).scatter(-1, cand, vals) if self.sampled else scores
         ids, new = style_scores(self.head, self.styles, self.style, self.capture.last().cpu(), cand.cpu(),
                                 vals.cpu(), self.alpha, self.standardize)
         if self.trace is not None:  # candidates and the memory's extra tokens (id -1: an unused slot)
@@ -184,7 +191,7 @@ def generate(model, tok, prompts: list[str], budget: TokenBudget, s: DecodingSet
             if styles is None or len(styles) != len(prompts):
                 raise ValueError("CARD needs one style per prompt")
             card = CardLogitsProcessor(head, StyleTensors.of(styles, style), style, cap, s.alpha, s.top_k,
-                                       s.standardize)
+                                       s.standardize, s.do_sample)
             if trace:
                 card.trace = []
             out = model.generate(**kwargs, logits_processor=LogitsProcessorList([*processors, card, *repeats]))

@@ -263,7 +263,9 @@ def decode_batches(engine: Engine, method: str, fits: Sequence[UserFit], batch: 
 
 def decodes_alone(engine: Engine, method: str) -> bool:
     """card_personal (each person's own setting) and a CARD that retrieves the person's items decode one person a
-    call."""
+    call; at α = 0 they decode as the cluster model does, in its batches (the same padding: the same tokens)."""
+    if engine.cfg.decoding.alpha == 0:
+        return False
     return method == PERSONAL or (method in CARD_METHODS and variant(method, engine.cfg.style).retrieval)
 
 

@@ -43,6 +43,8 @@ def generate(engine, prompts: Sequence[str], method: str, cluster: int | None = 
         return decoding.generate(engine.model, engine.tok, list(prompts), budget, s)
     if method not in ("cluster", *CARD_METHODS):
         raise ValueError(f"unknown method {method!r}; choose from {(*CORE_METHODS, *VARIANTS)}")
+    if method in (RERANK, CONTRAST) and s.alpha == 0:  # α = 0: the cluster model, its candidates or items unused
+        method = "cluster"
     if method == RERANK:
         from personalize.methods.card.rerank import Query, rerank
 
@@ -64,7 +66,7 @@ def generate(engine, prompts: Sequence[str], method: str, cluster: int | None = 
     rest = [i for i in range(len(prompts)) if out[i] is None]
     if rest:
         card_prompts, card_budget = [prompts[i] for i in rest], budget
-        if style.retrieval and items:
+        if style.retrieval and items and s.alpha > 0:  # α scales the style's every part: at 0, no items either
             card_prompts, card_budget = retrieval_prompts(engine, items, card_prompts, budget)
         gens = decoding.generate(engine.model, engine.tok, card_prompts, card_budget, s, head=head,
                         styles=[styles[i] for i in rest], style=style, n_layers=engine.cfg.head.n_layers,
@@ -86,7 +88,7 @@ def rows(engine, prompts: Sequence[str], method: str, cluster: int | None = None
     if method not in ("cluster", *CARD_METHODS):
         raise ValueError(f"unknown method {method!r}; choose from {(*CORE_METHODS, *VARIANTS)}")
     ada = adapter_name(k, cluster or 0) if k > 1 else BASE_ADAPTER
-    if method == "cluster":
+    if method == "cluster" or (method == CONTRAST and s.alpha == 0):  # α = 0: card_cad without the person's items
         return [DecodeRow(p, budget, s, ada) for p in prompts]
     if method == RERANK:
         raise ValueError(f"{RERANK} decodes in two stages (candidates in one batch, then one scoring pass), so "
@@ -99,7 +101,7 @@ def rows(engine, prompts: Sequence[str], method: str, cluster: int | None = None
     head, style, styles, s = card_parts(engine, method, lam, len(prompts), s, objective)
     out: list[DecodeRow] = []
     for p, st in zip(prompts, styles):
-        own = st.own if method == PERSONAL else None
+        own = st.own if method == PERSONAL and s.alpha > 0 else None  # α = 0 asks for the cluster model: no own α
         s_row = s if own is None else replace(s, alpha=own.alpha)
         if style.fallback and st.helps is False:
             out.append(DecodeRow(p, budget, s, ada, note=FALLBACK_NOTE))
@@ -108,7 +110,7 @@ def rows(engine, prompts: Sequence[str], method: str, cluster: int | None = None
             out.append(DecodeRow(p, budget, s, ada, note=PERSONAL_ZERO_NOTE))
             continue
         card_prompt, card_budget = p, budget
-        if (style.retrieval or (own is not None and own.retrieval)) and items:
+        if (style.retrieval or (own is not None and own.retrieval)) and items and s_row.alpha > 0:
             (card_prompt,), card_budget = retrieval_prompts(engine, items, [p], budget)
         out.append(DecodeRow(card_prompt, card_budget, s_row, ada, CardSteer(head, st, style, engine.cfg.head.n_layers),
                              want_trace=trace))

@@ -34,7 +34,7 @@ class CardSteer(Steer):
 
     def processors(self, settings, first, repeats, hidden, trace):
         proc = CardLogitsProcessor(self.head, StyleTensors.of([self.style], self.settings), self.settings, hidden,
-                                   settings.alpha, settings.top_k, settings.standardize)
+                                   settings.alpha, settings.top_k, settings.standardize, settings.do_sample)
         if trace:
             proc.trace = []
         return [*first, proc, *repeats], (proc if trace else None)
