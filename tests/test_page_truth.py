@@ -87,3 +87,45 @@ def test_a_refused_sweep_clears_the_last_results(studio):
     assert out[0].startswith("⚠️") and "finite" in out[0] and out[1:] == (None, None, [])
     out = explore.explore(studio, "planted", "", 2, 1.0, 50, 4, progress=lambda *a, **k: None)
     assert out[0].startswith("⚠️") and out[1:] == (None, None, [])
+
+
+# ---------------------------------------------------------------- membership
+
+def test_a_newcomer_is_compared_with_the_build_s_people_as_if_they_were_new_too():
+    """Every member alone in their cluster (K = n): k-means put each centre on its member, so their own distances
+    are all 0. A newcomer a hair from a member was told "further than any of the build's people"; measured as
+    if each member had been left out (their nearest other centre), the newcomer is close, and a member
+    re-entering with the same writing is told they are one of the build's people."""
+    from personalize.card.cluster import closeness, is_member, member_distances
+
+    rng = np.random.default_rng(0)
+    emb = rng.normal(size=(5, 8)).astype(np.float32)
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    centroids, labels = emb.copy(), np.arange(5)
+    loo = member_distances(emb, centroids, labels)
+    others = np.linalg.norm(emb[:, None] - emb[None], axis=-1) + np.eye(5) * 9
+    assert np.allclose(loo, others.min(1), atol=1e-5) and (loo > 0.5).all()
+    near = emb[2] + 0.01 * rng.normal(size=8).astype(np.float32)
+    d = np.linalg.norm(centroids - near[None], axis=1)
+    words, further = closeness(emb, centroids, labels, float(d.min()), member=is_member(emb, centroids, d))
+    assert further == 1.0 and "close to its centre" in words and "far from every" not in words
+    mine = np.linalg.norm(centroids - emb[2][None], axis=1)
+    assert is_member(emb, centroids, mine) and not is_member(emb, centroids, d)
+    words, _ = closeness(emb, centroids, labels, float(mine.min()), member=True)
+    assert "one of this build's own people" in words
+    # two members in one cluster: leaving one out moves the centre onto the other
+    two = np.stack([emb[0], emb[1]])
+    assert np.allclose(member_distances(two, two.mean(0, keepdims=True), np.zeros(2, int)),
+                       np.linalg.norm(emb[0] - emb[1]), atol=1e-5)
+
+
+def test_the_build_s_own_people_are_told_they_are_in_it(studio):
+    """For every K and every member of the tiny build, their own distances read as one of the build's people;
+    the demo writers saved in the studio (their writing near, not equal to, the build's) are never "far"."""
+    c = studio.engine.clusters
+    for k, cents in c.centroids.items():
+        for e in c.embeddings:
+            assert "one of this build's own people" in studio.closeness(k, np.linalg.norm(cents - e[None], axis=1))
+    for user in c.users[:3]:
+        res = studio.save_history(user, studio.demo_items(user), "tweets")
+        assert res["closeness"] and "far from every" not in res["closeness"], res["closeness"]

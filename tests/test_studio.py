@@ -497,11 +497,11 @@ def test_builds_are_listed_per_task_and_choosing_a_task_switches_to_its_build(ti
 def test_how_near_a_cluster_is_said_in_plain_words(studio):
     """The nearest centroid's distance against the build's own people: a member of the population is within
     its cluster; a person further out than all of them is told the build is far from them."""
-    from personalize.card.cluster import closeness
+    from personalize.card.cluster import closeness, member_distances
 
     c = studio.engine.clusters
     k = studio.snap_k(None)
-    own = np.linalg.norm(c.embeddings - c.centroids[k][c.labels[k]], axis=-1)
+    own = member_distances(c.embeddings, c.centroids[k], c.labels[k])  # each as if left out of the build
     words, further = closeness(c.embeddings, c.centroids[k], c.labels[k], float(np.median(own)) * 0.5)
     assert further >= 0.5 and "close to its centre" in words
     words, further = closeness(c.embeddings, c.centroids[k], c.labels[k], float(own.max()) + 0.1)

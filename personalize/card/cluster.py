@@ -39,13 +39,41 @@ def assign(embedding: np.ndarray, centroids: np.ndarray) -> tuple[int, list[floa
     return int(d.argmin()), [float(x) for x in d]
 
 
-def closeness(embeddings: np.ndarray, centroids: np.ndarray, labels: np.ndarray, distance: float) -> tuple[str, float]:
+def member_distances(embeddings: np.ndarray, centroids: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Each of the build's people's distance to the nearest centre had they been left out of the build (their own
+    cluster's centre recomputed without them; a cluster of one is gone). Why: k-means placed every centre among
+    its members, so their own distances are small by construction (0 for a cluster of one), and a newcomer
+    compared with them looked further out than everyone."""
+    counts = np.bincount(labels, minlength=len(centroids))
+    out = []
+    for e, c in zip(embeddings, labels):
+        cents = centroids.astype(np.float64)
+        if counts[c] > 1:
+            cents[c] = (counts[c] * cents[c] - e) / (counts[c] - 1)
+        else:
+            cents = np.delete(cents, c, axis=0)
+        out.append(float(np.linalg.norm(cents - e[None], axis=1).min()) if len(cents) else np.inf)
+    return np.asarray(out)
+
+
+def is_member(embeddings: np.ndarray, centroids: np.ndarray, distances: Sequence[float], tol: float = 1e-4) -> bool:
+    """Whether distances to every centre are those of one of the build's own people (the same writing)."""
+    theirs = np.linalg.norm(embeddings[:, None] - centroids[None], axis=-1)
+    return bool((np.abs(theirs - np.asarray(distances)[None]).max(axis=1) <= tol).any()) if len(theirs) else False
+
+
+def closeness(embeddings: np.ndarray, centroids: np.ndarray, labels: np.ndarray, distance: float,
+              member: bool = False) -> tuple[str, float]:
     """How near a person's nearest centroid is, against the build's own people: (plain words, the share of the
-    population that is further from its own cluster's centre). A raw distance (1.04 or 1.25) says nothing by
-    itself; a person further out than every member of the build is one the build does not describe."""
-    own = np.linalg.norm(embeddings - centroids[labels], axis=-1)
+    population that is further from its nearest centre, each measured as if left out of the build:
+    member_distances). A raw distance (1.04 or 1.25) says nothing by itself; a person further out than every
+    member of the build is one the build does not describe. `member`: the person is one of the build's people
+    (is_member), and is told so."""
+    own = member_distances(embeddings, centroids, labels)
     further = float((own > distance).mean()) if len(own) else 0.0
-    if further >= 0.5:
+    if member:
+        words = "one of this build's own people: its clusters were fitted with your writing among them"
+    elif further >= 0.5:
         words = "close to its centre: nearer than most of its own members"
     elif further >= 0.1:
         words = "within its usual range"
@@ -53,5 +81,6 @@ def closeness(embeddings: np.ndarray, centroids: np.ndarray, labels: np.ndarray,
         words = "at its edge: further out than 90 % of the build's people are from their own cluster"
     else:
         words = ("far from every cluster of this build: further from the nearest one than any of the build's "
-                 f"{len(own)} people are from theirs, so this build's population may not write like you")
+                 f"{len(own)} people would be had they not been in it, so this build's population may not write "
+                 "like you")
     return words, further

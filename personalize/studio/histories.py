@@ -8,7 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
-from personalize.card.cluster import closeness
+from personalize.card.cluster import closeness, is_member
 from personalize.card.style import UserStyle
 from personalize.data import TASKS, HistoryError, Item, parse_history, read_history_file
 from personalize.fitting.person import prepared_items, store_assignments
@@ -136,9 +136,11 @@ class Histories(Service):
         return UserState(self.store.user(name)["name"], k, a["cluster"], a["distances"], style, stats)
 
     def closeness(self, k: int, distances: Sequence[float]) -> str:
-        """The nearest cluster's distance in plain words (cluster.closeness), against the build's own people."""
+        """The nearest cluster's distance in plain words (cluster.closeness), against the build's own people; a
+        person whose distances are one of theirs is told they are one of them."""
         c = self.engine.clusters
-        words, _ = closeness(c.embeddings, c.centroids[k], c.labels[k], min(distances))
+        words, _ = closeness(c.embeddings, c.centroids[k], c.labels[k], min(distances),
+                             member=is_member(c.embeddings, c.centroids[k], distances))
         return words
 
     def prepare_rewrites(self, name: str) -> None:
