@@ -1,7 +1,9 @@
-"""Evaluation metrics (METHOD §6): ROUGE-1 / ROUGE-L F1 with stemming, macro-averaged over queries."""
+"""Evaluation metrics (METHOD §6): ROUGE-1 / ROUGE-L F1 with stemming, macro-averaged over queries; whether an
+output loops or echoes its prompt's scaffold (issue 36)."""
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import Sequence
 
@@ -35,17 +37,51 @@ def rouge_scores(predictions: Sequence[str], golds: Sequence[str]) -> dict[str, 
     return {"rouge1": r1 / len(golds), "rougeL": rl / len(golds), "n": len(golds)}
 
 
-def looping(text: str, min_repeats: int = 3, max_n: int = 8) -> bool:
-    """True when the text ends in `min_repeats` or more back-to-back copies of one word n-gram (n ≤ max_n):
-    "I am pleased to report that I am pleased to report that ..." or "#game #game #game"."""
-    w = text.split()
+_UNIT = re.compile(r"\w+|[^\w\s]+")  # a word, or a run of punctuation ("...", "****" are one unit each)
+
+
+def text_units(text: str) -> list[str]:
+    """The units the loop check counts, lowercase: words and runs of punctuation. Not the model's tokens, so that
+    every method and model is measured alike ("dev-dev-dev" is dev, -, dev, -, dev)."""
+    return _UNIT.findall(text.lower())
+
+
+def looping(text: str, max_n: int = 6, times: int = 3, cover: float = 0.5) -> bool:
+    """True when the text loops (issue 36's check): some n-gram of up to `max_n` units (text_units) occurs
+    `times` times back to back anywhere ("dev-dev-dev-dev", "Synthesizer. Synthesizer. Synthesizer."), or one
+    phrase of up to `max_n` units, seen at least `times` times, covers over `cover` of the units ("The previous
+    response was: a The previous response was: b The previous response was: c")."""
+    w = text_units(text)
     for n in range(1, max_n + 1):
-        if len(w) < n * min_repeats:
-            break
-        tail = w[-n:]
-        if all(w[len(w) - (i + 1) * n: len(w) - i * n] == tail for i in range(min_repeats)):
+        for i in range(len(w) - times * n + 1):
+            if all(w[i + j * n: i + (j + 1) * n] == w[i: i + n] for j in range(1, times)):
+                return True
+    for n in range(1, max_n + 1):
+        counts: dict[tuple[str, ...], int] = {}
+        i = 0
+        for i in range(len(w) - n + 1):
+            g = tuple(w[i: i + n])
+            counts[g] = counts.get(g, 0) + 1
+        if any(c >= times and c * n > cover * len(w) for c in counts.values()):
             return True
     return False
+
+
+def _norm(line: str) -> str:
+    return " ".join(line.lower().split())
+
+
+def echoes(text: str, scaffold: Sequence[str], min_words: int = 3) -> bool:
+    """True when the output repeats a line of the prompt's scaffold (its instruction, a retrieved-item header):
+    a scaffold line of `min_words` or more words inside the output, or an output line of that many words that
+    begins one (an echo cut short by the token budget). `scaffold`: the lines no output should repeat."""
+    lines = [_norm(s) for s in scaffold]
+    lines = [s for s in lines if len(s.split()) >= min_words]
+    if not lines:
+        return False
+    flat = _norm(text)
+    outs = [o for o in (_norm(x) for x in text.splitlines()) if len(o.split()) >= min_words]
+    return any(s in flat for s in lines) or any(s.startswith(o) for o in outs for s in lines)
 
 
 def paired_interval(d: np.ndarray, n_boot: int = 1000, seed: int = 0, rng: np.random.Generator | None = None) -> dict:

@@ -380,7 +380,7 @@ def test_repetition_control_ignores_the_prompt_and_stops_loops(tiny_model, token
     assert any(looping(g.text) for g in loose) or loose != tight
     # an end-of-sequence first would be an empty output: never
     from personalize.card.decoding import repetition_processors
-    (first,) = repetition_processors(DecodingSettings(no_repeat_ngram=0), 5, tokenizer.eos_token_id)
+    (first,) = repetition_processors(DecodingSettings(no_repeat_ngram=0, loop_period=0), 5, tokenizer.eos_token_id)
     scores = torch.zeros(1, 10)
     scores[0, tokenizer.eos_token_id % 10] = 5.0
     if tokenizer.eos_token_id < 10:
@@ -446,12 +446,13 @@ def test_repetition_processors_see_the_generated_tokens_only():
     from personalize.card.decoding import repetition_processors
 
     ids = torch.tensor([[1, 2, 3, 1, 5, 6, 5]])
-    blocker, = repetition_processors(DecodingSettings(no_repeat_ngram=2), prompt_length=4)
+    blocker, = repetition_processors(DecodingSettings(no_repeat_ngram=2, loop_period=0), prompt_length=4)
     out = blocker(ids, torch.zeros(1, 10))[0]
     assert out[6] == float("-inf") and out[2] == 0 and torch.isfinite(out).sum() == 9
     after_one = blocker(torch.tensor([[1, 2, 3, 1, 1]]), torch.zeros(1, 10))[0]
     assert torch.isfinite(after_one).all()  # (1, 2) is the prompt's: 2 stays open after a generated 1
-    penalty, = repetition_processors(DecodingSettings(no_repeat_ngram=0, repetition_penalty=2.0), prompt_length=4)
+    penalty, = repetition_processors(DecodingSettings(no_repeat_ngram=0, loop_period=0, repetition_penalty=2.0),
+                                     prompt_length=4)
     scores = torch.full((1, 10), 4.0)
     out = penalty(ids, scores.clone())[0]
     assert out[5] == out[6] == 2.0 and out[1] == out[2] == out[3] == 4.0

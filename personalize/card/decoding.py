@@ -18,6 +18,7 @@ the diff), so the library's processors are given the prompt length to ignore.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -43,6 +44,9 @@ class DecodingSettings:
     # every method, generated tokens only (the prompt is ignored); chosen on validation users (build, tune)
     repetition_penalty: float = 1.0
     no_repeat_ngram: int = 4  # no n-gram of this size twice in the output (0 = off): stops loops
+    # no n-gram of up to this many tokens a third time back to back (0 = off): loops that the n-gram rule, tuned off
+    # where a text repeats its own forms (changelog lines), let through (issue 36); 12 covers "2023-02-24 "
+    loop_period: int = 12
     do_sample: bool = False
     temperature: float = 1.0
     standardize: bool = False  # set by the engine for heads whose Δ has no logit scale (pairs, hard_pairs)
@@ -50,8 +54,8 @@ class DecodingSettings:
     def __post_init__(self):
         if self.alpha < 0 or self.top_k < 1 or self.max_new_tokens < 1:
             raise ValueError("alpha must be >= 0, top_k >= 1 and max_new_tokens >= 1")
-        if self.repetition_penalty <= 0 or self.temperature <= 0 or self.no_repeat_ngram < 0:
-            raise ValueError("repetition_penalty and temperature must be > 0, no_repeat_ngram >= 0")
+        if self.repetition_penalty <= 0 or self.temperature <= 0 or self.no_repeat_ngram < 0 or self.loop_period < 0:
+            raise ValueError("repetition_penalty and temperature must be > 0, no_repeat_ngram and loop_period >= 0")
 
 
 class GeneratedNoRepeatNGram(NoRepeatNGramLogitsProcessor):
@@ -63,6 +67,57 @@ class GeneratedNoRepeatNGram(NoRepeatNGramLogitsProcessor):
 
     def __call__(self, input_ids, scores):
         return super().__call__(input_ids[:, self.prompt_length:], scores)
+
+
+class NoThirdRepeat(LogitsProcessor):
+    """No n-gram of up to `max_n` generated tokens a third time back to back: when a row's last 3n − 1 tokens are
+    two copies of an n-gram and its first n − 1 tokens, the token that would finish the third copy is masked.
+
+    Why: a loop ("dev-dev-dev-", "Synthesizer.\nSynthesizer.\n") is a short period repeated; the no-repeat n-gram
+    rule stops it too but also bans a text's own forms the second time ("* CVE-2025-" on every changelog line), so
+    the build's tuning may switch it off. Two copies stay allowed ("very very", a date twice), and n-grams made
+    of digits alone are exempt (SmolLM2 spells numbers digit by digit: "#1000000"). `digits`: a [V] mask of the
+    digit tokens (digit_tokens), or None."""
+
+    def __init__(self, max_n: int, prompt_length: int, digits: torch.Tensor | None = None):
+        self.max_n, self.prompt_length, self.digits = max_n, prompt_length, digits
+
+    @torch.no_grad()
+    def __call__(self, input_ids, scores):
+        gen = input_ids[:, self.prompt_length:]
+        if gen.shape[1] < 2:
+            return scores
+        tails = gen[:, -(3 * self.max_n - 1):].tolist()
+        banned = [(r, t) for r, tail in enumerate(tails) for t in self._finishing(tail)]
+        if not banned:
+            return scores
+        out = scores.clone()
+        rows, toks = zip(*banned)
+        out[list(rows), list(toks)] = -math.inf
+        return out
+
+    def _finishing(self, g: list[int]) -> list[int]:
+        """The tokens that would finish a third back-to-back copy after the tokens `g`."""
+        out, length = [], len(g)
+        for n in range(1, self.max_n + 1):
+            if 3 * n - 1 > length:
+                break
+            if g[length - 3 * n + 1: length - n] == g[length - 2 * n + 1:]:  # period n over the last 3n - 1
+                gram = g[length - n:]
+                if self.digits is None or not all(bool(self.digits[t]) for t in gram if t < len(self.digits)):
+                    out.append(g[length - n])
+        return out
+
+
+@functools.lru_cache(maxsize=8)
+def digit_tokens(tok) -> torch.Tensor:
+    """[V] True for the tokens that spell digits alone (NoThirdRepeat leaves numbers such as "1000" alone)."""
+    mask = torch.zeros(len(tok), dtype=torch.bool)
+    for t, i in tok.get_vocab().items():
+        text = tok.convert_tokens_to_string([t]).strip()
+        if i < len(mask) and text.isdigit():
+            mask[i] = True
+    return mask
 
 
 class MinNewTokens(MinNewTokensLengthLogitsProcessor):
@@ -79,10 +134,11 @@ class MinNewTokens(MinNewTokensLengthLogitsProcessor):
 
 
 def repetition_processors(s: DecodingSettings, prompt_length: int, eos_token_id: int | None = None,
-                          utf8: LogitsProcessor | None = None) -> list[LogitsProcessor]:
+                          utf8: LogitsProcessor | None = None, tok=None) -> list[LogitsProcessor]:
     """Repetition control shared by every method, over the generated tokens only; with `eos_token_id`, also
     no end-of-sequence before the first token (a memory's neighbours may vote for it: an empty output); with
-    `utf8` (lm.utf8.utf8_guard), whole characters only, last, on the final scores."""
+    `utf8` (lm.utf8.utf8_guard), whole characters only, last, on the final scores. `tok`: the tokenizer, whose
+    digit tokens the loop rule (NoThirdRepeat) leaves alone."""
     out: list[LogitsProcessor] = []
     if eos_token_id is not None:
         out.append(MinNewTokens(prompt_length, 1, eos_token_id))
@@ -90,6 +146,8 @@ def repetition_processors(s: DecodingSettings, prompt_length: int, eos_token_id:
         out.append(RepetitionPenaltyLogitsProcessor(float(s.repetition_penalty), prompt_ignore_length=prompt_length))
     if s.no_repeat_ngram:
         out.append(GeneratedNoRepeatNGram(s.no_repeat_ngram, prompt_length))
+    if s.loop_period:
+        out.append(NoThirdRepeat(s.loop_period, prompt_length, None if tok is None else digit_tokens(tok)))
     if utf8 is not None:
         out.append(utf8)
     return out
@@ -178,7 +236,7 @@ def generate(model, tok, prompts: list[str], budget: TokenBudget, s: DecodingSet
     ids, mask = left_pad([prompt_ids(tok, x, budget) for x in prompts], tok.pad_token_id, model.device)
     utf8 = utf8_guard(tok, ids.shape[1])  # first too: CARD's top-k are then whole-character tokens
     processors = [*([utf8] if utf8 else []), *extra_processors]
-    repeats = repetition_processors(s, ids.shape[1], tok.eos_token_id, utf8)  # last: on the final scores, CARD's included
+    repeats = repetition_processors(s, ids.shape[1], tok.eos_token_id, utf8, tok)  # last: on the final scores, CARD's included
     kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=s.max_new_tokens, min_new_tokens=s.min_new_tokens or None,
                   pad_token_id=tok.pad_token_id, do_sample=s.do_sample, repetition_penalty=None, top_p=None)
     if s.do_sample:

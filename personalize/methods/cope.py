@@ -152,7 +152,8 @@ class CopeMethod:
             input_ids=torch.cat([ids, ids]), attention_mask=torch.cat([mask, mask]),
             adapter_names=[user_ad] * n + [base_ad] * n,
             logits_processor=LogitsProcessorList([*([utf8] if utf8 else []), proc,
-                                                  *repetition_processors(settings, ids.shape[1], e.tok.eos_token_id, utf8)]),
+                                                  *repetition_processors(settings, ids.shape[1], e.tok.eos_token_id, utf8,
+                                                                         e.tok)]),
             max_new_tokens=settings.max_new_tokens, min_new_tokens=settings.min_new_tokens or None,
             repetition_penalty=None, pad_token_id=e.tok.pad_token_id,
             do_sample=False, temperature=None, top_k=None, top_p=None)

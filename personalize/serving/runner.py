@@ -165,7 +165,7 @@ def _decode_group(model, tok, rows: Sequence[DecodeRow], on_step, fast: bool) ->
             s = r.settings
             first = [*([utf8] if utf8 else []), *([MinNewTokens(length, s.min_new_tokens, tok.eos_token_id)]
                                                   if s.min_new_tokens else [])]
-            repeats = repetition_processors(s, length, tok.eos_token_id, utf8)
+            repeats = repetition_processors(s, length, tok.eos_token_id, utf8, tok)
             if r.steer is None:
                 chains.append(([i], [*first, *repeats]))
                 continue

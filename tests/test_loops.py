@@ -1,0 +1,110 @@
+"""Loops and echoes (issue 36): the checks that measure them (metrics.looping, metrics.echoes) and the decoding rule
+that stops a loop in every method's rows (decoding.NoThirdRepeat, in repetition_processors)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from personalize.card.decoding import DecodingSettings, NoThirdRepeat, digit_tokens, generate, repetition_processors
+from personalize.lm.tokens import TokenBudget
+from personalize.metrics import echoes, looping
+
+BUDGET = TokenBudget(max_prompt_tokens=24, max_target_tokens=8)
+PROMPTS = ["Paraphrase: the train was late again", "Paraphrase: coffee is ready", "Paraphrase: we won the match",
+           "Write the commit message subject line for this change."]
+
+
+@pytest.mark.parametrize("text", [
+    "dev-dev-dev-dev-dev-",  # one word, a period of two units
+    "The 2023-02-24 2023-02-24 2023-02-",  # a phrase over half the units
+    "Fix Windows 3.1-4-4-4-4-4-4-4",
+    "Synthesizer. " * 20,
+    "The previous response was: fix\nThe previous response was: docs\nThe previous response was: tests",
+    "I am pleased to report that I am pleased to report that I am pleased to report that",
+])
+def test_the_loops_the_issue_saw_are_loops(text):
+    assert looping(text)
+
+
+@pytest.mark.parametrize("text", [
+    "* Non-maintainer upload.\n* CVE-2025-0938: urlparse accepted hostname containing [ or ]\n"
+    "* CVE-2025-1795: Don't encode list separators in email headers",  # a list repeats its own forms
+    "I am very very happy", "Wait... what... no...", "Fix the bug", "", "Bump version to 1.0.0 (Closes: #1000000)",
+])
+def test_ordinary_texts_do_not_loop(text):
+    assert not looping(text)
+
+
+def test_an_echo_is_a_scaffold_line_repeated_whole_or_cut_short():
+    scaffold = ["Write the commit message subject line for this change.", "Texts this user wrote before (input → output):"]
+    assert echoes("Write the commit message subject line for this change.\nFiles changed: a.py", scaffold)
+    assert echoes("fix: x\ntexts this user wrote  before (input → output):", scaffold)  # case and spaces aside
+    assert echoes("Write the commit message", scaffold)  # the budget ended inside the echo
+    assert not echoes("Write tests for the parser", scaffold)
+    assert not echoes("Fix the commit message subject", scaffold)
+    assert not echoes("Write the commit message subject line", [])
+
+
+def test_the_third_back_to_back_copy_is_masked_and_two_copies_stay_allowed():
+    """Prompt [9, 9, 9] is not looked at; generated [5, 6, 5, 6, 5]: 6 would finish a third (5, 6), so it is masked;
+    after [5, 6, 5, 6] the 5 stays open (a third copy is not finished by it) and after [7, 7] the 7 is masked."""
+    proc = NoThirdRepeat(4, prompt_length=3)
+    scores = torch.zeros(3, 12)
+    ids = torch.tensor([[9, 9, 9, 1, 5, 6, 5, 6, 5], [9, 9, 9, 0, 1, 5, 6, 5, 6], [9, 9, 9, 1, 2, 3, 4, 7, 7]])
+    out = proc(ids, scores)
+    assert torch.isinf(out[0]).nonzero().flatten().tolist() == [6]
+    assert torch.isfinite(out[1]).all()
+    assert torch.isinf(out[2]).nonzero().flatten().tolist() == [7]
+    assert torch.isfinite(proc(torch.tensor([[9, 9, 9]]), torch.zeros(1, 12))).all()  # the prompt's own repeats
+    period3 = proc(torch.tensor([[0, 0, 0, 1, 2, 3, 1, 2, 3, 1, 2]]), torch.zeros(1, 12))  # (1, 2, 3) a third time
+    assert torch.isinf(period3[0]).nonzero().flatten().tolist() == [3]
+    digits = torch.zeros(12, dtype=torch.bool)
+    digits[7] = True  # a digit token: "#1000" spells 0 three times
+    assert torch.isfinite(NoThirdRepeat(4, 3, digits)(ids[2:], torch.zeros(1, 12))).all()
+
+
+def test_every_repetition_chain_holds_the_loop_rule_with_the_tokenizers_digits(tokenizer):
+    chain = repetition_processors(DecodingSettings(), 5, tokenizer.eos_token_id, tok=tokenizer)
+    (rule,) = [p for p in chain if isinstance(p, NoThirdRepeat)]
+    assert rule.max_n == DecodingSettings().loop_period and rule.digits is digit_tokens(tokenizer)
+    zero = tokenizer("0", add_special_tokens=False)["input_ids"]
+    word = tokenizer("dev", add_special_tokens=False)["input_ids"]
+    assert len(zero) == 1 and rule.digits[zero[0]] and len(word) == 1 and not rule.digits[word[0]]
+    assert not any(isinstance(p, NoThirdRepeat) for p in repetition_processors(DecodingSettings(loop_period=0), 5))
+    with pytest.raises(ValueError):
+        DecodingSettings(loop_period=-1)
+
+
+def _third_copy(ids: list[int], max_n: int, digits: torch.Tensor) -> bool:
+    """Some n-gram (n <= max_n) of these tokens, not of digits alone, three times back to back."""
+    return any(ids[i: i + n] == ids[i + n: i + 2 * n] == ids[i + 2 * n: i + 3 * n]
+               and not all(digits[t] for t in ids[i: i + n])
+               for n in range(1, max_n + 1) for i in range(len(ids) - 3 * n + 1))
+
+
+def test_decoding_never_writes_a_third_back_to_back_copy(tiny_model, tokenizer):
+    """The tiny random model loops without the rule (no n-gram blocking either); with it, no output's tokens hold
+    an n-gram of up to loop_period tokens three times back to back, and fewer of its texts loop."""
+    from transformers import LogitsProcessorList
+
+    from personalize.lm.tokens import left_pad, prompt_ids
+
+    ids, mask = left_pad([prompt_ids(tokenizer, p, BUDGET) for p in PROMPTS], tokenizer.pad_token_id)
+    digits = digit_tokens(tokenizer)
+
+    def run(s: DecodingSettings) -> list[list[int]]:
+        chain = repetition_processors(s, ids.shape[1], tokenizer.eos_token_id, tok=tokenizer)
+        out = tiny_model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=s.max_new_tokens,
+                                  do_sample=False, temperature=None, top_k=None, top_p=None,
+                                  pad_token_id=tokenizer.pad_token_id, logits_processor=LogitsProcessorList(chain))
+        rows = [r[ids.shape[1]:].tolist() for r in out]
+        return [r[: r.index(tokenizer.eos_token_id)] if tokenizer.eos_token_id in r else r for r in rows]
+
+    loose = run(DecodingSettings(max_new_tokens=48, no_repeat_ngram=0, loop_period=0))
+    tight = run(DecodingSettings(max_new_tokens=48, no_repeat_ngram=0))
+    assert any(_third_copy(r, 12, digits) for r in loose)
+    assert not any(_third_copy(r, 12, digits) for r in tight) and all(tight)
+    text = [generate(tiny_model, tokenizer, PROMPTS, BUDGET, DecodingSettings(max_new_tokens=48, no_repeat_ngram=0,
+                                                                               loop_period=n)) for n in (0, 12)]
+    assert sum(looping(g.text) for g in text[1]) < sum(looping(g.text) for g in text[0])
