@@ -28,7 +28,7 @@ import gradio as gr
 from personalize.studio.decoder import DecodeTarget
 from personalize.studio.facade import Studio, StudioConfig
 from personalize.ui import campaigns, cluster, compare, explore, export, fit, leaderboard, populations, quick_pair, rate, why, writing
-from personalize.ui.common import CSS, EXPECTED
+from personalize.ui.common import CSS, EXPECTED, run_as_login
 from personalize.ui.controls import forget_previous_person, page_top
 from personalize.ui.login import AUTH_HELP, Login, parse_admins, parse_auth
 
@@ -81,6 +81,7 @@ def build_app(studio: Studio) -> gr.Blocks:
         for build in TABS:
             build(studio, shared)
         forget_previous_person(studio, shared)  # no tab keeps the previous person's results after a switch
+        run_as_login(app)  # every event runs as its login: the store lets it reach only that login's people
     app.queue(default_concurrency_limit=1)
     return app
 

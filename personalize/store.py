@@ -21,10 +21,12 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import sqlite_utils
 
+from personalize.access import Access
 from personalize.data import Item
 
-SCHEMA_VERSION = 4  # 2: vectors.style (token bias, kNN memory); 3: every fitted style kept as a version, votes;
-# 4: human-evaluation campaigns (their tables: humaneval/campaign_schema.py)
+SCHEMA_VERSION = 5  # 2: vectors.style (token bias, kNN memory); 3: every fitted style kept as a version, votes;
+# 4: human-evaluation campaigns (their tables: humaneval/campaign_schema.py); 5: a person's owner (the login that
+# made them, access.py) and the histories a Save replaced
 VERSION_SOURCES = ("history", "vote", "import")  # what produced a version of a user's style
 FEEDBACK_SOURCES = ("rate", "up", "down")  # a Rate vote, a thumbs up / down on a Compare column
 WINNERS = ("a", "b", "tie", "both_bad")
@@ -40,7 +42,7 @@ CAMPAIGN_PREFIX = "campaign:"
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS users (
-  name TEXT PRIMARY KEY, task TEXT NOT NULL, created TEXT NOT NULL, updated TEXT NOT NULL);
+  name TEXT PRIMARY KEY, task TEXT NOT NULL, created TEXT NOT NULL, updated TEXT NOT NULL, owner TEXT);
 CREATE TABLE IF NOT EXISTS items (
   id INTEGER PRIMARY KEY AUTOINCREMENT, user TEXT NOT NULL REFERENCES users(name),
   position INTEGER NOT NULL, x TEXT NOT NULL, y TEXT NOT NULL, neutral TEXT);
@@ -75,6 +77,9 @@ CREATE TABLE IF NOT EXISTS ratings (
   winner TEXT NOT NULL CHECK (winner IN ('a', 'b', 'tie', 'both_bad')),
   settings TEXT NOT NULL, gen_a INTEGER, gen_b INTEGER);
 CREATE INDEX IF NOT EXISTS idx_ratings_created ON ratings(created);
+CREATE TABLE IF NOT EXISTS replaced (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, user TEXT NOT NULL REFERENCES users(name), replaced TEXT NOT NULL,
+  task TEXT NOT NULL, items TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS blobs (
   user TEXT NOT NULL, kind TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
   updated TEXT NOT NULL, PRIMARY KEY (user, kind, key));
@@ -82,7 +87,7 @@ CREATE TABLE IF NOT EXISTS blobs (
 
 
 # Every table keyed by a user, children first (deleting a user removes their rows in this order).
-USER_TABLES = ("items", "vectors", "versions", "assignments", "generations", "blobs", "feedback")
+USER_TABLES = ("items", "vectors", "versions", "assignments", "generations", "blobs", "feedback", "replaced")
 
 
 def decodes_own(stats: dict) -> bool | None:
@@ -184,6 +189,10 @@ def migrate(db: sqlite_utils.Database, path: Path, parts: Sequence[Tables] = ())
             version = 3
         if version == 3:  # v3 → v4: the campaign tables are new (made with the parts, below)
             version = 4
+        if version == 4:  # v4 → v5: users.owner (the people made before logins belong to no login); the table of
+            if db["users"].exists() and "owner" not in db["users"].columns_dict:  # replaced histories is new
+                db.execute("ALTER TABLE users ADD COLUMN owner TEXT")
+            version = 5
         if version != SCHEMA_VERSION:
             raise StoreError(
                 f"{path} has schema version {version}, but this code only knows "
@@ -204,6 +213,7 @@ class Store:
     def __init__(self, path: str | Path = "data/studio.db", parts: Sequence[Tables] = ()):
         self.path = Path(path)
         self.parts: dict[str, Tables] = {p.name: p for p in parts}  # the higher packages' tables kept here
+        self.access = Access()  # whose people the current login reaches (the studio sets its logins' rule)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()  # reentrant so writes can call the read helpers
         conn = sqlite3.connect(self.path, timeout=30.0, check_same_thread=False)
@@ -252,11 +262,33 @@ class Store:
             yield self.db
 
     def _require(self, name: str) -> str:
+        """The stored person's name; "unknown" when there is none, or the current login may not reach them
+        (to another login a person is not there: access.py)."""
         name = _name(name)
         with self._lock:
-            if not self.db["users"].count_where("name = ?", [name]):
-                raise StoreError(f"unknown user '{name}'")
+            row = self.db.execute("SELECT owner FROM users WHERE name = ?", [name]).fetchone()
+        if row is None or not self.access.may_reach(row[0], name.startswith(CAMPAIGN_PREFIX)):
+            raise StoreError(f"unknown user '{name}'")
         return name
+
+    def may_reach(self, name: str | None) -> bool:
+        """Whether the current login reaches this person (None: rows of no person, which only a login that sees
+        everyone reaches)."""
+        if name is None:
+            return self.access.sees_everyone()
+        try:
+            self._require(name)
+        except StoreError:
+            return False
+        return True
+
+    def _claim(self, db, name: str) -> bool:
+        """Whether `name` is stored already, for a write under it; a name another login holds is refused (it is
+        taken, and nothing of its person is shown)."""
+        row = db.execute("SELECT owner FROM users WHERE name = ?", [name]).fetchone()
+        if row is not None and not self.access.may_reach(row[0], name.startswith(CAMPAIGN_PREFIX)):
+            raise StoreError(f"the name '{name}' is taken: choose another user name")
+        return row is not None
 
     def _get(self, table: str, *pk: Any) -> dict | None:
         with self._lock:
@@ -281,33 +313,71 @@ class Store:
         rows = _item_rows(name, items, 0)
         with self._write() as db:
             at = now()
-            if db["users"].count_where("name = ?", [name]):
+            if self._claim(db, name):
                 if not replace:
                     raise StoreError(f"user '{name}' exists")
+                self._keep_replaced(db, name, at)
                 for table in ("items", "vectors", "assignments"):
                     db[table].delete_where("user = ?", [name])
                 db["users"].update(name, {"task": task, "updated": at})
             else:
-                db["users"].insert({"name": name, "task": task, "created": at, "updated": at})
+                db["users"].insert({"name": name, "task": task, "created": at, "updated": at,
+                                    "owner": self.access.new_owner()})
             db["items"].insert_all(rows)
+
+    @staticmethod
+    def _keep_replaced(db, name: str, at: str) -> None:
+        """The history a Save replaces, kept so that it can be restored (restore_history); its styles stay as
+        versions."""
+        task = db.execute("SELECT task FROM users WHERE name = ?", [name]).fetchone()[0]
+        old = [{"x": r["x"], "y": r["y"]} for r in db["items"].rows_where("user = ?", [name], order_by="position")]
+        if old:
+            db["replaced"].insert({"user": name, "replaced": at, "task": task, "items": _dumps(old)})
+
+    def replaced_histories(self, name: str) -> list[dict]:
+        """[{"id", "replaced", "task", "n_items"}] of the histories Saves replaced, newest first."""
+        with self._lock:
+            name = self._require(name)
+            return list(self.db.query("SELECT id, replaced, task, json_array_length(items) AS n_items FROM replaced"
+                                      " WHERE user = ? ORDER BY id DESC", [name]))
+
+    def restore_history(self, name: str, replaced_id: int) -> int:
+        """Brings a replaced history back (the one it replaces is kept in turn); returns its number of items."""
+        with self._write() as db:
+            name = self._require(name)
+            row = db.execute("SELECT task, items FROM replaced WHERE id = ? AND user = ?",
+                             [int(replaced_id), name]).fetchone()
+            if row is None:
+                raise StoreError(f"user '{name}' has no replaced history {replaced_id}")
+            at = now()
+            self._keep_replaced(db, name, at)
+            db["replaced"].delete(int(replaced_id))
+            for table in ("items", "vectors", "assignments"):
+                db[table].delete_where("user = ?", [name])
+            db["users"].update(name, {"task": row[0], "updated": at})
+            items = [Item(x=i["x"], y=i["y"]) for i in json.loads(row[1])]
+            db["items"].insert_all(_item_rows(name, items, 0))
+            return len(items)
 
     def ensure_user(self, name: str, task: str) -> str:
         """The user, created without history when new (a style imported from a key needs no texts)."""
         name = _name(name)
         with self._write() as db:
-            if not db["users"].count_where("name = ?", [name]):
+            if not self._claim(db, name):
                 at = now()
-                db["users"].insert({"name": name, "task": task, "created": at, "updated": at})
+                db["users"].insert({"name": name, "task": task, "created": at, "updated": at,
+                                    "owner": self.access.new_owner()})
         return name
 
     def users(self, campaign: bool = False) -> list[dict]:
-        """[{"name", "task", "n_items", "created", "updated"}] sorted by name: the studio's users, and with
-        `campaign` the people campaigns stored for generation too."""
+        """[{"name", "task", "n_items", "created", "updated", "owner"}] sorted by name: the studio's users the
+        current login reaches, and with `campaign` the people campaigns stored for generation too."""
         with self._lock:
-            return list(self.db.query(
-                "SELECT u.name, u.task, count(i.id) AS n_items, u.created, u.updated FROM users u"
+            rows = self.db.query(
+                "SELECT u.name, u.task, count(i.id) AS n_items, u.created, u.updated, u.owner FROM users u"
                 " LEFT JOIN items i ON i.user = u.name WHERE ? OR substr(u.name, 1, ?) != ?"
-                " GROUP BY u.name ORDER BY u.name", [int(campaign), len(CAMPAIGN_PREFIX), CAMPAIGN_PREFIX]))
+                " GROUP BY u.name ORDER BY u.name", [int(campaign), len(CAMPAIGN_PREFIX), CAMPAIGN_PREFIX])
+            return [r for r in rows if self.access.may_reach(r["owner"], r["name"].startswith(CAMPAIGN_PREFIX))]
 
     def user(self, name: str) -> dict:
         name = _name(name)
@@ -327,7 +397,7 @@ class Store:
         with self._lock:
             marks = ", ".join("?" * len(item_ids))
             rows = self.db["items"].rows_where(f"id IN ({marks})", list(item_ids), order_by="id") if item_ids else []
-            return [StoredItem(**row) for row in rows]
+            return [StoredItem(**row) for row in rows if self.may_reach(row["user"])]
 
     def add_items(self, name: str, items: Sequence[Item]) -> None:
         with self._write() as db:
@@ -338,7 +408,7 @@ class Store:
 
     def _item_user(self, item_id: int) -> str:
         row = self.db.execute("SELECT user FROM items WHERE id = ?", [item_id]).fetchone()
-        if row is None:
+        if row is None or not self.may_reach(row[0]):
             raise StoreError(f"unknown item {item_id}")
         return row[0]
 
@@ -460,7 +530,7 @@ class Store:
         """One stored version (style.UserStyle.from_stored makes it a style), with its stats."""
         with self._lock:
             r = self.db.execute("SELECT vector, style, stats FROM versions WHERE id = ? AND user = ? AND artifacts = ?",
-                                [int(version), _name(name), artifacts]).fetchone()
+                                [int(version), self._require(name), artifacts]).fetchone()
         if r is None:
             raise StoreError(f"user '{name}' has no version {version} under artifacts {artifacts}")
         stats = json.loads(r[2])
@@ -486,7 +556,7 @@ class Store:
         """Bytes stored for the person's style: λ and, when fitted, the token bias and memory."""
         with self._lock:
             sql = "SELECT length(vector) + coalesce(length(style), 0) FROM vectors WHERE user = ? AND artifacts = ?"
-            row = self.db.execute(sql, [name, artifacts]).fetchone()
+            row = self.db.execute(sql, [name, artifacts]).fetchone() if self.may_reach(name) else None
         return int(row[0]) if row else 0
 
     # generations
@@ -508,17 +578,18 @@ class Store:
 
     def generations(self, user: str | None = None, method: str | None = None,
                     limit: int | None = None) -> list[dict]:
+        """The generations, newest first, of the people the current login reaches."""
         where = {"user = ?": user, "method = ?": method}
         clauses = [c for c, v in where.items() if v is not None]
         with self._lock:
             rows = self.db["generations"].rows_where(
                 " AND ".join(clauses) or None, [v for v in where.values() if v is not None],
                 order_by="id DESC", limit=limit)
-            return [self._decode(r, "settings", "extra") for r in rows]
+            return [self._decode(r, "settings", "extra") for r in rows if self.may_reach(r["user"])]
 
     def generation(self, gen_id: int) -> dict:
         row = self._get("generations", gen_id)
-        if row is None:
+        if row is None or not self.may_reach(row["user"]):
             raise StoreError(f"unknown generation {gen_id}")
         return self._decode(row, "settings", "extra")
 
@@ -585,12 +656,16 @@ class Store:
                                 "updated": now()}, pk=("user", "kind", "key"))
 
     def blob(self, name: str | None, kind: str, key: str) -> dict | None:
+        if name and not self.may_reach(name):
+            return None
         row = self._get("blobs", name or "", kind, key)
         return None if row is None else json.loads(row["value"])
 
     def blobs(self, name: str | None, kind: str) -> list[dict]:
         """[{"key", "value", "updated"}] of one kind, sorted by key."""
         with self._lock:
+            if name and not self.may_reach(name):
+                return []
             rows = self.db["blobs"].rows_where("user = ? AND kind = ?", [name or "", kind],
                                                 select="key, value, updated", order_by="key")
             return [self._decode(r, "value") for r in rows]

@@ -114,15 +114,23 @@ def test_history_choice_cluster_view_and_guards(studio):
 # ---------------------------------------------------------------- handlers, no server
 
 def test_writing_handlers_answer_in_the_status_line(studio):
-    msg, rows, users, picks, shown = writing.save(studio, "nia", "\n".join(LINES), None, "tweets", None)
-    assert "Saved **8** items for **nia**" in msg and len(rows) == 8 and shown == "nia"
-    assert "nia" in users["choices"] and len(picks["choices"]) == 8
+    msg, rows, users, picks, shown, earlier, confirm = writing.save(studio, "nia", "\n".join(LINES), None, "tweets",
+                                                                    None, None)
+    assert "Saved **8** items for **nia**" in msg and len(rows) == 8 and shown == "nia" and confirm is None
+    assert "nia" in users["choices"] and len(picks["choices"]) == 8 and earlier["choices"] == []
+    out = writing.save(studio, "nia", "\n".join(LINES[:3]), None, "tweets", None, None)  # a name with a history:
+    assert "already has 8 stored items" in out[0] and out[-1] == "nia"  # asked first, the next press confirms
+    assert len(studio.store.items("nia")) == 8
+    out = writing.save(studio, "nia", "\n".join(LINES[:3]), None, "tweets", None, "nia")
+    assert "Saved **3** items" in out[0] and len(out[5]["choices"]) == 1  # the 8 kept under Earlier histories
+    msg, rows, earlier = writing.restore_history(studio, "nia", out[5]["choices"][0][1])
+    assert "Restored 8 items" in msg and len(rows) == 8
     out = writing.update_item(studio, "nia", 10**9, "x")  # expected errors: the status line, the rest kept
     assert out[0].startswith("⚠️") and "nia has no item" in out[0]
     assert all(isinstance(o, type(gr.skip())) for o in out[1:])
-    out = writing.save(studio, "", "text", None, "tweets", None)
-    assert "user name" in out[0] and len(out) == 5
-    assert writing.open_user(studio, None) == (gr.skip(),) * 7
+    out = writing.save(studio, "", "text", None, "tweets", None, None)
+    assert "user name" in out[0] and len(out) == 7
+    assert writing.open_user(studio, None) == (gr.skip(),) * 8
 
 
 def test_model_handlers_without_a_server(studio):

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+from personalize.access import current_login
 from personalize.store import Store
 
 FORMATS = ("jsonl", "csv")
@@ -20,8 +21,11 @@ TABLES = ("votes", "generations")
 
 
 def rows(store: Store, table: str) -> list[dict]:
+    """The table's records the current login may take away (access.py): generations of its people; votes it
+    cast or that are about its people. Without logins, all of them."""
     if table == "votes":
-        return store.ratings()
+        me = current_login()
+        return [r for r in store.ratings() if (me is not None and r["rater"] == me) or store.may_reach(r["user"])]
     if table == "generations":
         return list(reversed(store.generations()))  # oldest first, like the votes
     raise ValueError(f"unknown table {table!r}; choose from {TABLES}")

@@ -101,6 +101,8 @@ class Builds(Service):
     def switch_task(self, task: str) -> dict:
         """Serves `task`'s build (loading it in place of the current one), or says how to build it.
         Returns {"switched": bool, "build": Build | None (the build now serving the task), "message": str}."""
+        if task != self.task.name:
+            self.rt.need_admin("switching the task")
         if task not in TASKS:
             raise ValueError(f"unknown task {task!r}; choose from {sorted(TASKS)}")
         if task == self.task.name:
@@ -148,6 +150,7 @@ class Builds(Service):
 
     def serve_build(self, folder: str | None) -> str:
         """Serves one of build_choices' builds for every session (use_build); returns the status line."""
+        self.rt.need_admin("serving another build")
         if not folder:
             raise ValueError("choose a build first")
         if Path(folder).resolve() == Path(self.build.folder).resolve():

@@ -3,10 +3,12 @@ judge; and the Export tab's tables."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Callable, Sequence
 
+from personalize.access import current_login
 from personalize.data import TASKS
 from personalize.humaneval import campaign_pool
 from personalize.humaneval.campaign_schema import Assignment
@@ -22,6 +24,7 @@ class CampaignDesk(Service):
                         min_raters_per_unit: int | None = None) -> dict:
         """A campaign over the first `limit` queries of a LaMP split, for this build (campaign.create_from_lamp);
         `sources` (a list, or comma-separated) keeps people from those sources only."""
+        self.rt.need_admin("creating a campaign (it reads a folder of this machine)")
         if isinstance(sources, str):
             sources = [x.strip() for x in sources.split(",") if x.strip()]
         return campaign_pool.create_from_lamp(
@@ -42,10 +45,12 @@ class CampaignDesk(Service):
         self.rt.campaigns.skip(assignment, rater)
 
     def set_campaign_status(self, name: str, status: str) -> None:
+        self.rt.need_admin("closing or opening a campaign")
         self.rt.campaigns.set_status(name, status)
 
     def export_campaign(self, name: str, fmt: str = "jsonl") -> tuple[Path, Path, int]:
         """The campaign's judgments (JSONL or CSV) and summary JSON in the export folder."""
+        self.rt.need_admin("exporting a campaign's judgments (every rater's)")
         if fmt not in ("jsonl", "csv"):
             raise ValueError("export format is jsonl or csv")
         safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name.strip()) or "campaign"
@@ -59,6 +64,7 @@ class CampaignDesk(Service):
         """The LLM judge (campaign.run_judge) on every unit; the judge model is loaded once and kept."""
         from personalize.humaneval.judge import Judge, JudgeConfig
 
+        self.rt.need_admin("the LLM judge (it loads a model)")
         if model not in self.rt.judges:
             self.rt.judges[model] = Judge(JudgeConfig(model=model))
         campaign_pool.run_judge(self.rt.campaigns, name, self.rt.judges[model], progress, self.model_lock)
@@ -77,4 +83,8 @@ class CampaignDesk(Service):
         return export_predictions(self.store, TASKS[self.task.name].lamp_name, method, self._export_folder())
 
     def _export_folder(self) -> Path:
-        return Path(self.cfg.export_dir) / time.strftime("%Y%m%d-%H%M%S")
+        """A new folder per export, under the login's own folder when there are logins (two logins exporting in
+        the same second never write over each other's file)."""
+        login = current_login() if self.cfg.logins else None
+        mine = Path(self.cfg.export_dir) / (re.sub(r"[^\w.-]", "_", login) if login else "")
+        return mine / time.strftime("%Y%m%d-%H%M%S")

@@ -102,14 +102,18 @@ class Studio:
 
     # ------------------------------------------------------------ use cases that span services
     def save_from(self, name: str | None, text: str | None, file: str | None, task: str,
-                  demo: str | None = None) -> dict:
+                  demo: str | None = None, replace: bool = True) -> dict:
         """My writing's Save: the name checked, the history chosen (history_from), stored (save_history) under
-        the task served (a history is placed, fitted and decoded in the served build's task)."""
+        the task served (a history is placed, fitted and decoded in the served build's task). Without `replace`,
+        a name that has a history is answered with ReplaceAsk (the page asks first)."""
         name = self.runtime.need_user(name)
         if task and task != self.task.name:
             raise ValueError(f"the studio serves {self.task.name} ({self.engine.artifacts_id}), not {task}: choose "
                              f"{task} in the Task list to switch to its build, or save under {self.task.name}")
-        res = self.histories.save_history(name, self.histories.history_from(text, file, demo), task)
+        items = self.histories.history_from(text, file, demo)
+        if not replace:
+            self.histories.ask_before_replacing(name, items)
+        res = self.histories.save_history(name, items, task)
         if len(self.served_builds.build_choices()) > 1:  # another build here may be nearer the person's writing (nearest_build)
             res["nearer"] = self.populations.nearest_build(res["name"], res["embedding"])["message"]
         # the slow first uses (EXACT, OPPU) start after the person's Fit (after_fit) or at their first Compare, not
@@ -117,6 +121,7 @@ class Studio:
         return res
 
     def generate_campaign(self, name: str, progress: Callable[[int, int, str], None] | None = None) -> dict:
+        self.runtime.need_admin("generating a campaign's outputs")
         return campaign_pool.generate(self, name, progress)
 
     # ------------------------------------------------------------ the runtime's rules (runtime.Runtime)
@@ -219,6 +224,12 @@ class Studio:
 
     def item_choices(self, name: str | None) -> list[tuple[str, int]]:
         return self.histories.item_choices(name)
+
+    def replaced_choices(self, name: str | None) -> list[tuple[str, int]]:
+        return self.histories.replaced_choices(name)
+
+    def restore_history(self, name: str | None, replaced_id: float | None) -> str:
+        return self.histories.restore_history(name, replaced_id)
 
     def update_item(self, name: str | None, item_id: float | None, text: str) -> str:
         return self.histories.update_item(name, item_id, text)

@@ -32,6 +32,10 @@ class UserState:
         return self.lam is not None
 
 
+class ReplaceAsk(ValueError):
+    """Save under a name that already has a history: the page asks before replacing it (a second Save does)."""
+
+
 class Histories(Service):
     def __init__(self, rt):
         super().__init__(rt)
@@ -62,6 +66,36 @@ class Histories(Service):
         return {"name": name, "n_items": len(items), "clusters": clusters,
                 "duplicates": int(getattr(items, "duplicates", 0)), "task": task,
                 "closeness": self.closeness(k, a["distances"]) if a else "", "embedding": embedding}
+
+    def ask_before_replacing(self, name: str, items: Sequence[Item]) -> None:
+        """ReplaceAsk when `name` has a stored history: a Save never replaces one silently."""
+        try:
+            n_old = self.store.user(name)["n_items"]
+        except StoreError:
+            return  # a new name (or one another login holds: the store refuses that Save itself)
+        raise ReplaceAsk(f"**{name}** already has {n_old} stored items. Press **Save history** again to replace "
+                         f"them with these {len(items)}; the replaced history is kept, and *Earlier histories* "
+                         "below brings it back.")
+
+    def replaced_choices(self, name: str | None) -> list[tuple[str, int]]:
+        """The histories Saves replaced, newest first, as (label, id) for the restore picker."""
+        try:
+            rows = self.store.replaced_histories(name.strip()) if name and name.strip() else []
+        except StoreError:
+            return []
+        return [(f"replaced {r['replaced'][:19].replace('T', ' ')} · {r['n_items']} items · {r['task']}", r["id"])
+                for r in rows]
+
+    def restore_history(self, name: str | None, replaced_id: float | None) -> str:
+        """Brings back a history a Save replaced (the current one is kept in its place); clusters are assigned
+        again, the style is fitted anew by the person."""
+        name = self.rt.need_user(name)
+        if replaced_id is None:
+            raise ValueError("pick one of the earlier histories first")
+        n = self.store.restore_history(name, int(replaced_id))
+        self.assign_all(name)
+        self.rewrites = self.rt.background.submit(self.prepare_rewrites, name)
+        return f"Restored {n} items for **{name}** (the history they replaced is kept too). Fit again to use them."
 
     def item_rows(self, name: str | None) -> list[list]:
         """The stored items table: [number, text, neutral rewrite]; the number is the item's place in the person's

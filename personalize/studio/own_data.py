@@ -106,14 +106,20 @@ def import_keys(store: Store, build: BuildInfo, text: str, name: str | None = No
     return {"user": user, "versions": vids, "trimmed": sum(k.trimmed for k in keys)}
 
 
-def forget_user(store: Store, name: str, oppu_root: Path, export_dir: Path) -> dict:
+def forget_user(store: Store, name: str, oppu_root: Path, export_dir: Path, page_files: Path | None = None) -> dict:
     """Deletes the user from the store (store.forget: one transaction, ratings anonymised, file vacuumed) and
-    what of them is in the files beside it: their OPPU adapters (every build, partial saves included), and
-    their records in exports (the other people's records stay; a file of no known format that quotes them
-    goes whole). Returns what went: "files" removed, "exports" rewritten with the records dropped from each."""
+    what of them is in the files beside it: their OPPU adapters (every build, partial saves included), their
+    records in exports (the other people's records stay; a file of no known format that quotes them goes whole;
+    LaMP predictions lose the rows of their generations), and every file of the page's cache (`page_files`:
+    their uploads, and the copies of exports the page handed out) that holds any of it, so its link answers 404.
+    Returns what went: "files" removed, "exports" rewritten with the records dropped from each."""
     name = store.user(name)["name"]
     texts = [s.y for s in store.items(name)]
-    gen_ids = {str(g["extra"].get("question_id", g["id"])) for g in store.generations(user=name)}  # LaMP ids
+    texts += [i["y"] for r in store.query("SELECT items FROM replaced WHERE user = ?", [name])
+              for i in json.loads(r["items"])]  # the histories a Save replaced are theirs too
+    gens = store.generations(user=name)
+    gen_ids = {str(g["extra"].get("question_id", g["id"])) for g in gens}  # LaMP ids
+    outputs = [g["output"] for g in gens if len(g["output"].strip()) >= 16]  # what a predictions file quotes
     store.attach(campaign_schema.TABLES)  # a campaign's items hold the person's texts too
     out = store.forget(name)
     needles = _needles(name, texts)
@@ -123,14 +129,25 @@ def forget_user(store: Store, name: str, oppu_root: Path, export_dir: Path) -> d
         shutil.rmtree(f, ignore_errors=True) if f.is_dir() else f.unlink(missing_ok=True)
         removed.append(f)
     long_texts = [t for t in texts if len(t) >= 8]
-    for f in _quoting(Path(export_dir), needles):
+    for f in _quoting(Path(export_dir), needles + outputs):
         dropped = _drop_records(f, lambda r: _theirs(r, name, long_texts, gen_ids))
-        if dropped is None or any(n in f.read_text(errors="ignore") for n in needles):  # still quotes them
+        if dropped is None or _quotes(f, needles + outputs):  # still quotes them
             f.unlink(missing_ok=True)
             removed.append(f)
         else:
             rewritten[str(f)] = dropped
+    if page_files is not None:  # the page's copies: gone whole (a download made again is made without them)
+        for f in _quoting(Path(page_files), needles + outputs):
+            f.unlink(missing_ok=True)
+            removed.append(f)
+            if f.parent != Path(page_files) and not any(f.parent.iterdir()):
+                f.parent.rmdir()
     return out | {"files": [str(f) for f in removed], "exports": rewritten}
+
+
+def _quotes(f: Path, needles) -> bool:
+    text = f.read_text(errors="ignore")
+    return any(n in text for n in needles)
 
 
 def _adapter_id(name: str) -> str:
@@ -149,8 +166,7 @@ def _needles(name: str, texts) -> list[str]:
 def _quoting(export_dir: Path, needles) -> list[Path]:
     if not export_dir.is_dir():
         return []
-    return [f for f in sorted(export_dir.rglob("*")) if f.is_file() and any(n in f.read_text(errors="ignore")
-                                                                              for n in needles)]
+    return [f for f in sorted(export_dir.rglob("*")) if f.is_file() and _quotes(f, needles)]
 
 
 def _theirs(record, name: str, texts, gen_ids: set[str]) -> bool:
@@ -224,7 +240,11 @@ class OwnData(Service):
                     m.forget_user(name)
             self.rt.arena.forget_user(name)
             self.fits.forget_user(name)
-            return forget_user(self.store, name, Path(self.cfg.db).parent / "oppu", Path(self.cfg.export_dir))
+            for key in [k for k in self.rt.jobs if k[0] == name]:  # first-use jobs' states and errors
+                del self.rt.jobs[key]
+            self.rt.feedback_log[:] = [e for e in self.rt.feedback_log if e.get("user") != name]
+            return forget_user(self.store, name, Path(self.cfg.db).parent / "oppu", Path(self.cfg.export_dir),
+                               self.cfg.page_files)
 
     def forget_me(self, name: str | None, confirmed: bool) -> dict:
         """"Forget me" from the page: only with the box that confirms it ticked (forget)."""

@@ -260,6 +260,7 @@ class Populations(Service):
         folder; a .csv / .jsonl table) built into <artifacts root>/<name> by a background PopulationJob (progress,
         cancel) with its own copy of the served build's model, so every tab keeps answering; served once written
         when `serve`. cfg / build_kwargs replace the app's build settings (tests)."""
+        self.rt.need_admin("a population build (it reads folders of this machine)")
         from personalize.studio import population_jobs
 
         with self._population_start:
@@ -274,6 +275,7 @@ class Populations(Service):
 
     def cancel_population_build(self) -> str:
         """Cancel: the running build stops at its next step and leaves nothing behind; returns the job's line."""
+        self.rt.need_admin("cancelling a population build")
         job = self._population_job
         if job is None or not job.running:
             raise ValueError("no population build is running")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from personalize.access import Access
 from personalize.card.decoding import DecodingSettings
 from personalize.data import Item
 from personalize.fitting.votes import FeedbackSettings
@@ -46,6 +47,15 @@ class StudioConfig:
     first_use_in_background: bool = True
     feedback: FeedbackSettings = FeedbackSettings()  # how much a vote counts against the history when λ is refitted
     decode: DecodeTarget = DecodeTarget()  # where decodes run: in-process, or a Ray Serve deployment (studio/decoder)
+    # who may reach whose people (studio/access.py): with logins, a login sees only the people it made; admins all
+    logins: bool = False
+    admins: tuple[str, ...] = ()
+    # where the page's files live (Gradio's cache: uploads and downloads); Forget me clears the person from it
+    cache_dir: str | None = None  # None: "cache" beside the database
+
+    @property
+    def page_files(self) -> Path:
+        return Path(self.cache_dir) if self.cache_dir else Path(self.db).parent / "cache"
 
     def __post_init__(self):
         if min(self.max_history_chars, self.max_items, self.max_prompt_chars, self.exact_pairs) < 1:
@@ -58,6 +68,7 @@ class Runtime:
     def __init__(self, engine: Engine, store: Store, cfg: StudioConfig, demo_users: dict[str, list[Item]] | None,
                  population: dict[str, list[str]] | None):
         self.engine, self.store, self.cfg = engine, store, cfg
+        store.access = Access(cfg.logins, frozenset(cfg.admins))  # every read and write by name applies it
         self.arena = Arena(store)
         self.campaigns = Campaigns(store)
         self.judges: dict[str | None, object] = {}  # LLM judges by model id, loaded on first use
@@ -123,6 +134,12 @@ class Runtime:
                                      "max_new_tokens": None if max_new_tokens is None else int(max_new_tokens)}.items()
                    if v is not None}
         return replace(s, **changes)
+
+    def need_admin(self, what: str) -> None:
+        """What changes the studio for every session (the build served, populations, campaigns) is an admin's,
+        when there are logins (access.py)."""
+        if not self.store.access.sees_everyone():
+            raise ValueError(f"{what} changes the studio for everyone: only an admin login may (app.py --admin NAME)")
 
     def need_user(self, name: str | None) -> str:
         """The user name typed at the top of the page, stripped; every tab that acts for a person needs one."""

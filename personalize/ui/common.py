@@ -4,8 +4,12 @@ handlers to the studio, and the versions table (Fit shows it, a thumb in Compare
 from __future__ import annotations
 
 import functools
+import inspect
 
 import gradio as gr
+from gradio import utils as gr_utils
+
+from personalize.access import acting_as
 
 from personalize.humaneval.arena import StalePair
 from personalize.data import HistoryError
@@ -53,6 +57,53 @@ def bind(fn, *args):
     bound = functools.partial(fn, *args)
     bound.__name__ = fn.__name__
     return hands_back_team(bound)
+
+
+def run_as_login(app: gr.Blocks) -> None:
+    """Every event handler of the page runs as the login that sent it (access.acting_as), so the store lets it
+    reach only that login's people. One wrapper over all of them, made after the tabs are laid out: a handler
+    cannot forget to say who asks."""
+    for block_fn in app.fns.values():
+        if block_fn.fn is not None and not getattr(block_fn.fn, "runs_as_login", False):
+            block_fn.fn = _as_login(block_fn.fn)
+
+
+def _as_login(fn):
+    """`fn` with one more positional parameter, typed gr.Request (Gradio fills it), that sets the login around
+    each call (each step of a generator: Gradio may run its steps in different threads)."""
+    sig = inspect.signature(fn)
+    params = list(sig.parameters.values())
+    if any(p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params):
+        raise TypeError(f"{getattr(fn, '__name__', fn)}: a page handler takes its inputs as positional parameters")
+    hints = gr_utils.get_type_hints(fn)  # resolved where fn was written; Gradio reads the wrapper's
+    if inspect.isgeneratorfunction(fn) or inspect.isgeneratorfunction(inspect.unwrap(fn)):
+        def wrapper(*args):
+            *inputs, request = args
+            login = logged_in(request)
+            steps = fn(*inputs)
+            try:
+                while True:
+                    with acting_as(login):
+                        try:
+                            out = next(steps)
+                        except StopIteration:
+                            return
+                    yield out
+            finally:
+                steps.close()  # the page went away: the handler is closed too
+    else:
+        def wrapper(*args):
+            *inputs, request = args
+            with acting_as(logged_in(request)):
+                return fn(*inputs)
+    request = inspect.Parameter("login_request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request,
+                                default=None)
+    wrapper.__signature__ = sig.replace(parameters=[*params, request])
+    wrapper.__annotations__ = {**hints, "login_request": gr.Request}
+    wrapper.__name__ = getattr(fn, "__name__", "fn")
+    wrapper.__doc__ = getattr(fn, "__doc__", None)
+    wrapper.runs_as_login = True
+    return wrapper
 
 
 def logged_in(request: gr.Request | None) -> str | None:

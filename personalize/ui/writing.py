@@ -7,7 +7,8 @@ import gradio as gr
 
 from personalize.data import TASKS
 from personalize.display import md, md_quoting
-from personalize.ui.common import Markdown, bind, guarded
+from personalize.studio.histories import ReplaceAsk
+from personalize.ui.common import Markdown, _err, bind, guarded
 from personalize.ui.controls import N_SERVED, Shared, served_values
 from personalize.ui import text as page_text
 
@@ -32,10 +33,19 @@ def load_demo(studio, demo, name):
     return text, name, "", None  # the box holds a fresh, unsaved history
 
 
-def user_changed(studio, name, shown_for):
+def user_changed(studio, name, shown_for, picked):
+    """A typed name: the box, the items and the pickers follow it; the stored-user picker no longer shows someone
+    else (it shows the name only when that is the person picked)."""
     res = studio.switch_user(name, shown_for)
     message = md_quoting(res["message"], (name or "").strip())  # the library's line quotes the name
-    return ("" if res["clear"] else gr.skip()), res["rows"], item_choices(studio, name), message, res["shown_for"]
+    picker = gr.skip() if picked == (name or "").strip() else gr.update(value=None)
+    return (("" if res["clear"] else gr.skip()), res["rows"], item_choices(studio, name), message, res["shown_for"],
+            picker, replaced_choices(studio, name), "")  # "Forgot …" was about the name before
+
+
+def replaced_choices(studio, name: str | None):
+    """The restore picker, refilled with this user's replaced histories."""
+    return gr.update(choices=studio.replaced_choices(name), value=None)
 
 
 @guarded(1 + N_SERVED + 2)
@@ -47,11 +57,24 @@ def switch_task(studio, task_name):
     return (res["message"], *served(studio), studio.task.name)
 
 
-@guarded(5)
-def save(studio, name, text, file, task_name, demo):
-    res = studio.save_from(name, text, file, task_name, demo)
+@guarded(7)
+def save(studio, name, text, file, task_name, demo, confirmed_for):
+    """Save; under a name that has a history, the first press asks and a second press (same name) replaces."""
+    typed = (name or "").strip()
+    try:
+        res = studio.save_from(name, text, file, task_name, demo, replace=bool(typed) and confirmed_for == typed)
+    except ReplaceAsk as ask:
+        return (f"⚠️ {md_quoting(str(ask), typed)}", *[gr.skip()] * 5, typed)
     return (page_text.save_message(studio, {**res, "name": md(res["name"])}), studio.item_rows(res["name"]),
-            gr.update(choices=studio.user_names()), item_choices(studio, res["name"]), res["name"])
+            gr.update(choices=studio.user_names()), item_choices(studio, res["name"]), res["name"],
+            replaced_choices(studio, res["name"]), None)
+
+
+@guarded(3)
+def restore_history(studio, name, replaced_id):
+    msg = studio.restore_history(name, replaced_id)
+    typed = name.strip()
+    return md_quoting(msg, typed), studio.item_rows(typed), replaced_choices(studio, typed)
 
 
 @guarded(3)
@@ -66,14 +89,19 @@ def delete_item(studio, name, item_id):
     return msg, studio.item_rows(name.strip()), item_choices(studio, name.strip())
 
 
-@guarded(7)
+@guarded(8)
 def open_user(studio, name):
+    """A stored person opened. The task list keeps the task served: a person of another task is opened under it
+    (the line says so), and the next new person's Save is not refused for a task nobody chose."""
     if not name:
-        return (gr.skip(),) * 7
+        return (gr.skip(),) * 8
     u = studio.open_user(name)
+    other = "" if u["task"] == studio.task.name else (
+        f" They were saved under {md(u['task'])}; this studio serves {md(studio.task.name)} (choose "
+        f"{md(u['task'])} in the Task list to switch to its build).")
     # the text box is emptied: it held someone else's text (the opened user's items are in the table)
-    return (f"Opened **{md(u['name'])}** ({u['n_items']} items, task {md(u['task'])}).", name,
-            studio.item_rows(name), item_choices(studio, name), u["task"], "", None)
+    return (f"Opened **{md(u['name'])}** ({u['n_items']} items, task {md(u['task'])}).{other}", name,
+            studio.item_rows(name), item_choices(studio, name), replaced_choices(studio, name), "", None, "")
 
 
 @guarded(7)
@@ -108,6 +136,11 @@ def build(studio, shared: Shared) -> None:
             item_text = gr.Textbox(label="New text", elem_id="item-text", scale=3)
             edit_btn = gr.Button("Update item", elem_id="update-item")
             delete_btn = gr.Button("Delete item", variant="stop", elem_id="delete-item")
+        with gr.Accordion("Earlier histories", open=False, elem_id="earlier-box"):
+            Markdown("A Save under a name that has a history asks first, then keeps the replaced history here.")
+            with gr.Row():
+                earlier = gr.Dropdown([], label="Replaced history", value=None, elem_id="earlier-pick", scale=3)
+                restore_btn = gr.Button("Restore it", elem_id="restore-history")
         with gr.Accordion("Forget me", open=False, elem_id="forget-box"):
             Markdown(FORGET_NOTE)
             with gr.Row():
@@ -120,16 +153,23 @@ def build(studio, shared: Shared) -> None:
     served_outputs = [*shared.served_outputs, demo_user]
     assert len(served_outputs) == N_SERVED + 1
     demo_btn.click(bind(load_demo, studio), [demo_user, user], [history, user, status, shown_for])
-    user.input(bind(user_changed, studio), [user, shown_for], [history, items, pick, status, shown_for],
+    confirm_for = gr.State(None)  # the name whose history a second Save may replace (save asked first)
+    user.input(bind(user_changed, studio), [user, shown_for, stored],
+               [history, items, pick, status, shown_for, stored, earlier, forget_status],
                concurrency_limit=None, trigger_mode="always_last", show_progress="hidden")
+    shared.of_person((confirm_for, None))  # another name: no replace pending
     task.input(bind(switch_task, studio), [task], [status, *served_outputs, task], concurrency_id="model",
                api_name="switch_task")
-    shared.saved = save_btn.click(bind(save, studio), [user, history, upload, task, demo_user],
-                                  [status, items, stored, pick, shown_for], api_name="save_history")
+    shared.saved = save_btn.click(bind(save, studio), [user, history, upload, task, demo_user, confirm_for],
+                                  [status, items, stored, pick, shown_for, earlier, confirm_for],
+                                  api_name="save_history")
+    restore_btn.click(bind(restore_history, studio), [user, earlier], [status, items, earlier])
     edit_btn.click(bind(update_item, studio), [user, item_id, item_text], [status, items, pick])
     delete_btn.click(bind(delete_item, studio), [user, item_id], [status, items, pick])
-    stored.change(bind(open_user, studio), [stored], [status, user, items, pick, task, history, shown_for])
+    stored.change(bind(open_user, studio), [stored], [status, user, items, pick, earlier, history, shown_for,
+                                                    forget_status])
     forget_btn.click(bind(forget, studio), [user, forget_ok],
-                     [forget_status, forget_ok, items, stored, user, history, shown_for], concurrency_id="model")
+                     [forget_status, forget_ok, items, stored, user, history, shown_for], concurrency_id="model",
+                     api_name="forget")
     # a page opened after a switch (in another session) shows the build now served
     shared.app.load(lambda: (*served(studio), studio.task.name), None, [*served_outputs, task])
