@@ -165,6 +165,8 @@ def test_two_logins_over_http(two_logins):
     assert "taken" in msg and "taken" in msg2, (msg, msg2)
     assert [s.y for s in studio.store.items("harbour")] == ANA
     assert "unknown user" in ben.predict("harbour", True, api_name="/forget")[0]
+    ben_cookies = httpx.post(f"{url}login", data={"username": "ben", "password": "pb"}).cookies
+    assert "harbour" not in httpx.get(f"{url}config", cookies=ben_cookies).text  # the page itself names no one
 
     status, ben_file = ben.predict("generations", "jsonl", api_name="/export_table")
     ben_rows = Path(ben_file).read_text()

@@ -103,7 +103,8 @@ def page_top(studio, app: gr.Blocks) -> Shared:
     header = Markdown(page_text.header(studio), elem_id="header")
     with gr.Row():
         user = gr.Textbox(label="User name", placeholder="e.g. ana", elem_id="user-name", scale=2)
-        stored = gr.Dropdown(choices=studio.user_names(), label="…or open a stored user", value=None,
+        # empty in the page's config, which every visitor gets: each page load fills in its login's own people
+        stored = gr.Dropdown(choices=[], label="…or open a stored user", value=None,
                              elem_id="stored-users", scale=2)
     s0, ks, k0 = studio.settings(), studio.ks, studio.snap_k(None)
     decoding = Decoding(
