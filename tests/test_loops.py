@@ -37,7 +37,8 @@ def test_ordinary_texts_do_not_loop(text):
 
 
 def test_an_echo_is_a_scaffold_line_repeated_whole_or_cut_short():
-    scaffold = ["Write the commit message subject line for this change.", "Texts this user wrote before (input → output):"]
+    scaffold = ["Write the commit message subject line for this change.",
+                "Texts this user wrote before (input → output):"]
     assert echoes("Write the commit message subject line for this change.\nFiles changed: a.py", scaffold)
     assert echoes("fix: x\ntexts this user wrote  before (input → output):", scaffold)  # case and spaces aside
     assert echoes("Write the commit message", scaffold)  # the budget ended inside the echo
@@ -108,3 +109,36 @@ def test_decoding_never_writes_a_third_back_to_back_copy(tiny_model, tokenizer):
     text = [generate(tiny_model, tokenizer, PROMPTS, BUDGET, DecodingSettings(max_new_tokens=48, no_repeat_ngram=0,
                                                                                loop_period=n)) for n in (0, 12)]
     assert sum(looping(g.text) for g in text[1]) < sum(looping(g.text) for g in text[0])
+
+
+def test_an_echo_is_found_whole_words_apart_from_case_and_cut():
+    from personalize.card.decoding import echo_at, trim_echo
+
+    scaffold = ["Write the Debian changelog entry for this upload.", "About this author:"]
+    text = "* New upstream release.\nwrite  the Debian changelog entry"
+    assert echo_at(text, scaffold) == text.index("write") and trim_echo(text, scaffold) == "* New upstream release."
+    assert trim_echo("* Rewrite the Debian rules", scaffold) == "* Rewrite the Debian rules"  # whole words only
+    assert trim_echo("About this author: nothing", scaffold) == ""
+    assert trim_echo("anything", []) == "anything"
+
+
+def test_a_row_that_starts_repeating_its_scaffold_ends_there_in_the_mixed_batch_and_alone(tiny_model, tokenizer):
+    """The scaffold planted as the words the tiny model writes anyway (its 2nd to 4th): with it, the row ends as
+    those words begin and the output is what came before them, the same in a mixed batch (runner) and alone
+    (generate); a row without a scaffold in the same batch is unchanged."""
+    from personalize.card.decoding import EchoStop
+    from personalize.serving.rows import DecodeRow
+    from personalize.serving.runner import decode_rows
+
+    s = DecodingSettings(max_new_tokens=24)
+    free = generate(tiny_model, tokenizer, PROMPTS[:2], BUDGET, s)
+    words = free[0].text.split()
+    assert len(words) >= 5, free[0].text
+    scaffold = (" ".join(words[1:4]) + " and more words",)
+    before = free[0].text[: free[0].text.index(words[1], len(words[0]))].rstrip()
+    alone = generate(tiny_model, tokenizer, PROMPTS[:1], BUDGET, s, scaffold=scaffold)[0]
+    assert alone.text == before and alone.n_tokens < free[0].n_tokens
+    mixed = decode_rows(tiny_model, tokenizer, [DecodeRow(PROMPTS[0], BUDGET, s, scaffold=scaffold),
+                                                DecodeRow(PROMPTS[1], BUDGET, s)])
+    assert [g.text for g in mixed] == [before, free[1].text]
+    assert EchoStop(tokenizer, ["two words"], 0).starts == set()  # a line shorter than the check is no scaffold

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -118,6 +119,60 @@ def digit_tokens(tok) -> torch.Tensor:
         if i < len(mask) and text.isdigit():
             mask[i] = True
     return mask
+
+
+def _starts(scaffold: Sequence[str], n: int) -> list[tuple[str, ...]]:
+    """Each scaffold line's first n words (lowercase), for the lines that have n."""
+    return [tuple(w[:n]) for w in (line.lower().split() for line in scaffold) if len(w) >= n]
+
+
+def echo_at(text: str, scaffold: Sequence[str], n: int = 3) -> int | None:
+    """Where in `text` a scaffold line's first n words begin (case and spacing aside), or None."""
+    starts = _starts(scaffold, n)
+    spans = [(m.start(), m.group().lower()) for m in re.finditer(r"\S+", text)]
+    words = [w for _, w in spans]
+    for i in range(len(words) - n + 1):
+        if tuple(words[i: i + n]) in starts:
+            return spans[i][0]
+    return None
+
+
+def trim_echo(text: str, scaffold: Sequence[str], n: int = 3) -> str:
+    """The text before an echo of the scaffold (EchoStop ends the row where one begins; its start is cut here)."""
+    at = echo_at(text, scaffold, n) if scaffold else None
+    return text if at is None else text[:at].rstrip()
+
+
+class EchoStop(LogitsProcessor):
+    """Ends a row once its output starts repeating a line of its prompt's scaffold (the task's instruction, a
+    method's framing: methods/scaffold.py): the first `n` words of such a line, on the row's current line. The
+    words before the echo stay; trim_echo cuts the echo's start. Why: a frozen model given retrieved items
+    after a header writes the next "input → output" pair, its own instruction included, instead of an answer."""
+
+    def __init__(self, tok, scaffold: Sequence[str], prompt_length: int, n: int = 3, window: int = 24):
+        self.tok, self.prompt_length, self.n, self.window = tok, prompt_length, n, window
+        self.starts = set(_starts(scaffold, n))
+
+    @torch.no_grad()
+    def __call__(self, input_ids, scores):
+        if not self.starts or input_ids.shape[1] - self.prompt_length < self.n:
+            return scores
+        tails = input_ids[:, max(self.prompt_length, input_ids.shape[1] - self.window):].tolist()
+        eos = self.tok.eos_token_id
+        if eos is None or eos >= scores.shape[-1]:
+            return scores
+        done = [r for r, t in enumerate(tails) if torch.isfinite(scores[r, eos])  # not inside a character
+                and self._echoes(self.tok.decode(t).rsplit("\n", 1)[-1])]
+        if not done:
+            return scores
+        out = scores.clone()
+        out[done] = -math.inf
+        out[done, eos] = 0.0
+        return out
+
+    def _echoes(self, line: str) -> bool:
+        w = line.lower().split()
+        return any(tuple(w[i: i + self.n]) in self.starts for i in range(len(w) - self.n + 1))
 
 
 class MinNewTokens(MinNewTokensLengthLogitsProcessor):
@@ -231,12 +286,16 @@ class Generation:
 def generate(model, tok, prompts: list[str], budget: TokenBudget, s: DecodingSettings,
              head: PersonalizationHead | None = None, styles: Sequence[UserStyle] | None = None,
              style: StyleSettings = StyleSettings(), n_layers: int = 4, trace: bool = False,
-             extra_processors=()) -> list[Generation]:
-    """Batched decoding with the active adapter; CARD when a head and one style per prompt are given."""
+             extra_processors=(), scaffold: Sequence[str] = ()) -> list[Generation]:
+    """Batched decoding with the active adapter; CARD when a head and one style per prompt are given.
+    `scaffold`: lines of the prompts that no output may repeat (EchoStop, then trim_echo)."""
     ids, mask = left_pad([prompt_ids(tok, x, budget) for x in prompts], tok.pad_token_id, model.device)
     utf8 = utf8_guard(tok, ids.shape[1])  # first too: CARD's top-k are then whole-character tokens
     processors = [*([utf8] if utf8 else []), *extra_processors]
-    repeats = repetition_processors(s, ids.shape[1], tok.eos_token_id, utf8, tok)  # last: on the final scores, CARD's included
+    # last: on the final scores, CARD's included
+    repeats = repetition_processors(s, ids.shape[1], tok.eos_token_id, utf8, tok)
+    if scaffold:
+        repeats.append(EchoStop(tok, scaffold, ids.shape[1]))
     kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=s.max_new_tokens, min_new_tokens=s.min_new_tokens or None,
                   pad_token_id=tok.pad_token_id, do_sample=s.do_sample, repetition_penalty=None, top_p=None)
     if s.do_sample:
@@ -264,7 +323,7 @@ def generate(model, tok, prompts: list[str], budget: TokenBudget, s: DecodingSet
             step["chosen"] = out[:, ids.shape[1] + t].cpu() if ids.shape[1] + t < out.shape[1] else None
     for row in out[:, ids.shape[1]:].tolist():
         n = row.index(eos) + 1 if eos in row else len(row)
-        results.append(Generation(decode(tok, row[:n]), n, dt / len(prompts),
+        results.append(Generation(trim_echo(decode(tok, row[:n]), scaffold), n, dt / len(prompts),
                                   card.trace if card is not None and trace else None))
     return results
 

@@ -33,6 +33,7 @@ from personalize.lm.features import teacher_forced
 from personalize.lm.onednn import onednn_linears
 from personalize.lm.tokens import prompt_ids, target_ids
 from personalize.methods.base import UserContext, clip, task_input, widened
+from personalize.methods.scaffold import scaffold_lines
 
 # seeds/004 Table 4 (42 attributes, from Drift); the descriptions are ours, for the app's "why" view.
 ATTRIBUTES: dict[str, str] = {
@@ -348,7 +349,8 @@ class ExactMethod:
         built = self._built(user, prompts)
         self.engine.use_adapter(None)
         outs = generate(self.engine.model, self.engine.tok, [b for b, _ in built],
-                        widened(self.engine.cfg.budget, ATTR_TOKENS), settings)
+                        widened(self.engine.cfg.budget, ATTR_TOKENS), settings,
+                        scaffold=scaffold_lines(self.engine.task))
         for g, (_, trace) in zip(outs, built):
             g.trace = trace
         return outs
@@ -356,4 +358,5 @@ class ExactMethod:
     def rows(self, user: UserContext, prompts: list[str], settings: DecodingSettings,
              trace: bool = False) -> list[DecodeRow]:
         budget = widened(self.engine.cfg.budget, ATTR_TOKENS)
-        return [DecodeRow(b, budget, settings, None, trace=t) for b, t in self._built(user, prompts)]
+        scaffold = scaffold_lines(self.engine.task)  # the instruction: never the answer
+        return [DecodeRow(b, budget, settings, None, trace=t, scaffold=scaffold) for b, t in self._built(user, prompts)]

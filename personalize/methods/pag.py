@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from personalize.card.decoding import DecodingSettings, Generation, generate
 from personalize.methods.base import UserContext, clip, fingerprint, n_tokens
 from personalize.methods.rag import SLACK, RagConfig, RagMethod
+from personalize.methods.scaffold import PROFILE_PREFIX
 
 SUMMARY_INSTRUCTION = "Describe the writing style of this author in one sentence:"
 SUMMARY_KIND, SUMMARY_KEY = "pag_summary", "summary"
@@ -106,5 +107,5 @@ class PagMethod(RagMethod):
 
     def _built(self, user: UserContext, prompts: list[str]):
         summary = self.summary(user)[0]["summary"]
-        prefix = f"About this author: {clip(self.engine.tok, summary, self.cfg.summary_tokens)}" if summary else ""
+        prefix = f"{PROFILE_PREFIX} {clip(self.engine.tok, summary, self.cfg.summary_tokens)}" if summary else ""
         return [self.build_prompt(user, p, prefix=prefix) for p in prompts], summary

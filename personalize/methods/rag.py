@@ -20,8 +20,8 @@ from personalize.serving.rows import DecodeRow
 from personalize.data import Item
 from personalize.card.decoding import DecodingSettings, Generation, generate
 from personalize.methods.base import UserContext, clip, fingerprint, n_tokens, task_input, widened, words
+from personalize.methods.scaffold import HEADER, scaffold_lines
 
-HEADER = "Texts this user wrote before (input → output):"
 SLACK = 16  # tokens for the header, newlines and re-tokenisation at the joins
 
 
@@ -123,7 +123,9 @@ class RagMethod:
 
     def _rows(self, user, built, extra: int, settings, info: dict | None = None) -> list[DecodeRow]:
         budget = widened(self.engine.cfg.budget, extra)
-        return [DecodeRow(b, budget, settings, None, trace=self._trace(user, hits, info)) for b, hits in built]
+        scaffold = scaffold_lines(self.engine.task)  # its header and instruction: never the answer
+        return [DecodeRow(b, budget, settings, None, trace=self._trace(user, hits, info), scaffold=scaffold)
+                for b, hits in built]
 
     @staticmethod
     def _trace(user, hits, info):
@@ -135,7 +137,7 @@ class RagMethod:
             return []
         self.engine.use_adapter(None)
         outs = generate(self.engine.model, self.engine.tok, [b for b, _ in built],
-                        widened(self.engine.cfg.budget, extra), settings)
+                        widened(self.engine.cfg.budget, extra), settings, scaffold=scaffold_lines(self.engine.task))
         for g, (_, hits) in zip(outs, built):
             g.trace = self._trace(user, hits, info)
         return outs

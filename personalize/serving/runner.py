@@ -27,7 +27,8 @@ from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList, Sto
     StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from personalize.card.decoding import DecodingSettings, Generation, MinNewTokens, repetition_processors
+from personalize.card.decoding import DecodingSettings, EchoStop, Generation, MinNewTokens, repetition_processors, \
+    trim_echo
 from personalize.lm.utf8 import utf8_guard
 from personalize.lm.features import HiddenCapture, position_ids
 from personalize.lm.onednn import onednn_linears
@@ -108,7 +109,8 @@ def decode_rows(model, tok, rows: Sequence[DecodeRow], on_step: Callable[[int, i
     first: dict = {}  # identical plain greedy rows decode once (e.g. a card row that fell back = the cluster row)
     copies: dict[int, list[int]] = {}
     for i, r in enumerate(rows):
-        same = (r.prompt, r.budget, r.settings, r.adapter) if r.steer is None and not r.settings.do_sample else i
+        plain = r.steer is None and not r.settings.do_sample
+        same = (r.prompt, r.budget, r.settings, r.adapter, r.scaffold) if plain else i
         copies.setdefault(first.setdefault(same, i), []).append(i)
     groups: dict = {}
     for i in copies:
@@ -166,6 +168,8 @@ def _decode_group(model, tok, rows: Sequence[DecodeRow], on_step, fast: bool) ->
             first = [*([utf8] if utf8 else []), *([MinNewTokens(length, s.min_new_tokens, tok.eos_token_id)]
                                                   if s.min_new_tokens else [])]
             repeats = repetition_processors(s, length, tok.eos_token_id, utf8, tok)
+            if r.scaffold:  # last: it ends the row, once whole characters allow an end
+                repeats.append(EchoStop(tok, r.scaffold, length))
             if r.steer is None:
                 chains.append(([i], [*first, *repeats]))
                 continue
@@ -209,7 +213,7 @@ def _decode_group(model, tok, rows: Sequence[DecodeRow], on_step, fast: bool) ->
         trace = r.trace
         if i in steppers:
             trace = r.steer.steps(steppers[i], new[i], k)
-        results.append(Generation(decode(tok, row[:k]), k, dt / n, trace, r.note))
+        results.append(Generation(trim_echo(decode(tok, row[:k]), r.scaffold), k, dt / n, trace, r.note))
     return results
 
 

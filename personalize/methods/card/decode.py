@@ -16,6 +16,7 @@ from personalize.catalog import CARD_METHODS, CONTRAST, CORE_METHODS, PERSONAL, 
 from personalize.data import Item
 from personalize.methods.card.contrast import contrast_steer
 from personalize.methods.card.steer import CardSteer, card_parts, person_styles
+from personalize.methods.scaffold import scaffold_lines
 from personalize.serving.rows import DecodeRow
 
 FALLBACK_NOTE = ("your style did not beat your cluster's model on your own held-out items, "
@@ -65,12 +66,13 @@ def generate(engine, prompts: Sequence[str], method: str, cluster: int | None = 
             g.note, out[i] = FALLBACK_NOTE, g
     rest = [i for i in range(len(prompts)) if out[i] is None]
     if rest:
-        card_prompts, card_budget = [prompts[i] for i in rest], budget
+        card_prompts, card_budget, scaffold = [prompts[i] for i in rest], budget, ()
         if style.retrieval and items and s.alpha > 0:  # α scales the style's every part: at 0, no items either
             card_prompts, card_budget = retrieval_prompts(engine, items, card_prompts, budget)
+            scaffold = scaffold_lines(engine.task)
         gens = decoding.generate(engine.model, engine.tok, card_prompts, card_budget, s, head=head,
                         styles=[styles[i] for i in rest], style=style, n_layers=engine.cfg.head.n_layers,
-                        trace=trace)
+                        trace=trace, scaffold=scaffold)
         for i, g in zip(rest, gens):
             out[i] = g
     return out
@@ -97,7 +99,9 @@ def rows(engine, prompts: Sequence[str], method: str, cluster: int | None = None
         if not items:  # nothing to contrast: the cluster model's rows
             return [DecodeRow(p, budget, s, ada) for p in prompts]
         with_items, wide = retrieval_prompts(engine, items, prompts, budget)
-        return [DecodeRow(w, wide, s, ada, contrast_steer(ada, p), want_trace=trace) for w, p in zip(with_items, prompts)]
+        frame = scaffold_lines(engine.task)
+        return [DecodeRow(w, wide, s, ada, contrast_steer(ada, p), want_trace=trace, scaffold=frame)
+                for w, p in zip(with_items, prompts)]
     head, style, styles, s = card_parts(engine, method, lam, len(prompts), s, objective)
     out: list[DecodeRow] = []
     for p, st in zip(prompts, styles):
@@ -109,11 +113,12 @@ def rows(engine, prompts: Sequence[str], method: str, cluster: int | None = None
         if own is not None and own.alpha == 0:
             out.append(DecodeRow(p, budget, s, ada, note=PERSONAL_ZERO_NOTE))
             continue
-        card_prompt, card_budget = p, budget
+        card_prompt, card_budget, scaffold = p, budget, ()
         if (style.retrieval or (own is not None and own.retrieval)) and items and s_row.alpha > 0:
             (card_prompt,), card_budget = retrieval_prompts(engine, items, [p], budget)
+            scaffold = scaffold_lines(engine.task)  # the items' header: never the answer
         out.append(DecodeRow(card_prompt, card_budget, s_row, ada, CardSteer(head, st, style, engine.cfg.head.n_layers),
-                             want_trace=trace))
+                             want_trace=trace, scaffold=scaffold))
     return out
 
 
