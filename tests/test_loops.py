@@ -142,3 +142,44 @@ def test_a_row_that_starts_repeating_its_scaffold_ends_there_in_the_mixed_batch_
                                                 DecodeRow(PROMPTS[1], BUDGET, s)])
     assert [g.text for g in mixed] == [before, free[1].text]
     assert EchoStop(tokenizer, ["two words"], 0).starts == set()  # a line shorter than the check is no scaffold
+
+
+def test_shares_count_each_methods_loops_and_echoes_and_their_sum():
+    from personalize.eval.loops import format_loops, shares
+
+    texts = {"rag": ["fix it", "Write the Debian changelog entry for this upload.", "a-a-a-a"],
+             "card": ["* New upstream release.", "x"]}
+    t = shares(texts, ["Write the Debian changelog entry for this upload."])
+    assert t["rag"]["looping"] == pytest.approx(1 / 3, abs=1e-4) and t["rag"]["echoes"] == pytest.approx(1 / 3, abs=1e-4)
+    assert t["rag"]["loop_examples"] == ["a-a-a-a"] and t["card"]["looping"] == 0
+    assert t["all"] == {"n": 5, "looping": 0.2, "echoes": 0.2}
+    table = format_loops({"32 tokens": t})
+    assert "| rag | 33.3% of 3 | 33.3% |" in table and table.splitlines()[-1].startswith("| all | 20.0% of 5")
+
+
+def test_loop_shares_decode_every_studio_method_of_every_person(tiny_artifacts, tmp_path):
+    """Each person's methods in one mixed batch, at the build's settings and at a longer budget; P2P is left out
+    of a build without its hypernetwork, with a line saying why."""
+    from personalize.catalog import ALL_METHODS
+    from personalize.data import read_lamp
+    from personalize.eval.loops import Person, loop_shares
+    from personalize.methods.engine import Engine
+    from personalize.store import Store
+
+    engine = Engine.load(tiny_artifacts["artifacts"])
+    _, qs = read_lamp(tiny_artifacts["demo"], "dev")
+    people = []
+    for q in qs[:2]:
+        items = engine.prepare_items(list(q.profile[:6]))
+        people.append(Person(q.user, q.input, tuple(items), engine.fit(items)))
+    said = []
+    table = loop_shares(engine, Store(tmp_path / "s.db"), people, tmp_path, configs={
+        "exact": {"max_pairs": 1}, "oppu": {"max_steps": 1, "report_loss": False}}, tokens=(None, 12),
+        progress=said.append)
+    default = f"{engine.cfg.decoding.max_new_tokens} tokens"
+    assert list(table) == [default, "12 tokens"]
+    ran = [m for m in ALL_METHODS if m != "p2p"]
+    assert any("p2p left out" in s for s in said)
+    for t in table.values():
+        assert [m for m in t if m != "all"] == ran and all(t[m]["n"] == 2 for m in ran)
+        assert t["all"]["n"] == 2 * len(ran) and 0 <= t["all"]["looping"] <= 1

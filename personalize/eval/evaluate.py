@@ -35,6 +35,7 @@ from personalize.methods.registry import METHODS, get_method
 from personalize.methods.base import UserContext
 from personalize.methods.rag import RagIndex
 from personalize.metrics import looping, paired_interval, rouge_per_query, rouge_scores
+from personalize.eval.loops import Person, format_loops, loop_shares
 from personalize.card.style import style_diagnostics, variant
 from personalize.store import Store
 from personalize.methods.card import decode as card_decode
@@ -354,6 +355,8 @@ def run_bench(engine: Engine, users: dict[str, list[Item]], prompt: str, repeats
               serving: dict | None = None) -> dict:
     """Onboarding by stage, λ fit, CARD decode overhead, user switch, bytes per user; then `methods`
     side by side (bench_methods; method_configs: config fields per method, e.g. {"oppu": {"max_steps": 8}});
+    then the share of each studio method's outputs that loop or echo (eval/loops.py: each person's own prompt,
+    at the build's settings and at 128 tokens);
     then serving (serving.bench_serving, `serving` its keyword arguments: mixed batches, the scheduler, EXACT's
     first use, the app's start), whatever `methods` holds."""
     _check_bench_methods(methods)
@@ -426,13 +429,16 @@ def run_bench(engine: Engine, users: dict[str, list[Item]], prompt: str, repeats
         contexts = {n: UserContext(n, engine.prepare_items(users[n]), fits[n].cluster, fits[n].k, fits[n].lam,
                                    templated[n]) for n in names}
         table = bench_methods(engine, contexts, prompt, s, repeats, methods, store, Path(tmp), method_configs, fits)
+        asks = list(prompts or [prompt])  # each person's own query, as Compare asks it: loops and echoes per method
+        people = [Person(n, asks[i % len(asks)], tuple(contexts[n].items), fits[n]) for i, n in enumerate(names)]
+        loops = loop_shares(engine, store, people, Path(tmp), configs=_loop_configs(method_configs))
         from personalize.eval.bench_serving import bench_serving
 
         served = bench_serving(engine, store, names, list(prompts or [prompt]),
                                replace(engine.cfg.decoding, max_new_tokens=n_tokens), repeats=min(repeats, 3),
                                **(serving or {}))
     return {
-        "serving": served,
+        "serving": served, "loops": loops,
         "onboarding_s": onboarding, "fit_ms": round(_median(fit_ms), 3),
         "decode_overhead_ratio": round(_median(ratios), 4),
         "decode_ms_per_token": {"cluster": round(_median(t_cluster) * 1000, 2), "card": round(_median(t_card) * 1000, 2)},
@@ -444,6 +450,13 @@ def run_bench(engine: Engine, users: dict[str, list[Item]], prompt: str, repeats
                      "objective": engine.cfg.objectives[0], "device": str(engine.lm.device),
                      "method_configs": method_configs or {}},
     }
+
+
+def _loop_configs(method_configs: dict | None) -> dict:
+    """bench's budgets for the loop table's per-person work (EXACT's pairs, OPPU's steps), training only."""
+    configs = {m: dict(c) for m, c in (method_configs or {}).items()}
+    configs.setdefault("oppu", {})["report_loss"] = False
+    return configs
 
 
 def _check_bench_methods(methods: Sequence[str]) -> None:
@@ -572,7 +585,9 @@ def format_bench(b: dict) -> str:
             rows += [("app later start (s)", sv["start_s"])]
     w = max(len(r[0]) for r in rows)
     out = "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows)
-    return out + ("\n\n" + format_methods(b["methods"]) if b.get("methods") else "")
+    out += "\n\n" + format_methods(b["methods"]) if b.get("methods") else ""
+    return out + ("\n\nOutputs that loop or echo their prompt's scaffold, per method:\n" + format_loops(b["loops"])
+                  if b.get("loops") else "")
 
 
 def format_methods(table: dict) -> str:
