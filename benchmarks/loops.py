@@ -43,6 +43,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--exact-pairs", type=int, default=2)
     ap.add_argument("--oppu-steps", type=int, default=8)
     ap.add_argument("--tokens", default="default,128", help="max new tokens: 'default' is the build's")
+    ap.add_argument("--state", default=None,
+                    help="a folder for the per-person work (EXACT's memory, PAG's summary, OPPU's adapters), kept so "
+                         "that a second run (another version of the code) reuses it; default: a temporary one")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
@@ -58,8 +61,10 @@ def main(argv=None) -> dict:
     tokens = [None if t == "default" else int(t) for t in a.tokens.split(",")]
     configs = {"exact": {"max_pairs": a.exact_pairs}, "oppu": {"max_steps": a.oppu_steps, "report_loss": False}}
     with tempfile.TemporaryDirectory() as tmp:
-        store = Store(Path(tmp) / "loops.db")
-        table = loop_shares(engine, store, people, Path(tmp), [m for m in a.methods.split(",") if m], configs, tokens)
+        folder = Path(a.state or tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        store = Store(folder / "loops.db")
+        table = loop_shares(engine, store, people, folder, [m for m in a.methods.split(",") if m], configs, tokens)
     print(format_loops(table))
     result = {"table": table, "settings": {"artifacts": engine.artifacts_id, "data": a.data, "split": a.split,
                                            "people": [p.name for p in people], "items": a.items,
