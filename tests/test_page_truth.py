@@ -129,3 +129,150 @@ def test_the_build_s_own_people_are_told_they_are_in_it(studio):
     for user in c.users[:3]:
         res = studio.save_history(user, studio.demo_items(user), "tweets")
         assert res["closeness"] and "far from every" not in res["closeness"], res["closeness"]
+
+
+# ---------------------------------------------------------------- Compare
+
+def test_each_compare_column_is_done_when_its_own_row_ends(studio, monkeypatch):
+    """base's row stops after 2 tokens, card's after 8, in one mixed batch: base is done (and stored) while card
+    is still decoding, not when the batch ends; its output is what the runner returns for its row."""
+    studio.save_history("cole", [Item(f"ok so the {w} was fine i guess") for w in WORDS], "tweets")
+    rows, submitted = studio.decoding.rows, []
+    short = lambda rs: [dataclasses.replace(r, settings=dataclasses.replace(r.settings, max_new_tokens=2))  # noqa: E731
+                        for r in rs]
+    monkeypatch.setattr(studio.decoding, "rows", lambda m, *a, **k: short(rows(m, *a, **k)) if m == "base"
+                        else rows(m, *a, **k))
+    submit = studio.runtime.scheduler.submit
+    monkeypatch.setattr(studio.runtime.scheduler, "submit",
+                        lambda build, on_step=None: submitted.append(submit(build, on_step)) or submitted[-1])
+    s = dataclasses.replace(studio.settings(alpha=1.0, max_new_tokens=8), min_new_tokens=8)
+    events = list(studio.compare_stream("cole", studio.task.prompt("the bus"), ["base", "card"], s))
+    kinds = [(kind, m) for kind, m, _ in events]
+    base_done = kinds.index(("done", "base"))
+    assert ("text", "card") in kinds[base_done + 1:], kinds  # card still streamed after base was done
+    done = {m: v for kind, m, v in events if kind == "done"}
+    assert done["base"].n_tokens == 2 and done["card"].n_tokens == 8 and done["base"].gen_id is not None
+    assert done["base"].latency_s < done["card"].latency_s
+    final = {m: f.result()[0] for m, f in zip(["base", "card"], submitted)}
+    assert all(done[m].text == final[m].text and done[m].n_tokens == final[m].n_tokens for m in done)
+    assert studio.store.generation(done["base"].gen_id)["output"] == final["base"].text
+
+
+def test_the_done_line_shows_a_diff_prompt_as_written():
+    """A diff's blank line and indented lines made the prompt an indented code block, where md's escapes show as
+    backslashes before # and backticks; on one line it renders as written."""
+    from markdown_it import MarkdownIt
+
+    from personalize.ui.compare import done_line
+
+    prompt = "diff --git a/x b/x\n\n    # Fix `foo` in bar\n\tdef x(): # y *not bold*\n"
+    html = MarkdownIt("commonmark").render(done_line("ed", 2, "", prompt))
+    assert "<pre>" not in html and "<code>" not in html and "\\" not in html and "<em>" not in html
+    assert "Prompt: diff --git a/x b/x # Fix `foo` in bar def x(): # y *not bold*" in html
+
+
+# ---------------------------------------------------------------- Fit: the verdict and the decoding agree
+
+@pytest.fixture(scope="module")
+def fitted(studio):
+    """A fit whose held-out items have scored words: the tiny random model's top candidates rarely hold the
+    person's next word (no held-out rows, "too few to tell"), so each step's last candidate is made that word."""
+    from personalize.studio.fits import held_out_interval
+
+    studio.save_history("vera", [Item(f"ok so the {w} was fine i guess") for w in WORDS], "tweets")
+    fit = studio.fit("vera")
+    for f in fit.features:
+        f.top_ids[:, -1] = f.ids
+    diag, own, _ = studio.engine.held_out_style(fit.features, fit.n_hold, studio.engine.heads["tokens"])
+    diag["own_minus_cluster"] = held_out_interval(studio.engine, dataclasses.replace(fit, held_style=own))
+    return dataclasses.replace(fit, diagnostics=diag, held_style=own)
+
+
+def test_the_verdict_gives_its_uncertainty_over_the_held_out_items(studio, fitted):
+    """The fit's held-out difference (own style − cluster model, next-word accuracy) comes with a bootstrap
+    interval over the held-out items, the same difference the verdict's percentages show, and the page says it."""
+    from personalize.ui import text as page_text
+
+    d = fitted.diagnostics
+    gain = d["own_minus_cluster"]
+    assert d["n"] > 0 and gain["items"] == fitted.n_hold >= 2
+    assert gain["mean"] == pytest.approx(d["acc_own"] - d["acc_no_head"], abs=1e-6)
+    assert gain["ci95"][0] <= gain["mean"] <= gain["ci95"][1]
+    msg = page_text.fit_message(studio, "vera", fitted, 1.0)
+    assert f"over your {gain['items']} held-out items" in msg and "95 % interval" in msg
+
+
+def test_a_fit_measures_its_interval_when_its_held_out_items_have_words(studio, monkeypatch):
+    """Fits.fit adds the interval to the verdict's diagnostics whenever it can be measured."""
+    from personalize.studio import fits
+
+    monkeypatch.setattr(fits, "held_out_interval", lambda engine, fit: {"mean": 0.0, "ci95": [0.0, 0.0], "items": 2})
+    monkeypatch.setattr(fits, "fit_person", lambda *a, **k: (dataclasses.replace(
+        studio.fits.engine.fit(studio.demo_items("formal_01")), diagnostics={"n": 3}), []))
+    assert studio.fit("vera").diagnostics["own_minus_cluster"]["items"] == 2
+
+
+@pytest.mark.parametrize("fallback", [True, False])
+def test_a_losing_style_is_said_beside_what_card_decodes(studio, fitted, monkeypatch, fallback):
+    """A person whose held-out items say the style loses: with the build's fallback, the verdict says the cluster
+    model's output and CARD's row is the cluster model's; without it, the verdict says CARD keeps the style, why,
+    and how to get the cluster model, CARD's row is steered by the style, and Compare says so beside it."""
+    from personalize.methods.card.decode import FALLBACK_NOTE
+    from personalize.studio.fits import LOSING_STYLE_NOTE, fit_verdict, kept_reason
+    from personalize.ui import compare
+
+    cfg = studio.engine.cfg
+    monkeypatch.setattr(studio.engine, "cfg", dataclasses.replace(
+        cfg, style=dataclasses.replace(cfg.style, fallback=fallback)))
+    lost = dict(fitted.diagnostics, helps=False)
+    verdict = fit_verdict(lost, fallback=fallback, why_kept=kept_reason(studio.engine.meta))
+    user_state = studio.histories.user_state
+
+    def losing(name, k=None):
+        st = user_state(name, k)
+        st.lam.helps = False
+        return st
+
+    monkeypatch.setattr(studio.histories, "user_state", losing)
+    s = studio.settings(alpha=1.0, max_new_tokens=3)
+    (row,) = studio.decoding.rows("card", studio.histories.user_state("vera"), studio.task.prompt("the bus"), s)
+    status = next(compare.compare(studio, "vera", "the bus", True, None, ["card"], 1.0, 50, 3, None))[0]
+    if fallback:
+        assert "show the cluster model's output for you" in verdict and "still decodes" not in verdict
+        assert row.steer is None and row.note == FALLBACK_NOTE and LOSING_STYLE_NOTE not in status
+    else:
+        assert "still decodes CARD with it: on its validation people" in verdict and "α = 0" in verdict
+        assert row.steer is not None and row.note is None and LOSING_STYLE_NOTE in status
+
+
+def test_why_the_build_keeps_a_losing_style_is_what_its_tune_measured():
+    """A tie on the validation people is said as a tie (the old text claimed the fallback lowered ROUGE-L)."""
+    from personalize.studio.fits import kept_reason
+
+    def meta(off, on):
+        return {"report": {"tune": {"fallback": {"chosen": "off", "sweep": {"off": {"rougeL": off},
+                                                                            "on": {"rougeL": on}}}}}}
+
+    assert "changed nothing measurable (ROUGE-L 0.056 either way)" in kept_reason(meta(0.0556, 0.0556))
+    assert "lowered ROUGE-L (0.200 vs 0.250" in kept_reason(meta(0.25, 0.2))
+    assert "did not try" in kept_reason({})
+
+
+# ---------------------------------------------------------------- Fit: the Version box
+
+def test_the_version_box_offers_a_version_that_exists():
+    """One version (the current): 1, never 0; after a refit, the newest one that is not current; read back from
+    the page as a pandas table too."""
+    import pandas as pd
+
+    from personalize.ui.common import VERSION_COLUMNS
+    from personalize.ui.fit import version_to_restore
+
+    one = [[1, "t", "fit", "", 0, True, True]]
+    three = [[3, "t", "vote", "", 1, True, True], [2, "t", "fit", "", 0, False, False], [1, "t", "fit", "", 0, 1, 0]]
+    assert version_to_restore([]) is None and version_to_restore(None) is None
+    assert version_to_restore(one) == 1 and version_to_restore(three) == 2
+    assert version_to_restore(pd.DataFrame(three, columns=VERSION_COLUMNS)) == 2
+    assert version_to_restore(pd.DataFrame([["", "", "", "", "", "", ""]], columns=VERSION_COLUMNS)) is None
+    restored = [[3, "t", "vote", "", 1, True, "false"], [2, "t", "fit", "", 0, False, "false"], [1, "t", "fit", "", 0, 1, "true"]]
+    assert version_to_restore(restored) == 3

@@ -140,7 +140,7 @@ def test_model_handlers_without_a_server(studio):
     first = next(compare.compare(studio, "oz", "hi", True, None, [], 1.0, 50, 4, None))
     assert "choose at least one method" in first[0] and len(first) == 1 + len(compare.ALL_METHODS)
     steps = list(compare.compare(studio, "oz", "the bus", True, None, ["base"], 1.0, 50, 4, None))
-    assert steps[-1][0].startswith("Done: 1 methods for **oz**") and "tok/s" in steps[-1][1]["value"]
+    assert steps[-1][0].startswith("Done: 1 method for **oz**") and "tok/s" in steps[-1][1]["value"]
     status, tokens, *_ = why.why(studio, "oz", "the bus", True, None, 1.0, 50, 4, None)
     assert "the user vector changed" in status and isinstance(tokens, list)
 

@@ -64,6 +64,12 @@ def text_pieces(tok, steps: Sequence[dict]) -> list[tuple[str, bool]]:
     return out
 
 
+def _one_row(rows: Sequence | None):
+    """A column's single row when its end can be read from its streamed tokens (one row, no step-by-step trace
+    to assemble after the batch); None otherwise: such a column is done when its request is."""
+    return rows[0] if rows is not None and len(rows) == 1 and not rows[0].want_trace else None
+
+
 def once(load: Callable[[], UserContext]) -> Callable[[], UserContext]:
     """A request's person, read from the store by the first method that needs it and shared by the others (a
     lock: the scheduler's worker and the request's thread may both ask); a failed read is tried again."""
@@ -149,7 +155,9 @@ class Decoding(Service):
         ("progress", m, a line) while a method's first use prepares in the background, ("done", m,
         MethodOutput). Every ready method joins one request to the scheduler (one mixed batch, shared with
         other sessions' requests); a method whose first use needs work waits for its background job, and the
-        other columns do not wait for it."""
+        other columns do not wait for it. A column is done when its own row ends (its end-of-text or its token
+        limit), not when the whole batch does: its output is then what the runner returns for that row (the
+        same tokens, the row's note and what it retrieved), stored at once."""
         prompt = self.rt.check_prompt(prompt)
         unknown = [m for m in methods if m not in ALL_METHODS]
         if unknown or not methods:
@@ -159,20 +167,31 @@ class Decoding(Service):
         events: queue.Queue = queue.Queue()
         tok, eos = self.engine.tok, self.engine.tok.eos_token_id
         tokens: dict[str, list[int]] = {m: [] for m in methods}
+        built: dict[str, list] = {}  # each column's rows, as the scheduler's worker built them
         pressed = time.perf_counter()
         last_token: dict[str, float] = {}  # a column's latency is its own: from the press to its last token
 
         def start(m: str) -> None:
             def on_step(_row: int, t: int, m=m) -> None:
-                got = tokens[m]
-                if got and got[-1] == eos or len(got) >= s.max_new_tokens:
+                got, row = tokens[m], _one_row(built.get(m))
+                limit = row.settings.max_new_tokens if row is not None else s.max_new_tokens
+                if got and got[-1] == eos or len(got) >= limit:
                     return
                 got.append(t)
                 last_token[m] = time.perf_counter()
-                events.put(("token", m, None))
+                ended = row is not None and (t == eos or len(got) >= limit)
+                events.put(("ended" if ended else "token", m, None))
 
-            fut = self.rt.scheduler.submit(lambda m=m: self.rows(m, state, prompt, s, person=person), on_step)
+            def rows(m=m) -> list:
+                built[m] = list(self.rows(m, state, prompt, s, person=person))
+                return built[m]
+
+            fut = self.rt.scheduler.submit(rows, on_step)
             fut.add_done_callback(lambda f, m=m: events.put(("finished", m, f)))
+
+        def output(m: str, g: Generation) -> MethodOutput:
+            g = replace(g, latency_s=last_token.get(m, time.perf_counter()) - pressed)
+            return self.stored(m, state, prompt, s, g)
 
         waiting = {}
         for m in methods:
@@ -188,12 +207,18 @@ class Decoding(Service):
                 kind = None
             if kind == "token" and m in left:
                 yield "text", m, decode_text(tok, tokens[m])
-            elif kind == "finished":
+            elif kind == "ended" and m in left:  # this column's row is over: done now, whatever the batch does
+                left.discard(m)
+                row = built[m][0]
+                try:
+                    out = output(m, Generation(decode_text(tok, tokens[m]), len(tokens[m]), 0.0, row.trace, row.note))
+                except (ValueError, StoreError) as e:
+                    out = MethodOutput(m, error=str(e))
+                yield "done", m, out
+            elif kind == "finished" and m in left:
                 left.discard(m)
                 try:
-                    g = value.result()[0]
-                    g = replace(g, latency_s=last_token.get(m, time.perf_counter()) - pressed)
-                    out = self.stored(m, state, prompt, s, g)
+                    out = output(m, value.result()[0])
                 except (ValueError, StoreError, FileNotFoundError, RuntimeError) as e:
                     out = MethodOutput(m, error=str(e))
                 yield "done", m, out

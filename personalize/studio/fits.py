@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import numpy as np
+
 from personalize.card.adapters import adapter_name
 from personalize.card.head import PAIR_OBJECTIVES
 from personalize.data import Item
@@ -17,10 +19,13 @@ from personalize.studio.histories import Histories
 from personalize.studio.service import Service
 
 
-def fit_verdict(diagnostics: dict | None, cold_start: bool = False, fallback: bool = True, n_votes: int = 0) -> str:
-    """In plain words: does the user's vector beat their cluster's model on their held-out items?
-    Reads `helps` (own vector vs no head, set by the fit) with `acc_own` and `acc_no_head`; `fallback`: whether
-    this build's CARD then shows the cluster model's output (StyleSettings.fallback, chosen by tune)."""
+def fit_verdict(diagnostics: dict | None, cold_start: bool = False, fallback: bool = True, n_votes: int = 0,
+                why_kept: str | None = None) -> str:
+    """In plain words: does the user's vector beat their cluster's model on their held-out items, how sure that is
+    (`own_minus_cluster`, held_out_interval's, when the fit measured it), and what CARD then decodes. Reads
+    `helps` (own vector vs no head, set by the fit) with `acc_own` and `acc_no_head`; `fallback`: whether this
+    build's CARD then shows the cluster model's output (StyleSettings.fallback, chosen by tune); `why_kept`:
+    why a build without the fallback keeps a losing style (kept_reason), said beside it, never left out."""
     d = diagnostics or {}
     if cold_start:
         return "Your history is too short to fit your own vector yet, so CARD uses your cluster's shared head."
@@ -29,16 +34,74 @@ def fit_verdict(diagnostics: dict | None, cold_start: bool = False, fallback: bo
         return ("Too few items to tell whether your vector helps (too few held out to compare it with your "
                 "cluster's model); add more writing and refit.")
     a, b = _percents(float(own), float(base))
+    sure = _uncertainty(d.get("own_minus_cluster"))
     if helps:
-        return f"Your vector helps: it predicts {a} of your held-out words vs {b} for your cluster's model."
+        return f"Your vector helps: it predicts {a} of your held-out words vs {b} for your cluster's model{sure}."
     if n_votes:
         return (f"Your style does not beat your cluster's model on your held-out writing ({a} vs {b}), but your "
                 f"{n_votes} vote{'s' * (n_votes != 1)} ask for it, so CARD decodes with your style.")
     if fallback:
-        return (f"Your vector does not beat your cluster's model on your held-out items ({a} vs {b}), so CARD will "
-                "show the cluster model's output for you.")
-    return (f"Your vector does not beat your cluster's model on your held-out items ({a} vs {b}); this build still "
-            "decodes CARD with it (on its validation people, falling back to the cluster model lowered ROUGE-L).")
+        return (f"Your vector does not beat your cluster's model on your held-out items ({a} vs {b}{sure}), so CARD "
+                "will show the cluster model's output for you; a 👍 on a CARD output asks for your style instead.")
+    return (f"Your vector does not beat your cluster's model on your held-out items ({a} vs {b}{sure}); this build "
+            f"still decodes CARD with it: {why_kept or 'it was built to keep every style'}. For your cluster "
+            "model's output, set α = 0 in Compare.")
+
+
+def _uncertainty(interval: dict | None) -> str:
+    """", a difference of −6 points, 95 % interval −15 to +3 over your 5 held-out items: too few to be sure"."""
+    if not interval:
+        return ""
+    lo, hi = (100 * v for v in interval["ci95"])
+    sure = ("too few to be sure either way" if lo <= 0 <= hi else
+            "clearly better" if lo > 0 else "clearly worse")
+    return (f"; a difference of {100 * interval['mean']:+.0f} points, 95 % interval {lo:+.0f} to {hi:+.0f} over "
+            f"your {interval['items']} held-out items: {sure}")
+
+
+def kept_reason(meta: dict) -> str:
+    """Why this build decodes a style that lost on its person's held-out items, from what its tune measured on the
+    validation people (the fallback step): a tie is said as a tie, never as a loss."""
+    sweep = meta.get("report", {}).get("tune", {}).get("fallback", {}).get("sweep", {})
+    off, on = (sweep.get(v, {}).get("rougeL") for v in ("off", "on"))
+    if off is None or on is None:
+        return "its tuning did not try showing the cluster model instead"
+    if off > on:
+        return (f"on its validation people, showing the cluster model instead for such people lowered ROUGE-L "
+                f"({on:.3f} vs {off:.3f} keeping their styles)")
+    return (f"on its validation people, showing the cluster model instead changed nothing measurable (ROUGE-L "
+            f"{off:.3f} either way), and the build keeps styles when it makes no difference")
+
+
+def held_out_interval(engine, fit: UserFit, n_boot: int = 2000, seed: int = 0) -> dict | None:
+    """Own style minus the cluster model in held-out next-word accuracy (the verdict's difference), with its
+    bootstrap 95 % interval over the held-out items (each resampled with all its words): a verdict on five
+    items is a guess, and the page says how much of one. None without a tokens fit with 2+ held-out items."""
+    from personalize.card.head import TokenData
+    from personalize.card.style import style_diagnostics
+
+    if fit.features is None or fit.held_style is None or fit.n_hold < 2 or "tokens" not in engine.heads:
+        return None
+    per = [style_diagnostics(engine.heads["tokens"], TokenData.from_features([f]), fit.held_style, [],
+                             engine.cfg.style, 1.0) for f in fit.features[: fit.n_hold]]
+    per = [d for d in per if d.get("n")]
+    if len(per) < 2:
+        return None
+    n = np.array([d["n"] for d in per], float)
+    gain = np.array([d["acc_own"] - d["acc_no_head"] for d in per]) * n
+    idx = np.random.default_rng(seed).integers(0, len(n), size=(n_boot, len(n)))
+    lo, hi = np.percentile(gain[idx].sum(1) / n[idx].sum(1), [2.5, 97.5])
+    return {"mean": float(gain.sum() / n.sum()), "ci95": [float(lo), float(hi)], "items": len(n)}
+
+
+def decodes_losing_style(engine, style, alpha: float) -> bool:
+    """Whether CARD at `alpha` decodes with a style that lost to the cluster model on its person's held-out items
+    (no fallback in this build, no vote asking for it): Compare says so beside the output."""
+    return style is not None and style.helps is False and not engine.cfg.style.fallback and alpha > 0
+
+
+LOSING_STYLE_NOTE = ("your style lost to your cluster's model on your held-out items (Fit my style says by how "
+                     "much); this build's CARD still decodes with it, α = 0 gives the cluster model")
 
 
 def _percents(a: float, b: float) -> tuple[str, str]:
@@ -98,6 +161,8 @@ class Fits(Service):
                     if progress:
                         progress("your votes")
                     self.refine(name, items)
+                if fit.diagnostics and (gain := held_out_interval(self.engine, fit)) is not None:
+                    fit.diagnostics["own_minus_cluster"] = gain  # the page's verdict, with how sure it is
                 return fit
         finally:
             trim_memory()  # a fit's freed activations back to the system: the soak's rise came with the fits
@@ -162,7 +227,8 @@ class Fits(Service):
         vid = self.store.save_vector(name, self.engine.artifacts_id, r.style.lam, self.engine.lm.model_id, keep,
                                      extras, source="vote", note=f"history + {r.n_votes} vote{'s' * (r.n_votes != 1)}")
         return {"version": vid, "n_votes": r.n_votes, "seconds": round(r.seconds, 3), "diagnostics": r.diagnostics,
-                "verdict": fit_verdict(r.diagnostics, fallback=self.engine.cfg.style.fallback, n_votes=r.n_votes)}
+                "verdict": fit_verdict(r.diagnostics, fallback=self.engine.cfg.style.fallback, n_votes=r.n_votes,
+                                       why_kept=kept_reason(self.engine.meta))}
 
     def versions(self, name: str) -> list[dict]:
         """The user's styles under this build, newest first: id, time, source, note, votes, helps, current."""

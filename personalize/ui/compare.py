@@ -10,6 +10,7 @@ import gradio as gr
 from personalize.display import md
 from personalize.catalog import ALL_METHODS, DEFAULT_METHODS
 from personalize.ui.common import DECODE_SESSIONS, EXPECTED, Markdown, _err, bind, guarded, version_rows
+from personalize.studio.fits import LOSING_STYLE_NOTE, decodes_losing_style
 from personalize.ui.controls import Shared
 
 
@@ -49,8 +50,10 @@ def first_use_md(studio, method: str) -> str:
 
 
 def columns(chosen) -> list:
-    """Which method columns are shown."""
-    return [gr.update(visible=m in (chosen or [])) for m in ALL_METHODS]
+    """Which method columns are shown: each column and its output box together (updates for every column, then
+    every box), so a column ticked before the first Generate shows its title above its 👍 / 👎."""
+    shown = [m in (chosen or []) for m in ALL_METHODS]
+    return [gr.update(visible=v) for v in shown] * 2
 
 
 def pick_item(studio, name, item) -> str:
@@ -66,6 +69,13 @@ def streaming_md(method: str, text: str) -> str:
     return f"**{md(method)}** · *decoding…*\n\n{md(text)}▌"
 
 
+def done_line(name: str, n: int, note: str, prompt: str) -> str:
+    """The status line after a Compare, the prompt on it as one line: a prompt's line breaks and indentation (a
+    diff's) would make Markdown an indented code block, where the escapes of md show as backslashes."""
+    return (f"Done: {n} method{'s' * (n != 1)} for **{md(name)}**{note}. "
+            f"Prompt: {md(' '.join(prompt.split()), limit=200)}")
+
+
 def compare(studio, name, text, templated, item, chosen, alpha, top_k, max_tokens, k):
     """Yields (status, one update per method column) as tokens and outputs come in."""
     hidden = {m: gr.update(visible=m in (chosen or [])) for m in ALL_METHODS}
@@ -77,6 +87,8 @@ def compare(studio, name, text, templated, item, chosen, alpha, top_k, max_token
         return
     name, state, full = plan["name"], plan["state"], plan["prompt"]
     note = "" if state.fitted else " (not fitted yet: CARD uses λ = 1, your cluster's shared head)"
+    if "card" in chosen and decodes_losing_style(studio.engine, state.lam, s.alpha):
+        note += f" ({LOSING_STYLE_NOTE})"  # the Fit verdict's "does not beat", said beside the output too
     # each column's current Markdown; every yield sends fresh updates of all of them, since Gradio drops the value
     # of an update object yielded a second time (a finished column would keep its streamed text)
     shown = {m: first_use_md(studio, m) if plan["first_use"][m] else f"**{m}**\n\n*waiting…*" for m in chosen}
@@ -103,7 +115,7 @@ def compare(studio, name, text, templated, item, chosen, alpha, top_k, max_token
     except EXPECTED as e:
         yield (_err(e), *updates())
         return
-    yield (f"Done: {len(chosen)} methods for **{md(name)}**{note}. Prompt: {md(full, limit=200)}", *updates())
+    yield (done_line(name, len(chosen), note, full), *updates())
 
 
 @guarded(2)
@@ -146,7 +158,7 @@ def build(studio, shared: Shared) -> None:
     p.item.change(bind(pick_item, studio), [shared.user, p.item], [reference])
     compare_btn.click(bind(compare, studio), [shared.user, *p.inputs, methods, *d.inputs], [status, *outs.values()],
                       concurrency_id="decode", concurrency_limit=DECODE_SESSIONS, api_name="compare")
-    methods.change(columns, [methods], list(cols.values()))
+    methods.change(columns, [methods], [*cols.values(), *outs.values()])
     for (m, up), btn in thumbs.items():
         btn.click(bind(thumb, studio, m, up), [shared.user, *d.inputs], [refine_status, shared.versions],
                   concurrency_id="model")

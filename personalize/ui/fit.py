@@ -7,7 +7,7 @@ import time
 import gradio as gr
 
 from personalize.display import md
-from personalize.ui.common import EXPECTED, Markdown, _err, bind, guarded, version_rows
+from personalize.ui.common import EXPECTED, VERSION_COLUMNS, Markdown, _err, bind, guarded, version_rows
 from personalize.ui.controls import Shared
 from personalize.ui.figures import loss_figure
 from personalize.ui import text as page_text
@@ -32,6 +32,23 @@ def fit(studio, name, k, progress=gr.Progress()):
         return _err(e) + " (the stored vector, if any, is unchanged)", gr.skip()
     return (page_text.fit_message(studio, name, res, total, shown_name=md(name)),
             loss_figure(res.loss_curve) if res.loss_curve else None)
+
+
+def version_to_restore(table) -> int | None:
+    """What the Version box offers for the versions table shown (newest first): the newest version that is not
+    the current one, else the current one (a person with one version sees 1, never a version 0 that does not
+    exist), else nothing."""
+    rows = table.values.tolist() if hasattr(table, "values") else list(table or [])
+    rows = [dict(zip(VERSION_COLUMNS, r)) for r in rows if r and str(r[0]).strip() not in ("", "nan")]
+    if not rows:
+        return None
+    pick = next((r for r in rows if not _truthy(r.get("current"))), rows[0])
+    return int(float(pick["version"]))
+
+
+def _truthy(value) -> bool:
+    """A table cell read back from the page: True, 1, "true" and "True" are all true."""
+    return str(value).strip().lower() in ("true", "1", "yes")
 
 
 @guarded(2)
@@ -81,5 +98,6 @@ def build(studio, shared: Shared) -> None:
                   api_name="fit").then(rows, [user], [versions])
     restore_btn.click(bind(restore, studio), [user, version_id], [owner_status, versions])
     refresh_btn.click(rows, [user], [versions])
+    versions.change(version_to_restore, [versions], [version_id], queue=False, show_progress="hidden")
     key_btn.click(bind(key_export, studio), [user], [owner_status, style_key])
     import_btn.click(bind(key_import, studio), [user, style_key], [owner_status, versions])

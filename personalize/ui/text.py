@@ -5,7 +5,7 @@ people and models enters it escaped by the caller (display.md)."""
 from __future__ import annotations
 
 from personalize.methods.engine import UserFit
-from personalize.studio.fits import fit_verdict
+from personalize.studio.fits import fit_verdict, kept_reason
 from personalize.studio.histories import UserState
 
 
@@ -57,7 +57,8 @@ def fit_message(studio, name: str, fit: UserFit, total_s: float, shown_name: str
         lines.append(f"\n**Cold start**: fewer than {studio.engine.cfg.min_fit_items} items, so λ = 1 "
                      "(your cluster's shared head). Add more writing and refit.")
     else:  # the answer first, in plain words: does the vector beat the cluster model?
-        lines.insert(1, f"\n**{fit_verdict(d, fallback=studio.engine.cfg.style.fallback)}**\n")
+        verdict = fit_verdict(d, fallback=studio.engine.cfg.style.fallback, why_kept=kept_reason(studio.engine.meta))
+        lines.insert(1, f"\n**{verdict}**\n")
         if d.get("n"):
             lines.append(f"\nHeld-out accuracy ({d.get('unit', 'tokens')}, n = {d['n']}): own style "
                          f"**{d.get('acc_own', float('nan')):.3f}**"
