@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup browser run test clean
+.PHONY: setup browser run test clean gpu-check
 
 $(BIN)/.installed: requirements.txt
 	$(PY) -m venv $(VENV)
@@ -27,6 +27,12 @@ run: setup
 test: setup browser
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q tests
+
+# Issue 39's GPU check on a CUDA machine (no hub needed: fill .wheels first with `bash benchmarks/gpu_check.sh prepare`;
+# docs/SCALING.md, "Checking on a GPU"). Uses the machine's python3 (its torch), or this venv's where there is one.
+GPU_PY ?= $(shell [ -x $(BIN)/python ] && echo $(BIN)/python || echo python3)
+gpu-check:
+	PY=$(GPU_PY) bash benchmarks/gpu_check.sh $(ARGS)
 
 clean:
 	rm -rf data/artifacts data/demo data/models data/studio.db* data/exports
