@@ -365,7 +365,7 @@ def run_check(a) -> dict:
         res["alpha"] = steer(art)
         bench_json = work / f"bench{i}.json"
         more = [] if a.tiny else (["--methods", "card,oppu", "--oppu-steps", "10"] if i == 0 else ["--methods", "card"])
-        res["bench"] = stages.run(f"bench {i}", [sys.executable, str(Path(__file__).resolve()), "--bench", "bench",
+        res["bench"] = stages.run(f"bench {i}", [sys.executable, "-m", "personalize", "bench", "--no-loops",
                                                  "--artifacts", str(art), "--json",
                                                  str(bench_json), *(TINY_BENCH_ARGS if a.tiny else BENCH_ARGS), *more])
         if bench_json.exists():
@@ -482,18 +482,6 @@ def format_report(r: dict) -> str:
 
 # ---------------------------------------------------------------- main
 
-def bench(argv: list[str]) -> int:
-    """`python -m personalize bench ARGV` without its loops table (eval/loops.py: every method of every person
-    decoded again at the build's settings and at 128 tokens, OPPU trained and EXACT searched per person first): the
-    issue's table has no row for it, and on the 8B shape it alone outlasts the check's budget. Everything else
-    of bench runs as the command runs it."""
-    from personalize import cli
-    from personalize.eval import evaluate
-
-    evaluate.loop_shares = lambda *args, **kwargs: {}
-    return cli.main(argv)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--prepare", action="store_true", help="fill .wheels/ here (pip access) and print what travels")
@@ -510,8 +498,6 @@ def main(argv=None) -> int:
     p.add_argument("--make-models", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--tokenizers-ready", action="store_true", help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--bench"]:
-        return bench(argv[1:])
     a = p.parse_args(argv)
     if a.prepare:
         return prepare()

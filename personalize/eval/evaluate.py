@@ -352,7 +352,7 @@ def _median(xs):
 def run_bench(engine: Engine, users: dict[str, list[Item]], prompt: str, repeats: int = 5,
               n_tokens: int = 24, methods: Sequence[str] = BENCH_METHODS,
               method_configs: dict[str, dict] | None = None, prompts: Sequence[str] | None = None,
-              serving: dict | None = None) -> dict:
+              serving: dict | None = None, loops: bool = True) -> dict:
     """Onboarding by stage, λ fit, CARD decode overhead, user switch, bytes per user; then `methods`
     side by side (bench_methods; method_configs: config fields per method, e.g. {"oppu": {"max_steps": 8}});
     then the share of each studio method's outputs that loop or echo (eval/loops.py: each person's own prompt,
@@ -431,7 +431,7 @@ def run_bench(engine: Engine, users: dict[str, list[Item]], prompt: str, repeats
         table = bench_methods(engine, contexts, prompt, s, repeats, methods, store, Path(tmp), method_configs, fits)
         asks = list(prompts or [prompt])  # each person's own query, as Compare asks it: loops and echoes per method
         people = [Person(n, asks[i % len(asks)], tuple(contexts[n].items), fits[n]) for i, n in enumerate(names)]
-        loops = loop_shares(engine, store, people, Path(tmp), configs=_loop_configs(method_configs))
+        loops = loop_shares(engine, store, people, Path(tmp), configs=_loop_configs(method_configs)) if loops else {}
         from personalize.eval.bench_serving import bench_serving
 
         served = bench_serving(engine, store, names, list(prompts or [prompt]),
