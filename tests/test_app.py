@@ -412,7 +412,13 @@ def test_browser_path_paste_cluster_fit_compare_vote_leaderboard_export(server, 
         res = p.until_text("explore-status", "Held out", "⚠️")
         assert "λ fitted on" in res, res
         p.el("#explore-alpha .js-plotly-plot")
+        assert "cluster" in p.text("explore-table")
         p.shot("9-explore")
+        p.type("alphas", "nan, inf")  # refused with a message, and the sweep above is cleared (issue 36)
+        p.click("explore-button")
+        assert "finite" in p.until_text("explore-status", "⚠️")
+        p.wait.until(lambda d: not d.find_elements("css selector", "#explore-alpha .js-plotly-plot"))
+        assert "cluster" not in p.text("explore-table")
     finally:
         driver.quit()
 
@@ -434,8 +440,12 @@ def test_browser_a_thumb_refits_the_style_then_key_versions_and_forget_me(server
         p.click("fit-button")
         assert "Fitted bea" in p.until_text("fit-status", "Fitted", "⚠️")
         assert "history" in p.until_text("versions", "history")
+        version = str(studio.versions("bea")[0]["version"])  # the one version: offered, never a 0 (issue 36)
+        p.wait.until(lambda d: p.el("#version-id input").get_attribute("value") == version)
 
         p.tab("Compare")
+        p.choose_methods(("base", "cluster", "card", "pag"))  # ticked before any Generate: titled (issue 36)
+        assert p.until_text("out-pag", "pag").startswith("pag") and p.el("#up-pag").is_displayed()
         p.choose_methods(("base", "cluster", "card"))  # no first-use work (EXACT, OPPU) in this test
         p.type("prompt", "The river was cold this morning.")
         p.click("compare-button")
