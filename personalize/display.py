@@ -19,6 +19,10 @@ import string
 # autolink or HTML block can start.
 _ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#x27;"}
 _ACTIVE = re.compile("[" + re.escape(string.punctuation) + "]")
+# A line's indentation as character references: CommonMark never reads them as structure, so an indented line after
+# a blank one (a diff's context, an output's list) stays text instead of becoming a code block that shows the escapes.
+_INDENT = re.compile(r"^[ \t]+", re.MULTILINE)
+_SPACES = {" ": "&#32;", "\t": "&#9;"}
 
 
 def _one(m: re.Match) -> str:
@@ -34,7 +38,8 @@ def md(text: object, limit: int | None = None) -> str:
     s = s.replace("\r\n", "\n").replace("\r", "\n")
     if limit is not None and len(s) > limit:
         s = s[:limit] + "…"
-    return _ACTIVE.sub(_one, s).replace("\n", "  \n")  # two spaces: a hard line break, not a joined line
+    s = _INDENT.sub(lambda m: "".join(_SPACES[c] for c in m.group(0)), _ACTIVE.sub(_one, s))
+    return s.replace("\n", "  \n")  # two spaces: a hard line break, not a joined line
 
 
 def plot_text(text: object) -> str:

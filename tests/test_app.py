@@ -159,7 +159,8 @@ def _shown(html_text: str) -> str:
 
 
 @pytest.mark.parametrize("text", [XSS_SCRIPT, XSS_IMG, MD_ACTIVE, XSS_NAME, "# heading\n\n- item\n1. one\n> quote",
-                                  "a\\*b\\ & &amp; &lt;x&gt; <!-- c --> ___ --- | t |\n|---|", "tabs\tand ~~strike~~ ~x~"])
+                                  "a\\*b\\ & &amp; &lt;x&gt; <!-- c --> ___ --- | t |\n|---|", "tabs\tand ~~strike~~ ~x~",
+                                  "Files changed:\n\n    src/a.py | 2 +-\n\t- *x* `y`\n        # not code"])
 def test_md_shows_text_as_written(text):
     from personalize.display import md
 
