@@ -26,7 +26,7 @@ run: setup
 
 test: setup browser
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -m "not slow" tests
 
 # Issue 39's GPU check on a CUDA machine (no hub needed: fill .wheels first with `bash benchmarks/gpu_check.sh prepare`;
 # docs/SCALING.md, "Checking on a GPU"). Uses the machine's python3 (its torch), or this venv's where there is one.

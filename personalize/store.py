@@ -24,95 +24,15 @@ import sqlite_utils
 from personalize.access import Access
 from personalize.data import Item
 
-SCHEMA_VERSION = 5  # 2: vectors.style (token bias, kNN memory); 3: every fitted style kept as a version, votes;
-# 4: human-evaluation campaigns (their tables: humaneval/campaign_schema.py); 5: a person's owner (the login that
-# made them, access.py) and the histories a Save replaced
-VERSION_SOURCES = ("history", "vote", "import")  # what produced a version of a user's style
-FEEDBACK_SOURCES = ("rate", "up", "down")  # a Rate vote, a thumbs up / down on a Compare column
-WINNERS = ("a", "b", "tie", "both_bad")
-MAX_NAME = 64
-# People a campaign stores to generate its outputs (humaneval.campaign_pool.person_name) are named in this reserved
-# namespace and kept out of users(), the studio's list of its own users; no ordinary user is named so.
-CAMPAIGN_PREFIX = "campaign:"
-
-# Raw DDL because sqlite-utils' create() cannot express AUTOINCREMENT or CHECK constraints.
-# AUTOINCREMENT: generation/rating ids are referenced elsewhere and must never be reused.
-# Ratings have no foreign keys on purpose: they outlive deleted users and generations.
-# Blobs use user '' for "no user" because NULLs never conflict in a primary key.
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS users (
-  name TEXT PRIMARY KEY, task TEXT NOT NULL, created TEXT NOT NULL, updated TEXT NOT NULL, owner TEXT);
-CREATE TABLE IF NOT EXISTS items (
-  id INTEGER PRIMARY KEY AUTOINCREMENT, user TEXT NOT NULL REFERENCES users(name),
-  position INTEGER NOT NULL, x TEXT NOT NULL, y TEXT NOT NULL, neutral TEXT);
-CREATE UNIQUE INDEX IF NOT EXISTS idx_items_user_position ON items(user, position);
-CREATE TABLE IF NOT EXISTS assignments (
-  user TEXT NOT NULL REFERENCES users(name), artifacts TEXT NOT NULL, k INTEGER NOT NULL,
-  cluster INTEGER NOT NULL, distances TEXT NOT NULL, updated TEXT NOT NULL,
-  PRIMARY KEY (user, artifacts, k));
-CREATE TABLE IF NOT EXISTS vectors (
-  user TEXT NOT NULL REFERENCES users(name), artifacts TEXT NOT NULL, vector BLOB NOT NULL,
-  d INTEGER NOT NULL, model_id TEXT NOT NULL, stats TEXT NOT NULL, updated TEXT NOT NULL, style BLOB,
-  version INTEGER, PRIMARY KEY (user, artifacts));
-CREATE TABLE IF NOT EXISTS versions (
-  id INTEGER PRIMARY KEY AUTOINCREMENT, user TEXT NOT NULL REFERENCES users(name), artifacts TEXT NOT NULL,
-  created TEXT NOT NULL, source TEXT NOT NULL, note TEXT NOT NULL, vector BLOB NOT NULL, d INTEGER NOT NULL,
-  model_id TEXT NOT NULL, stats TEXT NOT NULL, style BLOB);
-CREATE INDEX IF NOT EXISTS idx_versions_user ON versions(user, artifacts);
-CREATE TABLE IF NOT EXISTS feedback (
-  id INTEGER PRIMARY KEY AUTOINCREMENT, user TEXT NOT NULL REFERENCES users(name), created TEXT NOT NULL,
-  source TEXT NOT NULL CHECK (source IN ('rate', 'up', 'down')), prompt TEXT NOT NULL, preferred TEXT,
-  other TEXT, rating INTEGER);
-CREATE INDEX IF NOT EXISTS idx_feedback_user ON feedback(user);
-CREATE TABLE IF NOT EXISTS generations (
-  id INTEGER PRIMARY KEY AUTOINCREMENT, created TEXT NOT NULL, user TEXT REFERENCES users(name),
-  artifacts TEXT NOT NULL, method TEXT NOT NULL, prompt TEXT NOT NULL, output TEXT NOT NULL,
-  settings TEXT NOT NULL, latency_s REAL NOT NULL, n_tokens INTEGER NOT NULL, extra TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS idx_generations_user ON generations(user);
-CREATE TABLE IF NOT EXISTS ratings (
-  id INTEGER PRIMARY KEY AUTOINCREMENT, created TEXT NOT NULL, rater TEXT NOT NULL,
-  prompt TEXT NOT NULL, user TEXT, method_a TEXT NOT NULL, output_a TEXT NOT NULL,
-  method_b TEXT NOT NULL, output_b TEXT NOT NULL,
-  winner TEXT NOT NULL CHECK (winner IN ('a', 'b', 'tie', 'both_bad')),
-  settings TEXT NOT NULL, gen_a INTEGER, gen_b INTEGER);
-CREATE INDEX IF NOT EXISTS idx_ratings_created ON ratings(created);
-CREATE TABLE IF NOT EXISTS replaced (
-  id INTEGER PRIMARY KEY AUTOINCREMENT, user TEXT NOT NULL REFERENCES users(name), replaced TEXT NOT NULL,
-  task TEXT NOT NULL, items TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS blobs (
-  user TEXT NOT NULL, kind TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
-  updated TEXT NOT NULL, PRIMARY KEY (user, kind, key));
-"""
-
-
-# Every table keyed by a user, children first (deleting a user removes their rows in this order).
-USER_TABLES = ("items", "vectors", "versions", "assignments", "generations", "blobs", "feedback", "replaced")
+from personalize.schema import (  # noqa: F401 (the store's names, where its users import them)
+    CAMPAIGN_PREFIX, FEEDBACK_SOURCES, MAX_NAME, SCHEMA_VERSION, USER_TABLES, VERSION_SOURCES, WINNERS, StoreError, Tables,
+    PeopleTables, _check_text, _dumps, _item_rows, _name, migrate, now)
 
 
 def decodes_own(stats: dict) -> bool | None:
     """UserStyle.helps from a fit's stats: whether the style beat the cluster model on held-out items. A person
     who voted has asked for their own style, so CARD's fallback to the cluster model no longer applies to them."""
     return True if stats.get("n_votes") else stats.get("diagnostics", {}).get("helps")
-
-
-# One vote per rater and pair of stored outputs (either order), enforced by SQLite for several processes.
-_ONE_VOTE = ("CREATE UNIQUE INDEX IF NOT EXISTS idx_ratings_one_vote ON ratings(rater, min(gen_a, gen_b), "
-             "max(gen_a, gen_b)) WHERE gen_a IS NOT NULL AND gen_b IS NOT NULL")
-
-
-class StoreError(ValueError):
-    """Clear, user-facing error (unknown user, bad schema version...)."""
-
-
-@dataclass(frozen=True)
-class Tables:
-    """Tables a higher package keeps in the store (it owns their DDL; the store must not import it): created by the
-    migration step (CREATE ... IF NOT EXISTS, so an existing file keeps its rows), and cleared of a forgotten person
-    by `forget(db, name)` in Store.forget's transaction, which returns what it changed ({key: rows})."""
-    name: str
-    ddl: str
-    forget: Callable[[sqlite_utils.Database, str], dict[str, int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -134,80 +54,7 @@ class StoredStyle:
     helps: bool | None
 
 
-def now() -> str:
-    """ISO-8601 UTC with fixed precision, so timestamps also sort as strings."""
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, sort_keys=True)  # sorted: equal settings give equal strings
-
-
-def _name(name: str) -> str:
-    """Validated, stripped user name: names appear in URLs, CLI args and file names."""
-    stripped = name.strip() if isinstance(name, str) else ""
-    if not 1 <= len(stripped) <= MAX_NAME:
-        raise StoreError(f"invalid user name {name!r}: need 1-{MAX_NAME} non-blank characters")
-    return stripped
-
-
-def _check_text(y: object, x: object, what: str) -> None:
-    """Empty texts are useless history; rejecting them early keeps writes all-or-nothing."""
-    if not isinstance(y, str) or not y.strip() or not isinstance(x, str):
-        raise StoreError(f"{what} has no text (y must be a non-empty string, x a string)")
-
-
-def _item_rows(user: str, items: Sequence[Item], start: int) -> list[dict]:
-    for i, item in enumerate(items):
-        _check_text(item.y, item.x, f"item {i} of user '{user}'")
-    return [{"user": user, "position": start + i, "x": it.x, "y": it.y, "neutral": None}
-            for i, it in enumerate(items)]
-
-
-def migrate(db: sqlite_utils.Database, path: Path, parts: Sequence[Tables] = ()) -> None:
-    """The store's migration step (one transaction): an older schema to SCHEMA_VERSION, then every table made,
-    the store's own and those of `parts`."""
-    if db["meta"].exists():
-        row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        version = int(row[0]) if row else SCHEMA_VERSION
-        if version == 1 and db["vectors"].exists():  # v1 → v2: styles are added beside the vectors
-            if "style" not in db["vectors"].columns_dict:
-                db.execute("ALTER TABLE vectors ADD COLUMN style BLOB")
-            version = 2
-        if version == 2 and db["vectors"].exists():  # v2 → v3: the stored styles become the first versions
-            db.execute("ALTER TABLE vectors ADD COLUMN version INTEGER")
-            for statement in _SCHEMA.split(";"):  # not executescript: it would commit half a migration
-                if "versions" in statement and statement.strip():
-                    db.execute(statement)
-            for r in list(db["vectors"].rows):
-                vid = db["versions"].insert(
-                    {"user": r["user"], "artifacts": r["artifacts"], "created": r["updated"],
-                     "source": "history", "note": "fitted before versions were kept", "vector": r["vector"],
-                     "d": r["d"], "model_id": r["model_id"], "stats": r["stats"], "style": r["style"]}).last_pk
-                db.execute("UPDATE vectors SET version = ? WHERE user = ? AND artifacts = ?",
-                           [vid, r["user"], r["artifacts"]])
-            version = 3
-        if version == 3:  # v3 → v4: the campaign tables are new (made with the parts, below)
-            version = 4
-        if version == 4:  # v4 → v5: users.owner (the people made before logins belong to no login); the table of
-            if db["users"].exists() and "owner" not in db["users"].columns_dict:  # replaced histories is new
-                db.execute("ALTER TABLE users ADD COLUMN owner TEXT")
-            version = 5
-        if version != SCHEMA_VERSION:
-            raise StoreError(
-                f"{path} has schema version {version}, but this code only knows "
-                f"version {SCHEMA_VERSION}: upgrade personalize or use another database")
-    db.executescript(_SCHEMA)
-    for part in parts:
-        db.executescript(part.ddl)
-    try:  # the one-vote rule across processes; a database that already holds repeated votes keeps the
-        db.execute(_ONE_VOTE)  # rule of Arena.vote alone (it checks has_rating under its lock)
-    except sqlite3.IntegrityError:
-        pass
-    db["meta"].upsert({"key": "schema_version", "value": str(SCHEMA_VERSION)}, pk="key")
-
-
-class Store:
+class Store(PeopleTables):
     """All studio state in one SQLite file; methods are thread-safe and each write is atomic."""
 
     def __init__(self, path: str | Path = "data/studio.db", parts: Sequence[Tables] = ()):
@@ -261,35 +108,6 @@ class Store:
             self.db.conn.execute("BEGIN IMMEDIATE")
             yield self.db
 
-    def _require(self, name: str) -> str:
-        """The stored person's name; "unknown" when there is none, or the current login may not reach them
-        (to another login a person is not there: access.py)."""
-        name = _name(name)
-        with self._lock:
-            row = self.db.execute("SELECT owner FROM users WHERE name = ?", [name]).fetchone()
-        if row is None or not self.access.may_reach(row[0], name.startswith(CAMPAIGN_PREFIX)):
-            raise StoreError(f"unknown user '{name}'")
-        return name
-
-    def may_reach(self, name: str | None) -> bool:
-        """Whether the current login reaches this person (None: rows of no person, which only a login that sees
-        everyone reaches)."""
-        if name is None:
-            return self.access.sees_everyone()
-        try:
-            self._require(name)
-        except StoreError:
-            return False
-        return True
-
-    def _claim(self, db, name: str) -> bool:
-        """Whether `name` is stored already, for a write under it; a name another login holds is refused (it is
-        taken, and nothing of its person is shown)."""
-        row = db.execute("SELECT owner FROM users WHERE name = ?", [name]).fetchone()
-        if row is not None and not self.access.may_reach(row[0], name.startswith(CAMPAIGN_PREFIX)):
-            raise StoreError(f"the name '{name}' is taken: choose another user name")
-        return row is not None
-
     def _get(self, table: str, *pk: Any) -> dict | None:
         with self._lock:
             try:
@@ -324,40 +142,6 @@ class Store:
                 db["users"].insert({"name": name, "task": task, "created": at, "updated": at,
                                     "owner": self.access.new_owner()})
             db["items"].insert_all(rows)
-
-    @staticmethod
-    def _keep_replaced(db, name: str, at: str) -> None:
-        """The history a Save replaces, kept so that it can be restored (restore_history); its styles stay as
-        versions."""
-        task = db.execute("SELECT task FROM users WHERE name = ?", [name]).fetchone()[0]
-        old = [{"x": r["x"], "y": r["y"]} for r in db["items"].rows_where("user = ?", [name], order_by="position")]
-        if old:
-            db["replaced"].insert({"user": name, "replaced": at, "task": task, "items": _dumps(old)})
-
-    def replaced_histories(self, name: str) -> list[dict]:
-        """[{"id", "replaced", "task", "n_items"}] of the histories Saves replaced, newest first."""
-        with self._lock:
-            name = self._require(name)
-            return list(self.db.query("SELECT id, replaced, task, json_array_length(items) AS n_items FROM replaced"
-                                      " WHERE user = ? ORDER BY id DESC", [name]))
-
-    def restore_history(self, name: str, replaced_id: int) -> int:
-        """Brings a replaced history back (the one it replaces is kept in turn); returns its number of items."""
-        with self._write() as db:
-            name = self._require(name)
-            row = db.execute("SELECT task, items FROM replaced WHERE id = ? AND user = ?",
-                             [int(replaced_id), name]).fetchone()
-            if row is None:
-                raise StoreError(f"user '{name}' has no replaced history {replaced_id}")
-            at = now()
-            self._keep_replaced(db, name, at)
-            db["replaced"].delete(int(replaced_id))
-            for table in ("items", "vectors", "assignments"):
-                db[table].delete_where("user = ?", [name])
-            db["users"].update(name, {"task": row[0], "updated": at})
-            items = [Item(x=i["x"], y=i["y"]) for i in json.loads(row[1])]
-            db["items"].insert_all(_item_rows(name, items, 0))
-            return len(items)
 
     def ensure_user(self, name: str, task: str) -> str:
         """The user, created without history when new (a style imported from a key needs no texts)."""

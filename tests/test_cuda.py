@@ -45,6 +45,7 @@ def assert_full_table(p, tmp_path, columns):
     assert (tmp_path / "gpu_check.json").exists() and (tmp_path / "gpu_check.log").exists()
 
 
+@pytest.mark.slow
 def test_gpu_check_tiny_on_the_cpu(tmp_path):
     """The check's own stages (models from the shapes, build, bench, eval, the table) on the 8B shape's tiny twin:
     the columns the GPU run fills are filled here from the same code."""

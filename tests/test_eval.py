@@ -128,7 +128,8 @@ def test_card_falls_back_with_a_note_and_retrieves_only_for_its_own_rows(engine,
     lost = replace(fit.style, helps=False)
     cfg = engine.cfg
     try:
-        engine.cfg = replace(cfg, style=replace(cfg.style, fallback=True, retrieval=True))
+        engine.cfg = replace(cfg, style=replace(cfg.style, fallback=True, retrieval=True),
+                             decoding=replace(cfg.decoding, alpha=1.0))  # α > 0: at 0 nothing of the style is used
         seen = []
         real = card_decode.retrieval_prompts
         monkeypatch.setattr(card_decode, "retrieval_prompts",
@@ -250,7 +251,7 @@ def test_card_cad_contrasts_the_prompt_with_the_persons_items_against_the_prompt
     fit = engine.fit(items)
     prompt, k = qs[0].input, engine.cfg.default_k
     ada = adapter_name(k, fit.cluster) if k > 1 else "k1c0"
-    s = replace(engine.cfg.decoding, max_new_tokens=4)
+    s = replace(engine.cfg.decoding, max_new_tokens=4, alpha=1.0)  # α > 0: at 0 card_cad is the cluster model
     rows = card_decode.rows(engine, [prompt], "card_cad", fit.cluster, k=k, settings=s, items=items, trace=True)
     cad = engine.decode_rows(rows)[0]
     assert cad.text == card_decode.generate(engine, [prompt], "card_cad", fit.cluster, k=k, settings=s,

@@ -121,6 +121,8 @@ def people(tiny_artifacts):
     from personalize.methods.engine import Engine
 
     engine = Engine.load(tiny_artifacts["artifacts"])
+    # the style steers (α = 1): the tiny build's guard keeps α = 0, at which card_rerank is the cluster model
+    engine.cfg = replace(engine.cfg, decoding=replace(engine.cfg.decoding, alpha=1.0))
     _, qs = read_lamp(tiny_artifacts["demo"], "dev")
     fits = [engine.fit(engine.prepare_items(list(q.profile[:6]))) for q in (qs[0], qs[-1])]
     return engine, fits

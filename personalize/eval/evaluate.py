@@ -353,12 +353,11 @@ def run_bench(engine: Engine, users: dict[str, list[Item]], prompt: str, repeats
               n_tokens: int = 24, methods: Sequence[str] = BENCH_METHODS,
               method_configs: dict[str, dict] | None = None, prompts: Sequence[str] | None = None,
               serving: dict | None = None, loops: bool = True) -> dict:
-    """Onboarding by stage, λ fit, CARD decode overhead, user switch, bytes per user; then `methods`
-    side by side (bench_methods; method_configs: config fields per method, e.g. {"oppu": {"max_steps": 8}});
-    then the share of each studio method's outputs that loop or echo (eval/loops.py: each person's own prompt,
-    at the build's settings and at 128 tokens);
-    then serving (serving.bench_serving, `serving` its keyword arguments: mixed batches, the scheduler, EXACT's
-    first use, the app's start), whatever `methods` holds."""
+    """Onboarding by stage, λ fit, CARD decode overhead, user switch, bytes per user; then `methods` side by side
+    (bench_methods; method_configs: config fields per method, e.g. {"oppu": {"max_steps": 8}}); with `loops`, the
+    share of each studio method's outputs that loop or echo (eval/loops.py: each person's own prompt, at the build's
+    settings and at 128 tokens); then serving (serving.bench_serving, `serving` its keyword arguments: mixed
+    batches, the scheduler, EXACT's first use, the app's start), whatever `methods` holds."""
     _check_bench_methods(methods)
     names = list(users)
     with tempfile.TemporaryDirectory() as tmp:
@@ -424,7 +423,6 @@ def run_bench(engine: Engine, users: dict[str, list[Item]], prompt: str, repeats
                 switch(pair_cross[1])
                 cross.append((time.perf_counter() - t0) * 1000)
         bytes_per_user = _median([store.vector_bytes(n, engine.artifacts_id) for n in names])
-
         templated = {n: frozenset(i for i, it in enumerate(users[n]) if not it.x) for n in names}
         contexts = {n: UserContext(n, engine.prepare_items(users[n]), fits[n].cluster, fits[n].k, fits[n].lam,
                                    templated[n]) for n in names}

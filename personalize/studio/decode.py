@@ -17,6 +17,7 @@ from personalize.fitting.person import stored_with_rewrites
 from personalize.lm.tokens import decode as decode_text
 from personalize.methods.base import UserContext
 from personalize.store import StoreError
+from personalize.serving.scheduler import DecodeScheduler
 from personalize.studio.histories import Histories, UserState
 from personalize.studio.jobs import FirstUseJobs, job_line
 from personalize.studio.service import Service
@@ -170,10 +171,13 @@ class Decoding(Service):
         built: dict[str, list] = {}  # each column's rows, as the scheduler's worker built them
         pressed = time.perf_counter()
         last_token: dict[str, float] = {}  # a column's latency is its own: from the press to its last token
+        # a column ends with its own row where this process decodes it; on Ray Serve replicas (distributed/remote)
+        # the streamed tokens are not yet the row's final text, so a column there ends with its request
+        in_process = isinstance(self.rt.scheduler, DecodeScheduler)
 
         def start(m: str) -> None:
             def on_step(_row: int, t: int, m=m) -> None:
-                got, row = tokens[m], _one_row(built.get(m))
+                got, row = tokens[m], _one_row(built.get(m)) if in_process else None
                 limit = row.settings.max_new_tokens if row is not None else s.max_new_tokens
                 if got and got[-1] == eos or len(got) >= limit:
                     return
