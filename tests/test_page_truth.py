@@ -276,3 +276,15 @@ def test_the_version_box_offers_a_version_that_exists():
     assert version_to_restore(pd.DataFrame([["", "", "", "", "", "", ""]], columns=VERSION_COLUMNS)) is None
     restored = [[3, "t", "vote", "", 1, True, "false"], [2, "t", "fit", "", 0, False, "false"], [1, "t", "fit", "", 0, 1, "true"]]
     assert version_to_restore(restored) == 3
+
+
+def test_the_verdict_says_clearly_only_with_enough_held_out_items():
+    """Two held-out items that agree give a bootstrap interval of no width (+43 to +43): that is not "clearly"."""
+    from personalize.studio.fits import MIN_SURE_ITEMS, _uncertainty
+
+    few = _uncertainty({"mean": 0.43, "ci95": [0.43, 0.43], "items": 2})
+    assert "too few to be sure" in few and "clearly" not in few
+    enough = _uncertainty({"mean": 0.2, "ci95": [0.05, 0.3], "items": MIN_SURE_ITEMS})
+    assert "clearly better" in enough
+    assert "clearly worse" in _uncertainty({"mean": -0.2, "ci95": [-0.3, -0.05], "items": 8})
+    assert "too few" in _uncertainty({"mean": 0.1, "ci95": [-0.1, 0.3], "items": 8})

@@ -48,13 +48,16 @@ def fit_verdict(diagnostics: dict | None, cold_start: bool = False, fallback: bo
             "model's output, set α = 0 in Compare.")
 
 
+MIN_SURE_ITEMS = 5  # fewer held-out items than this say nothing "clearly", whatever their interval
+
+
 def _uncertainty(interval: dict | None) -> str:
     """", a difference of −6 points, 95 % interval −15 to +3 over your 5 held-out items: too few to be sure"."""
     if not interval:
         return ""
     lo, hi = (100 * v for v in interval["ci95"])
-    sure = ("too few to be sure either way" if lo <= 0 <= hi else
-            "clearly better" if lo > 0 else "clearly worse")
+    sure = ("too few to be sure either way" if lo <= 0 <= hi or interval["items"] < MIN_SURE_ITEMS else
+            "clearly better" if lo > 0 else "clearly worse")  # a bootstrap over 2 alike items has no width
     return (f"; a difference of {100 * interval['mean']:+.0f} points, 95 % interval {lo:+.0f} to {hi:+.0f} over "
             f"your {interval['items']} held-out items: {sure}")
 
