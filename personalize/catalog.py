@@ -43,18 +43,24 @@ CATALOG: tuple[MethodInfo, ...] = (
                bench=2, serving_bench=True),
     # CARD's variants compared on dev (METHOD §1.10): the paper's CARD is λ alone; `card` is CardConfig.style
     MethodInfo("card_paper", "variant", "λ alone (the paper's CARD)",
-               style=dict(bias=False, memory=False, retrieval=False, fallback=False)),
+               style=dict(bias=False, memory=False, retrieval=False, fallback=False, form=False)),
     MethodInfo("card_bias", "variant", "λ and the token bias",
-               style=dict(bias=True, memory=False, retrieval=False, fallback=False)),
+               style=dict(bias=True, memory=False, retrieval=False, fallback=False, form=False)),
     MethodInfo("card_knn", "variant", "λ and the kNN memory",
-               style=dict(bias=False, memory=True, retrieval=False, fallback=False)),
+               style=dict(bias=False, memory=True, retrieval=False, fallback=False, form=False)),
     MethodInfo("card_rag", "variant", "λ with the person's nearest items in the prompt",
-               style=dict(bias=False, memory=False, retrieval=True, fallback=False)),
+               style=dict(bias=False, memory=False, retrieval=True, fallback=False, form=False)),
+    # the build's style without the person's form (their first tokens' bias): what `card` was before it
+    MethodInfo("card_no_form", "variant", "the build's style without the bias on the answer's first tokens",
+               style=dict(form=False)),
+    # the build's style, each person's parts weighted by how far out of their cluster they are (UserStyle.reach)
+    MethodInfo("card_reach", "variant", "the build's style, stronger the further the person is from their cluster",
+               style=dict(reach=True)),
     # the build's style at the person's own α, chosen on their held-out items during the fit (personal.py)
     MethodInfo("card_personal", "variant", "the build's style at the person's own α (0: the cluster model)"),
     # the person's nearest items before the prompt, amplified against the prompt alone (contrast.py); no head
     MethodInfo("card_cad", "variant", "the person's nearest items, amplified by context-aware decoding",
-               style=dict(bias=False, memory=False, retrieval=True, fallback=False)),
+               style=dict(bias=False, memory=False, retrieval=True, fallback=False, form=False)),
     # the build's style (λ, bias, memory) as a sequence score: the cluster model's candidates reranked (rerank.py)
     MethodInfo("card_rerank", "variant", "the cluster model's candidates reranked under the whole style",
                style=dict(retrieval=False, fallback=False)),

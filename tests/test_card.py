@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -9,7 +11,7 @@ import torch
 from personalize.card.adapters import LoraSettings, add_warm_adapter, new_peft_model, sft_loss, train_adapter
 from personalize.card.cluster import assign, fit_clusters
 from personalize.card.decoding import CardLogitsProcessor, DecodingSettings, generate
-from personalize.card.style import StyleSettings, StyleTensors, UserStyle, fit_lambda_bias, memory_from_features, style_scores
+from personalize.card.style import StyleSettings, StyleTensors, UserStyle, fit_form, fit_lambda_bias, memory_from_features, style_scores
 from personalize.lm.features import HiddenCapture, generate_with_states, teacher_forced
 from personalize.card.head import HeadSettings, PairData, PersonalizationHead, TokenData, diagnostics, fit_user, train_population
 from personalize.lm.tokens import TokenBudget
@@ -341,6 +343,60 @@ def test_token_bias_is_fitted_jointly_and_learns_a_planted_preference():
                                       max_bias_tokens=5)
     assert len(ids) <= 5 and int(ids[vals.argmax()]) == liked and float(vals.max()) > 2.0
     assert curve[-1] < curve[0]
+
+
+def _opening_features(first_ids, k=5):
+    """Texts whose cluster model prefers token 1 to open with (then token 0 at every later place), and whose
+    person opened with first_ids[i] instead: SequenceFeatures as one teacher-forced pass gives them."""
+    from personalize.lm.features import SequenceFeatures
+
+    feats = []
+    for first in first_ids:
+        ids = torch.tensor([first, 3, 4])
+        top = torch.arange(k).repeat(3, 1)  # candidates 0..k-1 at every place
+        logits = torch.zeros(3, k)
+        logits[0, 1], logits[1:, 0] = 4.0, 4.0
+        feats.append(SequenceFeatures("", ids, torch.zeros(3, 64), torch.zeros(3), top, logits))
+    return feats
+
+
+def test_form_bias_raises_the_persons_opening_at_its_place_only():
+    """A person who opens with token 2 where the cluster model opens with token 1: the form bias lifts token 2
+    at the answer's first place, by more the more often they wrote it, and leaves later places as they were."""
+    feats = _opening_features([2] * 9 + [4])
+    pos, ids, vals = fit_form(feats, positions=2, prior=2.0, cap=6.0)
+    first = dict(zip(ids[pos == 0].tolist(), vals[pos == 0].tolist()))
+    assert set(first) == {2, 4} and first[2] > first[4] > 0 and max(first.values()) <= 6.0
+    assert set(ids[pos == 1].tolist()) == {3}  # the second place: what they wrote there
+    head = PersonalizationHead(64, 10, 8).requires_grad_(False)  # U = 0: no Δ, the form alone
+    style = UserStyle(np.ones(8, np.float32), form_pos=pos, form_ids=ids, form_bias=vals)
+    s = StyleSettings(bias=False, memory=False, fallback=False)
+    st = StyleTensors.of([style], s)
+    cand, base = torch.arange(5)[None], feats[0].top_logits[:1]
+    _, at0 = style_scores(head, st, s, torch.zeros(1, 64), cand, base, 1.0, pos=0)
+    assert int(at0.argmax()) == 2 and int(base.argmax()) == 1
+    _, at2 = style_scores(head, st, s, torch.zeros(1, 64), cand, base, 1.0, pos=2)  # no form at place 2
+    torch.testing.assert_close(at2, base)
+    _, off = style_scores(head, st, s, torch.zeros(1, 64), cand, base, 0.0, pos=0)
+    torch.testing.assert_close(off, base)  # α = 0: the cluster model
+    _, unset = style_scores(head, StyleTensors.of([style], replace(s, form=False)), s, torch.zeros(1, 64), cand,
+                            base, 1.0, pos=0)
+    torch.testing.assert_close(unset, base)
+    back = UserStyle.from_bytes(style.lam, style.extras_bytes())  # stored and read back
+    assert back.form_ids.tolist() == ids.tolist() and np.allclose(back.form_bias, vals, atol=1e-2)
+
+
+def test_reach_scales_the_persons_parts_by_how_far_out_they_are():
+    feats = _opening_features([2] * 10)
+    pos, ids, vals = fit_form(feats, positions=1, prior=2.0, cap=1.0)
+    head = PersonalizationHead(64, 10, 8).requires_grad_(False)
+    near = UserStyle(np.ones(8, np.float32), form_pos=pos, form_ids=ids, form_bias=vals, reach=1.0)
+    far = replace(near, reach=2.0)
+    s = StyleSettings(bias=False, memory=False, fallback=False, reach=True)
+    base = torch.zeros(2, 5)
+    _, sc = style_scores(head, StyleTensors.of([near, far], s), s, torch.zeros(2, 64), torch.arange(5).repeat(2, 1),
+                         base, 1.0, pos=0)
+    assert float(sc[0, 2]) == pytest.approx(1.0) and float(sc[1, 2]) == pytest.approx(2.0)
 
 
 def test_memory_neighbours_bring_the_persons_next_token(tiny_model, tokenizer):

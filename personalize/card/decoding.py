@@ -232,6 +232,7 @@ class CardLogitsProcessor(LogitsProcessor):
         self.alpha, self.top_k, self.standardize, self.sampled = alpha, top_k, standardize, sampled
         self.trace: list[dict] | None = None  # set to [] to record each step (the app's "Why" view)
         self.plain = alpha == 0  # style_scores: α scales everything of the person's
+        self.place = 0  # the answer's token being chosen (generate calls once a step): the form bias's t
 
     @torch.no_grad()
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
@@ -241,7 +242,8 @@ class CardLogitsProcessor(LogitsProcessor):
         if self.plain:  # the cluster model exactly, whatever the head and the style hold
             return torch.full_like(scores, float("-inf")).scatter(-1, cand, vals) if self.sampled else scores
         ids, new = style_scores(self.head, self.styles, self.style, self.capture.last().cpu(), cand.cpu(),
-                                vals.cpu(), self.alpha, self.standardize)
+                                vals.cpu(), self.alpha, self.standardize, pos=self.place)
+        self.place += 1
         if self.trace is not None:  # candidates and the memory's extra tokens (id -1: an unused slot)
             self.trace.append(_one_scale(scores, ids, new))
         out = torch.full_like(scores, float("-inf"))

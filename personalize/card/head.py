@@ -122,20 +122,21 @@ class TokenData:
     # [N] or None (all 1): a row's weight in the fit; < 0: a token the person rejected (a thumbs down), whose
     # probability the fit lowers (unlikelihood, Welleck et al. 2020) instead of raising
     weight: torch.Tensor | None = None
+    pos: torch.Tensor | None = None  # [N] each row's place in its text (0: the first token), for the form bias
 
     @classmethod
     def from_features(cls, feats: Sequence[SequenceFeatures], weight: float | None = None) -> "TokenData":
-        hs, cands, bases, tgts = [], [], [], []
+        hs, cands, bases, tgts, pos = [], [], [], [], []
         for f in feats:
             hit = f.top_ids == f.ids[:, None]  # [T, k]
             keep = hit.any(-1)
             hs.append(f.h[keep]), cands.append(f.top_ids[keep]), bases.append(f.top_logits[keep])
-            tgts.append(hit[keep].float().argmax(-1))
+            tgts.append(hit[keep].float().argmax(-1)), pos.append(torch.arange(len(f.ids))[keep])
         if not hs:
             return cls.empty(feats)
         target = torch.cat(tgts)
         return cls(torch.cat(hs), torch.cat(cands), torch.cat(bases), target,
-                   None if weight is None else torch.full((len(target),), float(weight)))
+                   None if weight is None else torch.full((len(target),), float(weight)), torch.cat(pos))
 
     @classmethod
     def empty(cls, like=None) -> "TokenData":
@@ -150,7 +151,8 @@ class TokenData:
             return cls.empty()
         weighted = any(p.weight is not None for p in parts)
         w = torch.cat([p.weights() for p in parts]) if weighted else None
-        return cls(*(torch.cat([getattr(p, f) for p in parts]) for f in ("h", "cand", "base", "target")), w)
+        pos = torch.cat([p.pos for p in parts]) if all(p.pos is not None for p in parts) else None
+        return cls(*(torch.cat([getattr(p, f) for p in parts]) for f in ("h", "cand", "base", "target")), w, pos)
 
     def weights(self) -> torch.Tensor:
         return torch.ones(len(self.target)) if self.weight is None else self.weight

@@ -158,7 +158,10 @@ def repo_source(repo: Path) -> str:
         url = ""
     parts = [p for p in re.split(r"[/:]", url.rstrip("/")) if p]
     if not parts:
-        name = repo.resolve().name
+        folder = repo.resolve()
+        if folder.name in (".git", "repo"):  # a clone's .git, or a mirror laid out as owner+name/repo
+            folder = folder.parent
+        name = folder.name.replace("+", "/")
         return name[:-4] if name.endswith(".git") and len(name) > 4 else name
     parts[-1] = parts[-1][:-4] if parts[-1].endswith(".git") else parts[-1]
     return "/".join(parts[-2:])

@@ -22,14 +22,14 @@ from personalize.methods.artifacts import ArtifactsError, artifacts_meta
 from personalize.card.adapters import BASE_ADAPTER, adapter_name, add_adapters, load_adapters
 from personalize.serving.rows import DecodeRow
 from personalize.serving.runner import decode_rows
-from personalize.card.cluster import assign, user_embeddings
+from personalize.card.cluster import assign, member_distances, user_embeddings
 from personalize.card.config import FORMAT_VERSION, CardConfig
 from personalize.data import Item, Task, TASKS
 from personalize.card.decoding import DecodingSettings, Generation, generate
 from personalize.lm.features import generate_with_states, teacher_forced
 from personalize.card.head import PAIR_OBJECTIVES, PairData, PersonalizationHead, TokenData, diagnostics, fit_user
 from personalize.lm.cpu_threads import hands_back_team, release_team
-from personalize.card.style import UserStyle, fit_lambda_bias, memory_from_features, style_diagnostics
+from personalize.card.style import UserStyle, fit_form, fit_lambda_bias, memory_from_features, style_diagnostics
 from personalize.lm.models import LM, EncoderConfig, ModelConfig, load_encoder, load_lm
 from personalize.card.neutral import neutral
 
@@ -290,6 +290,15 @@ class Engine:
         lam = lam.numpy().astype(np.float32)
         return UserFit(cluster, distances, k, lam, objective, len(items), stages, diag, curve, style=UserStyle.of(lam))
 
+    def reach(self, k: int, distances: Sequence[float]) -> float:
+        """1 + the share of the build's people nearer their cluster's centre than this person is to theirs (each
+        measured as if left out of the build): 1 at the heart of a cluster, 2 beyond every one of them."""
+        labels = self.clusters.labels.get(k)
+        if labels is None or not len(distances):
+            return 1.0
+        own = member_distances(self.clusters.embeddings, self.clusters.centroids[k], labels)
+        return 1.0 + float((own < min(distances)).mean()) if len(own) else 1.0
+
     def n_held_out(self, n_items: int) -> int:
         """Items held out of a fit to judge it (the first ones: the newest, in LaMP order)."""
         return int(round(self.cfg.holdout * n_items)) if n_items >= 5 else 0
@@ -318,6 +327,9 @@ class Engine:
         style = UserStyle(lam.numpy().astype(np.float32), ids.numpy(), vals.numpy().astype(np.float32))
         if keys is not None:
             style.keys, style.values = keys, values
+        if st.form:
+            style.form_pos, style.form_ids, style.form_bias = fit_form(feats, st.form_positions, st.form_prior,
+                                                                       st.form_cap)
         return style, curve
 
     def _fit_tokens(self, items, head, cluster, distances, k, n_hold, stage, stages, feats=None) -> UserFit:
@@ -330,6 +342,9 @@ class Engine:
         diag, own, held = self.held_out_style(feats, n_hold, head)
         style, curve = stage("fit", lambda: self.fit_style(feats, head))
         style.helps = diag.get("helps")
+        style.reach = self.reach(k, distances)
+        if own is not None:
+            own.reach = style.reach
         return UserFit(cluster, distances, k, style.lam, "tokens", len(items), stages, diag, curve, style=style,
                        held=held, held_style=own, features=feats, n_hold=n_hold)
 
@@ -363,7 +378,7 @@ def split_held_out(data, n_hold: int, n_items: int):
         return data.select(lambda i: i >= n_hold), data.select(lambda i: i < n_hold)
     # TokenData rows are in item order; split by the share of items (rows are token positions)
     cut = int(len(data) * n_hold / n_items)
-    w = data.weight
+    w, pos = data.weight, data.pos
     sl = lambda a, b: TokenData(data.h[a:b], data.cand[a:b], data.base[a:b], data.target[a:b],  # noqa: E731
-                                None if w is None else w[a:b])
+                                None if w is None else w[a:b], None if pos is None else pos[a:b])
     return sl(cut, len(data)), sl(0, cut)

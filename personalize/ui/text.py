@@ -4,6 +4,7 @@ people and models enters it escaped by the caller (display.md)."""
 
 from __future__ import annotations
 
+from personalize.display import md
 from personalize.methods.engine import UserFit
 from personalize.studio.fits import fit_verdict, kept_reason
 from personalize.studio.histories import UserState
@@ -72,8 +73,38 @@ def fit_message(studio, name: str, fit: UserFit, total_s: float, shown_name: str
                             else ""))
     if not fit.cold_start and (note := guard_note(studio)):
         lines.insert(2, note)
+    if not fit.cold_start and fit.style is not None:
+        lines.append("\n" + form_note(studio, fit))
     lines.append(f"\nStored: {studio.store.vector_bytes(name, studio.engine.artifacts_id)} bytes.")
     return "\n".join(lines)
+
+
+def form_note(studio, fit: UserFit) -> str:
+    """In plain words: how near the person is to the build's writers, what their style does about the cluster
+    model's form (the words they open with), and what α does."""
+    near = studio.closeness(fit.k, fit.distances)
+    st = fit.style
+    first = sorted(((float(b), int(t)) for p, t, b in zip(st.form_pos, st.form_ids, st.form_bias) if p == 0),
+                   reverse=True)[:4]
+    words = ", ".join(f"“{md(studio.engine.tok.decode([t]).strip() or studio.engine.tok.decode([t]))}”"
+                      for _, t in first)
+    far = near.startswith(("far", "at its edge"))
+    lines = [f"**How you write against this build's writers.** Against your cluster ({fit.cluster} of K = {fit.k}), "
+             f"you are {near}."]
+    if far:
+        lines.append("Its model writes the way that population writes (how a line opens, its prefixes and "
+                     "words), which is not yours. What you get here: the cluster model, with your style re-ranking "
+                     "its next words towards the words you use")
+    else:
+        lines.append("What you get: your cluster's model, with your style re-ranking its next words towards the "
+                     "words you use")
+    if words and studio.engine.cfg.style.form:
+        lines[-1] += f", and your openings lifted at a text's first words (yours: {words})."
+    else:
+        lines[-1] += "."
+    lines.append("The **α** slider in *Compare* scales all of your style: 0 is the cluster model exactly, 1 your "
+                 "style as fitted, above 1 pushes it harder (and can overshoot into words out of place).")
+    return " ".join(lines)
 
 
 def guard_note(studio) -> str | None:
