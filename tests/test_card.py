@@ -13,7 +13,7 @@ from personalize.card.cluster import assign, fit_clusters
 from personalize.card.decoding import CardLogitsProcessor, DecodingSettings, generate
 from personalize.card.style import StyleSettings, StyleTensors, UserStyle, fit_form, fit_lambda_bias, memory_from_features, style_scores
 from personalize.lm.features import HiddenCapture, generate_with_states, teacher_forced
-from personalize.card.head import HeadSettings, PairData, PersonalizationHead, TokenData, diagnostics, fit_user, train_population
+from personalize.card.head import HeadSettings, PairData, PersonalizationHead, TokenData, diagnostics, fit_user, opening_key, train_population
 from personalize.lm.tokens import TokenBudget
 
 BUDGET = TokenBudget(max_prompt_tokens=24, max_target_tokens=8)
@@ -360,42 +360,62 @@ def _opening_features(first_ids, k=5):
     return feats
 
 
-def test_form_bias_raises_the_persons_opening_at_its_place_only():
+def test_form_bias_raises_the_persons_opening_after_their_own_opening_only():
     """A person who opens with token 2 where the cluster model opens with token 1: the form bias lifts token 2
-    at the answer's first place, by more the more often they wrote it, and leaves later places as they were."""
+    at the answer's first place, by more the more often they wrote it; after their opening it lifts what they
+    wrote next (3), and after an opening they never wrote, or past the places it covers, nothing changes."""
     feats = _opening_features([2] * 9 + [4])
-    pos, ids, vals = fit_form(feats, positions=2, prior=2.0, cap=6.0)
-    first = dict(zip(ids[pos == 0].tolist(), vals[pos == 0].tolist()))
+    keys, ids, vals = fit_form(feats, positions=2, prior=2.0, cap=6.0)
+    first = dict(zip(ids[keys == opening_key(())].tolist(), vals[keys == opening_key(())].tolist()))
     assert set(first) == {2, 4} and first[2] > first[4] > 0 and max(first.values()) <= 6.0
-    assert set(ids[pos == 1].tolist()) == {3}  # the second place: what they wrote there
+    assert ids[keys == opening_key([2])].tolist() == [3] == ids[keys == opening_key([4])].tolist()
     head = PersonalizationHead(64, 10, 8).requires_grad_(False)  # U = 0: no Δ, the form alone
-    style = UserStyle(np.ones(8, np.float32), form_pos=pos, form_ids=ids, form_bias=vals)
+    style = UserStyle(np.ones(8, np.float32), form_keys=keys, form_ids=ids, form_bias=vals)
     s = StyleSettings(bias=False, memory=False, fallback=False)
     st = StyleTensors.of([style], s)
     cand, base = torch.arange(5)[None], feats[0].top_logits[:1]
-    _, at0 = style_scores(head, st, s, torch.zeros(1, 64), cand, base, 1.0, pos=0)
-    assert int(at0.argmax()) == 2 and int(base.argmax()) == 1
-    _, at2 = style_scores(head, st, s, torch.zeros(1, 64), cand, base, 1.0, pos=2)  # no form at place 2
-    torch.testing.assert_close(at2, base)
-    _, off = style_scores(head, st, s, torch.zeros(1, 64), cand, base, 0.0, pos=0)
-    torch.testing.assert_close(off, base)  # α = 0: the cluster model
-    _, unset = style_scores(head, StyleTensors.of([style], replace(s, form=False)), s, torch.zeros(1, 64), cand,
-                            base, 1.0, pos=0)
-    torch.testing.assert_close(unset, base)
+
+    def scores(opening, alpha=1.0, tensors=st):
+        return style_scores(head, tensors, s, torch.zeros(1, 64), cand, base, alpha, openings=[opening_key(opening)])[1]
+
+    assert int(scores(()).argmax()) == 2 and int(base.argmax()) == 1
+    assert int(scores([2]).argmax()) == 3
+    torch.testing.assert_close(scores([1]), base)  # an opening they never wrote
+    torch.testing.assert_close(scores([2, 3]), base)  # past the places it covers
+    torch.testing.assert_close(scores((), alpha=0.0), base)  # α = 0: the cluster model
+    torch.testing.assert_close(scores((), tensors=StyleTensors.of([style], replace(s, form=False))), base)
     back = UserStyle.from_bytes(style.lam, style.extras_bytes())  # stored and read back
-    assert back.form_ids.tolist() == ids.tolist() and np.allclose(back.form_bias, vals, atol=1e-2)
+    assert back.form_keys.tolist() == keys.tolist() and np.allclose(back.form_bias, vals, atol=1e-2)
+
+
+def test_form_bias_decodes_the_persons_opening(tiny_model, tokenizer):
+    """Through generate: a style whose form says "open with this token" makes the first token that one, and the
+    processor's openings follow the tokens chosen."""
+    head = PersonalizationHead(2 * 32, len(tokenizer), 8).requires_grad_(False)
+    plain = generate(tiny_model, tokenizer, PROMPTS[:1], BUDGET, DecodingSettings(alpha=0.0, max_new_tokens=2))[0]
+    with torch.no_grad():
+        ids, _ = left_pad_prompt(tokenizer, PROMPTS[0])
+        ranked = tiny_model(input_ids=ids).logits[0, -1].topk(10).indices.tolist()
+    want = ranked[5]  # a candidate the cluster model ranks sixth
+    style = UserStyle(np.ones(8, np.float32), form_keys=np.asarray([opening_key(())]), form_ids=np.asarray([want]),
+                      form_bias=np.asarray([50.0], np.float32))
+    s = StyleSettings(bias=False, memory=False, fallback=False)
+    out = generate(tiny_model, tokenizer, PROMPTS[:1], BUDGET, DecodingSettings(alpha=1.0, max_new_tokens=2),
+                   head=head, styles=[style], style=s, n_layers=2)[0]
+    first = tokenizer(out.text, add_special_tokens=False)["input_ids"][0]
+    assert tokenizer.decode([first]).strip() == tokenizer.decode([want]).strip() != plain.text.split()[0]
 
 
 def test_reach_scales_the_persons_parts_by_how_far_out_they_are():
     feats = _opening_features([2] * 10)
-    pos, ids, vals = fit_form(feats, positions=1, prior=2.0, cap=1.0)
+    keys, ids, vals = fit_form(feats, positions=1, prior=2.0, cap=1.0)
     head = PersonalizationHead(64, 10, 8).requires_grad_(False)
-    near = UserStyle(np.ones(8, np.float32), form_pos=pos, form_ids=ids, form_bias=vals, reach=1.0)
+    near = UserStyle(np.ones(8, np.float32), form_keys=keys, form_ids=ids, form_bias=vals, reach=1.0)
     far = replace(near, reach=2.0)
     s = StyleSettings(bias=False, memory=False, fallback=False, reach=True)
     base = torch.zeros(2, 5)
     _, sc = style_scores(head, StyleTensors.of([near, far], s), s, torch.zeros(2, 64), torch.arange(5).repeat(2, 1),
-                         base, 1.0, pos=0)
+                         base, 1.0, openings=[opening_key(())] * 2)
     assert float(sc[0, 2]) == pytest.approx(1.0) and float(sc[1, 2]) == pytest.approx(2.0)
 
 

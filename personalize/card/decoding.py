@@ -30,7 +30,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, MinNewTokensLengt
     NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor
 
 from personalize.lm.features import HiddenCapture
-from personalize.card.head import PersonalizationHead
+from personalize.card.head import PersonalizationHead, next_opening, opening_key
 from personalize.card.style import StyleSettings, StyleTensors, UserStyle, style_scores
 from personalize.lm.tokens import TokenBudget, decode, left_pad, prompt_ids
 from personalize.lm.utf8 import utf8_guard
@@ -232,7 +232,7 @@ class CardLogitsProcessor(LogitsProcessor):
         self.alpha, self.top_k, self.standardize, self.sampled = alpha, top_k, standardize, sampled
         self.trace: list[dict] | None = None  # set to [] to record each step (the app's "Why" view)
         self.plain = alpha == 0  # style_scores: α scales everything of the person's
-        self.place = 0  # the answer's token being chosen (generate calls once a step): the form bias's t
+        self.openings: list[int] | None = None  # each row's answer so far, as style's form bias reads it
 
     @torch.no_grad()
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
@@ -241,9 +241,12 @@ class CardLogitsProcessor(LogitsProcessor):
             self.trace.append(_one_scale(scores, cand.cpu(), vals.cpu()))
         if self.plain:  # the cluster model exactly, whatever the head and the style hold
             return torch.full_like(scores, float("-inf")).scatter(-1, cand, vals) if self.sampled else scores
+        # generate calls once a step: the first call sees the prompt alone, each later one the last token chosen
+        last = input_ids[:, -1].tolist()
+        self.openings = ([opening_key(())] * len(last) if self.openings is None
+                         else [next_opening(k, t) for k, t in zip(self.openings, last)])
         ids, new = style_scores(self.head, self.styles, self.style, self.capture.last().cpu(), cand.cpu(),
-                                vals.cpu(), self.alpha, self.standardize, pos=self.place)
-        self.place += 1
+                                vals.cpu(), self.alpha, self.standardize, openings=self.openings)
         if self.trace is not None:  # candidates and the memory's extra tokens (id -1: an unused slot)
             self.trace.append(_one_scale(scores, ids, new))
         out = torch.full_like(scores, float("-inf"))

@@ -111,6 +111,23 @@ class PersonalizationHead(torch.nn.Module):
 
 # ---------------------------------------------------------------- per-user data
 
+OPENING_MOD = (1 << 61) - 1  # keys of openings: a polynomial hash mod a Mersenne prime (stable across runs)
+
+
+def opening_key(ids: Sequence[int]) -> int:
+    """The key of an answer's opening (its first tokens), the empty one included: the form bias's context."""
+    key = 1
+    for t in ids:
+        key = next_opening(key, t)
+    return key
+
+
+def next_opening(key: int, token: int) -> int:
+    """The key of an opening one token longer (distinct sequences, distinct keys before the modulus: the base
+    exceeds any vocabulary's size)."""
+    return (key * 1_000_003 + int(token) + 1) % OPENING_MOD
+
+
 @dataclass
 class TokenData:
     """A user's texts as candidate-ranking problems: only tokens inside the top-k count."""
@@ -122,21 +139,26 @@ class TokenData:
     # [N] or None (all 1): a row's weight in the fit; < 0: a token the person rejected (a thumbs down), whose
     # probability the fit lowers (unlikelihood, Welleck et al. 2020) instead of raising
     weight: torch.Tensor | None = None
-    pos: torch.Tensor | None = None  # [N] each row's place in its text (0: the first token), for the form bias
+    opening: torch.Tensor | None = None  # [N] key of the text's tokens before each row (style.opening_key)
 
     @classmethod
     def from_features(cls, feats: Sequence[SequenceFeatures], weight: float | None = None) -> "TokenData":
-        hs, cands, bases, tgts, pos = [], [], [], [], []
+        hs, cands, bases, tgts, opening = [], [], [], [], []
         for f in feats:
             hit = f.top_ids == f.ids[:, None]  # [T, k]
             keep = hit.any(-1)
             hs.append(f.h[keep]), cands.append(f.top_ids[keep]), bases.append(f.top_logits[keep])
-            tgts.append(hit[keep].float().argmax(-1)), pos.append(torch.arange(len(f.ids))[keep])
+            tgts.append(hit[keep].float().argmax(-1))
+            keys, key = [], opening_key(())
+            for t in f.ids.tolist():
+                keys.append(key)
+                key = next_opening(key, t)
+            opening.append(torch.tensor(keys, dtype=torch.long)[keep])
         if not hs:
             return cls.empty(feats)
         target = torch.cat(tgts)
         return cls(torch.cat(hs), torch.cat(cands), torch.cat(bases), target,
-                   None if weight is None else torch.full((len(target),), float(weight)), torch.cat(pos))
+                   None if weight is None else torch.full((len(target),), float(weight)), torch.cat(opening))
 
     @classmethod
     def empty(cls, like=None) -> "TokenData":
@@ -151,8 +173,8 @@ class TokenData:
             return cls.empty()
         weighted = any(p.weight is not None for p in parts)
         w = torch.cat([p.weights() for p in parts]) if weighted else None
-        pos = torch.cat([p.pos for p in parts]) if all(p.pos is not None for p in parts) else None
-        return cls(*(torch.cat([getattr(p, f) for p in parts]) for f in ("h", "cand", "base", "target")), w, pos)
+        opening = torch.cat([p.opening for p in parts]) if all(p.opening is not None for p in parts) else None
+        return cls(*(torch.cat([getattr(p, f) for p in parts]) for f in ("h", "cand", "base", "target")), w, opening)
 
     def weights(self) -> torch.Tensor:
         return torch.ones(len(self.target)) if self.weight is None else self.weight

@@ -12,11 +12,12 @@ makes, and cost milliseconds to fit:
   written instead, so it can both raise "minor" and lower "MAINT".
 - the person's form: a bias on their first tokens (a text's opening carries a convention,
   "BUG: …" or "Fix …", that a cluster model trained on another population imposes and a
-  bias over every position, fitted mostly on the rest of the text, barely moves). At place t
-  of the answer, b_t(v) = log(1 + n_t(v) / (κ·p̄_t(v))): n_t(v) the person's texts whose t-th
-  token is v, p̄_t the cluster model's mean distribution there over their items, κ the
-  prior's weight in pseudo-texts. What the person opens with rises against everything the
-  cluster model would open with instead (`fit_form`).
+  bias over every position, fitted mostly on the rest of the text, barely moves). After an
+  opening o of t tokens (t < form_positions), b_o(v) = log(1 + n_o(v) / (κ·p̄_o(v))): n_o(v)
+  the person's texts that open with o and then v, p̄_o the cluster model's mean distribution
+  at that place over those texts, κ the prior's weight in pseudo-texts. What the person opens
+  with rises against everything the cluster model would open with instead, and after an
+  opening they never wrote nothing changes (`fit_form`: a trie of their openings).
 - a kNN memory (Khandelwal et al. 2020, kNN-LM, per person) of (key_t, next token)
   over every token of the history, key_t = P h_t (the head's projection; or the last
   layer's state, StyleSettings.key); at each step the neighbours' tokens form p_kNN,
@@ -38,7 +39,7 @@ from safetensors.numpy import load as np_load, save as np_save
 
 from personalize.catalog import VARIANTS  # CARD's variants: their StyleSettings changes
 from personalize.lm.features import SequenceFeatures
-from personalize.card.head import PersonalizationHead, TokenData
+from personalize.card.head import PersonalizationHead, TokenData, opening_key
 
 
 KEYS = ("state", "head")
@@ -60,7 +61,7 @@ class StyleSettings:
     max_memory: int = 4096  # entries kept (newest items first)
     key: str = "head"  # memory keys: "state" (the last layer's state, H floats) or "head" (P h, D floats: smaller)
     form: bool = True  # the person's form: a bias on the answer's first tokens (fit_form)
-    form_positions: int = 2  # the first tokens it covers
+    form_positions: int = 3  # the first tokens it covers
     form_prior: float = 2.0  # κ: the cluster model's own distribution counts as this many of the person's texts
     form_cap: float = 6.0  # the largest raise, in logits (a token outside every top-k has no p̄ to divide by)
     reach: bool = False  # the person's parts weighted by how far out of their cluster they are (UserStyle.reach)
@@ -108,9 +109,9 @@ class UserStyle:
     values: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [N] the token that followed
     helps: bool | None = None  # None: too few items to tell
     own: OwnSetting | None = None  # card_personal's α and parts for this person (None: the build's)
-    form_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [f] the answer's place t
+    form_keys: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [f] opening_key(o)
     form_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [f] token
-    form_bias: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # [f] b_t(v) > 0
+    form_bias: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # [f] b_o(v) > 0
     reach: float = 1.0  # 1 + the share of the build's people nearer their cluster's centre (StyleSettings.reach)
 
     @classmethod
@@ -124,7 +125,7 @@ class UserStyle:
         """Bias and memory, for the store (λ is stored as the vector itself)."""
         return np_save({"bias_ids": self.bias_ids.astype(np.int32), "bias": self.bias.astype(np.float16),
                         "keys": self.keys.astype(np.float16), "values": self.values.astype(np.int32),
-                        "form_pos": self.form_pos.astype(np.int32), "form_ids": self.form_ids.astype(np.int32),
+                        "form_keys": self.form_keys.astype(np.int64), "form_ids": self.form_ids.astype(np.int32),
                         "form_bias": self.form_bias.astype(np.float16),
                         "reach": np.asarray([self.reach], np.float32)})
 
@@ -142,7 +143,7 @@ class UserStyle:
         style = cls(np.asarray(lam, np.float32), t["bias_ids"].astype(np.int64), t["bias"].astype(np.float32),
                     t["keys"], t["values"].astype(np.int64), helps)
         if "form_ids" in t:  # styles stored before the form bias have none
-            style.form_pos, style.form_ids = t["form_pos"].astype(np.int64), t["form_ids"].astype(np.int64)
+            style.form_keys, style.form_ids = t["form_keys"].astype(np.int64), t["form_ids"].astype(np.int64)
             style.form_bias, style.reach = t["form_bias"].astype(np.float32), float(t["reach"][0])
         return style
 
@@ -204,25 +205,27 @@ def fit_lambda_bias(head: PersonalizationHead, data: TokenData, rho: float, rho_
 
 def fit_form(feats: Sequence[SequenceFeatures], positions: int, prior: float, cap: float,
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(place, token, bias) of the person's form: b_t(v) = log(1 + n_t(v) / (κ·p̄_t(v))), capped, for every token v
-    the person wrote at place t < `positions` of an answer (the module's docstring says why)."""
-    pos, ids, vals = [], [], []
+    """(opening key, token, bias) of the person's form: b_o(v) = log(1 + n_o(v) / (κ·p̄_o(v))), capped, for every
+    token v the person wrote after an opening o of fewer than `positions` tokens (the module's docstring says why)."""
+    keys, ids, vals = [], [], []
     for t in range(positions):
-        rows = [f for f in feats if len(f.ids) > t and f.top_ids is not None and len(f.top_ids) > t]
-        if not rows:
-            break
-        cand = torch.cat([f.top_ids[t] for f in rows])
-        probs = torch.cat([torch.softmax(f.top_logits[t].float(), -1) for f in rows]) / len(rows)
-        wrote, counts = torch.unique(torch.stack([f.ids[t] for f in rows]), return_counts=True)
-        uniq, inv = torch.unique(cand, return_inverse=True)
-        p_bar = torch.zeros(len(uniq)).index_add_(0, inv, probs)
-        at = torch.searchsorted(uniq, wrote).clamp(max=len(uniq) - 1)
-        p_w = torch.where(uniq[at] == wrote, p_bar[at], 0.0).clamp_min(1e-6)  # outside every top-k: the floor
-        b = torch.log1p(counts.float() / (prior * p_w)).clamp(max=cap)
-        pos.append(torch.full((len(wrote),), t)), ids.append(wrote), vals.append(b)
-    if not pos:
+        groups: dict[int, list[SequenceFeatures]] = {}
+        for f in feats:
+            if len(f.ids) > t and f.top_ids is not None and len(f.top_ids) > t:
+                groups.setdefault(opening_key(f.ids[:t].tolist()), []).append(f)
+        for key, rows in groups.items():
+            cand = torch.cat([f.top_ids[t] for f in rows])
+            probs = torch.cat([torch.softmax(f.top_logits[t].float(), -1) for f in rows]) / len(rows)
+            wrote, counts = torch.unique(torch.stack([f.ids[t] for f in rows]), return_counts=True)
+            uniq, inv = torch.unique(cand, return_inverse=True)
+            p_bar = torch.zeros(len(uniq)).index_add_(0, inv, probs)
+            at = torch.searchsorted(uniq, wrote).clamp(max=len(uniq) - 1)
+            p_w = torch.where(uniq[at] == wrote, p_bar[at], 0.0).clamp_min(1e-6)  # outside every top-k: the floor
+            keys += [key] * len(wrote)
+            ids.append(wrote), vals.append(torch.log1p(counts.float() / (prior * p_w)).clamp(max=cap))
+    if not ids:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
-    return (torch.cat(pos).numpy().astype(np.int64), torch.cat(ids).numpy().astype(np.int64),
+    return (np.asarray(keys, np.int64), torch.cat(ids).numpy().astype(np.int64),
             torch.cat(vals).numpy().astype(np.float32))
 
 
@@ -235,7 +238,7 @@ class StyleTensors:
     lam: torch.Tensor  # [B, D]
     bias: list[tuple[torch.Tensor, torch.Tensor]]  # per row: (ids sorted ascending, values)
     memory: list[tuple[torch.Tensor, torch.Tensor]]  # per row: (keys [N, H] float, values [N])
-    form: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=list)  # per row: t → bias
+    form: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=list)  # per row: key → bias
     reach: torch.Tensor | None = None  # [B, 1] each row's weight of the person's parts (None: 1)
 
     @classmethod
@@ -244,17 +247,17 @@ class StyleTensors:
         bias = [_sorted_bias(st) if s.bias else (torch.zeros(0, dtype=torch.long), torch.zeros(0)) for st in styles]
         memory = [(torch.as_tensor(st.keys).float(), torch.as_tensor(st.values)) if s.memory and len(st.values)
                   else None for st in styles]
-        form = [_form_by_place(st) if s.form else {} for st in styles]
+        form = [_form_by_opening(st) if s.form else {} for st in styles]
         reach = torch.tensor([[st.reach] for st in styles], dtype=torch.float32) if s.reach else None
         return cls(lam, bias, memory, form, reach)
 
 
-def _form_by_place(st: UserStyle) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """The form bias per place t, each as (ids ascending, values)."""
+def _form_by_opening(st: UserStyle) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """The form bias per opening key, each as (ids ascending, values)."""
     out = {}
-    for t in np.unique(st.form_pos):
-        at = st.form_pos == t
-        out[int(t)] = _sorted(st.form_ids[at], st.form_bias[at])
+    for key in np.unique(st.form_keys):
+        at = st.form_keys == key
+        out[int(key)] = _sorted(st.form_ids[at], st.form_bias[at])
     return out
 
 
@@ -280,12 +283,12 @@ def bias_at(bias: tuple[torch.Tensor, torch.Tensor], cand: torch.Tensor) -> torc
 
 def style_scores(head: PersonalizationHead, st: StyleTensors, s: StyleSettings, h: torch.Tensor, cand: torch.Tensor,
                  base: torch.Tensor, alpha: float, standardize: bool = False,
-                 pos: int | torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 openings: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The candidates' corrected scores: (ids [B, k + n], scores [B, k + n]), −inf where unused.
 
     ℓ̃_T = ℓ_T + α·(Δ_T + b[T] + b_t[T]) (the tokens head's trained rule at α = 1; with `standardize`, Δ is
-    centred and scaled to the logits' spread first, for heads whose Δ has no logit scale; b_t, the form bias at
-    the answer's place `pos`: an int for the batch, or [B]); then, with a memory,
+    centred and scaled to the logits' spread first, for heads whose Δ has no logit scale; b_o, the form bias
+    after each row's opening, `openings` [B] of opening_key); then, with a memory,
     log((1 − w')·softmax(ℓ̃_T) + w'·p_kNN) over the candidates and the neighbours' tokens, w' = min(1, α·w):
     α scales everything of the person's, so α = 0 is the cluster model exactly. With `reach`, each row's α is
     multiplied by its person's reach."""
@@ -297,10 +300,9 @@ def style_scores(head: PersonalizationHead, st: StyleTensors, s: StyleSettings, 
         spread = base.std(-1, keepdim=True).nan_to_num(0.0)
         delta = (delta - delta.mean(-1, keepdim=True)) / (delta.std(-1, keepdim=True) + 1e-6) * spread
     delta = delta + torch.stack([bias_at(b, c) for b, c in zip(st.bias, cand)])
-    if pos is not None and any(st.form):
-        places = [int(pos)] * len(cand) if isinstance(pos, int) else [int(p) for p in pos]
+    if openings is not None and any(st.form):
         zero = (torch.zeros(0, dtype=torch.long), torch.zeros(0))
-        delta = delta + torch.stack([bias_at(f.get(t, zero), c) for f, t, c in zip(st.form, places, cand)])
+        delta = delta + torch.stack([bias_at(f.get(int(o), zero), c) for f, o, c in zip(st.form, openings, cand)])
     a = alpha * st.reach if st.reach is not None else torch.full((len(cand), 1), float(alpha))  # [B, 1]
     scores = base + a * delta
     if not any(m is not None for m in st.memory):
@@ -351,7 +353,7 @@ def style_diagnostics(head: PersonalizationHead, held: TokenData, own: UserStyle
             sl = slice(i, i + 256)
             st = StyleTensors.of([style] * len(held.target[sl]), s)
             ids, sc = style_scores(head, st, s, held.h[sl], held.cand[sl], held.base[sl], alpha,
-                                   pos=None if held.pos is None else held.pos[sl])
+                                   openings=None if held.opening is None else held.opening[sl])
             logp = torch.log_softmax(sc, -1)
             tgt = held.cand[sl].gather(1, held.target[sl, None])
             is_t = ids == tgt

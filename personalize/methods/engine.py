@@ -328,7 +328,7 @@ class Engine:
         if keys is not None:
             style.keys, style.values = keys, values
         if st.form:
-            style.form_pos, style.form_ids, style.form_bias = fit_form(feats, st.form_positions, st.form_prior,
+            style.form_keys, style.form_ids, style.form_bias = fit_form(feats, st.form_positions, st.form_prior,
                                                                        st.form_cap)
         return style, curve
 
@@ -378,7 +378,7 @@ def split_held_out(data, n_hold: int, n_items: int):
         return data.select(lambda i: i >= n_hold), data.select(lambda i: i < n_hold)
     # TokenData rows are in item order; split by the share of items (rows are token positions)
     cut = int(len(data) * n_hold / n_items)
-    w, pos = data.weight, data.pos
+    w, opening = data.weight, data.opening
     sl = lambda a, b: TokenData(data.h[a:b], data.cand[a:b], data.base[a:b], data.target[a:b],  # noqa: E731
-                                None if w is None else w[a:b], None if pos is None else pos[a:b])
+                                None if w is None else w[a:b], None if opening is None else opening[a:b])
     return sl(cut, len(data)), sl(0, cut)
