@@ -62,8 +62,8 @@ class StyleSettings:
     key: str = "head"  # memory keys: "state" (the last layer's state, H floats) or "head" (P h, D floats: smaller)
     form: bool = True  # the person's form: a bias on the answer's first tokens (fit_form)
     form_positions: int = 3  # the first tokens it covers
-    form_prior: float = 2.0  # κ: the cluster model's own distribution counts as this many of the person's texts
-    form_cap: float = 6.0  # the largest raise, in logits (a token outside every top-k has no p̄ to divide by)
+    form_prior: float = 0.5  # κ: the cluster model's own distribution counts as this many of the person's texts
+    form_cap: float = 10.0  # the largest raise, in logits (a token outside every top-k has no p̄ to divide by)
     reach: bool = False  # the person's parts weighted by how far out of their cluster they are (UserStyle.reach)
 
     def __post_init__(self):
