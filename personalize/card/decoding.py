@@ -260,6 +260,8 @@ class CardLogitsProcessor(LogitsProcessor):
         """The top-k and, after an opening the person wrote, what they wrote next though the cluster model ranks
         it lower (at its own logit; -1 with −inf pads the rows): "Typing:" opens with "T", and after "T" the model's
         top-k may hold ":" but not "yping"."""
+        if not self.style.form_extra:
+            return cand, vals
         extra = []
         for r, (form, key) in enumerate(zip(self.styles.form, self.openings)):
             ids = form.get(key, (torch.zeros(0, dtype=torch.long), None))[0].to(cand.device)

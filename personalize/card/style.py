@@ -64,6 +64,7 @@ class StyleSettings:
     form_positions: int = 3  # the first tokens it covers
     form_prior: float = 0.5  # κ: the cluster model's own distribution counts as this many of the person's texts
     form_cap: float = 10.0  # the largest raise, in logits (a token outside every top-k has no p̄ to divide by)
+    form_extra: bool = True  # what the person wrote next joins the candidates when the top-k lacks it
     reach: bool = False  # the person's parts weighted by how far out of their cluster they are (UserStyle.reach)
 
     def __post_init__(self):
