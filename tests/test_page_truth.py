@@ -288,3 +288,23 @@ def test_the_verdict_says_clearly_only_with_enough_held_out_items():
     assert "clearly better" in enough
     assert "clearly worse" in _uncertainty({"mean": -0.2, "ci95": [-0.3, -0.05], "items": 8})
     assert "too few" in _uncertainty({"mean": 0.1, "ci95": [-0.1, 0.3], "items": 8})
+
+
+def test_the_fit_page_says_how_far_the_person_is_what_they_get_and_what_alpha_does(studio, fitted, monkeypatch):
+    """The Fit report's form paragraph: the person's closeness in the cluster's words, the words they open with
+    (from their fitted form bias), and what α does; a person far from every cluster is told the cluster model
+    writes like its population, not like them."""
+    from personalize.card.head import opening_key
+    from personalize.ui import text as page_text
+
+    st = fitted.style
+    assert len(st.form_ids) and (st.form_keys == opening_key(())).any()  # the fit made the person's form
+    monkeypatch.setattr(studio, "closeness", lambda k, d: "close to its centre: nearer than most of its own members")
+    near = page_text.fit_message(studio, "vera", fitted, 1.0)
+    at_start = st.form_keys == opening_key(())
+    first = st.form_ids[at_start][st.form_bias[at_start].argmax()]
+    assert "How you write against this build's writers" in near and "close to its centre" in near
+    assert "0 is the cluster model exactly" in near and studio.engine.tok.decode([int(first)]).strip() in near
+    assert "which is not yours" not in near
+    monkeypatch.setattr(studio, "closeness", lambda k, d: "far from every cluster of this build: further out")
+    assert "which is not yours" in page_text.fit_message(studio, "vera", fitted, 1.0)

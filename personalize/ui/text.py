@@ -4,6 +4,7 @@ people and models enters it escaped by the caller (display.md)."""
 
 from __future__ import annotations
 
+from personalize.card.head import opening_key
 from personalize.display import md
 from personalize.methods.engine import UserFit
 from personalize.studio.fits import fit_verdict, kept_reason
@@ -84,7 +85,8 @@ def form_note(studio, fit: UserFit) -> str:
     model's form (the words they open with), and what α does."""
     near = studio.closeness(fit.k, fit.distances)
     st = fit.style
-    first = sorted(((float(b), int(t)) for p, t, b in zip(st.form_pos, st.form_ids, st.form_bias) if p == 0),
+    start = opening_key(())
+    first = sorted(((float(b), int(t)) for o, t, b in zip(st.form_keys, st.form_ids, st.form_bias) if o == start),
                    reverse=True)[:4]
     words = ", ".join(f"“{md(studio.engine.tok.decode([t]).strip() or studio.engine.tok.decode([t]))}”"
                       for _, t in first)
