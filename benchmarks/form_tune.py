@@ -23,19 +23,30 @@ from personalize.methods.engine import Engine
 from personalize.metrics import rouge_per_query
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def tuning_parser(doc: str) -> argparse.ArgumentParser:
+    """The arguments every tuning study takes: the build, the people's folder, their sources, how many."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--artifacts", required=True)
     p.add_argument("--data", required=True)
-    p.add_argument("--sources", required=True)
+    p.add_argument("--sources", required=True, help="sources kept for tuning (never the study's)")
     p.add_argument("--limit", type=int, default=40)
+    p.add_argument("--json", default=None)
+    return p
+
+
+def tuning_people(a) -> tuple[Engine, list]:
+    """The build loaded, and the first --limit people of --sources with a gold output and a profile."""
+    _, queries = read_lamp(a.data, "dev")
+    return Engine.load(a.artifacts), [q for q in select_sources(queries, a.sources.split(",")) if q.gold and q.profile
+                                      ][: a.limit]
+
+
+def main(argv=None) -> None:
+    p = tuning_parser(__doc__)
     p.add_argument("--priors", default="0.5,2,8")
     p.add_argument("--positions", default="1,3")
-    p.add_argument("--json", default=None)
     a = p.parse_args(argv)
-    engine = Engine.load(a.artifacts)
-    _, queries = read_lamp(a.data, "dev")
-    queries = [q for q in select_sources(queries, a.sources.split(",")) if q.gold and q.profile][: a.limit]
+    engine, queries = tuning_people(a)
     profiles = [engine.prepare_items(q.profile[:24]) for q in queries]
     fits = [engine.fit(items) for items in profiles]
     prompts, golds = [q.input for q in queries], [q.gold for q in queries]

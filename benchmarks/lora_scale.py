@@ -9,7 +9,6 @@ the pass at s. Scored on people of sources kept for tuning: cluster and card at 
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from contextlib import contextmanager
@@ -18,8 +17,8 @@ from statistics import median
 import numpy as np
 
 from benchmarks.form_study import prefix_share
+from benchmarks.form_tune import tuning_parser, tuning_people
 from personalize.card.adapters import BASE_ADAPTER, adapter_name
-from personalize.data import read_lamp, select_sources
 from personalize.methods.card import decode as card_decode
 from personalize.methods.engine import Engine
 from personalize.metrics import paired_interval, rouge_per_query
@@ -39,18 +38,11 @@ def lora_scale(engine: Engine, adapter: str, scale: float):
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--artifacts", required=True)
-    p.add_argument("--data", required=True)
-    p.add_argument("--sources", required=True)
-    p.add_argument("--limit", type=int, default=40)
+    p = tuning_parser(__doc__)
     p.add_argument("--scales", default="0,0.5,1")
-    p.add_argument("--json", default=None)
     a = p.parse_args(argv)
-    engine = Engine.load(a.artifacts)
+    engine, queries = tuning_people(a)
     head = engine.heads["tokens"]
-    _, queries = read_lamp(a.data, "dev")
-    queries = [q for q in select_sources(queries, a.sources.split(",")) if q.gold and q.profile][: a.limit]
     scales = [float(x) for x in a.scales.split(",")]
     out = {m: [] for m in ("cluster", "card", "cluster_scaled", "card_scaled")}
     chosen, extra_s = [], []
