@@ -12,11 +12,14 @@ import argparse
 import itertools
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
+import torch
 
 from benchmarks.form_study import prefix_share
-from personalize.card.style import fit_form
+from personalize.card.head import TokenData
+from personalize.card.style import fit_form, fit_lambda_bias
 from personalize.data import read_lamp, select_sources
 from personalize.eval.evaluate import decode_people
 from personalize.methods.engine import Engine
@@ -31,6 +34,7 @@ def tuning_parser(doc: str) -> argparse.ArgumentParser:
     p.add_argument("--sources", required=True, help="sources kept for tuning (never the study's)")
     p.add_argument("--limit", type=int, default=40)
     p.add_argument("--json", default=None)
+    p.add_argument("--cache", default=None, help="a file for the people's fits (reused by later runs)")
     return p
 
 
@@ -41,14 +45,27 @@ def tuning_people(a) -> tuple[Engine, list]:
                                       ][: a.limit]
 
 
+def onboarded(engine: Engine, profiles, cache: str | None) -> list:
+    """Each person's fit (their onboarding pass included), read from `cache` when it holds them, else made and saved
+    there: settings that refit from the same pass need not redo it."""
+    if cache and Path(cache).exists():
+        return torch.load(cache, weights_only=False)
+    fits = [engine.fit(items) for items in profiles]
+    if cache:
+        torch.save(fits, cache)
+    return fits
+
+
 def main(argv=None) -> None:
     p = tuning_parser(__doc__)
     p.add_argument("--priors", default="0.5,2,8")
     p.add_argument("--positions", default="1,3")
+    p.add_argument("--extra", default="on,off", help="form_extra values to try")
+    p.add_argument("--centers", default="0,closeness", help="λ's prior centres to try (numbers, or closeness)")
     a = p.parse_args(argv)
     engine, queries = tuning_people(a)
     profiles = [engine.prepare_items(q.profile[:24]) for q in queries]
-    fits = [engine.fit(items) for items in profiles]
+    fits = onboarded(engine, profiles, a.cache)
     prompts, golds = [q.input for q in queries], [q.gold for q in queries]
     base_style = engine.cfg.style
     rows = []
@@ -63,8 +80,9 @@ def main(argv=None) -> None:
 
     score("cluster", "cluster", base_style, [f.style for f in fits])
     score("card without form", "card", replace(base_style, form=False), [f.style for f in fits])
+    extras = [x == "on" for x in a.extra.split(",")]
     for prior, positions, extra in itertools.product(map(float, a.priors.split(",")), map(int, a.positions.split(",")),
-                                                     (True, False)):
+                                                     extras):
         s = replace(base_style, form=True, form_prior=prior, form_positions=positions, form_extra=extra)
         styles = []
         for f in fits:
@@ -72,6 +90,19 @@ def main(argv=None) -> None:
             st.form_keys, st.form_ids, st.form_bias = fit_form(f.features or [], positions, prior, s.form_cap)
             styles.append(st)
         score(f"κ {prior:g}, {positions} places, extra {'on' if extra else 'off'}", "card", s, styles)
+    prior, positions = float(a.priors.split(",")[0]), int(a.positions.split(",")[-1])
+    head, hs = engine.heads["tokens"], engine.cfg.head
+    form = replace(base_style, form=True, form_extra=False, form_prior=prior, form_positions=positions)
+    for center in a.centers.split(","):
+        styles = []
+        for f in fits:  # λ's prior centre: a number, or the person's closeness (2 − reach: 1 at the heart, 0 beyond)
+            c = 2.0 - f.style.reach if center == "closeness" else float(center)
+            lam, ids, vals, _ = fit_lambda_bias(head, TokenData.from_features(f.features or []), hs.rho,
+                                                form.rho_bias, form.max_bias_tokens, hs.fit_iters, center=c)
+            st = replace(f.style, lam=lam.numpy(), bias_ids=ids.numpy(), bias=vals.numpy())
+            st.form_keys, st.form_ids, st.form_bias = fit_form(f.features or [], positions, prior, form.form_cap)
+            styles.append(st)
+        score(f"λ pulled to {center}, form κ {prior:g}, {positions} places", "card", form, styles)
     print(f"{len(queries)} people; golds in the prefix form: {prefix_share(golds):.0%}")
     if a.json:
         json.dump({"people": len(queries), "golds_prefix": prefix_share(golds), "rows": rows}, open(a.json, "w"))

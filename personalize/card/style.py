@@ -174,10 +174,11 @@ def bias_support(data: TokenData) -> torch.Tensor:
 
 
 def fit_lambda_bias(head: PersonalizationHead, data: TokenData, rho: float, rho_bias: float, max_bias_tokens: int,
-              iters: int = 50) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[float]]:
+              iters: int = 50, center: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[float]]:
     """λ and the token bias jointly (P, U frozen): the tokens head's convex conditional-logit objective,
-    ℓ + f·λ + b[cand], with λ pulled to 1 and b to 0. Returns λ, bias ids, bias values, the loss curve."""
-    lam = torch.ones(head.d, requires_grad=True)
+    ℓ + f·λ + b[cand], with λ pulled to `center` (1: the population's correction) and b to 0. Returns λ, bias ids,
+    bias values, the loss curve."""
+    lam = torch.full((head.d,), float(center), requires_grad=True)
     if not len(data):
         return lam.detach(), torch.zeros(0, dtype=torch.long), torch.zeros(0), []
     support = bias_support(data)
@@ -192,7 +193,7 @@ def fit_lambda_bias(head: PersonalizationHead, data: TokenData, rho: float, rho_
     def closure():
         opt.zero_grad()
         logits = data.base + (f * lam).sum(-1) + torch.where(inside, b[pos], 0.0)
-        loss = data.loss(logits) + rho * ((lam - 1) ** 2).sum() + rho_bias * (b ** 2).sum()
+        loss = data.loss(logits) + rho * ((lam - center) ** 2).sum() + rho_bias * (b ** 2).sum()
         loss.backward()
         curve.append(loss.item())
         return loss
