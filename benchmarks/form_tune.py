@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from benchmarks.form_study import prefix_share
+from personalize.card.cluster import member_distances
 from personalize.card.head import TokenData
 from personalize.card.style import fit_form, fit_lambda_bias
 from personalize.data import read_lamp, select_sources
@@ -56,11 +57,17 @@ def onboarded(engine: Engine, profiles, cache: str | None) -> list:
     return fits
 
 
+def closeness(engine: Engine, fit) -> float:
+    """The share of the build's people further from their cluster's centre than this person is from theirs (each
+    measured as if left out of the build): 1 at the heart of a cluster, 0 beyond every member."""
+    own = member_distances(engine.clusters.embeddings, engine.clusters.centroids[fit.k], engine.clusters.labels[fit.k])
+    return float((own > min(fit.distances)).mean()) if len(own) else 1.0
+
+
 def main(argv=None) -> None:
     p = tuning_parser(__doc__)
     p.add_argument("--priors", default="0.5,2,8")
     p.add_argument("--positions", default="1,3")
-    p.add_argument("--extra", default="on,off", help="form_extra values to try")
     p.add_argument("--centers", default="0,closeness", help="λ's prior centres to try (numbers, or closeness)")
     a = p.parse_args(argv)
     engine, queries = tuning_people(a)
@@ -80,23 +87,21 @@ def main(argv=None) -> None:
 
     score("cluster", "cluster", base_style, [f.style for f in fits])
     score("card without form", "card", replace(base_style, form=False), [f.style for f in fits])
-    extras = [x == "on" for x in a.extra.split(",")]
-    for prior, positions, extra in itertools.product(map(float, a.priors.split(",")), map(int, a.positions.split(",")),
-                                                     extras):
-        s = replace(base_style, form=True, form_prior=prior, form_positions=positions, form_extra=extra)
+    for prior, positions in itertools.product(map(float, a.priors.split(",")), map(int, a.positions.split(","))):
+        s = replace(base_style, form=True, form_prior=prior, form_positions=positions)
         styles = []
         for f in fits:
             st = replace(f.style)
             st.form_keys, st.form_ids, st.form_bias = fit_form(f.features or [], positions, prior, s.form_cap)
             styles.append(st)
-        score(f"κ {prior:g}, {positions} places, extra {'on' if extra else 'off'}", "card", s, styles)
+        score(f"κ {prior:g}, {positions} places", "card", s, styles)
     prior, positions = float(a.priors.split(",")[0]), int(a.positions.split(",")[-1])
     head, hs = engine.heads["tokens"], engine.cfg.head
-    form = replace(base_style, form=True, form_extra=False, form_prior=prior, form_positions=positions)
+    form = replace(base_style, form=True, form_prior=prior, form_positions=positions)
     for center in a.centers.split(","):
         styles = []
-        for f in fits:  # λ's prior centre: a number, or the person's closeness (2 − reach: 1 at the heart, 0 beyond)
-            c = 2.0 - f.style.reach if center == "closeness" else float(center)
+        for f in fits:  # λ's prior centre: a number, or the person's closeness (1 at the heart, 0 beyond every member)
+            c = closeness(engine, f) if center == "closeness" else float(center)
             lam, ids, vals, _ = fit_lambda_bias(head, TokenData.from_features(f.features or []), hs.rho,
                                                 form.rho_bias, form.max_bias_tokens, hs.fit_iters, center=c)
             st = replace(f.style, lam=lam.numpy(), bias_ids=ids.numpy(), bias=vals.numpy())

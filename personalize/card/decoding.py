@@ -245,7 +245,6 @@ class CardLogitsProcessor(LogitsProcessor):
         last = input_ids[:, -1].tolist()
         self.openings = ([opening_key(())] * len(last) if self.openings is None
                          else [next_opening(k, t) for k, t in zip(self.openings, last)])
-        cand, vals = self._with_form(scores, cand, vals)
         ids, new = style_scores(self.head, self.styles, self.style, self.capture.last().cpu(), cand.cpu(),
                                 vals.cpu(), self.alpha, self.standardize, openings=self.openings)
         if self.trace is not None:  # candidates and the memory's extra tokens (id -1: an unused slot)
@@ -255,25 +254,6 @@ class CardLogitsProcessor(LogitsProcessor):
         rows = torch.arange(len(ids))[:, None].expand_as(ids)
         out[rows[valid], ids[valid].to(out.device)] = new[valid].to(out.dtype).to(out.device)
         return out
-
-    def _with_form(self, scores, cand, vals):
-        """The top-k and, after an opening the person wrote, what they wrote next though the cluster model ranks
-        it lower (at its own logit; -1 with −inf pads the rows): "Typing:" opens with "T", and after "T" the model's
-        top-k may hold ":" but not "yping"."""
-        if not self.style.form_extra:
-            return cand, vals
-        extra = []
-        for r, (form, key) in enumerate(zip(self.styles.form, self.openings)):
-            ids = form.get(key, (torch.zeros(0, dtype=torch.long), None))[0].to(cand.device)
-            extra.append(ids[~torch.isin(ids, cand[r])])
-        width = max((len(e) for e in extra), default=0)
-        if not width:
-            return cand, vals
-        add = torch.full((len(cand), width), -1, dtype=cand.dtype, device=cand.device)
-        for r, e in enumerate(extra):
-            add[r, : len(e)] = e
-        add_vals = scores.gather(1, add.clamp(min=0)).masked_fill(add < 0, float("-inf")).to(vals.dtype)
-        return torch.cat([cand, add], 1), torch.cat([vals, add_vals], 1)
 
 
 class SeededSampler(LogitsProcessor):

@@ -62,10 +62,11 @@ class StyleSettings:
     key: str = "head"  # memory keys: "state" (the last layer's state, H floats) or "head" (P h, D floats: smaller)
     form: bool = True  # the person's form: a bias on the answer's first tokens (fit_form)
     form_positions: int = 3  # the first tokens it covers
-    form_prior: float = 0.5  # κ: the cluster model's own distribution counts as this many of the person's texts
+    form_prior: float = 8.0  # κ: the cluster model's own distribution counts as this many of the person's texts
     form_cap: float = 10.0  # the largest raise, in logits (a token outside every top-k has no p̄ to divide by)
-    form_extra: bool = True  # what the person wrote next joins the candidates when the top-k lacks it
-    reach: bool = False  # the person's parts weighted by how far out of their cluster they are (UserStyle.reach)
+    # λ's prior centre: 0, none of the population's correction where the person's text does not show it (the
+    # head's Δ at λ = 1 carries the population's form: "BUG:" for people who never write it); 1, the population's
+    lambda_prior: float = 0.0
 
     def __post_init__(self):
         if not 0 <= self.knn_weight <= 1 or self.knn_neighbours < 1 or self.knn_temperature <= 0:
@@ -113,7 +114,6 @@ class UserStyle:
     form_keys: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [f] opening_key(o)
     form_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [f] token
     form_bias: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # [f] b_o(v) > 0
-    reach: float = 1.0  # 1 + the share of the build's people nearer their cluster's centre (StyleSettings.reach)
 
     @classmethod
     def of(cls, lam) -> "UserStyle":
@@ -127,8 +127,7 @@ class UserStyle:
         return np_save({"bias_ids": self.bias_ids.astype(np.int32), "bias": self.bias.astype(np.float16),
                         "keys": self.keys.astype(np.float16), "values": self.values.astype(np.int32),
                         "form_keys": self.form_keys.astype(np.int64), "form_ids": self.form_ids.astype(np.int32),
-                        "form_bias": self.form_bias.astype(np.float16),
-                        "reach": np.asarray([self.reach], np.float32)})
+                        "form_bias": self.form_bias.astype(np.float16)})
 
     @classmethod
     def from_stored(cls, stored) -> "UserStyle | None":
@@ -145,7 +144,7 @@ class UserStyle:
                     t["keys"], t["values"].astype(np.int64), helps)
         if "form_ids" in t:  # styles stored before the form bias have none
             style.form_keys, style.form_ids = t["form_keys"].astype(np.int64), t["form_ids"].astype(np.int64)
-            style.form_bias, style.reach = t["form_bias"].astype(np.float32), float(t["reach"][0])
+            style.form_bias = t["form_bias"].astype(np.float32)
         return style
 
 
@@ -241,7 +240,6 @@ class StyleTensors:
     bias: list[tuple[torch.Tensor, torch.Tensor]]  # per row: (ids sorted ascending, values)
     memory: list[tuple[torch.Tensor, torch.Tensor]]  # per row: (keys [N, H] float, values [N])
     form: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=list)  # per row: key → bias
-    reach: torch.Tensor | None = None  # [B, 1] each row's weight of the person's parts (None: 1)
 
     @classmethod
     def of(cls, styles: Sequence[UserStyle], s: StyleSettings) -> "StyleTensors":
@@ -250,8 +248,7 @@ class StyleTensors:
         memory = [(torch.as_tensor(st.keys).float(), torch.as_tensor(st.values)) if s.memory and len(st.values)
                   else None for st in styles]
         form = [_form_by_opening(st) if s.form else {} for st in styles]
-        reach = torch.tensor([[st.reach] for st in styles], dtype=torch.float32) if s.reach else None
-        return cls(lam, bias, memory, form, reach)
+        return cls(lam, bias, memory, form)
 
 
 def _form_by_opening(st: UserStyle) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
@@ -292,8 +289,7 @@ def style_scores(head: PersonalizationHead, st: StyleTensors, s: StyleSettings, 
     centred and scaled to the logits' spread first, for heads whose Δ has no logit scale; b_o, the form bias
     after each row's opening, `openings` [B] of opening_key); then, with a memory,
     log((1 − w')·softmax(ℓ̃_T) + w'·p_kNN) over the candidates and the neighbours' tokens, w' = min(1, α·w):
-    α scales everything of the person's, so α = 0 is the cluster model exactly. With `reach`, each row's α is
-    multiplied by its person's reach."""
+    α scales everything of the person's, so α = 0 is the cluster model exactly."""
     h, base = h.float(), base.float()
     if alpha == 0:
         return cand, base
@@ -305,8 +301,7 @@ def style_scores(head: PersonalizationHead, st: StyleTensors, s: StyleSettings, 
     if openings is not None and any(st.form):
         zero = (torch.zeros(0, dtype=torch.long), torch.zeros(0))
         delta = delta + torch.stack([bias_at(f.get(int(o), zero), c) for f, o, c in zip(st.form, openings, cand)])
-    a = alpha * st.reach if st.reach is not None else torch.full((len(cand), 1), float(alpha))  # [B, 1]
-    scores = base + a * delta
+    scores = base + alpha * delta
     if not any(m is not None for m in st.memory):
         return cand, scores
     n = s.knn_neighbours
@@ -322,7 +317,7 @@ def style_scores(head: PersonalizationHead, st: StyleTensors, s: StyleSettings, 
         sims = keys @ q
         top = sims.topk(min(n, len(sims)))
         w = torch.softmax(top.values / s.knn_temperature, -1)
-        weight = min(1.0, float(a[r, 0]) * s.knn_weight)
+        weight = min(1.0, alpha * s.knn_weight)
         p = (1 - weight) * torch.softmax(scores[r], -1)
         nb = vals[top.indices]
         hit = nb[:, None] == cand[r][None, :]  # [n, k]: neighbour tokens already among the candidates

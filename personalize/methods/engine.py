@@ -22,7 +22,7 @@ from personalize.methods.artifacts import ArtifactsError, artifacts_meta
 from personalize.card.adapters import BASE_ADAPTER, adapter_name, add_adapters, load_adapters
 from personalize.serving.rows import DecodeRow
 from personalize.serving.runner import decode_rows
-from personalize.card.cluster import assign, member_distances, user_embeddings
+from personalize.card.cluster import assign, user_embeddings
 from personalize.card.config import FORMAT_VERSION, CardConfig
 from personalize.data import Item, Task, TASKS
 from personalize.card.decoding import DecodingSettings, Generation, generate
@@ -290,15 +290,6 @@ class Engine:
         lam = lam.numpy().astype(np.float32)
         return UserFit(cluster, distances, k, lam, objective, len(items), stages, diag, curve, style=UserStyle.of(lam))
 
-    def reach(self, k: int, distances: Sequence[float]) -> float:
-        """1 + the share of the build's people nearer their cluster's centre than this person is to theirs (each
-        measured as if left out of the build): 1 at the heart of a cluster, 2 beyond every one of them."""
-        labels = self.clusters.labels.get(k)
-        if labels is None or not len(distances):
-            return 1.0
-        own = member_distances(self.clusters.embeddings, self.clusters.centroids[k], labels)
-        return 1.0 + float((own < min(distances)).mean()) if len(own) else 1.0
-
     def n_held_out(self, n_items: int) -> int:
         """Items held out of a fit to judge it (the first ones: the newest, in LaMP order)."""
         return int(round(self.cfg.holdout * n_items)) if n_items >= 5 else 0
@@ -318,7 +309,8 @@ class Engine:
         if votes is not None and len(votes):
             data = TokenData.cat([data, votes])
         if st.bias:
-            lam, ids, vals, curve = fit_lambda_bias(head, data, hs.rho, st.rho_bias, st.max_bias_tokens, hs.fit_iters)
+            lam, ids, vals, curve = fit_lambda_bias(head, data, hs.rho, st.rho_bias, st.max_bias_tokens, hs.fit_iters,
+                                                    center=st.lambda_prior)
         else:
             lam, curve = fit_user(head, data, hs)
             ids, vals = torch.zeros(0, dtype=torch.long), torch.zeros(0)
@@ -342,9 +334,6 @@ class Engine:
         diag, own, held = self.held_out_style(feats, n_hold, head)
         style, curve = stage("fit", lambda: self.fit_style(feats, head))
         style.helps = diag.get("helps")
-        style.reach = self.reach(k, distances)
-        if own is not None:
-            own.reach = style.reach
         return UserFit(cluster, distances, k, style.lam, "tokens", len(items), stages, diag, curve, style=style,
                        held=held, held_style=own, features=feats, n_hold=n_hold)
 
