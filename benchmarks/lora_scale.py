@@ -17,7 +17,7 @@ from statistics import median
 import numpy as np
 
 from benchmarks.form_study import prefix_share
-from benchmarks.form_tune import tuning_parser, tuning_people
+from benchmarks.form_tune import onboarded, tuning_parser, tuning_people
 from personalize.card.adapters import BASE_ADAPTER, adapter_name
 from personalize.methods.card import decode as card_decode
 from personalize.methods.engine import Engine
@@ -46,9 +46,8 @@ def main(argv=None) -> None:
     scales = [float(x) for x in a.scales.split(",")]
     out = {m: [] for m in ("cluster", "card", "cluster_scaled", "card_scaled")}
     chosen, extra_s = [], []
-    for q in queries:
-        items = engine.prepare_items(q.profile[:24])
-        fit = engine.fit(items)
+    profiles = [engine.prepare_items(q.profile[:24]) for q in queries]
+    for q, items, fit in zip(queries, profiles, onboarded(engine, profiles, a.cache)):
         name = adapter_name(fit.k, fit.cluster) if fit.k > 1 else BASE_ADAPTER
         engine.use_adapter(name)
         t0, passes = time.perf_counter(), {1.0: fit.features}
@@ -61,7 +60,8 @@ def main(argv=None) -> None:
         best = max(loglik, key=loglik.get)
         chosen.append(best)
         style, _ = engine.fit_style(passes[best], head)
-        for m, s, st in (("cluster", 1.0, fit.style), ("card", 1.0, fit.style), ("cluster_scaled", best, style),
+        own, _ = engine.fit_style(passes[1.0], head)  # the build's style settings now, whatever the cache holds
+        for m, s, st in (("cluster", 1.0, own), ("card", 1.0, own), ("cluster_scaled", best, style),
                          ("card_scaled", best, style)):
             with lora_scale(engine, name, s):
                 g = card_decode.generate(engine, [q.input], m.replace("_scaled", ""), fit.cluster, st, k=fit.k)
