@@ -2,14 +2,15 @@
 
 It holds the parameters CARD decodes with (λ, the token bias, whether the style
 beat the cluster model), the person's cluster for every K and the artifacts id it
-belongs to: nothing of the history itself. The kNN memory is left out on purpose: its
-keys are states of the person's own sentences and its values their words, i.e. data
-derived from the history (a fit from the history rebuilds it).
+belongs to: nothing of the history itself. The kNN memory and the openings' form bias
+are left out on purpose: the memory's keys are states of the person's own sentences and
+its values their words, and the form bias lists the first words of their texts, i.e. data
+derived from the history (a fit from the history rebuilds both).
 
 Format: `card-style-1:` + base64url(zlib(safetensors)), the safetensors metadata holding
 the JSON header. Bias ids are stored as uint16 when the vocabulary allows, the bias in
 float16 (as the store keeps it) and λ in float32, so an import decodes exactly as the
-export did, bar the memory.
+export did, bar the memory and the form bias.
 """
 
 from __future__ import annotations
