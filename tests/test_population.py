@@ -371,3 +371,17 @@ def test_build_and_eval_accept_a_table_population(tokenizer, tmp_path, capsys):
                  "--limit", "2"]) == 0
     table = capsys.readouterr().out
     assert all(m in table for m in ("base", "cluster", "card"))
+
+
+def test_a_mirror_without_origin_is_named_by_its_owner_and_name_folder(widgets, tmp_path):
+    """A bare mirror laid out as owner+name/repo (as the fetch tool leaves it), with no origin URL: its people's
+    source is owner/name, not "repo"."""
+    from personalize.fitting.population import repo_source
+
+    mirror = tmp_path / "acme+gizmos" / "repo"
+    mirror.parent.mkdir()
+    subprocess.run(["git", "clone", "-q", "--bare", str(widgets["repo"].path), str(mirror)], check=True)
+    subprocess.run(["git", "-C", str(mirror), "remote", "remove", "origin"], check=True)
+    assert repo_source(mirror) == "acme/gizmos"
+    from_git([mirror], tmp_path / "pop", min_items=8)
+    assert {q.source for q in read_lamp(tmp_path / "pop", "dev")[1]} == {"acme/gizmos"}
