@@ -50,9 +50,9 @@ CATALOG: tuple[MethodInfo, ...] = (
                style=dict(bias=False, memory=True, retrieval=False, fallback=False, form=False)),
     MethodInfo("card_rag", "variant", "λ with the person's nearest items in the prompt",
                style=dict(bias=False, memory=False, retrieval=True, fallback=False, form=False)),
-    # `card` as it was before the person's form: λ pulled to the population's correction, no opening bias
-    MethodInfo("card_population", "variant", "λ pulled to the population's correction, no bias on the openings",
-               style=dict(form=False, lambda_prior=1.0)),
+    # `card` without the person's form (their openings' bias): what the form adds at decoding
+    MethodInfo("card_no_form", "variant", "the build's style without the bias on the person's openings",
+               style=dict(form=False)),
     # the build's style at the person's own α, chosen on their held-out items during the fit (personal.py)
     MethodInfo("card_personal", "variant", "the build's style at the person's own α (0: the cluster model)"),
     # the person's nearest items before the prompt, amplified against the prompt alone (contrast.py); no head

@@ -18,6 +18,7 @@ from personalize.lm.features import HiddenCapture
 from personalize.card.head import PersonalizationHead
 from personalize.card.decoding import RerankSettings
 from personalize.methods.card.rerank import Query, candidate_rows, rerank, score_sequences
+from personalize.card.head import opening_key
 from personalize.card.style import StyleSettings, StyleTensors, UserStyle
 from personalize.lm.tokens import TokenBudget, prompt_ids
 from personalize.methods.card import decode as card_decode
@@ -29,8 +30,8 @@ STYLE = StyleSettings(bias=True, memory=True, fallback=False, key="head", knn_ne
 
 @pytest.fixture()
 def card(tiny_model, tokenizer):
-    """A tiny peft model with a LoRA that moves the logits, a head with a real U, and a style with λ, a bias
-    and a memory (every part of style_scores)."""
+    """A tiny peft model with a LoRA that moves the logits, a head with a real U, and a style with λ, a bias,
+    a memory and a form bias (every part of style_scores)."""
     model = new_peft_model(tiny_model, LoraSettings(r=4, alpha=8, targets=("q_proj", "v_proj")))
     for n, p in model.named_parameters():
         if "lora_B" in n:
@@ -44,6 +45,10 @@ def card(tiny_model, tokenizer):
     style = UserStyle(rng.normal(1, 0.5, 8).astype(np.float32), np.arange(100, 400, 3), rng.normal(0, 2, 100).astype(
         np.float32), (keys / np.linalg.norm(keys, axis=1, keepdims=True)).astype(np.float16),
         rng.integers(0, 2000, 40))
+    # the form bias on the answer's first token (empty opening): the score must read it as decoding does
+    style.form_ids = np.arange(len(tokenizer))
+    style.form_keys = np.full(len(style.form_ids), opening_key(()), np.int64)
+    style.form_bias = rng.uniform(0, 4, len(style.form_ids)).astype(np.float32)
     return model, head, style
 
 

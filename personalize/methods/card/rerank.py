@@ -37,6 +37,7 @@ from personalize.card.decoding import RerankSettings, DecodingSettings, Generati
 from personalize.lm.features import HiddenCapture, position_ids
 from personalize.lm.onednn import onednn_linears
 from personalize.serving.row_lora import NO_ADAPTER, row_loras, supported
+from personalize.card.head import next_opening, opening_key
 from personalize.card.style import StyleTensors, style_scores
 from personalize.lm.tokens import left_pad, prompt_ids, target_ids
 
@@ -68,10 +69,15 @@ def card_logprobs(row: DecodeRow, logits: torch.Tensor, h: torch.Tensor, target:
     tokens) is one decoding never picks: −inf, or with `widen` its log-prob among the candidates and itself."""
     st, s = row.steer, row.settings
     vals, cand = logits.float().topk(min(s.top_k, logits.shape[-1]), dim=-1)
+    openings, key = [], opening_key(())  # the answer's tokens before each step, as decoding's form bias reads them
+    for t in target.tolist():
+        openings.append(key)
+        key = next_opening(key, t)
 
     def scored(rows, cand_, vals_):
         tensors = StyleTensors.of([st.style] * len(rows), st.settings)
-        ids, sc = style_scores(st.head, tensors, st.settings, h[rows], cand_, vals_, s.alpha, s.standardize)
+        ids, sc = style_scores(st.head, tensors, st.settings, h[rows], cand_, vals_, s.alpha, s.standardize,
+                               openings=[openings[int(r)] for r in rows])
         return _pick(ids, sc, target[rows])
 
     everything = torch.arange(len(target))
