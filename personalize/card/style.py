@@ -11,8 +11,9 @@ makes, and cost milliseconds to fit:
   is the tokens the person wrote and the tokens the cluster model would have
   written instead, so it can both raise "minor" and lower "MAINT".
 - the person's form: a bias on their first tokens (a text's opening carries a convention,
-  "BUG: …" or "Fix …", that a cluster model trained on another population imposes and a
-  bias over every position, fitted mostly on the rest of the text, barely moves). After an
+  "BUG: …" or "Fix …", that the cluster model and the head's population correction impose on
+  people who never write it, and that a bias over every position, fitted mostly on the rest
+  of the text, barely moves; λ is pulled to 0 for the same reason, StyleSettings.lambda_prior). After an
   opening o of t tokens (t < form_positions), b_o(v) = log(1 + n_o(v) / (κ·p̄_o(v))): n_o(v)
   the person's texts that open with o and then v, p̄_o the cluster model's mean distribution
   at that place over those texts, κ the prior's weight in pseudo-texts. What the person opens
@@ -102,7 +103,8 @@ class OwnSetting:
 
 @dataclass
 class UserStyle:
-    """One person: λ (the paper's user vector), a sparse token bias, a kNN memory, and whether it helps."""
+    """One person: λ (the paper's user vector), a sparse token bias, a kNN memory, the form bias on their openings,
+    and whether it helps."""
 
     lam: np.ndarray  # [D] float32
     bias_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [m]
@@ -123,7 +125,7 @@ class UserStyle:
         return cls(np.asarray(lam, dtype=np.float32))
 
     def extras_bytes(self) -> bytes:
-        """Bias and memory, for the store (λ is stored as the vector itself)."""
+        """Bias, memory and form, for the store (λ is stored as the vector itself)."""
         return np_save({"bias_ids": self.bias_ids.astype(np.int32), "bias": self.bias.astype(np.float16),
                         "keys": self.keys.astype(np.float16), "values": self.values.astype(np.int32),
                         "form_keys": self.form_keys.astype(np.int64), "form_ids": self.form_ids.astype(np.int32),
