@@ -30,11 +30,11 @@ def merged(paths) -> list[dict]:
     """One row per person of the first file, with every method of every file that scored them."""
     rows: dict[str, dict] = {}
     order: list[str] = []
-    for path in paths:
+    for n, path in enumerate(paths):
         for p in json.load(open(path))["predictions"]:
-            if p["id"] not in rows:
+            if n == 0:
                 rows[p["id"]], _ = dict(p), order.append(p["id"])
-            else:
+            elif p["id"] in rows:
                 rows[p["id"]].update({k: v for k, v in p.items() if k not in rows[p["id"]]})
     return [rows[i] for i in order]
 
