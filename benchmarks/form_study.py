@@ -4,7 +4,7 @@ intervals, read from `eval --json` files (their per-person predictions), merged 
     python -m personalize eval --artifacts B --data G --sources S --methods cluster,card,card_shuffled,... --json a.json
     python -m benchmarks.form_study a.json [b.json ...] [--pairs card-cluster,card-card_shuffled] [--show 3]
 
-Prints one table (people, ROUGE-L, the upper-case "XXX:" prefix share of each method's outputs beside the golds'),
+Prints one table (people, ROUGE-L, the share opening with an upper-case word and a colon ("BUG:", "DOC:") of each method's outputs beside the golds'),
 the paired differences with bootstrap 95 % intervals (people resampled) and how many outputs are identical, one row
 per source, and, with --show, real people's outputs side by side.
 """

@@ -1,6 +1,6 @@
 """Choosing the form bias's settings (StyleSettings.form_*) on people of sources kept for tuning, never on the people
 the study scores: each person onboarded once, then, per setting, their form refitted from the same pass (closed form)
-and their query decoded as `card`; ROUGE-L and the share of outputs in the population's "XXX:" prefix form.
+and their query decoded as `card`; ROUGE-L and the share of outputs opening like the population's "BUG:" or "DOC:".
 
     python -m benchmarks.form_tune --artifacts B --data G --sources pytest-dev/pytest,encode/django-rest-framework \
         --limit 40 --json form_tune.json
