@@ -308,3 +308,8 @@ def test_the_fit_page_says_how_far_the_person_is_what_they_get_and_what_alpha_do
     assert "which is not yours" not in near
     monkeypatch.setattr(studio, "closeness", lambda k, d: "far from every cluster of this build: further out")
     assert "which is not yours" in page_text.fit_message(studio, "vera", fitted, 1.0)
+    cfg = studio.engine.cfg  # a build whose guard kept card at the cluster model: the page does not promise the style
+    monkeypatch.setattr(studio.engine, "cfg", dataclasses.replace(cfg, decoding=dataclasses.replace(cfg.decoding,
+                                                                                                  alpha=0.0)))
+    kept = page_text.fit_message(studio, "vera", fitted, 1.0)
+    assert "At this build's α = 0, card writes as your cluster's model" in kept and "What you get" not in kept

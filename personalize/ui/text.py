@@ -104,6 +104,9 @@ def form_note(studio, fit: UserFit) -> str:
         lines[-1] += f", and your openings lifted at a text's first words (yours: {words})."
     else:
         lines[-1] += "."
+    if studio.engine.cfg.decoding.alpha == 0:  # the build's guard kept card at the cluster model (guard_note)
+        lines[-1] = lines[-1].replace("What you get", "What α above 0 gives you", 1)
+        lines[-1] += " At this build's α = 0, card writes as your cluster's model."
     lines.append("The **α** slider in *Compare* scales all of your style: 0 is the cluster model exactly, 1 your "
                  "style as fitted, above 1 pushes it harder (and can overshoot into words out of place).")
     return " ".join(lines)
