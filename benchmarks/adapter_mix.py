@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from personalize.card.adapters import BASE_ADAPTER, adapter_name
 from personalize.data import read_lamp, select_sources
-from personalize.methods.card.rerank import score_sequences
+from personalize.methods.card.score import score_sequences
 from personalize.methods.engine import Engine
 from personalize.metrics import paired_interval, rouge_per_query
 from personalize.serving.rows import DecodeRow

@@ -148,8 +148,6 @@ def cmd_tune(a) -> None:
         if shards is not None:
             shards.close()
     print(json.dumps({k: report[k] for k in ("chosen_decoding", "chosen_style", "users", "helps_share")}, indent=1))
-    if "rerank" in report:
-        print("card_rerank:", json.dumps(report["rerank"]))
     if "guard" in report:
         print(report["guard"]["why"])
     print(f"tuned in {time.perf_counter() - t0:.0f} s" + ("" if a.dry_run else f"; written to {a.artifacts}/config.json"))
@@ -362,8 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--users", type=int, default=30, help="validation people (the harm guard wants 30)")
     t.add_argument("--dry-run", action="store_true", help="print the choice, do not write it")
     t.add_argument("--steps", default="", help="re-run only these steps (comma-separated: repetition, style, alpha, "
-                                               "knn_weight, fallback; and rerank, run only when named: card_rerank's "
-                                               "candidates); the others keep the build's settings")
+                                               "knn_weight, fallback); the others keep the build's "
+                                               "settings")
     commands.add_ray_args(t)
     t.set_defaults(fn=cmd_tune)
 

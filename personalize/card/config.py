@@ -15,7 +15,6 @@ from personalize.card.adapters import LoraSettings
 from personalize.card.decoding import DecodingSettings
 from personalize.card.head import OBJECTIVES, HeadSettings
 from personalize.lm.models import EncoderConfig, ModelConfig
-from personalize.card.decoding import RerankSettings
 from personalize.card.style import StyleSettings
 from personalize.lm.tokens import TokenBudget
 
@@ -33,7 +32,6 @@ class CardConfig:
     head: HeadSettings = field(default_factory=HeadSettings)
     decoding: DecodingSettings = field(default_factory=DecodingSettings)
     style: StyleSettings = field(default_factory=StyleSettings)  # what `card` decodes with beside λ (METHOD §1.10)
-    rerank: RerankSettings = field(default_factory=RerankSettings)  # `card_rerank`'s candidates and score
     ks: tuple[int, ...] = (1, 2, 4, 8)
     default_k: int = 4  # the cluster count the head is trained on and methods use unless told
     objectives: tuple[str, ...] = ("tokens",)  # heads to train; the first one is CARD's default

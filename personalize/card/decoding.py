@@ -256,28 +256,6 @@ class CardLogitsProcessor(LogitsProcessor):
         return out
 
 
-class SeededSampler(LogitsProcessor):
-    """One row's sampling done as a processor, with the row's own random stream: the row's final scores cut to
-    their top-k and nucleus (top-p) at `temperature`, one token drawn, every other token set to −inf, so the
-    greedy batch it decodes in takes that token. The draw depends on the seed alone, not on the batch's other
-    rows (transformers' sampling shares one stream across the batch); the reranker's candidates (rerank.py)."""
-
-    def __init__(self, seed: int, temperature: float, top_p: float, top_k: int):
-        if temperature <= 0 or not 0 < top_p <= 1 or top_k < 1:
-            raise ValueError("temperature > 0, top_p in (0, 1] and top_k >= 1")
-        self.gen = torch.Generator().manual_seed(seed)
-        self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
-
-    @torch.no_grad()
-    def __call__(self, input_ids, scores):
-        vals, idx = scores.float().cpu().topk(min(self.top_k, scores.shape[-1]), dim=-1)  # sorted, descending
-        probs = torch.softmax(vals / self.temperature, -1)
-        outside = probs.cumsum(-1) - probs >= self.top_p  # the nucleus: the smallest prefix reaching top_p
-        probs = probs.masked_fill(outside, 0.0)
-        pick = idx.gather(-1, torch.multinomial(probs, 1, generator=self.gen))
-        return torch.full_like(scores, float("-inf")).scatter(-1, pick.to(scores.device), 0.0)
-
-
 @dataclass
 class Generation:
     text: str
@@ -331,22 +309,3 @@ def generate(model, tok, prompts: list[str], budget: TokenBudget, s: DecodingSet
         results.append(Generation(trim_echo(decode(tok, row[:n]), scaffold), n, dt / len(prompts),
                                   card.trace if card is not None and trace else None))
     return results
-
-
-@dataclass(frozen=True)
-class RerankSettings:
-    """`card_rerank`'s candidates and score (CardConfig.rerank; `tune --steps rerank` chooses among a few)."""
-
-    n: int = 6  # candidates per prompt, the two greedy ones included when `greedy`
-    greedy: bool = True  # the cluster model's and CARD's greedy outputs among the candidates
-    temperature: float = 0.8  # the samples': the cluster model's scores (after repetition control)
-    top_p: float = 0.95  # nucleus within the decoding top-k
-    seed: int = 0  # a sample's seed is this, the prompt and its number: reproducible, whoever shares the batch
-    alpha: float = 1.0  # the style's strength in the score and in the CARD candidate (1 = the head's trained rule)
-    length_norm: bool = True  # mean log-prob per token (else the sum, which prefers short candidates)
-
-    def __post_init__(self):
-        if not 2 <= self.n <= 32:
-            raise ValueError(f"rerank needs 2 to 32 candidates, got n={self.n}")
-        if self.temperature <= 0 or not 0 < self.top_p <= 1 or self.alpha < 0:
-            raise ValueError("rerank: temperature > 0, top_p in (0, 1] and alpha >= 0")

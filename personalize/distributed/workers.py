@@ -12,7 +12,7 @@ _TRAINING: dict[str, tuple] = {}
 
 
 def engine(folder: str, cfg: CardConfig) -> Engine:
-    """The build in `folder`, decoding with the driver's settings `cfg` (its objective, α, style, rerank)."""
+    """The build in `folder`, decoding with the driver's settings `cfg` (its objective, α, style)."""
     if folder not in _ENGINES:
         _ENGINES[folder] = Engine.load(folder, cfg.model)
     got = _ENGINES[folder]

@@ -15,29 +15,6 @@ from personalize.fitting.plan import DEMO_ARTIFACTS, UsageError, comma_list, com
     ints, load_engine
 
 
-def _rerank_changes(spec: str | None) -> dict:
-    """--rerank "n=8,greedy=false": fields of card_rerank's settings (rerank.RerankSettings checks them), read
-    before any model loads."""
-    import dataclasses
-
-    from personalize.card.decoding import RerankSettings
-
-    defaults, changes = RerankSettings(), {}
-    for part in comma_list(spec):
-        key, _, value = (x.strip() for x in part.partition("="))
-        if key not in {f.name for f in dataclasses.fields(RerankSettings)}:
-            raise UsageError(f"--rerank: unknown setting {key!r}; settings: {list(dataclasses.asdict(defaults))}")
-        kind = type(getattr(defaults, key))
-        if kind is bool and value.lower() not in ("true", "false"):
-            raise UsageError(f"--rerank: {key} is true or false, got {value!r}")
-        try:
-            changes[key] = value.lower() == "true" if kind is bool else kind(value)
-            replace(defaults, **changes)
-        except ValueError as e:
-            raise UsageError(f"--rerank: {e}") from e
-    return changes
-
-
 def _method_configs(a) -> dict[str, dict]:
     """The CPU budgets of EXACT and OPPU from --exact-pairs / --oppu-steps, checked before any model loads."""
     from personalize.methods.exact import ExactConfig
@@ -65,9 +42,8 @@ def cmd_eval(a) -> None:
 
     configs = _method_configs(a)
     objectives = _objectives_first(a)
-    rerank = _rerank_changes(a.rerank)
     engine = load_engine(a)
-    engine.cfg = replace(engine.cfg, objectives=objectives, rerank=replace(engine.cfg.rerank, **rerank))
+    engine.cfg = replace(engine.cfg, objectives=objectives)
     # the head's own α from the build's sweep on validation users (older builds swept the first head only)
     alpha = a.alpha if a.alpha is not None else \
         engine.meta.get("report", {}).get("alpha_by_objective", {}).get(objectives[0], {}).get("alpha")
@@ -227,9 +203,6 @@ def add_eval(sub) -> None:
     e.add_argument("--sources", default="", help="score only users of these sources (comma-separated, e.g. the ones "
                                                   "the build left out with --exclude-sources)")
     e.add_argument("--alpha", type=float, default=None, help="override the build's α")
-    e.add_argument("--rerank", default=None,
-                   help="card_rerank's settings over the build's, e.g. \"n=8,greedy=false,temperature=1.0\" (n, greedy, "
-                        "temperature, top_p, seed, alpha, length_norm: rerank.RerankSettings)")
     e.add_argument("--objective", default=None,
                    help="which built head onboards users and steers card (tokens, pairs, hard_pairs; default: the build's first)")
     _add_method_budgets(e)

@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from personalize.card.adapters import adapter_name
 from personalize.data import Item, read_lamp, select_sources
-from personalize.catalog import BENCH_METHODS, CARD_METHODS, CONTRAST, CORE_METHODS, PERSONAL, RERANK, VARIANTS
+from personalize.catalog import BENCH_METHODS, CARD_METHODS, CORE_METHODS, VARIANTS
 from personalize.methods.engine import Engine, UserFit
 from personalize.card.head import fit_user
 from personalize.methods.registry import METHODS, get_method
@@ -39,9 +39,8 @@ from personalize.eval.loops import Person, format_loops, loop_shares
 from personalize.card.style import style_diagnostics, variant
 from personalize.store import Store
 from personalize.methods.card import decode as card_decode
-from personalize.methods.card.personal import choose_own_setting
 
-SHUFFLED = {"card_shuffled": "card", "card_rerank_shuffled": RERANK}  # the method decoded with another person's style
+SHUFFLED = {"card_shuffled": "card"}  # the method decoded with another person's style
 # eval's own columns beside the registry's methods: the core, CARD's variants, the shuffled control, the floor
 EVAL_CORE = (*CORE_METHODS, *VARIANTS, *SHUFFLED, "bm25_copy")  # paper Table 5 rows, plus EXACT's indexing
 STORED = {  # what bytes_per_user counts, per method
@@ -95,21 +94,17 @@ def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence
         profiles.append(engine.prepare_items(q.profile[:max_items]))
         fits.append(engine.fit(profiles[-1]))
     onboard_s = time.perf_counter() - t0
-    personal = personal_settings(engine, fits, profiles) if PERSONAL in methods else {}
     partner = shuffled_partners([f.cluster for f in fits], seed)
     preds: dict[str, list[str]] = {}
     gold_lp: dict[str, list[float | None]] = {}  # each gold's log-prob per token under the method's own rows
     no_gold_lp: dict[str, str] = {}  # methods whose rows the scorer cannot read, and why
     seconds: dict[str, float] = {}
-    candidates: dict[str, list] = {}  # card_rerank's candidates with their scores, per query
     for m in methods:
         preds[m] = [""] * len(queries)
         t_method = time.perf_counter()
-        if SHUFFLED.get(m, m) == RERANK:
-            candidates[m] = [None] * len(queries)
         gold_lp[m] = [None] * len(queries)
         (shards.predict if shards is not None else partial(_predict, engine))(
-            m, task, queries, profiles, fits, partner, method_configs, preds[m], candidates.get(m), gold_lp[m])
+            m, task, queries, profiles, fits, partner, method_configs, preds[m], gold_lp[m])
         seconds[m] = (time.perf_counter() - t_method) / len(queries)
         if any(v is None for v in gold_lp[m]):
             no_gold_lp[m] = NO_GOLD_LOGPROB.get(SHUFFLED.get(m, m), "its rows are not plain or CARD rows")
@@ -127,9 +122,7 @@ def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence
             | {m: {"none": why} for m, why in no_gold_lp.items()},
             "gold_logprob_differences": paired_differences(scored, n_boot, seed),
             "specificity": {"decoded_rougeL": _gap(per_query, "card", "card_shuffled"),
-                            "teacher_forced": teacher_forced_specificity(engine, fits, partner)}
-            | ({"decoded_rerank_rougeL": _gap(per_query, RERANK, "card_rerank_shuffled")}
-               if "card_rerank_shuffled" in per_query else {}),
+                            "teacher_forced": teacher_forced_specificity(engine, fits, partner)},
             "settings": {"artifacts": engine.artifacts_id, "data": str(data_dir), "split": split, "n": len(queries),
                          "sources": sorted({q.source for q in queries if q.source}), "sources_in_build": seen,
                          "max_items": max_items, "alpha": engine.cfg.decoding.alpha, "top_k": engine.cfg.decoding.top_k,
@@ -137,44 +130,24 @@ def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence
                          "repetition_penalty": engine.cfg.decoding.repetition_penalty,
                          "no_repeat_ngram": engine.cfg.decoding.no_repeat_ngram, "k": engine.cfg.default_k,
                          "objective": engine.cfg.objectives[0], "style": dataclasses.asdict(engine.cfg.style),
-                         "rerank": dataclasses.asdict(engine.cfg.rerank), "onboarding_s_total": round(onboard_s, 1),
-                         "method_configs": method_configs or {}}
-            | ({"personal": {k: v for k, v in personal.items() if k != "chosen"}} if personal else {}),
+                         "onboarding_s_total": round(onboard_s, 1), "method_configs": method_configs or {}},
             "predictions": [{"id": q.id, "user": q.user, "source": q.source, "gold": q.gold,
                              **{m: preds[m][i] for m in methods},
-                             **({f"{PERSONAL}_setting": personal["chosen"][i]} if personal else {}),
-                             **{f"{m}_gold_logprob": round(v[i], 4) for m, v in scored.items()},
-                             **{f"{m}_candidates": c[i] for m, c in candidates.items()}} for i, q in enumerate(queries)]}
-
-
-def personal_settings(engine: Engine, fits: Sequence[UserFit], profiles: Sequence[Sequence[Item]]) -> dict:
-    """card_personal's setting for every person (methods/card/personal.py), set on their style; what it chose
-    and cost."""
-    t0, chosen = time.perf_counter(), []
-    for f, items in zip(tqdm(fits, desc="own setting", mininterval=2.0), profiles):
-        if f.style is not None:
-            f.style.own = choose_own_setting(engine, f, items).setting
-        chosen.append(None if f.style is None else dataclasses.asdict(f.style.own))
-    counts: dict[str, int] = {}
-    for c in chosen:
-        key = "none" if c is None else f"alpha={c['alpha']:g}" + (" +retrieval" if c["retrieval"] else "")
-        counts[key] = counts.get(key, 0) + 1
-    return {"chosen": chosen, "counts": counts, "seconds_per_person": round((time.perf_counter() - t0) / len(fits), 3)}
+                             **{f"{m}_gold_logprob": round(v[i], 4) for m, v in scored.items()}}
+                            for i, q in enumerate(queries)]}
 
 
 NO_GOLD_LOGPROB = {  # methods whose gold log-prob eval does not report, and why
     "bm25_copy": "no model: it copies a past text",
-    RERANK: "two stages (candidates, then a choice): no one distribution over the gold",
     "cope": "its rows contrast two forward passes (a twin row), which the scorer does not run",
-    CONTRAST: "its rows contrast two prompts (a twin row), which the scorer does not run",
     "p2p": "its rows carry a generated LoRA, which the scorer does not apply",
 }
 
 
 def _predict(engine: Engine, m: str, task, queries, profiles, fits, partner, method_configs, out: list[str],
-             candidates: list | None = None, gold_lp: list | None = None) -> None:
-    """Method m's output for every query, into `out` (a reranking method's candidates into `candidates`, each
-    gold's teacher-forced log-prob per token under the method's own row into `gold_lp`)."""
+             gold_lp: list | None = None) -> None:
+    """Method m's output for every query, into `out`, and each gold's teacher-forced log-prob per token under the
+    method's own row into `gold_lp`."""
     if m == "bm25_copy":
         out[:] = [bm25_copy(q.input, q.profile) for q in queries]
         return
@@ -196,9 +169,8 @@ def _predict(engine: Engine, m: str, task, queries, profiles, fits, partner, met
                 method.release()
         return
     styles = method_styles(m, fits, partner)
-    out[:] = decode_people(engine, SHUFFLED.get(m, m), [q.input for q in queries], fits, styles, profiles, desc=m,
-                           traces=candidates)
-    if gold_lp is not None and SHUFFLED.get(m, m) != RERANK:
+    out[:] = decode_people(engine, SHUFFLED.get(m, m), [q.input for q in queries], fits, styles, profiles, desc=m)
+    if gold_lp is not None:
         gold_lp[:] = core_gold_logprobs(engine, m, queries, fits, styles, profiles)
 
 
@@ -216,10 +188,10 @@ def core_gold_logprobs(engine: Engine, m: str, queries, fits, styles, profiles) 
 
 
 def gold_logprobs(engine: Engine, rows: Sequence, golds: Sequence[str]) -> list[float | None]:
-    """Each gold's teacher-forced log-probability per token under its row (rerank.score_sequences: a plain row's
+    """Each gold's teacher-forced log-probability per token under its row (score.score_sequences: a plain row's
     softmax under its adapter, a CARD row's decoding distribution): the low-noise figure beside ROUGE. None for
     a row the scorer does not read (a twin or a generated LoRA)."""
-    from personalize.methods.card.rerank import score_sequences
+    from personalize.methods.card.score import score_sequences
     from personalize.methods.card.steer import CardSteer
 
     ok = [i for i, r in enumerate(rows) if r.steer is None or isinstance(r.steer, CardSteer)]
@@ -234,10 +206,9 @@ def gold_logprobs(engine: Engine, rows: Sequence, golds: Sequence[str]) -> list[
 
 def decode_people(engine: Engine, method: str, prompts: Sequence[str], fits: Sequence[UserFit],
                   styles: Sequence, items: Sequence[Sequence[Item]], settings=None, batch: int = 8,
-                  desc: str | None = None, traces: list | None = None) -> list[str]:
+                  desc: str | None = None) -> list[str]:
     """One output per person for a core method or CARD variant: people of a cluster decode together in batches;
-    card_personal and a CARD that retrieves the person's own items into the prompt decode each person alone.
-    `traces`: filled with each output's Generation.trace (card_rerank: its candidates and their scores)."""
+    a CARD that retrieves the person's own items into the prompt decodes each person alone."""
     out = [""] * len(prompts)
     alone = decodes_alone(engine, method)
     for b in tqdm(decode_batches(engine, method, fits, batch), desc=desc, mininterval=2.0, disable=desc is None):
@@ -246,8 +217,6 @@ def decode_people(engine: Engine, method: str, prompts: Sequence[str], fits: Seq
                                     k=fits[b[0]].k, settings=settings, items=items[b[0]] if alone else None)
         for i, g in zip(b, gens):
             out[i] = g.text
-            if traces is not None:
-                traces[i] = g.trace
     return out
 
 
@@ -263,11 +232,11 @@ def decode_batches(engine: Engine, method: str, fits: Sequence[UserFit], batch: 
 
 
 def decodes_alone(engine: Engine, method: str) -> bool:
-    """card_personal (each person's own setting) and a CARD that retrieves the person's items decode one person a
-    call; at α = 0 they decode as the cluster model does, in its batches (the same padding: the same tokens)."""
+    """A CARD that retrieves the person's items decodes one person a call; at α = 0 it decodes as the cluster
+    model does, in its batches (the same padding: the same tokens)."""
     if engine.cfg.decoding.alpha == 0:
         return False
-    return method == PERSONAL or (method in CARD_METHODS and variant(method, engine.cfg.style).retrieval)
+    return method in CARD_METHODS and variant(method, engine.cfg.style).retrieval
 
 
 def shuffled_partners(clusters: Sequence[int], seed: int = 0) -> list[int]:
@@ -295,10 +264,9 @@ def paired_differences(per_query: dict[str, list[float]], n_boot: int = 1000, se
     """Mean ROUGE-L difference and its paired bootstrap 95 % interval (queries resampled) for each pair that
     the comparison rests on, among the methods present."""
     pairs = [("card", "cluster"), ("cluster", "base"), ("card", "base"), ("card", "card_shuffled"),
-             ("card", "bm25_copy"), ("card", "card_paper"), (RERANK, "card"), (RERANK, "card_rerank_shuffled"),
-             (PERSONAL, "card"), (PERSONAL, "bm25_copy"), (CONTRAST, "card"), (CONTRAST, "bm25_copy")]
+             ("card", "bm25_copy"), ("card", "card_paper")]
     pairs += [(v, "cluster") for v in ("card_paper", *VARIANTS, "oppu") if v != "card_shuffled"]
-    pairs += [("card", "oppu"), (PERSONAL, "oppu")]  # OPPU, the per-person LoRA, is the bar
+    pairs += [("card", "oppu")]  # OPPU, the per-person LoRA, is the bar
     rng = np.random.default_rng(seed)
     out = {}
     for a, b in dict.fromkeys(pairs):

@@ -11,9 +11,6 @@ Then the harm guard: `card` keeps the chosen settings only when a paired bootstr
 validation people puts its gain over the cluster model above 0; otherwise α = 0 and `card`
 decodes as the cluster model, and the report says why. A setting chosen on a handful of
 people is noise, so the guard asks for MIN_PEOPLE of them where the data has them.
-Asked for (`--steps rerank`), a last step chooses `card_rerank`'s settings (rerank.py: the cluster
-model's candidates rescored by the person's whole style) among RERANKS and reports card beside
-them; it leaves `card` as chosen (a reranked output is not one row of the app's mixed batch).
 
 `build` runs it all on its validation people (people held out of the population: their
 query, or their newest item); `python -m personalize tune` re-runs it on an existing build,
@@ -35,11 +32,8 @@ from tqdm import tqdm
 from personalize.card.config import FORMAT_VERSION
 from personalize.data import Item, read_lamp
 from personalize.card.decoding import DecodingSettings
-from personalize.catalog import RERANK
 from personalize.methods.engine import Engine, UserFit
 from personalize.metrics import looping, rouge_per_query, rouge_scores
-from personalize.card.decoding import RerankSettings
-from personalize.methods.card.rerank import Query, rerank
 from personalize.methods.card import decode as card_decode
 
 REPETITION = ((1.0, 0), (1.0, 4), (1.0, 3), (1.2, 4))  # (penalty on generated tokens, no-repeat n-gram)
@@ -56,11 +50,8 @@ MIN_PEOPLE = 30  # validation people the harm guard wants before it lets `card` 
 
 
 def decode_each(engine: Engine, method: str, prompts, fits, items, s: DecodingSettings) -> list[str]:
-    """Every person's output in one mixed batch (batch.py: each row exactly what it gives decoded alone, as eval
-    decodes it): a setting costs one decode of all the validation people, not one per cluster. `card_rerank`:
-    every person's candidates in one mixed batch, then one scoring pass (rerank.py)."""
-    if method == RERANK:
-        return [g.text for g in rerank(engine, [Query(p, f.cluster, f.k, f.style) for p, f in zip(prompts, fits)], s)]
+    """Every person's output in one mixed batch (each row exactly what it gives decoded alone, as eval decodes
+    it): a setting costs one decode of all the validation people, not one per cluster."""
     rows = [r for p, f, it in zip(prompts, fits, items)
             for r in card_decode.rows(engine, [p], method, f.cluster, f.style, k=f.k, settings=s, items=it)]
     return [g.text for g in engine.decode_rows(rows)] if rows else []
@@ -82,7 +73,7 @@ class Decoder:
         cfg = self.engine.cfg
         if method == "cluster":
             return method, replace(cfg.decoding, alpha=0.0)
-        return method, cfg.decoding, cfg.style, cfg.rerank if method == RERANK else None
+        return method, cfg.decoding, cfg.style
 
     def texts(self, method: str) -> list[str]:
         key = self.key(method)
@@ -101,11 +92,6 @@ class Decoder:
 
 
 STEPS = ("repetition", "style", "alpha", "knn_weight", "fallback")
-# steps run only when asked (`tune --steps rerank`): card_rerank's settings, beside card as chosen; card is unchanged
-OPTIONAL_STEPS = ("rerank",)
-RERANKS = (("4 candidates", RerankSettings(n=4)), ("8 candidates", RerankSettings(n=8)),
-           ("8 samples, no greedy ones", RerankSettings(n=8, greedy=False)),
-           ("8, summed log-probs", RerankSettings(n=8, length_norm=False)))
 
 
 def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str], fits: Sequence[UserFit],
@@ -115,9 +101,9 @@ def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str]
     """The greedy pass above on (prompt, gold) of validation people fitted on `items`, then the harm guard;
     returns the engine with the chosen settings in engine.cfg and the sweep. `steps` re-runs only some steps,
     the others kept as built."""
-    unknown = [x for x in steps if x not in (*STEPS, *OPTIONAL_STEPS)]
+    unknown = [x for x in steps if x not in STEPS]
     if unknown:
-        raise ValueError(f"unknown tune steps {unknown}; choose from {(*STEPS, *OPTIONAL_STEPS)}")
+        raise ValueError(f"unknown tune steps {unknown}; choose from {STEPS}")
     report: dict = {"users": len(prompts)}
     dec = decoder or Decoder(engine, prompts, golds, fits, items)
 
@@ -152,10 +138,6 @@ def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str]
              lambda w: replace(engine.cfg, style=replace(engine.cfg.style, knn_weight=w)))
     pick("fallback", [("off", False), ("on", True)],
          lambda v: replace(engine.cfg, style=replace(engine.cfg.style, fallback=v)))
-    if "rerank" in steps:  # after card's own choice, so the candidates include card as it will decode
-        card = dec.score("card")
-        pick("rerank", RERANKS, lambda v: replace(engine.cfg, rerank=v), method=RERANK)
-        report["rerank"]["card"] = card
     if guard:
         engine, report["guard"] = harm_guard(engine, prompts, golds, fits, items, decoder=dec)
         if progress:
@@ -243,7 +225,6 @@ def save_choice(folder: Path, engine: Engine, report: dict) -> None:
     meta = json.loads(path.read_text())
     meta["settings"]["decoding"] = asdict(engine.cfg.decoding)
     meta["settings"]["style"] = asdict(engine.cfg.style)
-    meta["settings"]["rerank"] = asdict(engine.cfg.rerank)
     obj = engine.cfg.objectives[0]
     meta["report"].setdefault("alpha_by_objective", {})[obj] = {"alpha": engine.cfg.decoding.alpha,
                                                                 "sweep": report.get("alpha", {}).get("sweep")}

@@ -2,7 +2,7 @@
 
 - base.py: the `Method` protocol, `UserContext` (one person as the methods see them) and the helpers they share;
 - registry.py: name -> class for every method of catalog.py, and `get_method`;
-- card/: CARD's base, cluster and card (and its variants), its decoding, the steering of its rows, reranking;
+- card/: CARD's base, cluster and card (and its variants), its decoding, the steering of its rows, the score of a text;
 - rag.py, pag.py, exact.py, cope.py, oppu.py, p2p/: the compared methods (METHOD §2-§5), each with a frozen
   `XConfig` and an `XMethod(engine, store=None, cfg=XConfig())`; a method that steers its rows in a mixed batch
   (cope, p2p, card) implements serving.rows.Steer beside it, so the runner knows none of them;

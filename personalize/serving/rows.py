@@ -3,12 +3,11 @@ on its own rows while a mixed batch decodes. The runner (runner.py) calls a row'
 
 A steer can give its row
 - processors: the row's logits processors (between its minimum-length and repetition control, or after them);
-- a twin: a second row on another adapter or prompt decoded in lockstep, both rows seeing the same processors
-  (COPE; card_cad's prompt without the person's items);
+- a twin: a second row on another adapter decoded in lockstep, both rows seeing the same processors
+  (COPE's π_base);
 - hidden states: the batch's last n layers captured for its processors (CARD);
 - a generated LoRA on its row alone (Profile-to-PEFT), with the hooks that apply it on the libraries' own path.
-The steers are implemented beside their methods (methods/card/steer.py, methods/cope.py, methods/p2p/steer.py);
-`SampleSteer` (a seeded sample in a greedy batch) is the runner's own.
+The steers are implemented beside their methods (methods/card/steer.py, methods/cope.py, methods/p2p/steer.py).
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from typing import ClassVar
 
 from transformers import LogitsProcessor
 
-from personalize.card.decoding import DecodingSettings, SeededSampler
+from personalize.card.decoding import DecodingSettings
 from personalize.lm.tokens import TokenBudget
 
 
@@ -28,7 +27,6 @@ class Steer:
     what it needs (a frozen dataclass of the row's own parameters)."""
 
     twin_adapter: ClassVar[str | None] = None  # overridden by a field: the twin row's adapter
-    twin_prompt: ClassVar[str | None] = None  # overridden by a field: the twin's own prompt (None: the row's)
     hidden_layers: ClassVar[int | None] = None  # overridden by a field: the last layers its processors read
     restricts_top_k: ClassVar[bool] = False  # its processors keep the top-k themselves (sampling: none in generate)
     twin_error: ClassVar[str] = "a row and its twin chose different tokens"
@@ -56,19 +54,6 @@ class Steer:
         """The recorded steps of the row's `tracer` in the shape its method's own generate gives them; `new`: the
         row's new tokens, `k`: how many of them it kept."""
         return tracer.trace
-
-
-@dataclass(frozen=True)
-class SampleSteer(Steer):
-    """A sampled row with its own seed (decoding.SeededSampler after the row's repetition control): it decodes in
-    the greedy batch, and its draw does not depend on the batch's other rows (the reranker's candidates)."""
-
-    seed: int
-    temperature: float
-    top_p: float
-
-    def processors(self, settings, first, repeats, hidden, trace):
-        return [*first, *repeats, SeededSampler(self.seed, self.temperature, self.top_p, settings.top_k)], None
 
 
 @dataclass

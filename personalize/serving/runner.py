@@ -131,9 +131,8 @@ def _decode_group(model, tok, rows: Sequence[DecodeRow], on_step, fast: bool) ->
     n = len(rows)
     ids = [prompt_ids(tok, r.prompt, r.budget) for r in rows]
     twins = [i for i, r in enumerate(rows) if r.steer is not None and r.steer.twin_adapter is not None]
-    batch = ids + [ids[i] if rows[i].steer.twin_prompt is None else prompt_ids(tok, rows[i].steer.twin_prompt,
-                                                                              rows[i].budget) for i in twins]
-    # row n + j is row twins[j]'s twin (COPE: its π_base; card_cad: its prompt without the person's items)
+    batch = ids + [ids[i] for i in twins]
+    # row n + j is row twins[j]'s twin (COPE: its π_base)
     adapters = [r.adapter or NO_ADAPTER for r in rows] + [rows[i].steer.twin_adapter for i in twins]
     input_ids, mask = left_pad(batch, tok.pad_token_id, model.device)
     length = input_ids.shape[1]

@@ -6,23 +6,19 @@ person whose style lost to it on their held-out items. method.py's classes are t
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Sequence
 
 from personalize.card import decoding
 from personalize.card.adapters import BASE_ADAPTER, adapter_name
 from personalize.card.decoding import DecodingSettings, Generation
-from personalize.catalog import CARD_METHODS, CONTRAST, CORE_METHODS, PERSONAL, RERANK, VARIANTS
+from personalize.catalog import CARD_METHODS, CORE_METHODS, VARIANTS
 from personalize.data import Item
-from personalize.methods.card.contrast import contrast_steer
-from personalize.methods.card.steer import CardSteer, card_parts, person_styles
+from personalize.methods.card.steer import CardSteer, card_parts
 from personalize.methods.scaffold import scaffold_lines
 from personalize.serving.rows import DecodeRow
 
 FALLBACK_NOTE = ("your style did not beat your cluster's model on your own held-out items, "
                  "so this is the cluster model's output")
-PERSONAL_ZERO_NOTE = ("at your own α, chosen on your held-out items, your style is off: this is the cluster "
-                      "model's output")
 
 
 def generate(engine, prompts: Sequence[str], method: str, cluster: int | None = None, lam=None,
@@ -44,17 +40,6 @@ def generate(engine, prompts: Sequence[str], method: str, cluster: int | None = 
         return decoding.generate(engine.model, engine.tok, list(prompts), budget, s)
     if method not in ("cluster", *CARD_METHODS):
         raise ValueError(f"unknown method {method!r}; choose from {(*CORE_METHODS, *VARIANTS)}")
-    if method in (RERANK, CONTRAST) and s.alpha == 0:  # α = 0: the cluster model, its candidates or items unused
-        method = "cluster"
-    if method == RERANK:
-        from personalize.methods.card.rerank import Query, rerank
-
-        return rerank(engine, [Query(p, cluster or 0, k, st) for p, st in zip(prompts, person_styles(
-            lam, len(prompts), engine.heads[objective or engine.cfg.objectives[0]].d))], s, objective=objective,
-            budget=budget)
-    if method in (PERSONAL, CONTRAST):  # a row's own α, or a twin with its own prompt: the mixed batch's rows
-        return engine.decode_rows(rows(engine, prompts, method, cluster, lam, k, settings, objective, trace, budget,
-                                       items))
     engine.use_adapter(adapter_name(k, cluster or 0) if k > 1 else BASE_ADAPTER)
     if method == "cluster":
         return decoding.generate(engine.model, engine.tok, list(prompts), budget, s)
@@ -90,34 +75,19 @@ def rows(engine, prompts: Sequence[str], method: str, cluster: int | None = None
     if method not in ("cluster", *CARD_METHODS):
         raise ValueError(f"unknown method {method!r}; choose from {(*CORE_METHODS, *VARIANTS)}")
     ada = adapter_name(k, cluster or 0) if k > 1 else BASE_ADAPTER
-    if method == "cluster" or (method == CONTRAST and s.alpha == 0):  # α = 0: card_cad without the person's items
+    if method == "cluster":
         return [DecodeRow(p, budget, s, ada) for p in prompts]
-    if method == RERANK:
-        raise ValueError(f"{RERANK} decodes in two stages (candidates in one batch, then one scoring pass), so "
-                         "it has no single row: use methods.card.decode.generate or rerank.rerank")
-    if method == CONTRAST:  # the person's items before the prompt, contrasted with the prompt alone (contrast.py)
-        if not items:  # nothing to contrast: the cluster model's rows
-            return [DecodeRow(p, budget, s, ada) for p in prompts]
-        with_items, wide = retrieval_prompts(engine, items, prompts, budget)
-        frame = scaffold_lines(engine.task)
-        return [DecodeRow(w, wide, s, ada, contrast_steer(ada, p), want_trace=trace, scaffold=frame)
-                for w, p in zip(with_items, prompts)]
     head, style, styles, s = card_parts(engine, method, lam, len(prompts), s, objective)
     out: list[DecodeRow] = []
     for p, st in zip(prompts, styles):
-        own = st.own if method == PERSONAL and s.alpha > 0 else None  # α = 0 asks for the cluster model: no own α
-        s_row = s if own is None else replace(s, alpha=own.alpha)
         if style.fallback and st.helps is False:
             out.append(DecodeRow(p, budget, s, ada, note=FALLBACK_NOTE))
             continue
-        if own is not None and own.alpha == 0:
-            out.append(DecodeRow(p, budget, s, ada, note=PERSONAL_ZERO_NOTE))
-            continue
         card_prompt, card_budget, scaffold = p, budget, ()
-        if (style.retrieval or (own is not None and own.retrieval)) and items and s_row.alpha > 0:
+        if style.retrieval and items and s.alpha > 0:
             (card_prompt,), card_budget = retrieval_prompts(engine, items, [p], budget)
             scaffold = scaffold_lines(engine.task)  # the items' header: never the answer
-        out.append(DecodeRow(card_prompt, card_budget, s_row, ada, CardSteer(head, st, style, engine.cfg.head.n_layers),
+        out.append(DecodeRow(card_prompt, card_budget, s, ada, CardSteer(head, st, style, engine.cfg.head.n_layers),
                              want_trace=trace, scaffold=scaffold))
     return out
 

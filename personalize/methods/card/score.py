@@ -1,58 +1,25 @@
-"""Reranking by the person's style (issue 23, item 2a): `card_rerank`, a CARD variant.
-
-Teacher-forced, a person's style ranks their real text well, but greedy decoding with a per-token correction
-barely moves the text: at each step it can only reorder the cluster model's top-k, and a different first
-token rarely pays off within a greedy path. `card_rerank` scores whole sequences instead:
-
-1. candidates: `RerankSettings.n` outputs of the cluster model for each prompt, decoded in ONE mixed batch
-   (serving.runner.decode_rows, every person and cluster together, each prompt prefilled once): its greedy output and
-   CARD's own greedy output (so reranking can never do worse, on the style's own score, than choosing
-   between the two), and samples (temperature, top-p within the decoding top-k), each row with its own
-   seed (serving.rows.SampleSteer), so a person's candidates do not depend on who else is in the batch;
-2. `score_sequences`: every candidate teacher-forced under the person's style in one forward pass per chunk
-   of rows, the per-step log-probabilities of the distribution CARD decodes from (style.style_scores on the
-   top-k, log-softmax over the step's candidates: the cluster model's log-prob plus α·correction,
-   normalised as decoding normalises it), summed or averaged over the candidate's tokens;
-3. the highest score is kept (ties: the first candidate, the cluster model's greedy output).
-
-`score_sequences` also gives the teacher-forced log-probability of any text (a person's gold, say) under a
-plain row (the model's own softmax) or a CARD row (the style's decoding distribution).
+"""The teacher-forced score of a text after a row's prompt: under a plain row the model's own softmax, under a CARD
+row the distribution CARD decodes from (style.style_scores on the step's top-k and the memory's tokens, with the
+form bias on the answer's opening), so a gold text's log-probability says what decoding would give it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import time
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
 
-from personalize.card.adapters import BASE_ADAPTER, adapter_name
-from personalize.methods.card.steer import CardSteer, card_parts
-from personalize.serving.rows import DecodeRow, SampleSteer
-from personalize.serving.runner import check_adapters
-from personalize.card.decoding import RerankSettings, DecodingSettings, Generation
-from personalize.lm.features import HiddenCapture, position_ids
-from personalize.lm.onednn import onednn_linears
-from personalize.serving.row_lora import NO_ADAPTER, row_loras, supported
 from personalize.card.head import next_opening, opening_key
 from personalize.card.style import StyleTensors, style_scores
+from personalize.lm.features import HiddenCapture, position_ids
+from personalize.lm.onednn import onednn_linears
 from personalize.lm.tokens import left_pad, prompt_ids, target_ids
+from personalize.methods.card.steer import CardSteer
+from personalize.serving.row_lora import NO_ADAPTER, row_loras, supported
+from personalize.serving.rows import DecodeRow
+from personalize.serving.runner import check_adapters
 
-
-@dataclass(frozen=True)
-class Query:
-    """One output to choose: the prompt and the person (cluster, K, style: a UserStyle, a λ or None for λ = 1)."""
-
-    prompt: str
-    cluster: int = 0
-    k: int | None = None
-    style: object = None
-
-
-# ---------------------------------------------------------------- the sequence score
 
 def _pick(ids: torch.Tensor, scores: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """log-softmax of each step's scores at the target token ([T, m] → [T]); −inf where it is not a candidate."""
@@ -145,62 +112,4 @@ def _chunk_logprobs(model, tok, rows: Sequence[DecodeRow], targets: Sequence[lis
             out.append(card_logprobs(r, lg, h[j, pos], tgt, widen))
         else:
             out.append(lg.log_softmax(-1).gather(1, tgt[:, None])[:, 0])
-    return out
-
-
-# ---------------------------------------------------------------- candidates and the choice
-
-def sample_seed(seed: int, prompt: str, j: int) -> int:
-    """The j-th sample's seed for a prompt: the same draw wherever the row sits in a batch."""
-    return int.from_bytes(hashlib.sha1(f"{seed}\x1f{j}\x1f{prompt}".encode()).digest()[:8], "little") >> 1
-
-
-def candidate_rows(engine, q: Query, s: DecodingSettings, rs: RerankSettings, objective: str | None = None,
-                   budget=None) -> tuple[list[DecodeRow], list[str], DecodeRow]:
-    """(the candidates' rows, their labels, the CARD row that scores them) for one query."""
-    budget = budget or engine.cfg.budget
-    k = q.k or engine.cfg.default_k
-    ada = adapter_name(k, q.cluster) if k > 1 else BASE_ADAPTER
-    greedy = replace(s, do_sample=False, alpha=rs.alpha)
-    head, style, (st,), cs = card_parts(engine, "card_rerank", q.style, 1, greedy, objective)
-    card = DecodeRow(q.prompt, budget, cs, ada, CardSteer(head, st, style, engine.cfg.head.n_layers))
-    rows, labels = ([DecodeRow(q.prompt, budget, greedy, ada), card], ["cluster", "card"]) if rs.greedy else ([], [])
-    for j in range(rs.n - len(rows)):
-        rows.append(DecodeRow(q.prompt, budget, greedy, ada,
-                              SampleSteer(sample_seed(rs.seed, q.prompt, j), rs.temperature, rs.top_p)))
-        labels.append(f"sample {j + 1}")
-    return rows, labels, card
-
-
-def rerank(engine, queries: Sequence[Query], settings: DecodingSettings | None = None,
-           rs: RerankSettings | None = None, objective: str | None = None, budget=None) -> list[Generation]:
-    """Each query's candidates (every query's in one mixed batch), scored under its person's style (one pass per
-    chunk), the best kept. Generation.trace: the candidates with their scores, the chosen one marked;
-    latency_s: the whole work (decoding and scoring) divided among the queries."""
-    s = settings or engine.cfg.decoding
-    rs = rs or engine.cfg.rerank
-    if not queries:
-        return []
-    t0 = time.perf_counter()
-    plan = [candidate_rows(engine, q, s, rs, objective, budget) for q in queries]
-    gens = engine.decode_rows([r for rows, _, _ in plan for r in rows])
-    eos, score_rows, texts, slot, at = engine.tok.eos_token_id, [], [], {}, 0
-    for i, (rows, _, card) in enumerate(plan):  # a text that several candidates of a query share: scored once
-        for g in gens[at: at + len(rows)]:
-            if (i, g.text) not in slot:
-                slot[i, g.text] = len(texts)
-                score_rows.append(card)
-                texts.append(engine.tok(g.text, add_special_tokens=False)["input_ids"] + [eos])
-        at += len(rows)
-    scores = score_sequences(engine.model, engine.tok, score_rows, texts, length_norm=rs.length_norm)
-    per = (time.perf_counter() - t0) / len(queries)
-    out, at = [], 0
-    for i, (rows, labels, _) in enumerate(plan):
-        cands = gens[at: at + len(rows)]
-        at += len(rows)
-        sc = torch.stack([scores[slot[i, g.text]] for g in cands])
-        best = int(sc.argmax())  # the first of equal scores: the cluster model's greedy output comes first
-        trace = [{"candidate": lab, "text": g.text, "score": float(v), "chosen": j == best}
-                 for j, (lab, g, v) in enumerate(zip(labels, cands, sc))]
-        out.append(Generation(cands[best].text, cands[best].n_tokens, per, trace))
     return out
