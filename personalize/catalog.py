@@ -43,24 +43,16 @@ CATALOG: tuple[MethodInfo, ...] = (
                bench=2, serving_bench=True),
     # CARD's variants compared on dev (METHOD §1.10): the paper's CARD is λ alone; `card` is CardConfig.style
     MethodInfo("card_paper", "variant", "λ alone (the paper's CARD)",
-               style=dict(bias=False, memory=False, retrieval=False, fallback=False, form=False)),
+               style=dict(bias=False, memory=False, retrieval=False, fallback=False, form=False, far_knn_weight=0.0)),
     MethodInfo("card_bias", "variant", "λ and the token bias",
-               style=dict(bias=True, memory=False, retrieval=False, fallback=False, form=False)),
+               style=dict(bias=True, memory=False, retrieval=False, fallback=False, form=False, far_knn_weight=0.0)),
     MethodInfo("card_knn", "variant", "λ and the kNN memory",
-               style=dict(bias=False, memory=True, retrieval=False, fallback=False, form=False)),
+               style=dict(bias=False, memory=True, retrieval=False, fallback=False, form=False, far_knn_weight=0.0)),
     MethodInfo("card_rag", "variant", "λ with the person's nearest items in the prompt",
-               style=dict(bias=False, memory=False, retrieval=True, fallback=False, form=False)),
+               style=dict(bias=False, memory=False, retrieval=True, fallback=False, form=False, far_knn_weight=0.0)),
     # `card` without the person's form (their openings' bias): what the form adds at decoding
     MethodInfo("card_no_form", "variant", "the build's style without the bias on the person's openings",
                style=dict(form=False)),
-    # the build's style at the person's own α, chosen on their held-out items during the fit (personal.py)
-    MethodInfo("card_personal", "variant", "the build's style at the person's own α (0: the cluster model)"),
-    # the person's nearest items before the prompt, amplified against the prompt alone (contrast.py); no head
-    MethodInfo("card_cad", "variant", "the person's nearest items, amplified by context-aware decoding",
-               style=dict(bias=False, memory=False, retrieval=True, fallback=False, form=False)),
-    # the build's style (λ, bias, memory) as a sequence score: the cluster model's candidates reranked (rerank.py)
-    MethodInfo("card_rerank", "variant", "the cluster model's candidates reranked under the whole style",
-               style=dict(retrieval=False, fallback=False)),
 )
 BY_NAME: dict[str, MethodInfo] = {m.name: m for m in CATALOG}
 
@@ -72,9 +64,6 @@ CORE_METHODS = tuple(m.name for m in CATALOG if m.family == "card")  # base, clu
 COMPARED = tuple(m.name for m in CATALOG if m.family == "compared")  # the methods CARD is compared with
 VARIANTS: dict[str, dict] = {m.name: m.style for m in CATALOG if m.family == "variant"}
 CARD_METHODS = ("card", *VARIANTS)  # the default CARD and its variants
-RERANK = "card_rerank"  # decodes in two stages (candidates, then one scoring pass): no single row
-CONTRAST = "card_cad"  # a row and its twin without the person's items (context-aware decoding), no head
-PERSONAL = "card_personal"  # each row at its person's own α (UserStyle.alpha), chosen when they are fitted
 SLOW_FIRST_USE = tuple(m.name for m in CATALOG if m.slow_first_use)
 BENCH_METHODS = tuple(m.name for m in sorted((m for m in CATALOG if m.bench is not None), key=lambda m: m.bench))
 SERVING_METHODS = tuple(m.name for m in CATALOG if m.serving_bench)

@@ -442,6 +442,32 @@ def test_memory_neighbours_bring_the_persons_next_token(tiny_model, tokenizer):
     assert torch.exp(sc[torch.isfinite(sc)]).sum().item() == pytest.approx(1.0, abs=1e-4)  # still a distribution
 
 
+def test_a_far_persons_own_memory_weight_decodes_when_the_builds_style_has_no_memory(tiny_model, tokenizer):
+    """The memory is the person's own weight (far from every cluster) even under a style whose memory is off; the
+    paper's λ-alone variant (far_knn_weight 0) leaves it out; the weight survives the store's bytes."""
+    head = PersonalizationHead(2 * 32, len(tokenizer), 8).requires_grad_(False)
+    word = tokenizer(" zebra", add_special_tokens=False)["input_ids"][0]
+    feats = teacher_forced(tiny_model, tokenizer, [(p, "zebra") for p in PROMPTS], 2, BUDGET, top_k=20)
+    feats = [f.__class__(f.text, torch.tensor([word, f.ids[-1]]), f.h[:2], f.logprob[:2]) for f in feats]
+    keys, values = memory_from_features(feats, 32, 100)
+    far = UserStyle(np.ones(8, np.float32), keys=keys, values=values, knn_weight=0.9)
+    near = UserStyle(np.ones(8, np.float32), keys=keys, values=values)
+    s = StyleSettings(bias=False, memory=False, fallback=False, knn_neighbours=3, key="state", form=False)
+    assert far.memory_weight(s) == 0.9 and near.memory_weight(s) is None
+    assert far.memory_weight(replace(s, far_knn_weight=0.0)) is None  # card_paper and the one-part variants
+    assert far.memory_weight(replace(s, memory=True, knn_weight=0.3)) == 0.9
+    one = DecodingSettings(alpha=1.0, max_new_tokens=2)
+
+    def first(style, settings):
+        return generate(tiny_model, tokenizer, PROMPTS[:1], BUDGET, one, head=head, styles=[style], style=settings,
+                        n_layers=2)[0].text.split()[0]
+
+    assert first(far, s) == "zebra" != first(near, s)
+    assert first(far, replace(s, far_knn_weight=0.0)) == first(near, s)
+    back = UserStyle.from_bytes(far.lam, far.extras_bytes())
+    assert back.knn_weight == pytest.approx(0.9) and UserStyle.from_bytes(near.lam, near.extras_bytes()).knn_weight is None
+
+
 def test_repetition_control_ignores_the_prompt_and_stops_loops(tiny_model, tokenizer):
     s = DecodingSettings(alpha=0.0, max_new_tokens=24, no_repeat_ngram=0)
     loose = generate(tiny_model, tokenizer, PROMPTS, BUDGET, s)

@@ -116,6 +116,28 @@ def test_tune_chooses_on_validation_people_and_the_build_reads_the_choice_back(e
     assert again.cfg.decoding == eng.cfg.decoding and again.cfg.style == eng.cfg.style
 
 
+def test_a_person_beyond_every_cluster_is_fitted_with_their_own_memory(engine, tiny_artifacts, monkeypatch):
+    """is_far reads the build's own people (cluster.closeness); a far person's fit keeps their memory at
+    StyleSettings.far_knn_weight and says so in its stats, a near person's follows the build's style."""
+    k = engine.cfg.default_k
+    c = engine.clusters
+    assert engine.is_far(k, [1e6] * k) and not engine.is_far(k, [0.0] * k)
+    task, qs = read_lamp(tiny_artifacts["demo"], "dev")
+    items = engine.prepare_items(list(qs[0].profile[:8]))
+    cfg = engine.cfg
+    engine.cfg = replace(cfg, style=replace(cfg.style, memory=False, far_knn_weight=0.2))
+    try:
+        monkeypatch.setattr(engine, "is_far", lambda k_, d: True)
+        far = engine.fit(items)
+        monkeypatch.setattr(engine, "is_far", lambda k_, d: False)
+        near = engine.fit(items)
+    finally:
+        engine.cfg = cfg
+    assert far.far and far.stats()["far"] and far.style.knn_weight == 0.2 and len(far.style.values)
+    assert not near.far and near.style.knn_weight is None and not len(near.style.values)
+    assert c.centroids[k].shape[0] == k
+
+
 def test_card_falls_back_with_a_note_and_retrieves_only_for_its_own_rows(engine, tiny_artifacts, monkeypatch):
     """A style that lost to the cluster model on its held-out items decodes as the cluster model (its plain prompt,
     a note saying so) when fallback is on; a retrieving style puts the person's items before the prompt."""
@@ -174,118 +196,6 @@ def test_eval_reports_each_golds_log_prob_under_each_methods_own_rows(engine, tw
     assert "card - oppu" in res["gold_logprob_differences"] and "card - oppu" in res["differences"]
 
 
-def test_card_personal_decodes_at_the_setting_chosen_on_the_persons_held_out_items(engine, tiny_artifacts, two_sources):
-    """The setting is the candidate whose held-out outputs score best (ties keep the build's); at the build's α
-    card_personal writes what card writes, at α = 0 what the cluster model writes (with a note), with retrieval
-    what card_rag writes; eval reports the choice."""
-    from personalize.methods.card.personal import candidates
-
-    task, qs = read_lamp(tiny_artifacts["demo"], "dev")
-    items = engine.prepare_items(list(qs[0].profile[:10]))
-    fit = engine.fit(items)
-    assert fit.n_hold >= 1 and fit.held_style is not None
-    assert [o.alpha for o in candidates(0.0)] == [0.0, 0.5, 1.0, 2.0, 1.0]  # a guard's α = 0: scaled from 1
-    cfg = engine.cfg
-    engine.cfg = replace(cfg, decoding=replace(cfg.decoding, alpha=1.0))  # the style on, whatever the tiny build chose
-    try:
-        _check_card_personal(engine, fit, items, qs[0].input, two_sources)
-    finally:
-        engine.cfg = cfg
-
-
-def _check_card_personal(engine, fit, items, prompt, two_sources):
-    from personalize.card.style import OwnSetting
-    from personalize.methods.card.personal import candidates, choose_own_setting
-    from personalize.metrics import rouge_per_query
-
-    choice = choose_own_setting(engine, fit, items)
-    a0 = engine.cfg.decoding.alpha
-    build = OwnSetting(a0)
-    assert list(choice.scores) == candidates(a0) and choice.n_items == fit.n_hold
-    assert {o.alpha for o in choice.scores} == {0.0, a0 / 2, a0, 2 * a0} and OwnSetting(a0, True) in choice.scores
-    assert choice.scores[choice.setting] == max(choice.scores.values())
-    assert choice.setting == build or choice.scores[choice.setting] > choice.scores[build]
-    held = items[: fit.n_hold]  # the α = 0 score is the cluster model's outputs on those items, decoded alone
-    alone = card_decode.generate(engine, [it.x for it in held], "cluster", fit.cluster, k=fit.k)
-    assert choice.scores[OwnSetting(0.0)] == pytest.approx(
-        np.mean(rouge_per_query([g.text for g in alone], [it.y for it in held])))
-    card = card_decode.generate(engine, [prompt], "card", fit.cluster, fit.style)[0]
-    mine = card_decode.generate(engine, [prompt], "card_personal", fit.cluster, replace(fit.style, own=build))[0]
-    assert mine.text == card.text
-    cluster = card_decode.generate(engine, [prompt], "cluster", fit.cluster)[0]
-    off = card_decode.generate(engine, [prompt], "card_personal", fit.cluster, replace(fit.style, own=OwnSetting(0.0)))[0]
-    assert off.text == cluster.text and off.note
-    rag = card_decode.generate(engine, [prompt], "card_rag", fit.cluster, fit.style, items=items)[0]
-    paper = replace(engine.cfg.style, bias=False, memory=False, fallback=False)  # card_rag's parts, no retrieval
-    cfg = engine.cfg
-    try:
-        engine.cfg = replace(cfg, style=paper)
-        own_rag = card_decode.generate(engine, [prompt], "card_personal", fit.cluster,
-                                       replace(fit.style, own=OwnSetting(a0, True)), items=items)[0]
-    finally:
-        engine.cfg = cfg
-    assert own_rag.text == rag.text
-    folder, left_out = two_sources
-    res = run_eval(engine, folder, "dev", ["cluster", "card", "card_personal"], sources=["left/out"], limit=3,
-                   n_boot=100)
-    assert sum(res["settings"]["personal"]["counts"].values()) == 3
-    assert all(p["card_personal_setting"]["alpha"] in {0.0, a0 / 2, a0, 2 * a0} for p in res["predictions"])
-    assert "card_personal - card" in res["differences"]
-
-
-def test_card_cad_contrasts_the_prompt_with_the_persons_items_against_the_prompt_alone(engine, tiny_artifacts):
-    """Context-aware decoding in the mixed batch (a twin row with its own prompt): its first token is the argmax of
-    (1+β)·log p(t | items, x) − β·log p(t | x) among the tokens p(t | items, x) finds plausible; at β = 0 it is
-    the cluster model given the person's items; without items, the cluster model."""
-    import torch
-
-    from personalize.card import decoding
-    from personalize.card.adapters import adapter_name
-    from personalize.lm.tokens import prompt_ids
-    from personalize.lm.utf8 import utf8_guard
-    from personalize.methods.card.contrast import ContrastConfig, ContrastSteer
-    from personalize.serving.rows import DecodeRow
-
-    task, qs = read_lamp(tiny_artifacts["demo"], "dev")
-    items = engine.prepare_items(list(qs[0].profile[:6]))
-    fit = engine.fit(items)
-    prompt, k = qs[0].input, engine.cfg.default_k
-    ada = adapter_name(k, fit.cluster) if k > 1 else "k1c0"
-    s = replace(engine.cfg.decoding, max_new_tokens=4, alpha=1.0)  # α > 0: at 0 card_cad is the cluster model
-    rows = card_decode.rows(engine, [prompt], "card_cad", fit.cluster, k=k, settings=s, items=items, trace=True)
-    cad = engine.decode_rows(rows)[0]
-    assert cad.text == card_decode.generate(engine, [prompt], "card_cad", fit.cluster, k=k, settings=s,
-                                            items=items)[0].text
-    (with_items,), wide = card_decode.retrieval_prompts(engine, items, [prompt], engine.cfg.budget)
-    engine.use_adapter(ada)
-    with torch.no_grad():
-        lp = [engine.model(input_ids=torch.tensor([prompt_ids(engine.tok, p, wide)])).logits[0, -1].float()
-              .log_softmax(-1) for p in (with_items, prompt)]
-    cfg = ContrastConfig()
-    whole = utf8_guard(engine.tok, 0)(torch.zeros(1, 0, dtype=torch.long), torch.zeros(1, len(lp[0])))[0] == 0
-    lp = [x.masked_fill(~whole, float("-inf")) for x in lp]  # an output opens with a whole character (lm/utf8.py)
-    plausible = lp[0] >= lp[0].max() + torch.log(torch.tensor(cfg.tau))
-    score = torch.where(plausible, (1 + cfg.beta) * lp[0] - cfg.beta * lp[1], torch.tensor(float("-inf")))
-    assert int(cad.trace[0]["token"]) == int(score.argmax())
-    zero = engine.decode_rows([DecodeRow(with_items, wide, s, ada, ContrastSteer(0.0, cfg.tau, ada,
-                                                                                  plain_prompt=prompt))])[0]
-    engine.use_adapter(ada)
-    assert zero.text == decoding.generate(engine.model, engine.tok, [with_items], wide, s)[0].text
-    # a strong contrast whose choice differs from the items-prompt's own argmax: only the twin's own prompt gives it
-    for beta in (2.0, 5.0, 20.0, 100.0):
-        strong = torch.where(torch.isfinite(lp[0]), (1 + beta) * lp[0] - beta * lp[1], lp[0])  # -inf: not whole
-        if int(strong.argmax()) != int(lp[0].argmax()):
-            break
-    assert int(strong.argmax()) != int(lp[0].argmax()), "no β moves the first token on this tiny model"
-    row = DecodeRow(with_items, wide, s, ada, ContrastSteer(beta / (1 + beta), 0.0, ada, plain_prompt=prompt),
-                    want_trace=True)
-    assert int(engine.decode_rows([row])[0].trace[0]["token"]) == int(strong.argmax())
-    alone = card_decode.generate(engine, [prompt], "card_cad", fit.cluster, k=k, settings=s)[0]
-    assert alone.text == card_decode.generate(engine, [prompt], "cluster", fit.cluster, k=k, settings=s)[0].text
-    with pytest.raises(ValueError):
-        ContrastConfig(beta=-1)
-
-
 # ---------------------------------------------------------------- α = 0 is the cluster model (issue 36)
 
 ZERO_CHECKS = {"defaults": {}, "a penalty after a narrow top-k": {"top_k": 2, "repetition_penalty": 3.0}}
@@ -293,12 +203,10 @@ ZERO_CHECKS = {"defaults": {}, "a penalty after a narrow top-k": {"top_k": 2, "r
 
 @pytest.mark.parametrize("changes", list(ZERO_CHECKS.values()), ids=list(ZERO_CHECKS))
 def test_every_card_method_at_alpha_zero_decodes_as_the_cluster_model(engine, tiny_artifacts, changes):
-    """People with a fitted style that has a bias, a memory, an own setting (α = 2 with their items) and a build
-    style that retrieves and never falls back: at α = 0 every CARD method's rows, in one mixed batch with the
+    """People with a fitted style that has a bias and a memory, and a build style that retrieves and never falls back: at α = 0 every CARD method's rows, in one mixed batch with the
     cluster rows, and each method's own generate give the cluster model's tokens. The narrow top-k with a strong
     penalty is where the old α = 0 (CARD's top-k kept, then the penalty) chose other tokens."""
-    from personalize.card.style import OwnSetting
-    from personalize.catalog import CARD_METHODS, RERANK
+    from personalize.catalog import CARD_METHODS
 
     task, qs = read_lamp(tiny_artifacts["demo"], "dev")
     cfg = engine.cfg
@@ -313,26 +221,24 @@ def test_every_card_method_at_alpha_zero_decodes_as_the_cluster_model(engine, ti
             rng = np.random.default_rng(len(people))  # λ and a bias planted (the tiny model's fit leaves both flat)
             ids = np.unique(np.concatenate([fit.style.values, rng.integers(0, len(engine.tok), 64)]))
             style = replace(fit.style, lam=rng.normal(1, 2, len(fit.style.lam)).astype(np.float32), bias_ids=ids,
-                            bias=rng.normal(0, 4, len(ids)).astype(np.float32), helps=True,
-                            own=OwnSetting(2.0, retrieval=True))
+                            bias=rng.normal(0, 4, len(ids)).astype(np.float32), helps=True)
             people.append((q.input, fit, style, items))
         rows = [card_decode.rows(engine, [p], "cluster", f.cluster, k=f.k, settings=s)[0] for p, f, _, _ in people]
-        mixed = [m for m in CARD_METHODS if m != RERANK]
-        for m in mixed:
+        for m in CARD_METHODS:
             rows += [card_decode.rows(engine, [p], m, f.cluster, st, k=f.k, settings=s, items=it)[0]
                      for p, f, st, it in people]
         gens = engine.decode_rows(rows)
         n = len(people)
         cluster = [g.text for g in gens[:n]]
         assert len(set(cluster)) > 1 and all(cluster)
-        for j, m in enumerate(mixed):
+        for j, m in enumerate(CARD_METHODS):
             assert [g.text for g in gens[(j + 1) * n: (j + 2) * n]] == cluster, m
         for m in CARD_METHODS:
             alone = [card_decode.generate(engine, [p], m, f.cluster, st, k=f.k, settings=s, items=it)[0].text
                      for p, f, st, it in people]
             assert alone == [card_decode.generate(engine, [p], "cluster", f.cluster, k=f.k, settings=s)[0].text
                              for p, f, _, _ in people], m
-        on = [card_decode.generate(engine, [p], "card_personal", f.cluster, st, k=f.k, settings=replace(s, alpha=1.0),
+        on = [card_decode.generate(engine, [p], "card", f.cluster, st, k=f.k, settings=replace(s, alpha=1.0),
                                    items=it)[0].text for p, f, st, it in people]
         assert on != cluster  # the same people's styles do move the output when α is not 0
     finally:

@@ -68,6 +68,11 @@ class StyleSettings:
     # λ's prior centre: 0, none of the population's correction where the person's text does not show it (the
     # head's Δ at λ = 1 carries the population's form: "BUG:" for people who never write it); 1, the population's
     lambda_prior: float = 0.0
+    # a person further from their nearest cluster than all but `far_share` of the build's own people (closeness)
+    # gets their memory at this weight, whatever `memory` says: the cluster model writes a population's form that
+    # is not theirs, and their own past words are what carries them (0: off)
+    far_knn_weight: float = 0.15
+    far_share: float = 0.1
 
     def __post_init__(self):
         if not 0 <= self.knn_weight <= 1 or self.knn_neighbours < 1 or self.knn_temperature <= 0:
@@ -76,6 +81,8 @@ class StyleSettings:
             raise ValueError("rho_bias > 0, max_bias_tokens >= 1 and max_memory >= 1")
         if self.form_positions < 0 or self.form_prior <= 0 or self.form_cap <= 0:
             raise ValueError("form_positions >= 0, form_prior > 0 and form_cap > 0")
+        if not 0 <= self.far_knn_weight <= 1 or not 0 <= self.far_share <= 1:
+            raise ValueError("far_knn_weight and far_share in [0, 1]")
         if self.key not in KEYS:
             raise ValueError(f"key must be one of {KEYS}, got {self.key!r}")
 
@@ -89,18 +96,6 @@ def variant(name: str, default: StyleSettings) -> StyleSettings:
     return replace(default, **VARIANTS[name])
 
 
-@dataclass(frozen=True)
-class OwnSetting:
-    """The style's α and parts chosen for one person on their own held-out items (methods/card/personal.py)."""
-
-    alpha: float
-    retrieval: bool = False  # their nearest items before the prompt
-
-    def __post_init__(self):
-        if self.alpha < 0:
-            raise ValueError(f"α must be >= 0, got {self.alpha}")
-
-
 @dataclass
 class UserStyle:
     """One person: λ (the paper's user vector), a sparse token bias, a kNN memory, the form bias on their openings,
@@ -112,10 +107,10 @@ class UserStyle:
     keys: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float16))  # [N, H] unit-norm states
     values: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [N] the token that followed
     helps: bool | None = None  # None: too few items to tell
-    own: OwnSetting | None = None  # card_personal's α and parts for this person (None: the build's)
     form_keys: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [f] opening_key(o)
     form_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [f] token
     form_bias: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # [f] b_o(v) > 0
+    knn_weight: float | None = None  # the memory's weight for this person (far from every cluster); None: the build's
 
     @classmethod
     def of(cls, lam) -> "UserStyle":
@@ -129,7 +124,8 @@ class UserStyle:
         return np_save({"bias_ids": self.bias_ids.astype(np.int32), "bias": self.bias.astype(np.float16),
                         "keys": self.keys.astype(np.float16), "values": self.values.astype(np.int32),
                         "form_keys": self.form_keys.astype(np.int64), "form_ids": self.form_ids.astype(np.int32),
-                        "form_bias": self.form_bias.astype(np.float16)})
+                        "form_bias": self.form_bias.astype(np.float16),
+                        "knn_weight": np.asarray([np.nan if self.knn_weight is None else self.knn_weight], np.float32)})
 
     @classmethod
     def from_stored(cls, stored) -> "UserStyle | None":
@@ -147,7 +143,16 @@ class UserStyle:
         if "form_ids" in t:  # styles stored before the form bias have none
             style.form_keys, style.form_ids = t["form_keys"].astype(np.int64), t["form_ids"].astype(np.int64)
             style.form_bias = t["form_bias"].astype(np.float32)
+        if "knn_weight" in t and not np.isnan(t["knn_weight"][0]):
+            style.knn_weight = float(t["knn_weight"][0])
         return style
+
+    def memory_weight(self, s: StyleSettings) -> float | None:
+        """w for this person under settings s: their own (far from every cluster) unless s leaves that out, else
+        the build's when its style has a memory; None: no memory."""
+        if self.knn_weight is not None and s.far_knn_weight > 0:
+            return self.knn_weight
+        return s.knn_weight if s.memory else None
 
 
 # ---------------------------------------------------------------- fitting the per-person parts
@@ -241,16 +246,18 @@ class StyleTensors:
     lam: torch.Tensor  # [B, D]
     bias: list[tuple[torch.Tensor, torch.Tensor]]  # per row: (ids sorted ascending, values)
     memory: list[tuple[torch.Tensor, torch.Tensor]]  # per row: (keys [N, H] float, values [N])
+    knn_weights: list[float | None] = field(default_factory=list)  # per row: w (UserStyle.memory_weight)
     form: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=list)  # per row: key → bias
 
     @classmethod
     def of(cls, styles: Sequence[UserStyle], s: StyleSettings) -> "StyleTensors":
         lam = torch.stack([torch.as_tensor(st.lam, dtype=torch.float32) for st in styles])
         bias = [_sorted_bias(st) if s.bias else (torch.zeros(0, dtype=torch.long), torch.zeros(0)) for st in styles]
-        memory = [(torch.as_tensor(st.keys).float(), torch.as_tensor(st.values)) if s.memory and len(st.values)
-                  else None for st in styles]
+        weights = [st.memory_weight(s) for st in styles]
+        memory = [(torch.as_tensor(st.keys).float(), torch.as_tensor(st.values)) if w and len(st.values)
+                  else None for st, w in zip(styles, weights)]
         form = [_form_by_opening(st) if s.form else {} for st in styles]
-        return cls(lam, bias, memory, form)
+        return cls(lam, bias, memory, weights, form)
 
 
 def _form_by_opening(st: UserStyle) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
@@ -290,7 +297,8 @@ def style_scores(head: PersonalizationHead, st: StyleTensors, s: StyleSettings, 
     ℓ̃_T = ℓ_T + α·(Δ_T + b[T] + b_t[T]) (the tokens head's trained rule at α = 1; with `standardize`, Δ is
     centred and scaled to the logits' spread first, for heads whose Δ has no logit scale; b_o, the form bias
     after each row's opening, `openings` [B] of opening_key); then, with a memory,
-    log((1 − w')·softmax(ℓ̃_T) + w'·p_kNN) over the candidates and the neighbours' tokens, w' = min(1, α·w):
+    log((1 − w')·softmax(ℓ̃_T) + w'·p_kNN) over the candidates and the neighbours' tokens, w' = min(1, α·w), w
+    the row's own (UserStyle.memory_weight):
     α scales everything of the person's, so α = 0 is the cluster model exactly."""
     h, base = h.float(), base.float()
     if alpha == 0:
@@ -319,7 +327,7 @@ def style_scores(head: PersonalizationHead, st: StyleTensors, s: StyleSettings, 
         sims = keys @ q
         top = sims.topk(min(n, len(sims)))
         w = torch.softmax(top.values / s.knn_temperature, -1)
-        weight = min(1.0, alpha * s.knn_weight)
+        weight = min(1.0, alpha * st.knn_weights[r])
         p = (1 - weight) * torch.softmax(scores[r], -1)
         nb = vals[top.indices]
         hit = nb[:, None] == cand[r][None, :]  # [n, k]: neighbour tokens already among the candidates

@@ -124,15 +124,16 @@ def vote_rows(feats: VoteFeatures, votes: Sequence[Vote], k: int, cluster: int, 
 
 
 def refine_tokens(engine: Engine, history, n_hold: int, votes: Sequence[Vote], k: int, cluster: int,
-                  feats: VoteFeatures, s: FeedbackSettings = FeedbackSettings()) -> Refinement:
-    """The tokens head's style refitted on the history's features (one pass, kept from the fit) and the votes."""
+                  feats: VoteFeatures, s: FeedbackSettings = FeedbackSettings(), far: bool = False) -> Refinement:
+    """The tokens head's style refitted on the history's features (one pass, kept from the fit) and the votes;
+    `far`: the person's fit found them beyond the build's clusters (their memory at its own weight)."""
     t0 = time.perf_counter()
     votes = list(votes)[-s.max_votes:]
     head = engine.heads["tokens"]
     rows = vote_rows(feats, votes, k, cluster, s.vote_weight, s.rejected_weight)
     engine.use_adapter(adapter_name(k, cluster))
-    diag, _, _ = engine.held_out_style(history, n_hold, head, rows)
-    style, curve = engine.fit_style(history, head, rows)
+    diag, _, _ = engine.held_out_style(history, n_hold, head, rows, far=far)
+    style, curve = engine.fit_style(history, head, rows, far=far)
     style.helps = True if votes else diag.get("helps")  # the person asked for their style: no fallback
     return Refinement(style, diag, curve, len(votes), time.perf_counter() - t0)
 
@@ -227,7 +228,7 @@ def simulate_person(engine: Engine, items: Sequence[Item], query_prompt: str, go
                         continue
                     win = ra > rb
                 votes.append(Vote(it.x, a if win else b, b if win else a))
-            style = refine_tokens(engine, fit.features, fit.n_hold, votes, k, cluster, feats, fs).style
+            style = refine_tokens(engine, fit.features, fit.n_hold, votes, k, cluster, feats, fs, far=fit.far).style
         engine.use_adapter(adapter_name(k, cluster))
         diag = style_diagnostics(head, eval_rows, style, [], engine.cfg.style, 1.0)
         scored = {}

@@ -22,7 +22,7 @@ from personalize.methods.artifacts import ArtifactsError, artifacts_meta
 from personalize.card.adapters import BASE_ADAPTER, adapter_name, add_adapters, load_adapters
 from personalize.serving.rows import DecodeRow
 from personalize.serving.runner import decode_rows
-from personalize.card.cluster import assign, user_embeddings
+from personalize.card.cluster import assign, closeness, user_embeddings
 from personalize.card.config import FORMAT_VERSION, CardConfig
 from personalize.data import Item, Task, TASKS
 from personalize.card.decoding import DecodingSettings, Generation, generate
@@ -67,6 +67,7 @@ class UserFit:
     # the tokens head's one teacher-forced pass over every item (votes refit λ without redoing it) and n held out
     features: list | None = field(default=None, repr=False)
     n_hold: int = 0
+    far: bool = False  # further from every cluster than the build's people (StyleSettings.far_share)
 
     @property
     def total_s(self) -> float:
@@ -75,7 +76,7 @@ class UserFit:
     def stats(self) -> dict:
         return {"cluster": self.cluster, "k": self.k, "objective": self.objective, "n_items": self.n_items,
                 "stages_s": self.stages_s, "diagnostics": self.diagnostics, "loss_curve": self.loss_curve,
-                "cold_start": self.cold_start}
+                "cold_start": self.cold_start, "far": self.far}
 
 
 class Engine:
@@ -300,8 +301,18 @@ class Engine:
         return teacher_forced(self.model, self.tok, [(it.x, it.y) for it in items], hs.n_layers, self.cfg.budget,
                               top_k=hs.top_k)
 
-    def fit_style(self, feats, head: PersonalizationHead, votes: TokenData | None = None) -> tuple[UserStyle, list[float]]:
-        """λ (with the token bias when the style uses one) and the kNN memory from one pass's features.
+    def is_far(self, k: int, distances: Sequence[float]) -> bool:
+        """Whether a person this far from the nearest of K centres is further out than all but
+        StyleSettings.far_share of the build's own people (cluster.closeness)."""
+        c = self.clusters
+        if k not in c.centroids or not len(distances):
+            return False
+        return closeness(c.embeddings, c.centroids[k], c.labels[k], min(distances))[1] < self.cfg.style.far_share
+
+    def fit_style(self, feats, head: PersonalizationHead, votes: TokenData | None = None,
+                  far: bool = False) -> tuple[UserStyle, list[float]]:
+        """λ (with the token bias when the style uses one) and the kNN memory from one pass's features; `far`: the
+        person is beyond the build's clusters, so their memory is kept at StyleSettings.far_knn_weight.
         `votes`: rows of the texts the person preferred (or rejected), weighted (fitting/votes.py); they join the
         fit of λ and the bias, not the memory (the memory keeps the person's own text)."""
         st, hs = self.cfg.style, self.cfg.head
@@ -314,9 +325,11 @@ class Engine:
         else:
             lam, curve = fit_user(head, data, hs)
             ids, vals = torch.zeros(0, dtype=torch.long), torch.zeros(0)
-        keys, values = (memory_from_features(feats, self.lm.hidden_size, st.max_memory, st.key, head) if st.memory
-                        else (None, None))
-        style = UserStyle(lam.numpy().astype(np.float32), ids.numpy(), vals.numpy().astype(np.float32))
+        own_weight = st.far_knn_weight if far and st.far_knn_weight > 0 else None
+        keys, values = (memory_from_features(feats, self.lm.hidden_size, st.max_memory, st.key, head)
+                        if st.memory or own_weight else (None, None))
+        style = UserStyle(lam.numpy().astype(np.float32), ids.numpy(), vals.numpy().astype(np.float32),
+                          knn_weight=own_weight)
         if keys is not None:
             style.keys, style.values = keys, values
         if st.form:
@@ -331,19 +344,21 @@ class Engine:
             feats = stage("features", lambda: self.features(items))
         else:
             stages["features (made already)"] = 0.0
-        diag, own, held = self.held_out_style(feats, n_hold, head)
-        style, curve = stage("fit", lambda: self.fit_style(feats, head))
+        far = self.is_far(k, distances)
+        diag, own, held = self.held_out_style(feats, n_hold, head, far=far)
+        style, curve = stage("fit", lambda: self.fit_style(feats, head, far=far))
         style.helps = diag.get("helps")
         return UserFit(cluster, distances, k, style.lam, "tokens", len(items), stages, diag, curve, style=style,
-                       held=held, held_style=own, features=feats, n_hold=n_hold)
+                       held=held, held_style=own, features=feats, n_hold=n_hold, far=far)
 
-    def held_out_style(self, feats, n_hold: int, head: PersonalizationHead, votes: TokenData | None = None):
+    def held_out_style(self, feats, n_hold: int, head: PersonalizationHead, votes: TokenData | None = None,
+                       far: bool = False):
         """(diagnostics, style fitted without them, held-out rows) on the first n_hold items (the newest, in LaMP
         order), judged at α = 1, the rule the head was trained with: whether the style helps is the person's,
         not the slider's. Votes join the fit, never the held-out items."""
         if not n_hold:
             return {}, None, None
-        own, _ = self.fit_style(feats[n_hold:], head, votes)
+        own, _ = self.fit_style(feats[n_hold:], head, votes, far=far)
         held = TokenData.from_features(feats[:n_hold])
         others = [UserStyle.of(o) for o in list(self.population_lams.get("tokens", {}).values())[:16]]
         diag = style_diagnostics(head, held, own, others, self.cfg.style, 1.0)

@@ -222,7 +222,8 @@ class Fits(Service):
                 r: Refinement = refine_pairs(self.engine, objective, data, n_items, n_hold, votes, k, cluster,
                                              self._vote_features, fs)
             else:
-                r = refine_tokens(self.engine, data, n_hold, votes, k, cluster, self._vote_features, fs)
+                r = refine_tokens(self.engine, data, n_hold, votes, k, cluster, self._vote_features, fs,
+                                  far=bool(stats.get("far")))
         trim_memory()  # as after a fit
         keep = dict(stats, diagnostics=r.diagnostics, loss_curve=r.curve, n_votes=r.n_votes,
                     stages_s={"refit on votes": round(r.seconds, 4)})
