@@ -297,7 +297,8 @@ def test_the_fit_page_says_how_far_the_person_is_what_they_get_and_what_alpha_do
     from personalize.card.head import opening_key
     from personalize.ui import text as page_text
 
-    st = fitted.style
+    st = dataclasses.replace(fitted.style, knn_weight=None)  # near: the build's own style, no memory of theirs
+    fitted = dataclasses.replace(fitted, style=st, far=False)
     assert len(st.form_ids) and (st.form_keys == opening_key(())).any()  # the fit made the person's form
     monkeypatch.setattr(studio, "closeness", lambda k, d: "close to its centre: nearer than most of its own members")
     near = page_text.fit_message(studio, "vera", fitted, 1.0)
@@ -306,8 +307,11 @@ def test_the_fit_page_says_how_far_the_person_is_what_they_get_and_what_alpha_do
     assert "How you write against this build's writers" in near and "close to its centre" in near
     assert "0 is the cluster model exactly" in near and studio.engine.tok.decode([int(first)]).strip() in near
     assert "which is not yours" not in near
+    assert "your own past texts are mixed in" not in near  # a near person's style has no memory of their own
     monkeypatch.setattr(studio, "closeness", lambda k, d: "far from every cluster of this build: further out")
     assert "which is not yours" in page_text.fit_message(studio, "vera", fitted, 1.0)
+    far = dataclasses.replace(fitted, style=dataclasses.replace(st, knn_weight=0.15), far=True)
+    assert "your own past texts are mixed in" in page_text.fit_message(studio, "vera", far, 1.0)
     cfg = studio.engine.cfg  # a build whose guard kept card at the cluster model: the page does not promise the style
     monkeypatch.setattr(studio.engine, "cfg", dataclasses.replace(cfg, decoding=dataclasses.replace(cfg.decoding,
                                                                                                   alpha=0.0)))

@@ -104,6 +104,11 @@ def form_note(studio, fit: UserFit) -> str:
         lines[-1] += f", and your openings lifted at a text's first words (yours: {words})."
     else:
         lines[-1] += "."
+    w = st.memory_weight(studio.engine.cfg.style)
+    if st.knn_weight is not None and w:
+        lines.append(f"Because you are this far out, your own past texts are mixed in as it writes: where a "
+                     f"context like one of yours comes up, the word you wrote next gets a share ({w:g} at α = 1) "
+                     "of the choice, so your words come back rather than the population's.")
     if studio.engine.cfg.decoding.alpha == 0:  # the build's guard kept card at the cluster model (guard_note)
         lines[-1] = lines[-1].replace("What you get", "What α above 0 gives you", 1)
         lines[-1] += " At this build's α = 0, card writes as your cluster's model."
