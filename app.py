@@ -59,7 +59,7 @@ def page_files(studio: Studio) -> Path:
     takes and hands out live where Forget me looks and nowhere in /tmp. Gradio reads GRADIO_TEMP_DIR when a
     component is made and when the server starts (components' GRADIO_CACHE, the upload route's folder), so this
     runs before the Blocks is; one folder a process (the variable is the process's)."""
-    folder = studio.cfg.page_files.resolve()
+    folder = studio.runtime.cfg.page_files.resolve()
     folder.mkdir(parents=True, exist_ok=True)
     os.environ["GRADIO_TEMP_DIR"] = str(folder)
     return folder
@@ -69,8 +69,8 @@ def launch_options(studio: Studio) -> dict:
     """launch()'s limits for this studio: an upload larger than a history may be (at 4 bytes a character, UTF-8's
     widest) is refused by the upload route itself (HTTP 413) before it is written; the database files are never
     served, whatever the cache folder is set to."""
-    db = Path(studio.cfg.db).resolve()
-    return {"max_file_size": 4 * studio.cfg.max_history_chars,
+    db = Path(studio.runtime.cfg.db).resolve()
+    return {"max_file_size": 4 * studio.runtime.cfg.max_history_chars,
             "blocked_paths": [str(db), f"{db}-wal", f"{db}-shm", f"{db}-journal"]}
 
 

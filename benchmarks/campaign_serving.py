@@ -44,9 +44,9 @@ def load_campaign(studio, name: str, n_items: int = 20, raters_per_item: int = 2
 
     items = [CampaignItem(f"load-user-{i}", f"prompt {i}", tuple(f"item {i}.{j}" for j in range(6)))
              for i in range(n_items)]
-    studio.campaigns.create(name, items, CampaignConfig(("base", "cluster", "card"), raters_per_item=raters_per_item))
-    for item, m in studio.campaigns.missing(name):
-        studio.campaigns.add_output(item["id"], m, f"{m} says something about prompt {item['position']}", 0.0)
+    studio.runtime.campaigns.create(name, items, CampaignConfig(("base", "cluster", "card"), raters_per_item=raters_per_item))
+    for item, m in studio.runtime.campaigns.missing(name):
+        studio.runtime.campaigns.add_output(item["id"], m, f"{m} says something about prompt {item['position']}", 0.0)
 
 
 def run_raters(url: str, name: str, n_raters: int = 20, n_each: int = 50, seed: int = 0, pace_s: float = 0.0) -> dict:
@@ -176,7 +176,7 @@ def main(argv=None) -> int:
                 name = f"load-{mode}-{r}"
                 load_campaign(studio, name)
                 res = run_raters(f"http://127.0.0.1:{port}/", name, a.raters, a.each, seed=r, pace_s=pace)
-                rows = studio.campaigns.judgments(name)
+                rows = studio.runtime.campaigns.judgments(name)
                 distinct = {(x["rater"], x["first"], x["second"], x["item"]) for x in rows}
                 run = stats(res["latencies"]) | {"stored": len(rows), "distinct": len(distinct),
                                                  "errors": len(res["errors"]), "wall_s": round(res["wall_s"], 1)}
@@ -193,7 +193,7 @@ def main(argv=None) -> int:
     finally:
         server.kill()
         server.wait()
-        studio.store.close()
+        studio.runtime.store.close()
     print(f"next judgment, {a.raters} raters × {a.each} judgments at once (medians of {a.repeats} repeats):")
     print(f"  over HTTP, each rater clicking the moment the unit shows: median {out['closed']['median_ms']} ms, "
           f"p95 {out['closed']['p95_ms']} ms")

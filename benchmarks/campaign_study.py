@@ -87,11 +87,11 @@ def main(argv=None) -> int:
 
     db = a.db or str(Path(tempfile.mkdtemp(prefix="campaign-study-")) / "studio.db")
     studio = Studio.load(StudioConfig(artifacts=a.artifacts, db=db))
-    studio.campaigns.rng.seed(a.seed)
+    studio.runtime.campaigns.rng.seed(a.seed)
     name = f"study-{a.limit}"
     timings = {}
-    if name not in studio.campaigns.names():
-        studio.create_campaign(name, a.data, a.split, a.limit, a.methods.split(","), reference=True,
+    if name not in studio.runtime.campaigns.names():
+        studio.campaign_desk.create_campaign(name, a.data, a.split, a.limit, a.methods.split(","), reference=True,
                                raters_per_item=len(RATERS), attention_every=a.attention_every, sources=a.sources)
     t0 = time.perf_counter()
     gen = studio.generate_campaign(name, lambda i, n, w: print(f"  generate {i}/{n}: {w}", flush=True))
@@ -100,14 +100,14 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     for rater, rule in RATERS.items():
         rng = random.Random(rater)
-        while (unit := studio.next_judgment(name, rater)) is not None:
-            studio.submit_judgment(unit.id, rater, rule(unit, rng))
+        while (unit := studio.campaign_desk.next_judgment(name, rater)) is not None:
+            studio.campaign_desk.submit_judgment(unit.id, rater, rule(unit, rng))
     timings["rate_s"] = round(time.perf_counter() - t0, 1)
     t0 = time.perf_counter()
     judge = Judge(JudgeConfig(model=a.judge_model))
-    run_judge(studio.campaigns, name, judge, lambda i, n, w: print(f"  judge {w}", flush=True) if i % 10 == 0 else None)
+    run_judge(studio.runtime.campaigns, name, judge, lambda i, n, w: print(f"  judge {w}", flush=True) if i % 10 == 0 else None)
     timings["judge_s"] = round(time.perf_counter() - t0, 1)
-    res = studio.campaign_results(name)
+    res = studio.campaign_desk.campaign_results(name)
     print(format_status(res))
     print(f"timings: {timings}")
     if a.figure:
@@ -116,7 +116,7 @@ def main(argv=None) -> int:
         results_figure(res).write_html(a.figure, include_plotlyjs="cdn")
     if a.json:
         Path(a.json).write_text(json.dumps({"results": res, "timings": timings, "db": db}, indent=2))
-    studio.store.close()
+    studio.runtime.store.close()
     return 0
 
 

@@ -26,7 +26,7 @@ PROMPT = "Reject cookie values that contain a quoted semicolon when parsing the 
 def timed_compare(st, name: str, prompt: str) -> tuple[float, float]:
     """(seconds to the first streamed token, seconds to the last column) of one Compare."""
     t0, first = time.perf_counter(), None
-    for kind, _, _ in st.decoding.compare_stream(name, prompt, METHODS, st.settings()):
+    for kind, _, _ in st.decoding.compare_stream(name, prompt, METHODS, st.runtime.settings()):
         if kind == "text" and first is None:
             first = time.perf_counter() - t0
     return round(first or 0.0, 2), round(time.perf_counter() - t0, 2)
@@ -46,24 +46,24 @@ def main(argv=None) -> int:
     st, histories = newcomer_studio(a.artifacts, a.demo_data, 0 if a.history else a.people, "compare-after-fit-")
     if a.history:
         histories = [[t for t in Path(a.history).read_text().splitlines() if t.strip()]]
-    prompt = st.resolve_prompt(PROMPT, True)[0]
+    prompt = st.histories.resolve_prompt(PROMPT, True)[0]
     got: dict[str, list[tuple[float, float]]] = {"first uses running": [], "first uses done": []}
     for i, texts in enumerate(histories):
         name = f"newcomer-{i}"
-        st.save_from(name, "\n".join(texts[: a.items]), None, st.task.name)
+        st.save_from(name, "\n".join(texts[: a.items]), None, st.runtime.task.name)
         st.histories.rewrites.result()
-        st.fit(name)
-        st.after_fit(name)  # the app's Fit: EXACT's and OPPU's first uses start now
+        st.fits.fit(name)
+        st.background_jobs.after_fit(name)  # the app's Fit: EXACT's and OPPU's first uses start now
         got["first uses running"].append(timed_compare(st, name, prompt))
         for m in ("exact", "oppu"):
-            st.wait_first_use(name, m)
+            st.background_jobs.wait_first_use(name, m)
         got["first uses done"].append(timed_compare(st, name, prompt))
         print(f"{name}: right after Fit {got['first uses running'][-1]}, first uses done {got['first uses done'][-1]}"
               " (first token s, last column s)", flush=True)
     for mode, runs in got.items():
         print(f"Compare, {mode}: first token median {statistics.median(r[0] for r in runs):.2f} s, "
               f"last column median {statistics.median(r[1] for r in runs):.2f} s ({len(runs)} people)")
-    st.store.close()
+    st.runtime.store.close()
     return 0
 
 

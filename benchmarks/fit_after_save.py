@@ -38,7 +38,7 @@ def main(argv=None) -> int:
               f"{got['median_floor_right_after_save_s']:.2f} s of {got['floor_right_after_save_s']}")
         print(f"  with the prompts' common beginning made once: {got['right_after_save_tflop_shared_prefix']} TFLOP, "
               f"median {got['median_floor_shared_prefix_s']:.2f} s of {got['floor_shared_prefix_s']}")
-    st.store.close()
+    st.runtime.store.close()
     return 0
 
 

@@ -40,7 +40,7 @@ def main(argv=None) -> None:
     from personalize.lm.cpu_threads import release_team
 
     studio, compare, card = demo_compare(a.artifacts, a.demo_data, a.tokens)
-    e = studio.engine
+    e = studio.runtime.engine
     e.load_pending_adapters()
     sets = {"compare": compare, "card alone": card}
     print(f"{len(sets['compare'])} rows (+ COPE's twin), {a.tokens} tokens, torch threads {torch.get_num_threads()}")

@@ -60,14 +60,14 @@ def main(argv=None) -> None:
 
     times = {"kept": [], "handed back": []}
     alone = {"kept": [], "handed back": []}
-    in_thread(lambda: studio.engine.decode_rows(rows))  # warm-up
+    in_thread(lambda: studio.runtime.engine.decode_rows(rows))  # warm-up
     for i in range(a.repeats):
         for cond in ("kept", "handed back"):
             main_team()
             if cond == "handed back":
                 release_team()
-            times[cond].append(in_thread(lambda: studio.engine.decode_rows(rows)))
-            alone[cond].append(in_thread(lambda: studio.engine.decode_rows(card)))
+            times[cond].append(in_thread(lambda: studio.runtime.engine.decode_rows(rows)))
+            alone[cond].append(in_thread(lambda: studio.runtime.engine.decode_rows(card)))
             print(f"  {i + 1}/{a.repeats} main's team {cond}: compare {times[cond][-1]:.2f} s, "
                   f"card alone {alone[cond][-1]:.2f} s", flush=True)
     med = {c: statistics.median(v) for c, v in times.items()}

@@ -74,7 +74,7 @@ def concurrent_compares(studio, names: list[str], prompt: str, s) -> float:
     errors: list = []
 
     def press(name):
-        outs = list(studio.compare(name, prompt, METHODS, s))
+        outs = list(studio.decoding.compare(name, prompt, METHODS, s))
         errors.extend(o.error for o in outs if o.error)
 
     threads = [threading.Thread(target=press, args=(n,)) for n in names]
@@ -101,7 +101,7 @@ def sizes(studio, name: str, prompt: str, s) -> dict:
 
     from personalize.lm.models import BUNDLED, bundled_lm_folder
 
-    engine = studio.engine
+    engine = studio.runtime.engine
     m = engine.cfg.model
     model_path = bundled_lm_folder(m.cache_dir) if m.name_or_path == BUNDLED else Path(m.name_or_path)
     state = studio.decoding.histories.user_state(name, None)
@@ -111,7 +111,7 @@ def sizes(studio, name: str, prompt: str, s) -> dict:
             "model_weights": folder_bytes(model_path) if model_path.is_dir() else None,
             "model_parameters_bytes": sum(p.numel() * p.element_size() for p in engine.model.parameters()),
             "style_pickled": len(pickle.dumps(card[0].steer.style)),
-            "style_in_store": studio.store.vector_bytes(name, engine.artifacts_id),
+            "style_in_store": studio.runtime.store.vector_bytes(name, engine.artifacts_id),
             "card_row_sent": len(pickle.dumps(pack_rows(engine, card))),
             "compare_rows_sent": len(pickle.dumps(pack_rows(engine, rows))),
             "card_row_with_head": len(pickle.dumps(card))}
@@ -143,9 +143,9 @@ def main() -> None:
     if a.sizes_only:
         studio = Studio.load(StudioConfig(artifacts=str(artifacts), db=str(tmp / "studio.db"), demo_data=str(data)))
         name = next(iter(studio.runtime.demo_users))
-        studio.save_history(name, studio.demo_items(name), studio.task.name)
-        studio.fit(name)
-        for k, v in sizes(studio, name, studio.task.prompt("the bus was late again"), studio.settings()).items():
+        studio.histories.save_history(name, studio.histories.demo_items(name), studio.runtime.task.name)
+        studio.fits.fit(name)
+        for k, v in sizes(studio, name, studio.runtime.task.prompt("the bus was late again"), studio.runtime.settings()).items():
             print(f"  {k:<24} {v:>14,}" if v is not None else f"  {k:<24} (a hub id)")
         return
     engine = Engine.load(artifacts)
@@ -162,9 +162,9 @@ def main() -> None:
     studio = Studio.load(StudioConfig(artifacts=str(artifacts), db=str(tmp / "studio.db"), demo_data=str(data)))
     names = list(studio.runtime.demo_users)[: a.concurrent]
     for n in names:
-        studio.save_history(n, studio.demo_items(n), studio.task.name)
-        studio.fit(n)
-    s, prompt = studio.settings(), studio.task.prompt("the bus was late again")
+        studio.histories.save_history(n, studio.histories.demo_items(n), studio.runtime.task.name)
+        studio.fits.fit(n)
+    s, prompt = studio.runtime.settings(), studio.runtime.task.prompt("the bus was late again")
     rt = studio.runtime
     concurrent_compares(studio, names[:1], prompt, s)  # warm-up, as for the replicas below
     rows = [("in-process scheduler", concurrent_compares(studio, names, prompt, s))]

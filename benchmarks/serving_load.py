@@ -155,14 +155,14 @@ def main(argv=None) -> None:
     port = free_port()
     ui.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     url = f"http://127.0.0.1:{port}/"
-    people = sorted(studio.demo_users)[: a.people]
+    people = sorted(studio.runtime.demo_users)[: a.people]
     for p in people:
-        studio.save_history(p, studio.demo_items(p), studio.task.name)
+        studio.histories.save_history(p, studio.histories.demo_items(p), studio.runtime.task.name)
     spawn = multiprocessing.get_context("spawn")  # a fresh interpreter: the clients share nothing with the server
     compare_s, idle_ms, busy_ms = [], [], []
     for r in range(a.rounds):
         out = spawn.Queue()
-        studio.scheduler.batches.clear()
+        studio.runtime.scheduler.batches.clear()
         proc = spawn.Process(target=clients, args=(url, people, a, r, out))
         proc.start()
         res = out.get()
@@ -174,12 +174,12 @@ def main(argv=None) -> None:
         idle_ms += res["idle_ms"]
         busy_ms += res["busy_ms"]
         print(f"round {r}: {len(people)} Compares in {max(walls):.1f} s (each {sorted(round(w, 1) for w in walls)}); "
-              f"decode batches (requests, rows): {dict(Counter((b['requests'], b['rows']) for b in studio.scheduler.batches))}", flush=True)
+              f"decode batches (requests, rows): {dict(Counter((b['requests'], b['rows']) for b in studio.runtime.scheduler.batches))}", flush=True)
     print(f"votes ({a.votes_via}) with nothing decoding: {quantiles(idle_ms)}")
     print(f"votes ({a.votes_via}) during the Compares: {quantiles(busy_ms)}")
     print(f"Compare wall time: median {statistics.median(compare_s):.1f} s, max {max(compare_s):.1f} s")
     ui.close()
-    studio.scheduler.close()
+    studio.runtime.scheduler.close()
 
 
 if __name__ == "__main__":

@@ -230,7 +230,7 @@ def cmd_campaign(a) -> None:
             def on_ray(cfg):
                 from personalize.distributed.requests import RequestShards
 
-                return RequestShards(studio.engine, cfg)
+                return RequestShards(studio.runtime.engine, cfg)
             shards = commands.on_ray(a, on_ray)
             bar = tqdm(total=None, unit="output", desc=f"campaign {a.name}" + (" on Ray" if shards else ""))
 

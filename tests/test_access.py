@@ -35,60 +35,60 @@ def logins_studio(tiny_artifacts, folder: Path, admins=("root",)) -> Studio:
 def studio(tiny_artifacts, tmp_path_factory):
     s = logins_studio(tiny_artifacts, tmp_path_factory.mktemp("access"))
     yield s
-    s.store.close()
+    s.runtime.store.close()
 
 
 def test_a_login_reaches_only_the_people_it_made(studio):
-    task = studio.task.name
+    task = studio.runtime.task.name
     with acting_as("ana"):
         studio.save_from("ana-notes", "\n".join(ANA), None, task)
-        studio.compare("ana-notes", "a prompt of ana's", ["base"], studio.settings(max_new_tokens=3)).__next__()
+        studio.decoding.compare("ana-notes", "a prompt of ana's", ["base"], studio.runtime.settings(max_new_tokens=3)).__next__()
     with acting_as("ben"):
         studio.save_from("ben-log", "\n".join(BEN), None, task)
-        assert studio.user_names() == ["ben-log"]  # ana's person is not listed...
-        for reach in (lambda: studio.open_user("ana-notes"), lambda: studio.store.items("ana-notes"),
-                      lambda: studio.fit("ana-notes"), lambda: studio.versions("ana-notes"),
-                      lambda: studio.update_item("ana-notes", 1, "mine now"),
-                      lambda: studio.forget_me("ana-notes", True), lambda: studio.style_key("ana-notes"),
-                      lambda: next(iter(studio.compare("ana-notes", "p", ["base"], studio.settings())))):
+        assert studio.histories.user_names() == ["ben-log"]  # ana's person is not listed...
+        for reach in (lambda: studio.histories.open_user("ana-notes"), lambda: studio.runtime.store.items("ana-notes"),
+                      lambda: studio.fits.fit("ana-notes"), lambda: studio.fits.versions("ana-notes"),
+                      lambda: studio.histories.update_item("ana-notes", 1, "mine now"),
+                      lambda: studio.own_data.forget_me("ana-notes", True), lambda: studio.own_data.style_key("ana-notes"),
+                      lambda: next(iter(studio.decoding.compare("ana-notes", "p", ["base"], studio.runtime.settings())))):
             with pytest.raises(StoreError, match="unknown user"):  # ...nor reached: to ben she is not there
                 reach()
-        assert studio.item_rows("ana-notes") == [] and studio.replaced_choices("ana-notes") == []
+        assert studio.histories.item_rows("ana-notes") == [] and studio.histories.replaced_choices("ana-notes") == []
         with pytest.raises(StoreError, match="taken"):  # a Save under her name is refused, whatever ben confirms
             studio.save_from("ana-notes", "\n".join(BEN), None, task, replace=True)
-        assert not any("ana" in json.dumps(r) for r in studio.store.generations())
+        assert not any("ana" in json.dumps(r) for r in studio.runtime.store.generations())
     with acting_as("ana"):
-        assert [s.y for s in studio.store.items("ana-notes")] == ANA  # untouched
-        assert studio.user_names() == ["ana-notes"]
+        assert [s.y for s in studio.runtime.store.items("ana-notes")] == ANA  # untouched
+        assert studio.histories.user_names() == ["ana-notes"]
     with acting_as("root"):  # an admin sees everyone
-        assert studio.user_names() == ["ana-notes", "ben-log"]
-    assert studio.user_names() == ["ana-notes", "ben-log"]  # so does work no login runs (the CLI, jobs)
+        assert studio.histories.user_names() == ["ana-notes", "ben-log"]
+    assert studio.histories.user_names() == ["ana-notes", "ben-log"]  # so does work no login runs (the CLI, jobs)
 
 
 def test_what_changes_the_studio_for_everyone_is_an_admins(studio, tiny_artifacts):
     from personalize.data import TASKS
 
-    other = next(t for t in TASKS if t != studio.task.name)
+    other = next(t for t in TASKS if t != studio.runtime.task.name)
     with acting_as("ben"):
-        for change in (lambda: studio.switch_task(other), lambda: studio.serve_build(str(studio.engine.folder)),
-                       lambda: studio.create_campaign("c", tiny_artifacts["demo"], limit=1),
-                       lambda: studio.start_population_build("table", "p", "people.csv"),
-                       lambda: studio.set_campaign_status("c", "closed")):
+        for change in (lambda: studio.served_builds.switch_task(other), lambda: studio.served_builds.serve_build(str(studio.runtime.engine.folder)),
+                       lambda: studio.campaign_desk.create_campaign("c", tiny_artifacts["demo"], limit=1),
+                       lambda: studio.populations.start_population_build("table", "p", "people.csv"),
+                       lambda: studio.campaign_desk.set_campaign_status("c", "closed")):
             with pytest.raises(ValueError, match="only an admin"):
                 change()
     with acting_as("root"):
-        studio.create_campaign("c", tiny_artifacts["demo"], limit=1, methods=("base", "cluster"))
+        studio.campaign_desk.create_campaign("c", tiny_artifacts["demo"], limit=1, methods=("base", "cluster"))
     with acting_as("ben"):  # a campaign's people are read by every rater: judging them is the campaign's purpose
-        person = next(u["name"] for u in studio.store.users(campaign=True) if u["name"].startswith("campaign:"))
-        assert studio.store.items(person)
+        person = next(u["name"] for u in studio.runtime.store.users(campaign=True) if u["name"].startswith("campaign:"))
+        assert studio.runtime.store.items(person)
 
 
 def test_exports_hold_only_the_logins_own_rows(studio, tmp_path):
     with acting_as("ben"):
-        path, n = export_table(studio.store, "generations", "jsonl", tmp_path / "ben")
+        path, n = export_table(studio.runtime.store, "generations", "jsonl", tmp_path / "ben")
         assert "ana" not in path.read_text()
     with acting_as("ana"):
-        path, n = export_table(studio.store, "generations", "jsonl", tmp_path / "ana")
+        path, n = export_table(studio.runtime.store, "generations", "jsonl", tmp_path / "ana")
         assert n >= 1 and "a prompt of ana's" in path.read_text()
         assert "ana" in str(studio.campaign_desk._export_folder())  # each login exports into its own folder
 
@@ -98,23 +98,23 @@ def test_save_asks_before_replacing_and_the_replaced_history_comes_back(tiny_art
 
     s = tiny_studio(tiny_artifacts, tmp_path)
     try:
-        task = s.task.name
+        task = s.runtime.task.name
         s.save_from("kim", "\n".join(ANA), None, task, replace=False)  # a new name: saved at once
         with pytest.raises(ReplaceAsk, match="already has 6 stored items"):
             s.save_from("kim", "\n".join(BEN[:4]), None, task, replace=False)
-        assert [x.y for x in s.store.items("kim")] == ANA  # asked, nothing replaced
+        assert [x.y for x in s.runtime.store.items("kim")] == ANA  # asked, nothing replaced
         s.save_from("kim", "\n".join(BEN[:4]), None, task, replace=True)
-        assert [x.y for x in s.store.items("kim")] == BEN[:4]
-        (label, rid), = s.replaced_choices("kim")
+        assert [x.y for x in s.runtime.store.items("kim")] == BEN[:4]
+        (label, rid), = s.histories.replaced_choices("kim")
         assert "6 items" in label
-        assert "Restored 6 items" in s.restore_history("kim", rid)
-        assert [x.y for x in s.store.items("kim")] == ANA
-        (label, _), = s.replaced_choices("kim")  # the history it replaced is kept in turn
+        assert "Restored 6 items" in s.histories.restore_history("kim", rid)
+        assert [x.y for x in s.runtime.store.items("kim")] == ANA
+        (label, _), = s.histories.replaced_choices("kim")  # the history it replaced is kept in turn
         assert "4 items" in label
-        s.forget("kim")
-        assert b"harbour" not in Path(s.cfg.db).read_bytes()  # the replaced histories go with Forget me
+        s.own_data.forget("kim")
+        assert b"harbour" not in Path(s.runtime.cfg.db).read_bytes()  # the replaced histories go with Forget me
     finally:
-        s.store.close()
+        s.runtime.store.close()
 
 
 def test_an_older_database_gets_owners(tmp_path):
@@ -142,7 +142,7 @@ def two_logins(tiny_artifacts, tmp_path_factory):
     s = logins_studio(tiny_artifacts, folder, admins=())
     with served(s, auth=[("ana", "pa"), ("ben", "pb")]) as url:
         yield {"studio": s, "url": url, "folder": folder}
-    s.store.close()
+    s.runtime.store.close()
 
 
 def test_two_logins_over_http(two_logins):
@@ -153,7 +153,7 @@ def test_two_logins_over_http(two_logins):
     from gradio_client import Client
 
     studio, url, folder = two_logins["studio"], two_logins["url"], two_logins["folder"]
-    task = studio.task.name
+    task = studio.runtime.task.name
     ana, ben = Client(url, verbose=False, auth=("ana", "pa")), Client(url, verbose=False, auth=("ben", "pb"))
     assert "Saved" in ana.predict("harbour", "\n".join(ANA), None, task, None, api_name="/save_history")[0]
     ana.predict("harbour", "the harbour prompt of ana", True, None, ["base"], 1.0, 50, 4, api_name="/compare")
@@ -163,7 +163,7 @@ def test_two_logins_over_http(two_logins):
     msg = ben.predict("harbour", "\n".join(BEN), None, task, None, api_name="/save_history")[0]
     msg2 = ben.predict("harbour", "\n".join(BEN), None, task, None, api_name="/save_history")[0]  # "confirmed"
     assert "taken" in msg and "taken" in msg2, (msg, msg2)
-    assert [s.y for s in studio.store.items("harbour")] == ANA
+    assert [s.y for s in studio.runtime.store.items("harbour")] == ANA
     assert "unknown user" in ben.predict("harbour", True, api_name="/forget")[0]
     ben_cookies = httpx.post(f"{url}login", data={"username": "ben", "password": "pb"}).cookies
     assert "harbour" not in httpx.get(f"{url}config", cookies=ben_cookies).text  # the page itself names no one
@@ -173,20 +173,20 @@ def test_two_logins_over_http(two_logins):
     assert "meter prompt of ben" in ben_rows and "harbour" not in ben_rows, status
     status, ana_file = ana.predict("generations", "jsonl", api_name="/export_table")
     assert "harbour prompt of ana" in Path(ana_file).read_text() and "meter" not in Path(ana_file).read_text()
-    (served_file,) = [f for f in studio.cfg.page_files.rglob("generations.jsonl") if "harbour" in f.read_text()]
+    (served_file,) = [f for f in studio.runtime.cfg.page_files.rglob("generations.jsonl") if "harbour" in f.read_text()]
     link = f"{url}gradio_api/file={served_file}"
     cookies = httpx.post(f"{url}login", data={"username": "ana", "password": "pa"}).cookies
     assert httpx.get(link, cookies=cookies).status_code == 200  # her download, before
 
     assert "Forgot" in ana.predict("harbour", True, api_name="/forget")[0]
     needles = [t.encode() for t in ANA] + [b"harbour prompt of ana", b"harbour"]
-    for f in [folder / "studio.db", folder / "studio.db-wal", *Path(studio.cfg.export_dir).rglob("*"),
-              *studio.cfg.page_files.rglob("*")]:
+    for f in [folder / "studio.db", folder / "studio.db-wal", *Path(studio.runtime.cfg.export_dir).rglob("*"),
+              *studio.runtime.cfg.page_files.rglob("*")]:
         if f.is_file():
             data = f.read_bytes()
             assert not any(n in data for n in needles), f
     gone = httpx.get(link, cookies=cookies)  # the link she was given serves nothing: Gradio answers a file that is
     assert gone.status_code in (403, 404) and b"harbour" not in gone.content  # not there 403, as one not allowed
     with acting_as("ben"):
-        assert [s.y for s in studio.store.items("ben-log")] == BEN
-        assert any("meter prompt of ben" in g["prompt"] for g in studio.store.generations())
+        assert [s.y for s in studio.runtime.store.items("ben-log")] == BEN
+        assert any("meter prompt of ben" in g["prompt"] for g in studio.runtime.store.generations())

@@ -57,7 +57,7 @@ def server(tiny_artifacts, tmp_path_factory):
                                       export_dir=str(folder / "exports")))
     with served(studio) as url:
         yield {"url": url, "studio": studio, "folder": folder}
-    studio.store.close()
+    studio.runtime.store.close()
 
 
 def client(url):
@@ -73,7 +73,7 @@ def test_concurrent_raters_lose_no_vote(server):
     c = client(server["url"])
     msg, *_ = c.predict("rater-pool", HISTORY, None, "tweets", None, api_name="/save_history")
     assert "Saved **10** items" in msg
-    n0 = len(studio.store.ratings())
+    n0 = len(studio.runtime.store.ratings())
     errors, stale = [], []
 
     def rater(i):
@@ -93,8 +93,8 @@ def test_concurrent_raters_lose_no_vote(server):
     [t.start() for t in threads]
     [t.join(timeout=600) for t in threads]
     assert not errors, errors
-    assert len(studio.store.ratings()) - n0 == 6 and all(stale) and len(stale) == 6
-    rows = [r for r in studio.store.ratings() if r["user"] == "rater-pool"]
+    assert len(studio.runtime.store.ratings()) - n0 == 6 and all(stale) and len(stale) == 6
+    rows = [r for r in studio.runtime.store.ratings() if r["user"] == "rater-pool"]
     assert {r["rater"] for r in rows} == {f"r{i}" for i in range(6)}
     assert all(r["settings"]["alpha"] == 1.0 and r["output_a"] is not None for r in rows)
 
@@ -103,7 +103,7 @@ def test_bad_input_is_answered_and_nothing_is_lost(server, tmp_path):
     studio = server["studio"]
     c = client(server["url"])
     c.predict("keeper", HISTORY, None, "tweets", None, api_name="/save_history")
-    before = [s.y for s in studio.store.items("keeper")]
+    before = [s.y for s in studio.runtime.store.items("keeper")]
     cases = {"empty": ("", None), "huge": ("x" * (5 * 1024 * 1024), None)}
     (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{broken\n')
     (tmp_path / "bin.txt").write_bytes(b"\x00\x01\x02\x03binary\xff")
@@ -115,7 +115,7 @@ def test_bad_input_is_answered_and_nothing_is_lost(server, tmp_path):
     for case, (text, file) in cases.items():
         msg = c.predict("keeper", text, file, "tweets", None, api_name="/save_history")[0]
         assert msg.startswith("⚠️") and expected[case] in msg, (case, msg)
-    assert [s.y for s in studio.store.items("keeper")] == before  # the stored history is untouched
+    assert [s.y for s in studio.runtime.store.items("keeper")] == before  # the stored history is untouched
 
     status = c.predict("keeper", "   ", True, None, ["base", "card"], 1.0, 50, 4, api_name="/compare")[0]
     assert "empty" in status
@@ -300,20 +300,20 @@ def test_with_auth_votes_count_under_the_logged_in_user_once_per_pair(auth_serve
     c1 = Client(url, verbose=False, auth=("u1", "p1"))
     c1.predict("auth-user", HISTORY, None, "tweets", None, api_name="/save_history")
     args = ("auth-user", "mallory", "one vote each", ["base", "cluster"], "", True, 1.0, 50, 4)
-    n0 = len(studio.store.ratings())
+    n0 = len(studio.runtime.store.ratings())
     assert "which output" in c1.predict(*args, api_name="/new_pair")[0]
     first = c1.predict("mallory", api_name="/vote_a")
     assert "stored" in first and "rater u1" in first, first
-    assert studio.store.ratings()[-1]["rater"] == "u1"  # not the typed "mallory"
+    assert studio.runtime.store.ratings()[-1]["rater"] == "u1"  # not the typed "mallory"
     drawn = c1.predict(*args, api_name="/new_pair")[0]  # the same outputs again (reused generations)
     assert "already voted" in drawn, drawn  # said when drawn...
     again = c1.predict("u2", api_name="/vote_b")  # ...and refused when voted, whatever id is typed
-    assert "already voted" in again and len(studio.store.ratings()) == n0 + 1, again
+    assert "already voted" in again and len(studio.runtime.store.ratings()) == n0 + 1, again
     c2 = Client(url, verbose=False, auth=("u2", "p2"))
     c2.predict(*args, api_name="/new_pair")
     other = c2.predict("u1", api_name="/vote_b")
-    assert "stored" in other and studio.store.ratings()[-1]["rater"] == "u2", other
-    assert len(studio.store.ratings()) == n0 + 2
+    assert "stored" in other and studio.runtime.store.ratings()[-1]["rater"] == "u2", other
+    assert len(studio.runtime.store.ratings()) == n0 + 2
 
 
 def test_browser_with_auth_the_rater_id_is_the_logged_in_user(auth_server, tmp_path):
@@ -441,7 +441,7 @@ def test_browser_a_thumb_refits_the_style_then_key_versions_and_forget_me(server
         p.click("fit-button")
         assert "Fitted bea" in p.until_text("fit-status", "Fitted", "⚠️")
         assert "history" in p.until_text("versions", "history")
-        version = str(studio.versions("bea")[0]["version"])  # the one version: offered, never a 0 (issue 36)
+        version = str(studio.fits.versions("bea")[0]["version"])  # the one version: offered, never a 0 (issue 36)
         p.wait.until(lambda d: p.el("#version-id input").get_attribute("value") == version)
 
         p.tab("Compare")
@@ -454,21 +454,21 @@ def test_browser_a_thumb_refits_the_style_then_key_versions_and_forget_me(server
         p.click("up-base")
         refined = p.until_text("refine-status", "CARD after", "⚠️")
         assert "refitted" in refined and "CARD before" in refined, refined
-        base_out = studio.store.generations(user="bea", method="base", limit=1)[0]["output"]
-        assert studio.store.feedback("bea")[0]["preferred"] == base_out
+        base_out = studio.runtime.store.generations(user="bea", method="base", limit=1)[0]["output"]
+        assert studio.runtime.store.feedback("bea")[0]["preferred"] == base_out
         driver.execute_script("document.getElementById('refine-status').scrollIntoView({block: 'center'});")
         p.shot("10-compare-vote")
 
         p.tab("Fit my style")
         assert "vote" in p.until_text("versions", "vote")
-        first = studio.versions("bea")[-1]["version"]
+        first = studio.fits.versions("bea")[-1]["version"]
         p.type("version-id", str(first))
         p.click("restore-version")
         assert f"Version {first}" in p.until_text("owner-status", "Version", "⚠️")
         p.click("key-export")
         p.until_text("owner-status", "style key", "⚠️")
         key = p.el("#style-key textarea").get_attribute("value")
-        assert key == studio.style_key("bea")
+        assert key == studio.own_data.style_key("bea")
         p.shot("11-versions-and-key")
 
         # another name: no tab shows bea's fit, key, versions or outputs any more (issue 24)
@@ -485,11 +485,11 @@ def test_browser_a_thumb_refits_the_style_then_key_versions_and_forget_me(server
         p.click("forget-box")
         p.click("forget-button")
         assert "tick the box" in p.until_text("forget-status", "tick", "Forgot")
-        assert studio.store.user("bea")  # nothing deleted without the confirmation
+        assert studio.runtime.store.user("bea")  # nothing deleted without the confirmation
         p.el("#forget-confirm input").click()
         p.click("forget-button")
         assert "Forgot bea" in p.until_text("forget-status", "Forgot")
-        assert "bea" not in [u["name"] for u in studio.store.users()]
+        assert "bea" not in [u["name"] for u in studio.runtime.store.users()]
         p.wait.until(lambda d: p.el("#user-name input, #user-name textarea").get_attribute("value") == "")
     finally:
         driver.quit()
@@ -497,13 +497,13 @@ def test_browser_a_thumb_refits_the_style_then_key_versions_and_forget_me(server
 
 def test_switching_to_a_task_without_a_build_says_how_to_build_it(server):
     studio = server["studio"]
-    served = studio.engine.artifacts_id
-    missing = next(t for t, builds in studio.builds().items() if not builds)
+    served = studio.runtime.engine.artifacts_id
+    missing = next(t for t, builds in studio.served_builds.builds().items() if not builds)
     out = client(server["url"]).predict(missing, api_name="/switch_task")
     msg = out[0]
-    assert "personalize build --data" in msg and f"--out {studio.artifacts_root / missing}" in msg, msg
-    assert out[-1] == studio.task.name  # the dropdown shows the task still served, not the one without a build
-    assert studio.engine.artifacts_id == served  # still serving the build it had
+    assert "personalize build --data" in msg and f"--out {studio.served_builds.artifacts_root / missing}" in msg, msg
+    assert out[-1] == studio.runtime.task.name  # the dropdown shows the task still served, not the one without a build
+    assert studio.runtime.engine.artifacts_id == served  # still serving the build it had
 
 
 def test_browser_two_people_get_their_own_card_outputs_and_nothing_loops(server, tmp_path):
@@ -544,17 +544,17 @@ def test_browser_two_people_get_their_own_card_outputs_and_nothing_loops(server,
 
             p.tab("My cluster")
             status = p.until_text("cluster-status", f"{name} is in cluster")
-            k0 = studio.snap_k(None)
-            step, there, back = (1, Keys.ARROW_RIGHT, Keys.ARROW_LEFT) if k0 < max(studio.ks) else \
+            k0 = studio.runtime.snap_k(None)
+            step, there, back = (1, Keys.ARROW_RIGHT, Keys.ARROW_LEFT) if k0 < max(studio.runtime.ks) else \
                 (-1, Keys.ARROW_LEFT, Keys.ARROW_RIGHT)
             slider = p.el("#k-slider input[type=range]")
             slider.send_keys(there)  # one arrow key (2 -> 3 on the tiny build) moves on to the next built K (4)
-            k1 = studio.snap_k(k0 + step, previous=k0)
+            k1 = studio.runtime.snap_k(k0 + step, previous=k0)
             assert k1 != k0
             status = p.until_text("cluster-status", f"of K = {k1},")
             assert status.count("◀ you") == 1, status  # the person's own row is marked
             slider.send_keys(back)
-            p.until_text("cluster-status", f"of K = {studio.snap_k(k1 - step, previous=k1)},")
+            p.until_text("cluster-status", f"of K = {studio.runtime.snap_k(k1 - step, previous=k1)},")
             p.shot(f"two-people-{name}-cluster")
 
             fit = p.fit(name)
@@ -569,7 +569,7 @@ def test_browser_two_people_get_their_own_card_outputs_and_nothing_loops(server,
             outputs[name] = {}
             for m in methods:
                 assert "tok/s" in p.text(f"out-{m}"), (m, p.text(f"out-{m}"))
-                (g,) = studio.store.generations(user=name, method=m, limit=1)
+                (g,) = studio.runtime.store.generations(user=name, method=m, limit=1)
                 assert g["settings"]["max_new_tokens"] == 32 and TWO_PEOPLE_PROMPT in g["prompt"]
                 outputs[name][m] = g["output"]
         loops = {(n, m): t for n, outs in outputs.items() for m, t in outs.items() if looping(t)}
@@ -594,9 +594,9 @@ def test_browser_people_the_build_never_saw_are_placed_and_compared(server, tmp_
 
     studio = server["studio"]
     shots = Path(os.environ.get("SCREENSHOTS") or tmp_path / "shots")
-    real = studio.task.name == "changelog_entries"
-    picks = [u for label, u in studio.demo_choices() if "new" in label][:2] or [u for _, u in studio.demo_choices()][-2:]
-    _, queries = read_lamp(studio.cfg.demo_data, "dev")
+    real = studio.runtime.task.name == "changelog_entries"
+    picks = [u for label, u in studio.histories.demo_choices() if "new" in label][:2] or [u for _, u in studio.histories.demo_choices()][-2:]
+    _, queries = read_lamp(studio.runtime.cfg.demo_data, "dev")
     prompt_of = {q.user: q.input for q in queries}
     methods = ("base", "cluster", "card")
     driver = chromium(tmp_path)
@@ -610,7 +610,7 @@ def test_browser_people_the_build_never_saw_are_placed_and_compared(server, tmp_
             p.tab("My writing")
             p.type("user-name", name)
             p.until_text("writing-status", f"New user {name}")
-            p.type("history", studio.demo_history(person))
+            p.type("history", studio.histories.demo_history(person))
             p.click("save-history")
             saved = p.until_text("writing-status", "Saved", "⚠️")
             assert f"items for {name}" in saved and "; cluster at K = " in saved, saved
@@ -626,10 +626,10 @@ def test_browser_people_the_build_never_saw_are_placed_and_compared(server, tmp_
             done = p.until_text("compare-status", f"Done: {len(methods)} methods for {name}", "⚠️")
             assert done.startswith("Done"), done
             p.shot(f"new-person-{i}-compare")
-            (card,) = studio.store.generations(user=name, method="card", limit=1)
+            (card,) = studio.runtime.store.generations(user=name, method="card", limit=1)
             assert card["output"].strip(), card
             if real:
-                openings = [_opening(it.y) for it in studio.demo_items(person)]
+                openings = [_opening(it.y) for it in studio.histories.demo_items(person)]
                 theirs = max(set(openings), key=openings.count)
                 assert _opening(card["output"]) == theirs, (person, theirs, card["output"])
     finally:
@@ -647,7 +647,7 @@ def test_browser_text_from_people_and_models_is_shown_never_executed(server, tmp
 
     studio = server["studio"]
     # the population's texts (cluster examples), every method's output and note, and CARD's tokens in Why
-    monkeypatch.setattr(studio, "population", {u: [XSS_IMG] for u in studio.engine.clusters.users})
+    monkeypatch.setattr(studio.runtime, "population", {u: [XSS_IMG] for u in studio.runtime.engine.clusters.users})
     stored = studio.decoding.stored  # every decoded output becomes a MethodOutput here (Compare, Quick pair)
 
     def stored_with_markup(*args, **kwargs):
@@ -759,7 +759,7 @@ def test_browser_text_from_people_and_models_is_shown_never_executed(server, tmp
         p.click("vote-tie")
         voted = p.until_text("vote-status", "stored", "⚠️")
         assert f"rater {XSS_SCRIPT}" in voted, voted
-        assert studio.store.ratings()[-1]["rater"] == XSS_SCRIPT  # stored as typed (no --auth here)
+        assert studio.runtime.store.ratings()[-1]["rater"] == XSS_SCRIPT  # stored as typed (no --auth here)
         nothing_ran("Quick pair")
         p.shot("xss-6-rate")
 
@@ -838,11 +838,11 @@ def test_eight_compares_at_once_over_http_and_votes_meanwhile(server):
     print(f"votes during 8 Compares: {[round(v) for v in vote_ms]} ms")
     for p in people:  # each person got their own outputs: what the studio gives them alone
         prompt = f"the parade in town {p}"  # typed, not templated
-        gens = {g["method"]: g["output"] for g in studio.store.generations(user=p, limit=20) if g["prompt"] == prompt}
+        gens = {g["method"]: g["output"] for g in studio.runtime.store.generations(user=p, limit=20) if g["prompt"] == prompt}
         assert set(gens) == set(methods)
-        alone = {o.method: o.text for o in studio.compare(p, prompt, methods, studio.settings(1.0, 50, 8))}
+        alone = {o.method: o.text for o in studio.decoding.compare(p, prompt, methods, studio.runtime.settings(1.0, 50, 8))}
         assert alone == gens, p
-    assert len([r for r in studio.store.ratings() if r["rater"] in {f"v{i}" for i in range(4)}]) == 4
+    assert len([r for r in studio.runtime.store.ratings() if r["rater"] in {f"v{i}" for i in range(4)}]) == 4
 
 
 def test_finished_columns_show_their_final_text_while_a_first_use_goes_on(server):

@@ -22,13 +22,13 @@ PROMPTS = ["Paraphrase: the train was late again", "Paraphrase: we won the match
 @pytest.fixture(scope="module")
 def studio(tiny_artifacts, tmp_path_factory):
     st = tiny_studio(tiny_artifacts, tmp_path_factory.mktemp("batch"))
-    users = sorted(st.demo_users)[:2]
+    users = sorted(st.runtime.demo_users)[:2]
     for u in users:
-        st.save_history(u, st.demo_items(u), st.engine.task.name)
-        st.fit(u)
+        st.histories.save_history(u, st.histories.demo_items(u), st.runtime.engine.task.name)
+        st.fits.fit(u)
     st.users = users
     yield st
-    st.store.close()
+    st.runtime.store.close()
 
 
 def contexts(studio):
@@ -36,38 +36,38 @@ def contexts(studio):
 
     out = []
     for u in studio.users:
-        state = studio.user_state(u)
-        prepared_items(studio.engine, studio.store, u)
-        out.append((state, UserContext.from_store(studio.store, u, studio.task, state.cluster, state.k, state.lam)))
+        state = studio.histories.user_state(u)
+        prepared_items(studio.runtime.engine, studio.runtime.store, u)
+        out.append((state, UserContext.from_store(studio.runtime.store, u, studio.runtime.task, state.cluster, state.k, state.lam)))
     return out
 
 
 def alone(studio, method, state, user, prompt, s):
-    e = studio.engine
+    e = studio.runtime.engine
     if method in ("base", "cluster", "card"):
         return card_decode.generate(e, [prompt], method, state.cluster, state.lam, k=state.k, settings=s)[0]
-    return studio.method(method).generate(user, [prompt], s)[0]
+    return studio.runtime.method(method).generate(user, [prompt], s)[0]
 
 
 def rows_of(studio, method, state, user, prompt, s):
-    e = studio.engine
+    e = studio.runtime.engine
     if method in ("base", "cluster", "card"):
         return card_decode.rows(e, [prompt], method, state.cluster, state.lam, k=state.k, settings=s)
-    return studio.method(method).rows(user, [prompt], s)
+    return studio.runtime.method(method).rows(user, [prompt], s)
 
 
 METHODS = ("base", "cluster", "card", "cope", "rag", "pag")
 
 
 def test_one_batch_of_every_method_and_user_equals_each_alone(studio):
-    s = studio.engine.cfg.decoding
+    s = studio.runtime.engine.cfg.decoding
     ctx = contexts(studio)
     plan = [(m, st, u, p, s) for st, u in ctx for m in METHODS for p in PROMPTS]
     plan.append(("card", *ctx[0], PROMPTS[0], dataclasses.replace(s, alpha=3.0, max_new_tokens=3)))  # own α, length
     rows = [r for m, st, u, p, s_ in plan for r in rows_of(studio, m, st, u, p, s_)]
     assert any(isinstance(r.steer, CardSteer) for r in rows) and len({r.adapter for r in rows}) >= 2
     steps = {}
-    batched = studio.engine.decode_rows(rows, on_step=lambda i, t: steps.setdefault(i, []).append(t))
+    batched = studio.runtime.engine.decode_rows(rows, on_step=lambda i, t: steps.setdefault(i, []).append(t))
     for i, ((m, st, u, p, s_), g) in enumerate(zip(plan, batched)):
         ref = alone(studio, m, st, u, p, s_)
         assert (g.text, g.n_tokens, g.note) == (ref.text, ref.n_tokens, ref.note), (m, st.name, p)
@@ -78,14 +78,14 @@ def test_one_batch_of_every_method_and_user_equals_each_alone(studio):
 
 
 def test_traces_of_card_and_cope_rows_match_their_own_decoding(studio):
-    s = studio.engine.cfg.decoding
+    s = studio.runtime.engine.cfg.decoding
     (state, user), _ = contexts(studio)
-    e = studio.engine
+    e = studio.runtime.engine
     card = card_decode.rows(e, [PROMPTS[0]], "card", state.cluster, state.lam, k=state.k, settings=s, trace=True)
-    cope = studio.method("cope").rows(user, [PROMPTS[1]], s, trace=True)
+    cope = studio.runtime.method("cope").rows(user, [PROMPTS[1]], s, trace=True)
     g_card, g_cope = e.decode_rows(card + [DecodeRow(PROMPTS[1], e.cfg.budget, s)] + cope)[0::2]
     ref_card = card_decode.generate(e, [PROMPTS[0]], "card", state.cluster, state.lam, k=state.k, settings=s, trace=True)[0]
-    ref_cope = studio.method("cope").generate(user, [PROMPTS[1]], s, trace=True)[0]
+    ref_cope = studio.runtime.method("cope").generate(user, [PROMPTS[1]], s, trace=True)[0]
     for a, b in zip(g_card.trace, ref_card.trace):
         assert a["cand"].equal(b["cand"]) and a["chosen"].equal(b["chosen"])
         assert torch.allclose(a["after"], b["after"], atol=1e-4)  # rows of other lengths pad this one: float noise
@@ -93,7 +93,7 @@ def test_traces_of_card_and_cope_rows_match_their_own_decoding(studio):
 
 
 def test_sampled_rows_decode_apart_from_greedy_ones(studio):
-    e = studio.engine
+    e = studio.runtime.engine
     greedy = e.cfg.decoding
     sampled = dataclasses.replace(greedy, do_sample=True, temperature=0.7)
     rows = card_decode.rows(e, PROMPTS, "cluster", 0, k=2, settings=greedy) + card_decode.rows(e, PROMPTS, "base", settings=sampled)
@@ -103,7 +103,7 @@ def test_sampled_rows_decode_apart_from_greedy_ones(studio):
 
 
 def test_rows_with_an_unknown_adapter_are_refused(studio):
-    e = studio.engine
+    e = studio.runtime.engine
     with pytest.raises(ValueError, match="not loaded"):
         e.decode_rows([DecodeRow(PROMPTS[0], e.cfg.budget, DecodingSettings(max_new_tokens=2), "k9c9")])
 
@@ -115,29 +115,29 @@ def test_eight_threads_comparing_at_once_get_what_each_gets_alone(tiny_artifacts
 
     st = tiny_studio(tiny_artifacts, tmp_path)
     try:
-        users = sorted(st.demo_users)[:8]
+        users = sorted(st.runtime.demo_users)[:8]
         for u in users:
-            st.save_history(u, st.demo_items(u), st.engine.task.name)
-            st.fit(u, k=4)
-        assert len({st.user_state(u, 4).cluster for u in users}) >= 3
-        s, methods = st.engine.cfg.decoding, ["base", "cluster", "card", "cope", "rag", "pag"]
-        prompt = {u: f"Paraphrase: {st.demo_items(u)[0].y}" for u in users}
-        alone = {u: {o.method: (o.text, o.error) for o in st.compare(u, prompt[u], methods, s, k=4)} for u in users}
+            st.histories.save_history(u, st.histories.demo_items(u), st.runtime.engine.task.name)
+            st.fits.fit(u, k=4)
+        assert len({st.histories.user_state(u, 4).cluster for u in users}) >= 3
+        s, methods = st.runtime.engine.cfg.decoding, ["base", "cluster", "card", "cope", "rag", "pag"]
+        prompt = {u: f"Paraphrase: {st.histories.demo_items(u)[0].y}" for u in users}
+        alone = {u: {o.method: (o.text, o.error) for o in st.decoding.compare(u, prompt[u], methods, s, k=4)} for u in users}
         assert all(e is None for a in alone.values() for _, e in a.values())
-        st.scheduler.batches.clear()
+        st.runtime.scheduler.batches.clear()
         together, barrier = {}, threading.Barrier(len(users))
 
         def press(u):
             barrier.wait()
-            together[u] = {o.method: (o.text, o.error) for o in st.compare(u, prompt[u], methods, s, k=4)}
+            together[u] = {o.method: (o.text, o.error) for o in st.decoding.compare(u, prompt[u], methods, s, k=4)}
 
         threads = [threading.Thread(target=press, args=(u,)) for u in users]
         [t.start() for t in threads]
         [t.join(120) for t in threads]
         assert together == alone
-        assert max(b["requests"] for b in st.scheduler.batches) > len(methods)  # people shared a batch
+        assert max(b["requests"] for b in st.runtime.scheduler.batches) > len(methods)  # people shared a batch
     finally:
-        st.store.close()
+        st.runtime.store.close()
 
 
 def test_the_libraries_path_gives_the_same_outputs(studio):
@@ -145,8 +145,8 @@ def test_the_libraries_path_gives_the_same_outputs(studio):
     reference the fast path is held to."""
     from personalize.serving.runner import decode_rows
 
-    s = studio.engine.cfg.decoding
-    e = studio.engine
+    s = studio.runtime.engine.cfg.decoding
+    e = studio.runtime.engine
     rows = [r for st, u in contexts(studio) for m in METHODS for r in rows_of(studio, m, st, u, PROMPTS[0], s)]
     fast = e.decode_rows(rows)
     ref = decode_rows(e.model, e.tok, rows, fast=False)
@@ -154,7 +154,7 @@ def test_the_libraries_path_gives_the_same_outputs(studio):
 
 
 def test_identical_plain_rows_decode_once_and_keep_their_own_note(studio, monkeypatch):
-    e = studio.engine
+    e = studio.runtime.engine
     s = e.cfg.decoding
     plain = card_decode.rows(e, [PROMPTS[0]], "cluster", 0, k=2, settings=s)[0]
     rows = [plain, dataclasses.replace(plain, note="fell back", trace=[{"x": 1}]), DecodeRow(PROMPTS[1], e.cfg.budget, s)]

@@ -328,7 +328,7 @@ def test_judge_rank_correlation_with_the_raters(tmp_path):
 
 def test_campaign_people_are_kept_apart_from_the_studios_users(tiny_artifacts, tmp_path):
     """A campaign from the demo folder stores its people for generation, but not as the studio's users: the
-    user list (Studio.user_names, the page's dropdown) names none of them, a studio user who has the name of one
+    user list (studio.histories.user_names, the page's dropdown) names none of them, a studio user who has the name of one
     of them keeps their own history and style, and the campaign still generates and reports results."""
     from conftest import tiny_studio
     from personalize.humaneval.campaign_pool import lamp_items, person_name
@@ -340,35 +340,35 @@ def test_campaign_people_are_kept_apart_from_the_studios_users(tiny_artifacts, t
         _, lamp, _ = lamp_items(tiny_artifacts["demo"], "dev", 3)
         namesake = lamp[0].user  # the studio's own user, named like one of the campaign's people
         mine = [Item(x="", y=f"my own text number {i}, written my way") for i in range(6)]
-        studio.save_history(namesake, mine, studio.task.name)
-        before = studio.user_names()
-        c = studio.create_campaign("apart", tiny_artifacts["demo"], "dev", 3, ["base", "card"], reference=True,
+        studio.histories.save_history(namesake, mine, studio.runtime.task.name)
+        before = studio.histories.user_names()
+        c = studio.campaign_desk.create_campaign("apart", tiny_artifacts["demo"], "dev", 3, ["base", "card"], reference=True,
                                    raters_per_item=2)
-        people = {it["user"] for it in studio.campaigns.items("apart")}
-        assert namesake in people and studio.user_names() == before == [namesake]
-        assert not any(u["name"].startswith(CAMPAIGN_PREFIX) for u in studio.store.users())
-        stored = {u["name"] for u in studio.store.users(campaign=True)} - set(before)
+        people = {it["user"] for it in studio.runtime.campaigns.items("apart")}
+        assert namesake in people and studio.histories.user_names() == before == [namesake]
+        assert not any(u["name"].startswith(CAMPAIGN_PREFIX) for u in studio.runtime.store.users())
+        stored = {u["name"] for u in studio.runtime.store.users(campaign=True)} - set(before)
         task = c["config"].task
-        assert stored == {person_name(task, it["user"], it["history"]) for it in studio.campaigns.items("apart")}
+        assert stored == {person_name(task, it["user"], it["history"]) for it in studio.runtime.campaigns.items("apart")}
         res = studio.generate_campaign("apart")
         assert res["failed"] == [] and res["outputs"]["done"] == res["outputs"]["total"] == 3 * 3
-        assert studio.user_names() == before  # generating (fits, generations) stored no user of theirs either
-        assert [it.y for it in studio.store.items(namesake)] == [it.y for it in mine]
-        assert studio.store.vector(namesake, studio.engine.artifacts_id) is None  # the card fit was the copy's
+        assert studio.histories.user_names() == before  # generating (fits, generations) stored no user of theirs either
+        assert [it.y for it in studio.runtime.store.items(namesake)] == [it.y for it in mine]
+        assert studio.runtime.store.vector(namesake, studio.runtime.engine.artifacts_id) is None  # the card fit was the copy's
         for rater in ("r1", "r2"):
             for _ in range(2):
-                a = studio.next_judgment("apart", rater)
-                studio.submit_judgment(a.id, rater, "a")
-        out = studio.campaign_results("apart")
+                a = studio.campaign_desk.next_judgment("apart", rater)
+                studio.campaign_desk.submit_judgment(a.id, rater, "a")
+        out = studio.campaign_desk.campaign_results("apart")
         assert out["judgments"] == 4 and out["agreement"]["shared_units"] == 2
         assert out["agreement"]["krippendorff_alpha"] is not None  # "a" both times, shown in opposite orders
         with pytest.raises(StoreError, match="reserved|only"):  # nobody saves a history into the namespace
-            studio.store.add_user(f"{CAMPAIGN_PREFIX}me", mine, studio.task.name)
+            studio.runtime.store.add_user(f"{CAMPAIGN_PREFIX}me", mine, studio.runtime.task.name)
         # a second campaign over the same people reuses the stored copies
-        studio.create_campaign("apart-2", tiny_artifacts["demo"], "dev", 3, ["base", "card"])
-        assert {u["name"] for u in studio.store.users(campaign=True)} - set(before) == stored
+        studio.campaign_desk.create_campaign("apart-2", tiny_artifacts["demo"], "dev", 3, ["base", "card"])
+        assert {u["name"] for u in studio.runtime.store.users(campaign=True)} - set(before) == stored
     finally:
-        studio.store.close()
+        studio.runtime.store.close()
 
 
 def _count_outputs(db: Path) -> int:

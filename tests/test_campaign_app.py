@@ -28,7 +28,7 @@ def test_twenty_raters_fifty_judgments_each_over_http(server):  # noqa: F811
     res = run_raters(server["url"], "load", n_raters=20, n_each=50)
     assert not res["errors"], res["errors"][:5]
     assert res["counts"] == {f"rater-{i:02d}": 50 for i in range(20)}
-    rows = studio.campaigns.judgments("load")
+    rows = studio.runtime.campaigns.judgments("load")
     assert len(rows) == 1000  # none lost...
     assert len({(r["rater"], r["first"], r["second"], r["item"]) for r in rows}) == 1000  # ...none doubled
     assert len({r["uid"] for r in rows}) == 1000
@@ -55,10 +55,10 @@ def test_with_auth_a_judgment_counts_under_the_logged_in_rater(auth_server):  # 
     first = c.predict("auth", "mallory", api_name="/campaign_next")  # the typed id is ignored
     after = c.predict("auth", "mallory", first[0], api_name="/campaign_a")
     assert str(after[7]).startswith("Judgment #"), after
-    assert [r["rater"] for r in studio.campaigns.judgments("auth")] == ["u1"]
+    assert [r["rater"] for r in studio.runtime.campaigns.judgments("auth")] == ["u1"]
     c2 = Client(auth_server["url"], verbose=False, auth=("u2", "p2"))
     stolen = c2.predict("auth", "u1", after[0], api_name="/campaign_b")  # u1's pending unit, sent by u2
-    assert "not yours" in str(stolen[7]) and len(studio.campaigns.judgments("auth")) == 1
+    assert "not yours" in str(stolen[7]) and len(studio.runtime.campaigns.judgments("auth")) == 1
 
 
 def _rate_all(pages: dict, total: int) -> dict:
@@ -116,10 +116,10 @@ def test_browser_a_whole_small_campaign(server, tmp_path):  # noqa: F811
         assert "ana" in admin.text("campaign-raters") and "ben" in admin.text("campaign-raters")
         admin.d.execute_script("document.getElementById('campaign-status').scrollIntoView({block: 'start'})")
         admin.shot("13-campaign-results")
-        res = studio.campaign_results("pilot")
+        res = studio.campaign_desk.campaign_results("pilot")
         assert res["judgments"] == 48 and res["raters"] == 2 and len(res["leaderboard"]) == 4
         # keys 1, 2, 3, 4 in turn: A, B, tie and both bad 12 times each, so A won half the decided ones
-        assert Counter(r["verdict"] for r in studio.campaigns.judgments("pilot")) == {
+        assert Counter(r["verdict"] for r in studio.runtime.campaigns.judgments("pilot")) == {
             "a": 12, "b": 12, "tie": 12, "both_bad": 12}
         assert res["agreement"]["position_bias"]["a_share"] == 0.5 and res["agreement"]["position_bias"]["n"] == 24
 
@@ -127,11 +127,11 @@ def test_browser_a_whole_small_campaign(server, tmp_path):  # noqa: F811
                                "if (b.textContent.includes('Export / import')) b.click(); })")
         admin.click("campaign-export")
         admin.until_text("campaign-status", "Exported 48 judgment(s)")
-        lines = (Path(studio.cfg.export_dir) / "campaign-pilot.jsonl").read_text().splitlines()
+        lines = (Path(studio.runtime.cfg.export_dir) / "campaign-pilot.jsonl").read_text().splitlines()
         rows = [json.loads(line) for line in lines]
         assert len(rows) == 48 and {r["rater"] for r in rows} == {"ana", "ben"}
         assert all(r["output_a"] and r["output_b"] and r["verdict"] for r in rows)
-        summary_json = json.loads((Path(studio.cfg.export_dir) / "campaign-pilot.summary.json").read_text())
+        summary_json = json.loads((Path(studio.runtime.cfg.export_dir) / "campaign-pilot.summary.json").read_text())
         assert summary_json["judgments"] == 48
     finally:
         admin.d.quit()

@@ -238,19 +238,19 @@ def test_mixed_batch_on_the_bundled_model_equals_each_method_alone(artifacts, de
         _, queries = read_lamp(demo_dir, "dev")
         people, plan = [q for q in queries if len(q.profile) >= 5][:2], []
         for q in people:
-            st.save_history(q.user, q.profile, "tweets")
-            st.fit(q.user)
-            prepared_items(st.engine, st.store, q.user)
-            state = st.user_state(q.user)
-            user = UserContext.from_store(st.store, q.user, st.task, state.cluster, state.k, state.lam)
+            st.histories.save_history(q.user, q.profile, "tweets")
+            st.fits.fit(q.user)
+            prepared_items(st.runtime.engine, st.runtime.store, q.user)
+            state = st.histories.user_state(q.user)
+            user = UserContext.from_store(st.runtime.store, q.user, st.runtime.task, state.cluster, state.k, state.lam)
             plan += [(m, user, people[0].input) for m in ("base", "cluster", "card", "cope", "p2p")]  # one prompt, two styles
-        s = st.engine.cfg.decoding
-        rows = [r for m, u, p in plan for r in st.method(m).rows(u, [p], s)]
-        mixed = st.engine.decode_rows(rows)
+        s = st.runtime.engine.cfg.decoding
+        rows = [r for m, u, p in plan for r in st.runtime.method(m).rows(u, [p], s)]
+        mixed = st.runtime.engine.decode_rows(rows)
         assert len({r.adapter for r in rows}) >= 3
         for (m, u, p), g in zip(plan, mixed):
-            ref = st.method(m).generate(u, [p], s)[0]
+            ref = st.runtime.method(m).generate(u, [p], s)[0]
             assert (g.text, g.n_tokens) == (ref.text, ref.n_tokens), (m, u.name, p)
     finally:
-        st.scheduler.close()
-        st.store.close()
+        st.runtime.scheduler.close()
+        st.runtime.store.close()

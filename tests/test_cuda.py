@@ -83,13 +83,13 @@ def cuda_studio(tokenizer, tmp_path_factory):
     art = build(demo, "dev", root / "artifacts", cfg, p2p=None)
     st = Studio.load(StudioConfig(artifacts=str(art), db=str(root / "studio.db"), demo_data=str(demo),
                                   export_dir=str(root / "exports")))
-    users = sorted(st.demo_users)[:2]
+    users = sorted(st.runtime.demo_users)[:2]
     for u in users:
-        st.save_history(u, st.demo_items(u), st.engine.task.name)
-        st.fit(u)
+        st.histories.save_history(u, st.histories.demo_items(u), st.runtime.engine.task.name)
+        st.fits.fit(u)
     st.users = users
     yield st
-    st.store.close()
+    st.runtime.store.close()
 
 
 @pytest.mark.cuda
@@ -98,12 +98,12 @@ def test_cuda_mixed_batch_of_every_method_equals_each_alone(cuda_studio):
     from test_batch import METHODS, PROMPTS, alone, contexts, rows_of
 
     st = cuda_studio
-    assert st.engine.lm.device.type == "cuda"
-    s = st.engine.cfg.decoding
+    assert st.runtime.engine.lm.device.type == "cuda"
+    s = st.runtime.engine.cfg.decoding
     ctx = contexts(st)
     plan = [(m, state, u, p) for state, u in ctx for m in METHODS for p in PROMPTS]
     rows = [r for m, state, u, p in plan for r in rows_of(st, m, state, u, p, s)]
-    batched = st.engine.decode_rows(rows)
+    batched = st.runtime.engine.decode_rows(rows)
     for (m, state, u, p), g in zip(plan, batched):
         ref = alone(st, m, state, u, p, s)
         assert (g.text, g.n_tokens, g.note) == (ref.text, ref.n_tokens, ref.note), (m, state.name, p)

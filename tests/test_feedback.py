@@ -56,13 +56,13 @@ def test_vote_pairs_are_never_held_out():
 def studio(tiny_artifacts, tmp_path_factory):
     s = tiny_studio(tiny_artifacts, tmp_path_factory.mktemp("feedback"))
     yield s
-    s.store.close()
+    s.runtime.store.close()
 
 
 def _score(studio, name, text, prompt, style):
     """The head's teacher-forced log-prob of `text` under the user's style (the rule decoding applies)."""
-    stats = studio.store.vector(name, studio.engine.artifacts_id)[1]["stats"]
-    eng = studio.engine
+    stats = studio.runtime.store.vector(name, studio.runtime.engine.artifacts_id)[1]["stats"]
+    eng = studio.runtime.engine
     eng.use_adapter(adapter_name(stats["k"], stats["cluster"]))
     rows = TokenData.from_features(eng.features([Item(y=text, x=prompt)]))
     return style_diagnostics(eng.heads["tokens"], rows, style, [], eng.cfg.style, 1.0)["margin_own"]
@@ -70,27 +70,27 @@ def _score(studio, name, text, prompt, style):
 
 def test_a_thumbs_up_refits_the_style_towards_the_text_as_a_new_version(studio, monkeypatch):
     # the style with its token bias, whatever the tiny build's decoding choice kept (λ alone barely moves here)
-    cfg = studio.engine.cfg
-    monkeypatch.setattr(studio.engine, "cfg", replace(cfg, style=replace(cfg.style, bias=True)))
-    studio.save_history("vic", [Item(y=t) for t in TERSE], "tweets")
-    prompt = studio.task.prompt("the match")
-    s = studio.settings(max_new_tokens=5)
+    cfg = studio.runtime.engine.cfg
+    monkeypatch.setattr(studio.runtime.engine, "cfg", replace(cfg, style=replace(cfg.style, bias=True)))
+    studio.histories.save_history("vic", [Item(y=t) for t in TERSE], "tweets")
+    prompt = studio.runtime.task.prompt("the match")
+    s = studio.runtime.settings(max_new_tokens=5)
     # a text the model wrote (as every column's is): its tokens are among the cluster model's candidates, which
     # is what the tokens head ranks (the tiny random model's candidates rarely hold a hand-written text's tokens)
-    LIKED = next(studio.compare("vic", studio.task.prompt("a parade"), ["cluster"], studio.settings(max_new_tokens=8))).text
-    res = studio.thumb("vic", prompt, LIKED, True, s)  # not fitted: the vote waits
+    LIKED = next(studio.decoding.compare("vic", studio.runtime.task.prompt("a parade"), ["cluster"], studio.runtime.settings(max_new_tokens=8))).text
+    res = studio.votes.thumb("vic", prompt, LIKED, True, s)  # not fitted: the vote waits
     assert res["version"] is None and "fit" in res["message"].lower()
-    studio.fit("vic")  # the fit takes the vote already cast into account
-    versions = studio.versions("vic")
+    studio.fits.fit("vic")  # the fit takes the vote already cast into account
+    versions = studio.fits.versions("vic")
     assert [v["source"] for v in versions] == ["vote", "history"] and versions[0]["current"]
     assert versions[0]["votes"] == 1
     first = versions[1]["version"]
-    old = UserStyle.from_stored(studio.store.version_style("vic", studio.engine.artifacts_id, first)[0])
+    old = UserStyle.from_stored(studio.runtime.store.version_style("vic", studio.runtime.engine.artifacts_id, first)[0])
 
-    res = studio.thumb("vic", prompt, LIKED, True, s)
-    assert res["version"] == studio.versions("vic")[0]["version"] and res["n_votes"] == 2
+    res = studio.votes.thumb("vic", prompt, LIKED, True, s)
+    assert res["version"] == studio.fits.versions("vic")[0]["version"] and res["n_votes"] == 2
     assert res["before"] is not None and res["after"] is not None and "refitted" in res["message"]
-    new = UserStyle.from_stored(studio.store.style("vic", studio.engine.artifacts_id))
+    new = UserStyle.from_stored(studio.runtime.store.style("vic", studio.runtime.engine.artifacts_id))
     # the tiny head's U is ~0 after two epochs, so it is the token bias (fitted jointly with λ) that moves here
     changed = not np.allclose(new.lam, old.lam) or dict(zip(new.bias_ids.tolist(), new.bias.tolist())) != dict(
         zip(old.bias_ids.tolist(), old.bias.tolist()))
@@ -101,49 +101,49 @@ def test_a_thumbs_up_refits_the_style_towards_the_text_as_a_new_version(studio, 
     assert np.array_equal(new.values, old.values)
 
     # a thumbs down lowers the text again
-    down = studio.thumb("vic", prompt, LIKED, False, s)
-    lowered = UserStyle.from_stored(studio.store.style("vic", studio.engine.artifacts_id))
+    down = studio.votes.thumb("vic", prompt, LIKED, False, s)
+    lowered = UserStyle.from_stored(studio.runtime.store.style("vic", studio.runtime.engine.artifacts_id))
     assert down["n_votes"] == 3 and _score(studio, "vic", LIKED, prompt, lowered) < _score(studio, "vic", LIKED, prompt, new)
 
     # any version can be restored; restoring adds no version, it moves "current"
-    n = len(studio.versions("vic"))
-    msg = studio.restore_version("vic", first)
-    assert str(first) in msg and len(studio.versions("vic")) == n
-    assert np.array_equal(UserStyle.from_stored(studio.store.style("vic", studio.engine.artifacts_id)).lam, old.lam)
-    assert [v["version"] for v in studio.versions("vic") if v["current"]] == [first]
+    n = len(studio.fits.versions("vic"))
+    msg = studio.fits.restore_version("vic", first)
+    assert str(first) in msg and len(studio.fits.versions("vic")) == n
+    assert np.array_equal(UserStyle.from_stored(studio.runtime.store.style("vic", studio.runtime.engine.artifacts_id)).lam, old.lam)
+    assert [v["version"] for v in studio.fits.versions("vic") if v["current"]] == [first]
     with pytest.raises(ValueError, match="no version"):
-        studio.restore_version("vic", 10_000)
+        studio.fits.restore_version("vic", 10_000)
 
 
 def test_before_and_after_are_cards_outputs_with_the_old_and_new_style(studio):
-    studio.save_history("wen", [Item(y=t) for t in TERSE], "tweets")
-    studio.fit("wen")
-    s = studio.settings(alpha=3.0, max_new_tokens=6)
-    prompt = studio.task.prompt("the storm")
-    shown = next(studio.compare("wen", prompt, ["card"], s)).text
-    liked = next(studio.compare("wen", prompt, ["base"], s)).text
-    res = studio.thumb("wen", prompt, liked, True, s, before=shown)
+    studio.histories.save_history("wen", [Item(y=t) for t in TERSE], "tweets")
+    studio.fits.fit("wen")
+    s = studio.runtime.settings(alpha=3.0, max_new_tokens=6)
+    prompt = studio.runtime.task.prompt("the storm")
+    shown = next(studio.decoding.compare("wen", prompt, ["card"], s)).text
+    liked = next(studio.decoding.compare("wen", prompt, ["base"], s)).text
+    res = studio.votes.thumb("wen", prompt, liked, True, s, before=shown)
     assert res["before"] == shown
-    again = next(studio.compare("wen", prompt, ["card"], s)).text
+    again = next(studio.decoding.compare("wen", prompt, ["card"], s)).text
     assert res["after"] == again  # what Compare shows from now on
 
 
 def test_a_rate_vote_on_a_users_pair_refines_their_style_in_the_background(studio):
-    studio.save_history("xia", [Item(y=t) for t in TERSE], "tweets")
-    studio.fit("xia")
-    s = studio.settings(alpha=2.0, max_new_tokens=5)
-    drawn = studio.new_pair("xia", studio.task.prompt("we won"), ["base", "card"], s)
+    studio.histories.save_history("xia", [Item(y=t) for t in TERSE], "tweets")
+    studio.fits.fit("xia")
+    s = studio.runtime.settings(alpha=2.0, max_new_tokens=5)
+    drawn = studio.votes.new_pair("xia", studio.runtime.task.prompt("we won"), ["base", "card"], s)
     # the tiny model may write the same text twice (no decided vote): the pair is opened again with two texts
     # that differ, as a rater sees them, so that the vote is always a decided one
     other = drawn.outputs[1] + " (edited)" if drawn.outputs[0].strip() == drawn.outputs[1].strip() else drawn.outputs[1]
-    pair = studio.arena.open("xia", drawn.prompt, drawn.methods, (drawn.outputs[0], other), settings=drawn.settings)
-    n = len(studio.versions("xia"))
-    studio.vote(pair.id, "b", "rater-x")
-    studio.wait_feedback()
-    rows = studio.store.feedback("xia")
+    pair = studio.runtime.arena.open("xia", drawn.prompt, drawn.methods, (drawn.outputs[0], other), settings=drawn.settings)
+    n = len(studio.fits.versions("xia"))
+    studio.votes.vote(pair.id, "b", "rater-x")
+    studio.votes.wait_feedback()
+    rows = studio.runtime.store.feedback("xia")
     assert len(rows) == 1 and rows[0]["source"] == "rate" and rows[0]["preferred"] == pair.outputs[1]
     assert rows[0]["other"] == pair.outputs[0] and rows[0]["rating"] is not None
-    versions = studio.versions("xia")
+    versions = studio.fits.versions("xia")
     assert len(versions) == n + 1 and versions[0]["source"] == "vote"
 
 
@@ -155,9 +155,9 @@ def test_simulated_votes_give_a_curve_per_checkpoint(studio, tiny_artifacts):
     q = queries[0]
     evals, pool, history = split_person(list(q.profile), q.input, q.gold, s)
     assert evals[0].y == q.gold and len(pool) == 3 and len(history) == len(q.profile) - 4
-    eng = studio.engine
+    eng = studio.runtime.engine
     people = [(q.user, eng.prepare_items(q.profile), q.input, q.gold) for q in queries[:2]]
-    res = simulate(eng, people, s, decoding=studio.settings(max_new_tokens=4))
+    res = simulate(eng, people, s, decoding=studio.runtime.settings(max_new_tokens=4))
     assert [c["votes"] for c in res["curve"]] == [0, 2] and len(res["people"]) + len(res["skipped"]) == 2
     person = res["people"][0]
     assert person["points"][0]["votes"] == 0 and person["points"][1]["votes"] <= 2
@@ -189,22 +189,22 @@ def pairs_studio(tiny_artifacts, tmp_path_factory):
     out = build(tiny_artifacts["demo"], "dev", root / "artifacts", cfg, p2p=None)
     s = tiny_studio({**tiny_artifacts, "artifacts": out}, root)
     yield s
-    s.store.close()
+    s.runtime.store.close()
 
 
 def test_a_pair_heads_vote_is_a_pair_and_refits_lambda(pairs_studio):
     studio = pairs_studio
-    studio.save_history("yun", [Item(y=t) for t in TERSE], "tweets")
-    studio.fit("yun")
-    s = studio.settings(alpha=2.0, max_new_tokens=5)
-    prompt = studio.task.prompt("the match")
-    before = UserStyle.from_stored(studio.store.style("yun", studio.engine.artifacts_id))
-    res = studio.thumb("yun", prompt, "ok so the match was fine i guess", True, s)
+    studio.histories.save_history("yun", [Item(y=t) for t in TERSE], "tweets")
+    studio.fits.fit("yun")
+    s = studio.runtime.settings(alpha=2.0, max_new_tokens=5)
+    prompt = studio.runtime.task.prompt("the match")
+    before = UserStyle.from_stored(studio.runtime.store.style("yun", studio.runtime.engine.artifacts_id))
+    res = studio.votes.thumb("yun", prompt, "ok so the match was fine i guess", True, s)
     assert res["version"] is not None and res["n_votes"] == 1 and res["diagnostics"].get("unit") != "tokens"
-    after = UserStyle.from_stored(studio.store.style("yun", studio.engine.artifacts_id))
+    after = UserStyle.from_stored(studio.runtime.store.style("yun", studio.runtime.engine.artifacts_id))
     assert after.helps is True and len(after.bias_ids) == 0  # a pair head has λ only
-    if studio.engine.heads["pairs"].U.abs().sum() > 0:  # φ = 0 for an untrained U: no pair can move λ then
+    if studio.runtime.engine.heads["pairs"].U.abs().sum() > 0:  # φ = 0 for an untrained U: no pair can move λ then
         assert not np.array_equal(after.lam, before.lam)
-    stats = studio.store.vector("yun", studio.engine.artifacts_id)[1]["stats"]
+    stats = studio.runtime.store.vector("yun", studio.runtime.engine.artifacts_id)[1]["stats"]
     assert stats["objective"] == "pairs" and stats["n_votes"] == 1
-    assert [v["source"] for v in studio.versions("yun")][:1] == ["vote"]
+    assert [v["source"] for v in studio.fits.versions("yun")][:1] == ["vote"]

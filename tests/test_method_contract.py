@@ -24,24 +24,24 @@ PROMPTS = ["Paraphrase: the train was late again", "Paraphrase: we won the match
 @pytest.fixture(scope="module")
 def setup(tiny_artifacts, tmp_path_factory):
     st = tiny_studio(tiny_artifacts, tmp_path_factory.mktemp("contract"))
-    name = sorted(st.demo_users)[0]
-    st.save_history(name, st.demo_items(name), st.engine.task.name)
-    st.fit(name)
-    prepared_items(st.engine, st.store, name)
-    state = st.user_state(name)
-    user = UserContext.from_store(st.store, name, st.task, state.cluster, state.k, state.lam)
+    name = sorted(st.runtime.demo_users)[0]
+    st.histories.save_history(name, st.histories.demo_items(name), st.runtime.engine.task.name)
+    st.fits.fit(name)
+    prepared_items(st.runtime.engine, st.runtime.store, name)
+    state = st.histories.user_state(name)
+    user = UserContext.from_store(st.runtime.store, name, st.runtime.task, state.cluster, state.k, state.lam)
     # the tiny build has no hypernetwork: train one for two steps on the demo population
-    users = {u: st.demo_items(u)[:4] for u in sorted(st.demo_users)[:4]}
-    hyper, _ = train_p2p(st.engine, st.engine.encoder, users, P2PConfig(steps=2, rank=2, hidden=16, eval_users=2))
-    st.runtime.methods["p2p"] = P2PMethod(st.engine, st.store, P2PConfig(), hypernet=hyper)
+    users = {u: st.histories.demo_items(u)[:4] for u in sorted(st.runtime.demo_users)[:4]}
+    hyper, _ = train_p2p(st.runtime.engine, st.runtime.engine.encoder, users, P2PConfig(steps=2, rank=2, hidden=16, eval_users=2))
+    st.runtime.methods["p2p"] = P2PMethod(st.runtime.engine, st.runtime.store, P2PConfig(), hypernet=hyper)
     yield st, user
-    st.store.close()
+    st.runtime.store.close()
 
 
 @pytest.mark.parametrize("name", list(REGISTRY))
 def test_every_method_keeps_the_contract(setup, name):
     st, user = setup
-    m = st.method(name)
+    m = st.runtime.method(name)
     assert isinstance(m, Method) and m.name == name and isinstance(m.batch, str) and m.batch
     assert dataclasses.is_dataclass(m.config_class) and m.config_class.__dataclass_params__.frozen
     assert isinstance(m.cfg, m.config_class)
@@ -49,13 +49,13 @@ def test_every_method_keeps_the_contract(setup, name):
     info = m.prepare(user)
     assert isinstance(info, dict) and info["method"] == name
     assert m.is_prepared(user)
-    s = st.engine.cfg.decoding
+    s = st.runtime.engine.cfg.decoding
     alone = m.generate(user, PROMPTS, s)
     assert len(alone) == len(PROMPTS) and all(isinstance(g, Generation) and isinstance(g.text, str) for g in alone)
     rows = m.rows(user, PROMPTS, s)
     assert len(rows) == len(PROMPTS) and all(isinstance(r, DecodeRow) for r in rows)
-    others = [DecodeRow("Paraphrase: a much longer prompt than the others, to pad them", st.engine.cfg.budget, s),
-              *card_decode.rows(st.engine, [PROMPTS[0]], "cluster", 1, k=2, settings=s)]
-    mixed = st.engine.decode_rows([others[0], *rows, others[1]])[1:-1]
+    others = [DecodeRow("Paraphrase: a much longer prompt than the others, to pad them", st.runtime.engine.cfg.budget, s),
+              *card_decode.rows(st.runtime.engine, [PROMPTS[0]], "cluster", 1, k=2, settings=s)]
+    mixed = st.runtime.engine.decode_rows([others[0], *rows, others[1]])[1:-1]
     assert [(g.text, g.n_tokens) for g in mixed] == [(g.text, g.n_tokens) for g in alone]
     assert [g.trace for g in mixed] == [g.trace for g in alone] or name in ("card", "cope")  # tensors / by request

@@ -49,17 +49,17 @@ def test_a_full_style_fits_in_a_key_and_decodes_exactly():
 def studio(tiny_artifacts, tmp_path_factory):
     s = tiny_studio(tiny_artifacts, tmp_path_factory.mktemp("owner"))
     yield s
-    s.store.close()
+    s.runtime.store.close()
 
 
 def test_style_key_round_trip_into_another_studio(studio, tmp_path):
-    studio.save_history("kim", [Item(y=t) for t in TERSE], "tweets")
-    studio.fit("kim")
-    key = studio.style_key("kim")
+    studio.histories.save_history("kim", [Item(y=t) for t in TERSE], "tweets")
+    studio.fits.fit("kim")
+    key = studio.own_data.style_key("kim")
     assert key.startswith("card-style-1:") and len(key) <= MAX_KEY
-    mine = UserStyle.from_stored(studio.store.style("kim", studio.engine.artifacts_id))
-    build = BuildInfo.of_engine(studio.engine)
-    assert BuildInfo.of_folder(studio.engine.folder) == build  # the CLI reads the same facts without the model
+    mine = UserStyle.from_stored(studio.runtime.store.style("kim", studio.runtime.engine.artifacts_id))
+    build = BuildInfo.of_engine(studio.runtime.engine)
+    assert BuildInfo.of_folder(studio.runtime.engine.folder) == build  # the CLI reads the same facts without the model
 
     other = Store(tmp_path / "elsewhere.db")
     res = import_keys(other, build, key, "kim-elsewhere")
@@ -69,7 +69,7 @@ def test_style_key_round_trip_into_another_studio(studio, tmp_path):
     assert len(got.values) == 0  # the memory is the history's data: it does not travel
     for k in build.ks:
         assert other.assignment("kim-elsewhere", build.artifacts, k)["cluster"] == \
-            studio.store.assignment("kim", build.artifacts, k)["cluster"]
+            studio.runtime.store.assignment("kim", build.artifacts, k)["cluster"]
     assert [v["source"] for v in other.versions("kim-elsewhere", build.artifacts)] == ["import"]
     assert res["versions"] and other.items("kim-elsewhere") == []
     # exported again from there, the key carries the same style
@@ -82,26 +82,26 @@ def test_style_key_round_trip_into_another_studio(studio, tmp_path):
 
 
 def test_every_version_exports_and_imports_in_order(studio, tmp_path):
-    studio.save_history("lou", [Item(y=t) for t in TERSE], "tweets")
-    studio.fit("lou")
-    studio.fit("lou")
-    keys = studio.style_key("lou", all_versions=True).splitlines()
+    studio.histories.save_history("lou", [Item(y=t) for t in TERSE], "tweets")
+    studio.fits.fit("lou")
+    studio.fits.fit("lou")
+    keys = studio.own_data.style_key("lou", all_versions=True).splitlines()
     assert len(keys) == 2 and all(len(k) <= MAX_KEY for k in keys)
     other = Store(tmp_path / "v.db")
-    res = import_keys(other, BuildInfo.of_engine(studio.engine), "\n".join(keys))
-    versions = other.versions("lou", studio.engine.artifacts_id)
+    res = import_keys(other, BuildInfo.of_engine(studio.runtime.engine), "\n".join(keys))
+    versions = other.versions("lou", studio.runtime.engine.artifacts_id)
     assert [v["id"] for v in versions] == res["versions"] and versions[-1]["current"]
     other.close()
 
 
 def test_style_key_and_forget_from_the_command_line(studio, tmp_path, capsys):
-    art = str(studio.engine.folder)
-    db = Path(studio.cfg.db)
-    studio.save_history("max", [Item(y=t) for t in TERSE], "tweets")
-    studio.fit("max")
+    art = str(studio.runtime.engine.folder)
+    db = Path(studio.runtime.cfg.db)
+    studio.histories.save_history("max", [Item(y=t) for t in TERSE], "tweets")
+    studio.fits.fit("max")
     out = tmp_path / "max.key"
     assert main(["style-key", "export", "--user", "max", "--out", str(out), "--db", str(db), "--artifacts", art]) == 0
-    assert out.read_text() == studio.style_key("max")  # the file is exactly the key
+    assert out.read_text() == studio.own_data.style_key("max")  # the file is exactly the key
     db2 = tmp_path / "two.db"
     assert main(["style-key", "import", "--file", str(out), "--db", str(db2), "--artifacts", art]) == 0
     assert "imported 1 version" in capsys.readouterr().out
@@ -121,42 +121,42 @@ def _bytes_under(folder: Path) -> bytes:
 
 def test_forget_me_leaves_nothing_of_the_user(studio):
     marker = "zanzibar-quokka"
-    db = Path(studio.cfg.db)
+    db = Path(studio.runtime.cfg.db)
     items = [Item(y=f"{marker} {t}") for t in TERSE]
-    studio.save_history(marker, items, "tweets")
-    studio.fit(marker)
-    s = studio.settings(alpha=2.0, max_new_tokens=5)
-    prompt = studio.task.prompt(f"{marker} news")
-    studio.thumb(marker, prompt, f"{marker} liked this", True, s)
-    pair = studio.new_pair(marker, prompt, ["base", "card"], s)
-    studio.vote(pair.id, "tie", "rater-q")
-    studio.wait_feedback()
-    studio.store.put_blob(marker, "exact_memory", prompt, {"prompt": prompt, "attributes": ["a"]})
-    oppu = db.parent / "oppu" / studio.engine.artifacts_id / adapter_id(marker)
+    studio.histories.save_history(marker, items, "tweets")
+    studio.fits.fit(marker)
+    s = studio.runtime.settings(alpha=2.0, max_new_tokens=5)
+    prompt = studio.runtime.task.prompt(f"{marker} news")
+    studio.votes.thumb(marker, prompt, f"{marker} liked this", True, s)
+    pair = studio.votes.new_pair(marker, prompt, ["base", "card"], s)
+    studio.votes.vote(pair.id, "tie", "rater-q")
+    studio.votes.wait_feedback()
+    studio.runtime.store.put_blob(marker, "exact_memory", prompt, {"prompt": prompt, "attributes": ["a"]})
+    oppu = db.parent / "oppu" / studio.runtime.engine.artifacts_id / adapter_id(marker)
     oppu.mkdir(parents=True)
     (oppu / "adapter_model.safetensors").write_text(marker)
-    exports = Path(studio.cfg.export_dir)
+    exports = Path(studio.runtime.cfg.export_dir)
     exports.mkdir(parents=True, exist_ok=True)
     (exports / "generations.jsonl").write_text(json.dumps({"user": marker, "output": "x"}) + "\n"
                                                + json.dumps({"user": "someone", "output": "kept"}) + "\n")
     (exports / "votes.csv").write_text(f"user,output\nsomeone,hello\n{marker},bye\nother,{items[0].y} quoted\n")
     (exports / "predictions_card.json").write_text(json.dumps({"task": "x", "golds": [{"id": "-1", "output": "o"}]}))
     (exports / "unrelated.csv").write_text("user,output\nsomeone,hello\n")
-    pending = studio.new_pair(marker, prompt, ["base", "card"], s)
-    n_ratings = len(studio.store.ratings())
+    pending = studio.votes.new_pair(marker, prompt, ["base", "card"], s)
+    n_ratings = len(studio.runtime.store.ratings())
     from personalize.humaneval.campaign_schema import CampaignConfig, CampaignItem  # the person as an item of a campaign
 
-    studio.campaigns.create("forget-campaign", [CampaignItem(marker, prompt, tuple(it.y for it in items),
+    studio.runtime.campaigns.create("forget-campaign", [CampaignItem(marker, prompt, tuple(it.y for it in items),
                                                              f"{marker} gold")], CampaignConfig(("base", "card"),
                                                                                                 reference=True))
-    for item, m in studio.campaigns.missing("forget-campaign"):
-        studio.campaigns.add_output(item["id"], m, f"{marker} {m} output", 0.1)
-    unit = studio.campaigns.next("forget-campaign", "rater-q")
-    studio.campaigns.submit(unit.id, "rater-q", "a")
-    studio.export_campaign("forget-campaign", "jsonl")
+    for item, m in studio.runtime.campaigns.missing("forget-campaign"):
+        studio.runtime.campaigns.add_output(item["id"], m, f"{marker} {m} output", 0.1)
+    unit = studio.runtime.campaigns.next("forget-campaign", "rater-q")
+    studio.runtime.campaigns.submit(unit.id, "rater-q", "a")
+    studio.campaign_desk.export_campaign("forget-campaign", "jsonl")
     assert marker.encode() in _bytes_under(db.parent)
 
-    res = studio.forget(marker)
+    res = studio.own_data.forget(marker)
     assert res["items"] == len(items) and res["ratings_anonymised"] == 1 and res["feedback"] == 1
     assert res["versions"] >= 2 and res["generations"] >= 2 and res["blobs"] >= 1
     assert marker.encode() not in _bytes_under(db.parent)  # the database, its WAL, adapters, exports
@@ -167,15 +167,15 @@ def test_forget_me_leaves_nothing_of_the_user(studio):
     assert (exports / "votes.csv").read_text().splitlines() == ["user,output", "someone,hello"]
     assert json.loads((exports / "predictions_card.json").read_text())["golds"] == [{"id": "-1", "output": "o"}]
     assert res["exports"][str(exports / "generations.jsonl")] == 1 and res["exports"][str(exports / "votes.csv")] == 2
-    ratings = studio.store.ratings()
+    ratings = studio.runtime.store.ratings()
     assert len(ratings) == n_ratings  # the verdict stays for the leaderboard, without texts or the user
     anon = [r for r in ratings if r["rater"] == "rater-q"]
     assert anon[0]["winner"] == "tie" and anon[0]["user"] is None and anon[0]["output_a"] == ""
-    assert studio.arena.pending(pending.id) is None
+    assert studio.runtime.arena.pending(pending.id) is None
     assert res["campaign_items_anonymised"] == 1  # the campaign keeps the verdict, not the person's texts
-    kept = studio.campaigns.judgments("forget-campaign")
+    kept = studio.runtime.campaigns.judgments("forget-campaign")
     assert [r["verdict"] for r in kept] == ["a"] and kept[0]["prompt"] == "" and marker not in kept[0]["user"]
     with sqlite3.connect(db) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     with pytest.raises(ValueError, match="unknown user"):
-        studio.user_state(marker)
+        studio.histories.user_state(marker)

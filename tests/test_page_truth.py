@@ -22,13 +22,13 @@ WORDS = ("bus", "tea", "rain", "film", "shop", "walk", "game", "cake", "lamp", "
 def studio(tiny_artifacts, tmp_path_factory):
     s = tiny_studio(tiny_artifacts, tmp_path_factory.mktemp("truth"))
     yield s
-    s.store.close()
+    s.runtime.store.close()
 
 
 def planted_history(studio) -> list[Item]:
     """The newest item (held out first) is PLANTED; an older item repeats it (other case and spacing, its own
     prompt), so only the rule that sets repeats aside keeps it out of the fit."""
-    p = studio.task.prompt
+    p = studio.runtime.task.prompt
     return [Item(PLANTED, x=p("what the quokkas did this morning")),
             *[Item(f"ok so the {w} was fine i guess", x=p(f"a note about the {w}")) for w in WORDS],
             Item("  " + PLANTED.upper().replace(" ", "  "), x=p("another morning"))]
@@ -43,16 +43,16 @@ def test_explore_never_fits_or_decodes_with_a_held_out_item(studio, monkeypatch)
     retrieve it first)."""
     from personalize.card import decoding
 
-    studio.save_history("planted", planted_history(studio), "tweets")
-    cfg = studio.engine.cfg
-    monkeypatch.setattr(studio.engine, "cfg", dataclasses.replace(
+    studio.histories.save_history("planted", planted_history(studio), "tweets")
+    cfg = studio.runtime.engine.cfg
+    monkeypatch.setattr(studio.runtime.engine, "cfg", dataclasses.replace(
         cfg, style=dataclasses.replace(cfg.style, retrieval=True, memory=True, bias=True, fallback=False)))
     fitted, embedded, prompts = [], [], []
-    fit, embed, generate = studio.engine.fit, studio.engine.embed, decoding.generate
-    monkeypatch.setattr(studio.engine, "fit", lambda items, *a, **k: fitted.extend(items) or fit(items, *a, **k))
-    monkeypatch.setattr(studio.engine, "embed", lambda items: embedded.extend(items) or embed(items))
+    fit, embed, generate = studio.runtime.engine.fit, studio.runtime.engine.embed, decoding.generate
+    monkeypatch.setattr(studio.runtime.engine, "fit", lambda items, *a, **k: fitted.extend(items) or fit(items, *a, **k))
+    monkeypatch.setattr(studio.runtime.engine, "embed", lambda items: embedded.extend(items) or embed(items))
     monkeypatch.setattr(decoding, "generate", lambda m, t, ps, *a, **k: prompts.extend(ps) or generate(m, t, ps, *a, **k))
-    res = studio.explore("planted", [0.0, 1.0], n_holdout=2, s=studio.settings(max_new_tokens=4))
+    res = studio.explorer.explore("planted", [0.0, 1.0], n_holdout=2, s=studio.runtime.settings(max_new_tokens=4))
 
     assert res["golds"].count(PLANTED) == 1 and res["n_set_aside"] == 1 and res["n_fit"] == len(WORDS) - 1
     assert fitted and embedded and prompts
@@ -65,18 +65,18 @@ def test_explore_never_fits_or_decodes_with_a_held_out_item(studio, monkeypatch)
 
 def test_explore_keeps_a_history_that_is_only_repeats_from_fitting(studio):
     """Held-out items repeated through the whole history leave nothing to fit on: said, not scored."""
-    studio.save_history("echo", [Item(f"same words {i % 2}", x=studio.task.prompt(f"p {i}")) for i in range(8)],
+    studio.histories.save_history("echo", [Item(f"same words {i % 2}", x=studio.runtime.task.prompt(f"p {i}")) for i in range(8)],
                         "tweets")
     with pytest.raises(ValueError, match="repeating a held-out one"):
-        studio.explore("echo", [1.0], n_holdout=2)
+        studio.explorer.explore("echo", [1.0], n_holdout=2)
 
 
 @pytest.mark.parametrize("text", ["nan, inf", "1, inf", "-inf", "0.5, NaN", "1e999"])
 def test_explore_refuses_what_is_not_a_finite_strength(studio, text):
     with pytest.raises(ValueError, match="finite numbers >= 0"):
-        studio.parse_alphas(text)
+        studio.explorer.parse_alphas(text)
     with pytest.raises(ValueError, match="finite numbers >= 0"):
-        studio.explore("planted", [float(v) for v in text.split(",")])
+        studio.explorer.explore("planted", [float(v) for v in text.split(",")])
 
 
 def test_a_refused_sweep_clears_the_last_results(studio):
@@ -122,12 +122,12 @@ def test_a_newcomer_is_compared_with_the_build_s_people_as_if_they_were_new_too(
 def test_the_build_s_own_people_are_told_they_are_in_it(studio):
     """For every K and every member of the tiny build, their own distances read as one of the build's people;
     the demo writers saved in the studio (their writing near, not equal to, the build's) are never "far"."""
-    c = studio.engine.clusters
+    c = studio.runtime.engine.clusters
     for k, cents in c.centroids.items():
         for e in c.embeddings:
-            assert "one of this build's own people" in studio.closeness(k, np.linalg.norm(cents - e[None], axis=1))
+            assert "one of this build's own people" in studio.histories.closeness(k, np.linalg.norm(cents - e[None], axis=1))
     for user in c.users[:3]:
-        res = studio.save_history(user, studio.demo_items(user), "tweets")
+        res = studio.histories.save_history(user, studio.histories.demo_items(user), "tweets")
         assert res["closeness"] and "far from every" not in res["closeness"], res["closeness"]
 
 
@@ -136,7 +136,7 @@ def test_the_build_s_own_people_are_told_they_are_in_it(studio):
 def test_each_compare_column_is_done_when_its_own_row_ends(studio, monkeypatch):
     """base's row stops after 2 tokens, card's after 8, in one mixed batch: base is done (and stored) while card
     is still decoding, not when the batch ends; its output is what the runner returns for its row."""
-    studio.save_history("cole", [Item(f"ok so the {w} was fine i guess") for w in WORDS], "tweets")
+    studio.histories.save_history("cole", [Item(f"ok so the {w} was fine i guess") for w in WORDS], "tweets")
     rows, submitted = studio.decoding.rows, []
     short = lambda rs: [dataclasses.replace(r, settings=dataclasses.replace(r.settings, max_new_tokens=2))  # noqa: E731
                         for r in rs]
@@ -145,8 +145,8 @@ def test_each_compare_column_is_done_when_its_own_row_ends(studio, monkeypatch):
     submit = studio.runtime.scheduler.submit
     monkeypatch.setattr(studio.runtime.scheduler, "submit",
                         lambda build, on_step=None: submitted.append(submit(build, on_step)) or submitted[-1])
-    s = dataclasses.replace(studio.settings(alpha=1.0, max_new_tokens=8), min_new_tokens=8)
-    events = list(studio.compare_stream("cole", studio.task.prompt("the bus"), ["base", "card"], s))
+    s = dataclasses.replace(studio.runtime.settings(alpha=1.0, max_new_tokens=8), min_new_tokens=8)
+    events = list(studio.decoding.compare_stream("cole", studio.runtime.task.prompt("the bus"), ["base", "card"], s))
     kinds = [(kind, m) for kind, m, _ in events]
     base_done = kinds.index(("done", "base"))
     assert ("text", "card") in kinds[base_done + 1:], kinds  # card still streamed after base was done
@@ -155,7 +155,7 @@ def test_each_compare_column_is_done_when_its_own_row_ends(studio, monkeypatch):
     assert done["base"].latency_s < done["card"].latency_s
     final = {m: f.result()[0] for m, f in zip(["base", "card"], submitted)}
     assert all(done[m].text == final[m].text and done[m].n_tokens == final[m].n_tokens for m in done)
-    assert studio.store.generation(done["base"].gen_id)["output"] == final["base"].text
+    assert studio.runtime.store.generation(done["base"].gen_id)["output"] == final["base"].text
 
 
 def test_the_done_line_shows_a_diff_prompt_as_written():
@@ -179,12 +179,12 @@ def fitted(studio):
     person's next word (no held-out rows, "too few to tell"), so each step's last candidate is made that word."""
     from personalize.studio.fits import held_out_interval
 
-    studio.save_history("vera", [Item(f"ok so the {w} was fine i guess") for w in WORDS], "tweets")
-    fit = studio.fit("vera")
+    studio.histories.save_history("vera", [Item(f"ok so the {w} was fine i guess") for w in WORDS], "tweets")
+    fit = studio.fits.fit("vera")
     for f in fit.features:
         f.top_ids[:, -1] = f.ids
-    diag, own, _ = studio.engine.held_out_style(fit.features, fit.n_hold, studio.engine.heads["tokens"])
-    diag["own_minus_cluster"] = held_out_interval(studio.engine, dataclasses.replace(fit, held_style=own))
+    diag, own, _ = studio.runtime.engine.held_out_style(fit.features, fit.n_hold, studio.runtime.engine.heads["tokens"])
+    diag["own_minus_cluster"] = held_out_interval(studio.runtime.engine, dataclasses.replace(fit, held_style=own))
     return dataclasses.replace(fit, diagnostics=diag, held_style=own)
 
 
@@ -208,8 +208,8 @@ def test_a_fit_measures_its_interval_when_its_held_out_items_have_words(studio, 
 
     monkeypatch.setattr(fits, "held_out_interval", lambda engine, fit: {"mean": 0.0, "ci95": [0.0, 0.0], "items": 2})
     monkeypatch.setattr(fits, "fit_person", lambda *a, **k: (dataclasses.replace(
-        studio.fits.engine.fit(studio.demo_items("formal_01")), diagnostics={"n": 3}), []))
-    assert studio.fit("vera").diagnostics["own_minus_cluster"]["items"] == 2
+        studio.fits.engine.fit(studio.histories.demo_items("formal_01")), diagnostics={"n": 3}), []))
+    assert studio.fits.fit("vera").diagnostics["own_minus_cluster"]["items"] == 2
 
 
 @pytest.mark.parametrize("fallback", [True, False])
@@ -221,11 +221,11 @@ def test_a_losing_style_is_said_beside_what_card_decodes(studio, fitted, monkeyp
     from personalize.studio.fits import LOSING_STYLE_NOTE, fit_verdict, kept_reason
     from personalize.ui import compare
 
-    cfg = studio.engine.cfg
-    monkeypatch.setattr(studio.engine, "cfg", dataclasses.replace(
+    cfg = studio.runtime.engine.cfg
+    monkeypatch.setattr(studio.runtime.engine, "cfg", dataclasses.replace(
         cfg, style=dataclasses.replace(cfg.style, fallback=fallback)))
     lost = dict(fitted.diagnostics, helps=False)
-    verdict = fit_verdict(lost, fallback=fallback, why_kept=kept_reason(studio.engine.meta))
+    verdict = fit_verdict(lost, fallback=fallback, why_kept=kept_reason(studio.runtime.engine.meta))
     user_state = studio.histories.user_state
 
     def losing(name, k=None):
@@ -234,8 +234,8 @@ def test_a_losing_style_is_said_beside_what_card_decodes(studio, fitted, monkeyp
         return st
 
     monkeypatch.setattr(studio.histories, "user_state", losing)
-    s = studio.settings(alpha=1.0, max_new_tokens=3)
-    (row,) = studio.decoding.rows("card", studio.histories.user_state("vera"), studio.task.prompt("the bus"), s)
+    s = studio.runtime.settings(alpha=1.0, max_new_tokens=3)
+    (row,) = studio.decoding.rows("card", studio.histories.user_state("vera"), studio.runtime.task.prompt("the bus"), s)
     status = next(compare.compare(studio, "vera", "the bus", True, None, ["card"], 1.0, 50, 3, None))[0]
     if fallback:
         assert "show the cluster model's output for you" in verdict and "still decodes" not in verdict
@@ -300,20 +300,20 @@ def test_the_fit_page_says_how_far_the_person_is_what_they_get_and_what_alpha_do
     st = dataclasses.replace(fitted.style, knn_weight=None)  # near: the build's own style, no memory of theirs
     fitted = dataclasses.replace(fitted, style=st, far=False)
     assert len(st.form_ids) and (st.form_keys == opening_key(())).any()  # the fit made the person's form
-    monkeypatch.setattr(studio, "closeness", lambda k, d: "close to its centre: nearer than most of its own members")
+    monkeypatch.setattr(studio.histories, "closeness", lambda k, d: "close to its centre: nearer than most of its own members")
     near = page_text.fit_message(studio, "vera", fitted, 1.0)
     at_start = st.form_keys == opening_key(())
     first = st.form_ids[at_start][st.form_bias[at_start].argmax()]
     assert "How you write against this build's writers" in near and "close to its centre" in near
-    assert "0 is the cluster model exactly" in near and studio.engine.tok.decode([int(first)]).strip() in near
+    assert "0 is the cluster model exactly" in near and studio.runtime.engine.tok.decode([int(first)]).strip() in near
     assert "which is not yours" not in near
     assert "your own past texts are mixed in" not in near  # a near person's style has no memory of their own
-    monkeypatch.setattr(studio, "closeness", lambda k, d: "far from every cluster of this build: further out")
+    monkeypatch.setattr(studio.histories, "closeness", lambda k, d: "far from every cluster of this build: further out")
     assert "which is not yours" in page_text.fit_message(studio, "vera", fitted, 1.0)
     far = dataclasses.replace(fitted, style=dataclasses.replace(st, knn_weight=0.15), far=True)
     assert "your own past texts are mixed in" in page_text.fit_message(studio, "vera", far, 1.0)
-    cfg = studio.engine.cfg  # a build whose guard kept card at the cluster model: the page does not promise the style
-    monkeypatch.setattr(studio.engine, "cfg", dataclasses.replace(cfg, decoding=dataclasses.replace(cfg.decoding,
+    cfg = studio.runtime.engine.cfg  # a build whose guard kept card at the cluster model: the page does not promise the style
+    monkeypatch.setattr(studio.runtime.engine, "cfg", dataclasses.replace(cfg, decoding=dataclasses.replace(cfg.decoding,
                                                                                                   alpha=0.0)))
     kept = page_text.fit_message(studio, "vera", fitted, 1.0)
     assert "At this build's α = 0, card writes as your cluster's model" in kept and "What you get" not in kept

@@ -71,11 +71,11 @@ def studio(tiny_artifacts, tmp_path):
                                  demo_data=str(tiny_artifacts["demo"]), export_dir=str(tmp_path / "exports")))
     s.tiny = tiny_settings(tiny_artifacts["root"])
     yield s
-    job = s.population_job
+    job = s.populations.population_job
     if job is not None and job.running:
         job.cancel()
         job.wait(60)
-    s.store.close()
+    s.runtime.store.close()
 
 
 @pytest.fixture()
@@ -132,14 +132,14 @@ def test_a_table_population_is_built_in_the_background_served_and_nearest_for_it
     from personalize.studio import population_jobs
 
     monkeypatch.setattr(population_jobs, "app_build", lambda data, out, people: (studio.tiny, {"p2p": None}))
-    root = studio.artifacts_root
-    tweets_id = studio.engine.artifacts_id
+    root = studio.served_builds.artifacts_root
+    tweets_id = studio.runtime.engine.artifacts_id
     csv_file = write_table(tmp_path / "people.csv")
     seen_stages: list[tuple[str, float]] = []
 
     status, counts, timer = populations.start(studio, "table", "team", None, str(csv_file), True)
     assert "team" in status and counts == "" and timer.active
-    job = studio.population_job
+    job = studio.populations.population_job
 
     def sample():  # what a page polling the job sees
         while job.running:
@@ -156,12 +156,12 @@ def test_a_table_population_is_built_in_the_background_served_and_nearest_for_it
     assert "kept 8 people, 80 items" in job.counts() and "dropped" in job.counts()
     assert job.stage == "K=1 adapter" and "building, K=1 adapter" in job.line()
     with pytest.raises(ValueError, match="still running"):  # one build at a time
-        studio.start_population_build("table", "other", str(csv_file), cfg=studio.tiny, build_kwargs={"p2p": None})
+        studio.populations.start_population_build("table", "other", str(csv_file), cfg=studio.tiny, build_kwargs={"p2p": None})
     # the studio keeps serving: the store, the model lock, a decode of the served build, the tab's poll
-    assert studio.user_names() == [] and studio.model_lock.acquire(blocking=False)
-    studio.model_lock.release()
-    studio.save_history("ann", [Item(t) for t in TERSE], "tweets")
-    out = studio.run_method("base", studio.user_state("ann"), "the bus", studio.settings(max_new_tokens=3))
+    assert studio.histories.user_names() == [] and studio.runtime.model_lock.acquire(blocking=False)
+    studio.runtime.model_lock.release()
+    studio.histories.save_history("ann", [Item(t) for t in TERSE], "tweets")
+    out = studio.decoding.run_method("base", studio.histories.user_state("ann"), "the bus", studio.runtime.settings(max_new_tokens=3))
     assert out.error is None and job.running
     counts_md, line, percent, *_, timer, seen = populations.poll(studio, None)
     assert "kept 8 people" in counts_md and "K=1 adapter" in line and 0 < percent < 100 and timer.active
@@ -172,8 +172,8 @@ def test_a_table_population_is_built_in_the_background_served_and_nearest_for_it
     assert job.served and "the studio serves it now" in job.line()
     fractions = [f for _, f in seen_stages]
     assert fractions == sorted(fractions) and fractions[-1] == pytest.approx(1.0) and len(set(fractions)) >= 3
-    assert str(job.out) in [b.folder for b in find_builds(root)] and studio.task.name == "writing"
-    assert studio.engine.folder == job.out and studio.engine.artifacts_id != tweets_id
+    assert str(job.out) in [b.folder for b in find_builds(root)] and studio.runtime.task.name == "writing"
+    assert studio.runtime.engine.folder == job.out and studio.runtime.engine.artifacts_id != tweets_id
 
     counts_md, line, percent, builds, *page, timer, seen = populations.poll(studio, None)
     assert "kept 8 people" in counts_md and percent == 100 and not timer.active and seen
@@ -183,11 +183,11 @@ def test_a_table_population_is_built_in_the_background_served_and_nearest_for_it
     assert isinstance(again[3], type(gr.skip())) and not again[-2].active
 
     # which build's population a person's writing is nearest (the tweets build is not served any more)
-    studio.save_history("deb", [Item(t) for t in changelog_lines(99)], "writing")
-    deb = studio.nearest_build("deb")
+    studio.histories.save_history("deb", [Item(t) for t in changelog_lines(99)], "writing")
+    deb = studio.populations.nearest_build("deb")
     assert deb["nearest"]["served"] and deb["message"] == "" and len(deb["builds"]) == 2
-    studio.save_history("ann", [Item(t) for t in TERSE], "writing")
-    ann = studio.nearest_build("ann")
+    studio.histories.save_history("ann", [Item(t) for t in TERSE], "writing")
+    ann = studio.populations.nearest_build("ann")
     assert ann["nearest"]["id"] == tweets_id and not ann["nearest"]["served"]
     assert md(tweets_id) in ann["message"] and "Populations" in ann["message"]
     assert ann["nearest"]["words"] in ann["message"]
@@ -198,40 +198,40 @@ def test_a_table_population_is_built_in_the_background_served_and_nearest_for_it
                                                                       "writing"))
 
     msg, *_ = populations.serve(studio, str(root / "tweets"))  # serve a build back from the tab
-    assert tweets_id in msg and studio.engine.artifacts_id == tweets_id
-    assert "already" in studio.serve_build(str(root / "tweets"))
+    assert tweets_id in msg and studio.runtime.engine.artifacts_id == tweets_id
+    assert "already" in studio.served_builds.serve_build(str(root / "tweets"))
     assert populations.serve(studio, str(tmp_path))[0].startswith("⚠️")  # not a build here
 
 
 def test_a_cancelled_build_leaves_nothing_and_the_studio_answers(studio, paused, tmp_path):
-    root = studio.artifacts_root
+    root = studio.served_builds.artifacts_root
     csv_file = write_table(tmp_path / "people.csv")
     for bad, why in (("../up", "name the build"), ("tweets", "exists already"), ("", "name the build")):
         with pytest.raises(ValueError, match=why):
-            studio.start_population_build("table", bad, str(csv_file))
+            studio.populations.start_population_build("table", bad, str(csv_file))
     with pytest.raises(ValueError, match="unknown source"):
-        studio.start_population_build("mail", "x", "a")
+        studio.populations.start_population_build("mail", "x", "a")
     with pytest.raises(ValueError, match="no population build is running"):
-        studio.cancel_population_build()
+        studio.populations.cancel_population_build()
     assert populations.cancel(studio).startswith("⚠️")
 
-    job = studio.start_population_build("table", "gone", str(csv_file), serve=True, cfg=studio.tiny,
+    job = studio.populations.start_population_build("table", "gone", str(csv_file), serve=True, cfg=studio.tiny,
                                         build_kwargs={"p2p": None})
     assert paused["reached"].wait(60), job.line()
     assert (job.data / "dev_questions.json").exists()  # the population step has written its folder
     assert "cancelling" in populations.cancel(studio)
-    assert studio.user_names() == [] and job.running  # answers while the build winds down
+    assert studio.histories.user_names() == [] and job.running  # answers while the build winds down
     paused["go"].set()
     assert job.wait(60) and job.state == "cancelled", job.line()
     assert job.stage == "K=1 adapter"  # stopped at the next step of the stage it was in
     assert "nothing was written" in job.line() and not job.served
     assert not (root / "gone").exists() and not (root / "gone.partial").exists() and not job.data.exists()
     assert [Path(b.folder).name for b in find_builds(root)] == ["tweets"]
-    assert lock_is_free(root / "gone.lock") and studio.model_lock.acquire(blocking=False)
-    studio.model_lock.release()
-    assert studio.engine.folder == root / "tweets"
+    assert lock_is_free(root / "gone.lock") and studio.runtime.model_lock.acquire(blocking=False)
+    studio.runtime.model_lock.release()
+    assert studio.runtime.engine.folder == root / "tweets"
 
-    bad = studio.start_population_build("table", "broken", str(tmp_path / "missing.csv"))  # fails in its thread
+    bad = studio.populations.start_population_build("table", "broken", str(tmp_path / "missing.csv"))  # fails in its thread
     assert bad.wait(30) and bad.state == "error" and "file not found" in bad.line()
     assert not (root / "broken").exists() and not bad.data.exists()
 
@@ -289,9 +289,9 @@ def test_the_tab_over_http_starts_follows_and_cancels_a_build(studio, paused, tm
         assert "kept 8 people" in counts and "K=1 adapter" in line and 0 < percent < 100
         assert "cancelling" in c.predict(api_name="/cancel_population")
         paused["go"].set()
-        assert studio.population_job.wait(60)
+        assert studio.populations.population_job.wait(60)
         counts, line, percent, *_, timer = c.predict(api_name="/population_status")  # (no State over HTTP)
         assert "cancelled" in line and "nothing was written" in line and not timer["active"]
-        assert not (studio.artifacts_root / "web").exists()
+        assert not (studio.served_builds.artifacts_root / "web").exists()
     finally:
         page.close()

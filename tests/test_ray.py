@@ -134,13 +134,13 @@ def test_campaign_pool_on_ray_is_the_serial_pool(ray_local, tiny_artifacts, tmp_
         (tmp_path / name).mkdir()
         studio = tiny_studio(tiny_artifacts, tmp_path / name)
         try:
-            studio.create_campaign("c", tiny_artifacts["demo"], "dev", 3, ["base", "card", "cope", "rag"])
-            res = generate(studio, "c", shards=RequestShards(studio.engine, RayConfig()) if name == "ray" else None)
+            studio.campaign_desk.create_campaign("c", tiny_artifacts["demo"], "dev", 3, ["base", "card", "cope", "rag"])
+            res = generate(studio, "c", shards=RequestShards(studio.runtime.engine, RayConfig()) if name == "ray" else None)
             assert res["failed"] == [] and res["generated"] == 12
-            pools.append(studio.store.query("SELECT i.position, o.method, o.output FROM campaign_outputs o JOIN "
+            pools.append(studio.runtime.store.query("SELECT i.position, o.method, o.output FROM campaign_outputs o JOIN "
                                             "campaign_items i ON i.id = o.item ORDER BY i.position, o.method"))
         finally:
-            studio.store.close()
+            studio.runtime.store.close()
     assert pools[0] == pools[1]
 
 

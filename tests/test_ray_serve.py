@@ -27,12 +27,12 @@ METHODS = ["base", "cluster", "card", "cope"]
 
 
 def _person(studio) -> None:
-    studio.save_history("bo", studio.demo_items("terse_01"), "tweets")
-    studio.fit("bo")
+    studio.histories.save_history("bo", studio.histories.demo_items("terse_01"), "tweets")
+    studio.fits.fit("bo")
 
 
 def _texts(studio, prompt, s) -> dict[str, str]:
-    outs = {o.method: o for o in studio.compare("bo", prompt, METHODS, s)}
+    outs = {o.method: o for o in studio.decoding.compare("bo", prompt, METHODS, s)}
     assert all(o.error is None for o in outs.values()), {m: o.error for m, o in outs.items()}
     return {m: o.text for m, o in outs.items()}
 
@@ -40,7 +40,7 @@ def _texts(studio, prompt, s) -> dict[str, str]:
 def _streamed(studio, prompt, s) -> tuple[dict[str, str], dict]:
     """A Compare as the page sees it: each column's last streamed text, and its output."""
     last, outs = {}, {}
-    for kind, m, value in studio.compare_stream("bo", prompt, METHODS, s):
+    for kind, m, value in studio.decoding.compare_stream("bo", prompt, METHODS, s):
         if kind == "text":
             last[m] = value
         elif kind == "done":
@@ -54,10 +54,10 @@ def test_studio_on_two_replicas_decodes_as_in_process_and_survives_a_killed_repl
 
     local = tiny_studio(tiny_artifacts, tmp_path / "local")
     _person(local)
-    s = local.settings(alpha=1.0, max_new_tokens=6)
-    prompt = local.task.prompt("the bus was late")
+    s = local.runtime.settings(alpha=1.0, max_new_tokens=6)
+    prompt = local.runtime.task.prompt("the bus was late")
     want = _texts(local, prompt, s)
-    local.scheduler.close()
+    local.runtime.scheduler.close()
 
     (tmp_path / "remote").mkdir()
     remote = Studio.load(StudioConfig(artifacts=str(tiny_artifacts["artifacts"]), db=str(tmp_path / "remote" / "s.db"),
@@ -68,10 +68,10 @@ def test_studio_on_two_replicas_decodes_as_in_process_and_survives_a_killed_repl
         last, outs = _streamed(remote, prompt, s)
         assert {m: o.text for m, o in outs.items()} == want
         assert last == want  # every column streamed its tokens from the replica
-        assert remote.scheduler.remote_requests >= len(METHODS)
+        assert remote.runtime.scheduler.remote_requests >= len(METHODS)
         status = serve.status().applications["personalize-decoder"].deployments["decoder"]
         assert status.replica_states.get("RUNNING") == 2
-        pids = {r.result()["pid"] for r in [remote.scheduler.handle.info.remote() for _ in range(20)]}
+        pids = {r.result()["pid"] for r in [remote.runtime.scheduler.handle.info.remote() for _ in range(20)]}
 
         got: list = []
         run = threading.Thread(target=lambda: got.extend(_streamed(remote, prompt, s)))
@@ -86,11 +86,11 @@ def test_studio_on_two_replicas_decodes_as_in_process_and_survives_a_killed_repl
                 assert o.text == want[m] and last[m] == want[m]
             else:
                 assert "Ray" in o.error and o.gen_id is None
-        stored = remote.store.generations(user="bo")
+        stored = remote.runtime.store.generations(user="bo")
         assert all(g["output"] == want[g["method"]] for g in stored)  # nothing half
         assert _texts(remote, prompt, s) == want  # the studio goes on
     finally:
-        remote.scheduler.close()
+        remote.runtime.scheduler.close()
         serve.shutdown()  # the replicas go; the session's Ray stays for the other tests
 
 
@@ -119,17 +119,17 @@ def test_browser_compare_of_every_method_on_two_replicas_as_in_process(ray_local
             p.click("compare-button")
             assert p.until_text("compare-status", "Done", "⚠️").startswith(f"Done: {len(ALL_METHODS)} methods")
             shown = {m: " ".join(p.text(f"out-{m}").split()) for m in ALL_METHODS}
-        assert remote.scheduler.remote_requests > 0
+        assert remote.runtime.scheduler.remote_requests > 0
     finally:
         driver.quit()
-        remote.scheduler.close()
+        remote.runtime.scheduler.close()
         serve.shutdown()
-    page = {g["method"]: g for g in remote.store.generations(user="bo")}
+    page = {g["method"]: g for g in remote.runtime.store.generations(user="bo")}
     g = next(iter(page.values()))
     local = tiny_studio(tiny_artifacts, tmp_path / "local")
     _person(local)
-    s = local.settings(g["settings"]["alpha"], g["settings"]["top_k"], g["settings"]["max_new_tokens"])
-    want = {o.method: o for o in local.compare("bo", g["prompt"], ALL_METHODS, s, g["settings"]["k"])}
+    s = local.runtime.settings(g["settings"]["alpha"], g["settings"]["top_k"], g["settings"]["max_new_tokens"])
+    want = {o.method: o for o in local.decoding.compare("bo", g["prompt"], ALL_METHODS, s, g["settings"]["k"])}
     assert {m: g["output"] for m, g in page.items()} == {m: o.text for m, o in want.items() if o.error is None}
     for m, o in want.items():  # and the page shows it (or the method's own error, as in-process)
         assert " ".join((o.text if o.error is None else o.error).split()) in shown[m], (m, shown[m])

@@ -118,12 +118,12 @@ def test_admin_must_be_a_login(monkeypatch, tmp_path):
 def studio(tiny_artifacts, tmp_path_factory):
     s = tiny_studio(tiny_artifacts, tmp_path_factory.mktemp("security"))
     yield s
-    s.store.close()
+    s.runtime.store.close()
 
 
 @pytest.fixture(scope="module")
 def server(studio):
-    folder = Path(studio.cfg.db).parent
+    folder = Path(studio.runtime.cfg.db).parent
     (folder / "exports").mkdir(exist_ok=True)
     (folder / "exports" / "generations.jsonl").write_text(json.dumps({"output": SECRET}) + "\n")
     (folder / "secret.txt").write_text(f"{SECRET}\n" * 12)
@@ -161,7 +161,7 @@ def test_the_login_route_throttles_without_stalling_the_server(server):
 
 def test_the_file_route_serves_the_page_folder_only(server, studio):
     url, folder = server["url"], server["folder"]
-    cache = studio.cfg.page_files.resolve()
+    cache = studio.runtime.cfg.page_files.resolve()
     r = upload(url, "../../../escaped.txt", b"hello from an upload")
     assert r.status_code == 200, r.text
     stored = Path(r.json()[0])
@@ -179,7 +179,7 @@ def test_the_file_route_serves_the_page_folder_only(server, studio):
 
 
 def test_the_database_is_never_served_even_from_a_cache_folder_that_holds_it(studio, tmp_path):
-    folder = Path(studio.cfg.db).parent
+    folder = Path(studio.runtime.cfg.db).parent
     rt = studio.runtime
     cfg = rt.cfg
     rt.cfg = replace(cfg, cache_dir=str(folder))  # a careless --cache-dir: the database's own folder
@@ -195,24 +195,24 @@ def test_the_database_is_never_served_even_from_a_cache_folder_that_holds_it(stu
 
 def test_an_upload_over_the_limit_is_refused_before_it_is_written(server, studio):
     limit = studio_app.launch_options(studio)["max_file_size"]
-    assert limit == 4 * studio.cfg.max_history_chars
-    before = set(studio.cfg.page_files.rglob("*"))
+    assert limit == 4 * studio.runtime.cfg.max_history_chars
+    before = set(studio.runtime.cfg.page_files.rglob("*"))
     r = upload(server["url"], "huge.txt", b"x" * (limit + 1))
     assert r.status_code == 413 and f"maximum allowed size of {limit} bytes" in r.text, (r.status_code, r.text)
-    assert not [p for p in set(studio.cfg.page_files.rglob("*")) - before if p.name == "huge.txt"]
+    assert not [p for p in set(studio.runtime.cfg.page_files.rglob("*")) - before if p.name == "huge.txt"]
 
 
 # ---------------------------------------------------------------- files named in a request: only the page's own
 
 def test_a_request_naming_a_file_outside_the_page_folder_reads_nothing(server, studio):
     url, folder = server["url"], server["folder"]
-    n = len(studio.store.users())
-    for path in (str(folder / "secret.txt"), f"{studio.cfg.page_files}/../secret.txt", "/etc/passwd"):
+    n = len(studio.runtime.store.users())
+    for path in (str(folder / "secret.txt"), f"{studio.runtime.cfg.page_files}/../secret.txt", "/etc/passwd"):
         file = {"path": path, "meta": {"_type": "gradio.FileData"}, "orig_name": "h.txt"}
-        kind, payload = call(url, "save_history", ["mallory", "", file, studio.task.name, None])
+        kind, payload = call(url, "save_history", ["mallory", "", file, studio.runtime.task.name, None])
         assert SECRET not in payload and "root:" not in payload, payload
         assert kind == "error" or "⚠️" in payload, (kind, payload)
-    assert len(studio.store.users()) == n and not any(u["name"] == "mallory" for u in studio.store.users())
+    assert len(studio.runtime.store.users()) == n and not any(u["name"] == "mallory" for u in studio.runtime.store.users())
 
 
 def test_a_history_file_with_a_dotted_name_is_read_as_the_uploaded_file(server, studio):
@@ -220,9 +220,9 @@ def test_a_history_file_with_a_dotted_name_is_read_as_the_uploaded_file(server, 
     r = upload(url, "../../secret.txt", "\n".join(f"line {i} of my own writing" for i in range(10)).encode())
     path = r.json()[0]
     file = {"path": path, "meta": {"_type": "gradio.FileData"}, "orig_name": "../../secret.txt"}
-    kind, payload = call(url, "save_history", ["dotted", "", file, studio.task.name, None])
+    kind, payload = call(url, "save_history", ["dotted", "", file, studio.runtime.task.name, None])
     assert kind == "complete" and "Saved" in payload and SECRET not in payload, payload
-    assert [it.y for it in studio.store.items("dotted")][0] == "line 0 of my own writing"
+    assert [it.y for it in studio.runtime.store.items("dotted")][0] == "line 0 of my own writing"
 
 
 def test_names_that_become_paths_stay_in_their_folder(studio, tmp_path):
@@ -235,9 +235,9 @@ def test_names_that_become_paths_stay_in_their_folder(studio, tmp_path):
             check_name(bad, root)
     # a campaign's export file is named after the campaign: any name lands in the export folder
     name = "../../" + XSS[1]
-    studio.create_campaign(name, studio.cfg.demo_data, limit=1)
-    path, summary, _ = studio.export_campaign(name, "jsonl")
-    export_dir = Path(studio.cfg.export_dir).resolve()
+    studio.campaign_desk.create_campaign(name, studio.runtime.cfg.demo_data, limit=1)
+    path, summary, _ = studio.campaign_desk.export_campaign(name, "jsonl")
+    export_dir = Path(studio.runtime.cfg.export_dir).resolve()
     assert path.resolve().parent == export_dir and summary.resolve().parent == export_dir, path
 
 
@@ -275,7 +275,7 @@ def test_html_in_a_name_history_and_prompt_is_shown_as_text(server, studio):
     url = server["url"]
     name = f"eve{XSS[1]}"
     history = "\n".join(f"{XSS[i % 2]} item {i} of the planted history" for i in range(10))
-    kind, payload = call(url, "save_history", [name, history, None, studio.task.name, None])
+    kind, payload = call(url, "save_history", [name, history, None, studio.runtime.task.name, None])
     assert kind == "complete", payload
     _assert_text_only(url, "save_history", payload, XSS[1])
     kind, payload = call(url, "compare", [name, f"{XSS[0]} write this", True, None, ["base"], 1.0, 50, 4])
@@ -286,10 +286,10 @@ def test_html_in_a_name_history_and_prompt_is_shown_as_text(server, studio):
 # ---------------------------------------------------------------- requests over the limits
 
 def test_requests_over_the_limits_are_refused_with_the_limit(server, studio):
-    url, cfg = server["url"], studio.cfg
-    kind, payload = call(url, "save_history", ["big", "y" * (cfg.max_history_chars + 1), None, studio.task.name, None])
+    url, cfg = server["url"], studio.runtime.cfg
+    kind, payload = call(url, "save_history", ["big", "y" * (cfg.max_history_chars + 1), None, studio.runtime.task.name, None])
     assert f"the limit is {cfg.max_history_chars:,}" in _shown(json.loads(payload)[0]), payload
-    assert not any(u["name"] == "big" for u in studio.store.users())
-    studio.save_from("small", "\n".join(f"a short line {i}" for i in range(8)), None, studio.task.name, None)
+    assert not any(u["name"] == "big" for u in studio.runtime.store.users())
+    studio.save_from("small", "\n".join(f"a short line {i}" for i in range(8)), None, studio.runtime.task.name, None)
     kind, payload = call(url, "compare", ["small", "p" * (cfg.max_prompt_chars + 1), True, None, ["base"], 1.0, 50, 4])
     assert f"the limit is {cfg.max_prompt_chars:,}" in _shown(json.loads(payload)[0]), payload

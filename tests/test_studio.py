@@ -140,7 +140,7 @@ def test_exports_round_trip(store, tmp_path):
 def studio(tiny_artifacts, tmp_path_factory):
     s = tiny_studio(tiny_artifacts, tmp_path_factory.mktemp("studio"))
     yield s
-    s.store.close()
+    s.runtime.store.close()
 
 
 def test_neutral_rewrites_never_echo_the_instruction(studio):
@@ -148,37 +148,37 @@ def test_neutral_rewrites_never_echo_the_instruction(studio):
 
     texts = ["omg the coffee was SO good today!!! 🔥🔥", "k bus late again"]
     # a random tiny model writes no usable rewrite, so every item gets its rule-based plain version
-    assert studio.engine.neutral_rewrites(texts) == [plain(t) for t in texts]
+    assert studio.runtime.engine.neutral_rewrites(texts) == [plain(t) for t in texts]
 
 
 def test_history_is_saved_and_assigned_for_every_k(studio):
-    res = studio.save_history("ann", studio.parse(text="\n".join(TERSE)), "tweets")
+    res = studio.histories.save_history("ann", studio.histories.parse(text="\n".join(TERSE)), "tweets")
     assert res["n_items"] == 8 and set(res["clusters"]) == {1, 2, 4}
-    st = studio.user_state("ann", 3)  # a slider value between built Ks snaps to one
+    st = studio.histories.user_state("ann", 3)  # a slider value between built Ks snaps to one
     assert st.k in (2, 4) and len(st.distances) == st.k and st.cluster == int(np.argmin(st.distances))
     assert not st.fitted
-    ex = studio.cluster_examples(st.k, st.cluster)
-    assert ex and all(u in studio.engine.clusters.users for u, _ in ex)
-    m = studio.population_map("ann", 4)
-    assert len(m["xy"]) == len(m["labels"]) == len(studio.engine.clusters.users) and m["user"]["name"] == "ann"
+    ex = studio.clusters.cluster_examples(st.k, st.cluster)
+    assert ex and all(u in studio.runtime.engine.clusters.users for u, _ in ex)
+    m = studio.clusters.population_map("ann", 4)
+    assert len(m["xy"]) == len(m["labels"]) == len(studio.runtime.engine.clusters.users) and m["user"]["name"] == "ann"
 
 
 @pytest.mark.parametrize("text, msg", [("", "empty"), ("   \n  ", "empty"), ("x" * 2_000_001, "limit"),
                                        ("ok\x00\x01bin", "binary")])
 def test_bad_histories_are_refused(studio, text, msg):
     with pytest.raises(HistoryError, match=msg):
-        studio.parse(text=text)
+        studio.histories.parse(text=text)
 
 
 def test_the_pass_read_ahead_after_save_is_the_one_fit_makes(studio):
     """Save's background work ends with the teacher-forced pass Fit my style makes (most of a fit's time), under
     the cluster the person was placed in; Fit then reuses it, and fits the style a fit without it fits."""
-    studio.save_history("ahead", [Item(y=it.y) for it in studio.demo_items("formal_01")], "tweets")  # no prompts
+    studio.histories.save_history("ahead", [Item(y=it.y) for it in studio.histories.demo_items("formal_01")], "tweets")  # no prompts
     studio.histories.rewrites.result()
-    kept = studio.fit("ahead")
+    kept = studio.fits.fit("ahead")
     assert "features (made already)" in kept.stages_s and "features" not in kept.stages_s
     studio.fits.forget_user("ahead")  # what this process kept of them: the next fit makes its own pass
-    made = studio.fit("ahead")
+    made = studio.fits.fit("ahead")
     assert "features" in made.stages_s and made.cluster == kept.cluster
     np.testing.assert_allclose(made.lam, kept.lam, rtol=1e-5, atol=1e-6)
     assert np.array_equal(made.style.bias_ids, kept.style.bias_ids)
@@ -187,47 +187,47 @@ def test_the_pass_read_ahead_after_save_is_the_one_fit_makes(studio):
 def test_save_starts_no_first_use_and_the_fit_does(studio):
     """EXACT's and OPPU's first uses start after the person's Fit, not at Save: started at Save, EXACT's decode of
     the history held the model while the Fit waited for it (docs/RESULTS.md, the browser walk)."""
-    text = "\n".join(it.y for it in studio.demo_items("hype_01"))
+    text = "\n".join(it.y for it in studio.histories.demo_items("hype_01"))
     studio.save_from("later", text, None, "tweets")
     assert not [key for key in studio.runtime.jobs if key[0] == "later"]
     studio.histories.rewrites.result()
-    studio.fit("later")
-    studio.after_fit("later")  # what the Fit tab calls
+    studio.fits.fit("later")
+    studio.background_jobs.after_fit("later")  # what the Fit tab calls
     assert {m for u, m in studio.runtime.jobs if u == "later"} == {"exact", "oppu"}
-    assert all(studio.wait_first_use("later", m)["state"] == "done" for m in ("exact", "oppu"))
+    assert all(studio.background_jobs.wait_first_use("later", m)["state"] == "done" for m in ("exact", "oppu"))
 
 
 def test_fit_compare_why_and_refit_keeps_vector_on_failure(studio, monkeypatch):
-    studio.save_history("bo", studio.demo_items("terse_01"), "tweets")
+    studio.histories.save_history("bo", studio.histories.demo_items("terse_01"), "tweets")
     studio.histories.rewrites.result()  # Save's background work: the rewrites, then the pass Fit makes
     stages = []
-    fit = studio.fit("bo", progress=stages.append)
+    fit = studio.fits.fit("bo", progress=stages.append)
     assert "fit" in stages and "features" not in stages and not fit.cold_start  # the pass was made already
-    lam, info = studio.store.vector("bo", studio.engine.artifacts_id)
+    lam, info = studio.runtime.store.vector("bo", studio.runtime.engine.artifacts_id)
     assert lam.shape == (16,) and info["stats"]["n_items"] == 10
 
     # a refit that fails leaves the stored vector as it was
-    monkeypatch.setattr(studio.engine, "fit_style", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    monkeypatch.setattr(studio.runtime.engine, "fit_style", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     with pytest.raises(RuntimeError):
-        studio.fit("bo")
+        studio.fits.fit("bo")
     monkeypatch.undo()
-    assert np.array_equal(studio.store.vector("bo", studio.engine.artifacts_id)[0], lam)
+    assert np.array_equal(studio.runtime.store.vector("bo", studio.runtime.engine.artifacts_id)[0], lam)
 
-    s = studio.settings(alpha=0.0, max_new_tokens=5)
-    prompt = studio.task.prompt("the bus was late")
-    outs = {o.method: o for o in studio.compare("bo", prompt, ["base", "cluster", "card", "rag", "p2p"], s)}
+    s = studio.runtime.settings(alpha=0.0, max_new_tokens=5)
+    prompt = studio.runtime.task.prompt("the bus was late")
+    outs = {o.method: o for o in studio.decoding.compare("bo", prompt, ["base", "cluster", "card", "rag", "p2p"], s)}
     assert outs["card"].text == outs["cluster"].text  # α = 0 is the cluster model
     assert outs["rag"].info["trace"][0]["retrieved"] and outs["rag"].error is None
     assert outs["p2p"].error and "p2p" in outs["p2p"].error.lower() or "hypernetwork" in outs["p2p"].error
-    gens = studio.store.generations(user="bo")
+    gens = studio.runtime.store.generations(user="bo")
     assert {g["method"] for g in gens} == {"base", "cluster", "card", "rag"}
     assert all(g["settings"]["alpha"] == 0.0 and g["latency_s"] > 0 for g in gens)
     with pytest.raises(ValueError, match="empty"):
-        list(studio.compare("bo", "   ", ["base"], s))
+        list(studio.decoding.compare("bo", "   ", ["base"], s))
     with pytest.raises(ValueError, match="unknown"):
-        list(studio.compare("bo", prompt, ["nope"], s))
+        list(studio.decoding.compare("bo", prompt, ["nope"], s))
 
-    why = studio.why("bo", prompt, studio.settings(alpha=3.0, max_new_tokens=5))
+    why = studio.decoding.why("bo", prompt, studio.runtime.settings(alpha=3.0, max_new_tokens=5))
     assert why["steps"] and all(10 <= len(st["candidates"]) <= 12 for st in why["steps"])
     for st in why["steps"]:  # one scale: log-probabilities among the candidates, before + correction = after
         chosen = [c for c in st["candidates"] if c["chosen"]]
@@ -246,20 +246,20 @@ def test_fit_compare_why_and_refit_keeps_vector_on_failure(studio, monkeypatch):
 def test_oppu_trains_on_first_use_and_again_after_an_edit(studio):
     """OPPU in Compare: the first request trains the user's adapter (beside the database), the next reuses it,
     and a changed history retrains it."""
-    studio.save_history("opal", [Item(t) for t in TERSE[:4]], "tweets")
-    s, prompt = studio.settings(max_new_tokens=4), studio.task.prompt("the tea was cold")
-    assert studio.needs_indexing("opal", "oppu")
-    first = next(studio.compare("opal", prompt, ["oppu"], s))
+    studio.histories.save_history("opal", [Item(t) for t in TERSE[:4]], "tweets")
+    s, prompt = studio.runtime.settings(max_new_tokens=4), studio.runtime.task.prompt("the tea was cold")
+    assert studio.background_jobs.needs_indexing("opal", "oppu")
+    first = next(studio.decoding.compare("opal", prompt, ["oppu"], s))
     assert first.error is None and first.info["trace"][0]["adapter"].startswith("u_opal_")
-    meta = next((studio.store.path.parent / "oppu").glob("*/u_opal_*/oppu.json"))
+    meta = next((studio.runtime.store.path.parent / "oppu").glob("*/u_opal_*/oppu.json"))
     trained = meta.stat().st_mtime_ns
-    assert not studio.needs_indexing("opal", "oppu")
-    again = next(studio.compare("opal", prompt, ["oppu"], s))
+    assert not studio.background_jobs.needs_indexing("opal", "oppu")
+    again = next(studio.decoding.compare("opal", prompt, ["oppu"], s))
     assert again.text == first.text and meta.stat().st_mtime_ns == trained  # reused, not retrained
-    studio.save_history("opal", [Item(t) for t in TERSE[2:7]], "tweets")
-    assert studio.needs_indexing("opal", "oppu")
-    assert next(studio.compare("opal", prompt, ["oppu"], s)).error is None
-    assert meta.stat().st_mtime_ns != trained and not studio.needs_indexing("opal", "oppu")
+    studio.histories.save_history("opal", [Item(t) for t in TERSE[2:7]], "tweets")
+    assert studio.background_jobs.needs_indexing("opal", "oppu")
+    assert next(studio.decoding.compare("opal", prompt, ["oppu"], s)).error is None
+    assert meta.stat().st_mtime_ns != trained and not studio.background_jobs.needs_indexing("opal", "oppu")
 
 
 def test_why_pieces_merge_the_bytes_of_one_character(tokenizer):
@@ -274,54 +274,54 @@ def test_why_pieces_merge_the_bytes_of_one_character(tokenizer):
 
 
 def test_cold_start_for_a_one_item_history(studio):
-    studio.save_history("solo", [Item("just one thing i wrote")], "tweets")
-    fit = studio.fit("solo")
+    studio.histories.save_history("solo", [Item("just one thing i wrote")], "tweets")
+    fit = studio.fits.fit("solo")
     assert fit.cold_start and np.allclose(fit.lam, 1.0)
 
 
 def test_blind_pair_vote_feeds_exact_and_leaderboard(studio):
-    studio.save_history("cy", studio.demo_items("emoji_01"), "tweets")
-    s = studio.settings(alpha=2.0, max_new_tokens=5)
-    pair = studio.new_pair("cy", studio.task.prompt("we won the match"), ["base", "card"], s)
+    studio.histories.save_history("cy", studio.histories.demo_items("emoji_01"), "tweets")
+    s = studio.runtime.settings(alpha=2.0, max_new_tokens=5)
+    pair = studio.votes.new_pair("cy", studio.runtime.task.prompt("we won the match"), ["base", "card"], s)
     assert set(pair.methods) == {"base", "card"} and pair.settings["alpha"] == 2.0
-    gen = studio.store.generation(pair.gen_ids[0])
+    gen = studio.runtime.store.generation(pair.gen_ids[0])
     assert gen["method"] == pair.methods[0] and gen["output"] == pair.outputs[0]
     # the same prompt and settings reuse the stored generations instead of decoding again
-    n = len(studio.store.generations(user="cy"))
-    studio.new_pair("cy", pair.prompt, ["base", "card"], s)
-    assert len(studio.store.generations(user="cy")) == n
+    n = len(studio.runtime.store.generations(user="cy"))
+    studio.votes.new_pair("cy", pair.prompt, ["base", "card"], s)
+    assert len(studio.runtime.store.generations(user="cy")) == n
 
-    assert studio.needs_indexing("cy", "exact") and not studio.needs_indexing("cy", "card")
-    before = len(studio.store.ratings())
+    assert studio.background_jobs.needs_indexing("cy", "exact") and not studio.background_jobs.needs_indexing("cy", "card")
+    before = len(studio.runtime.store.ratings())
     winner = "a" if pair.outputs[0].strip() != pair.outputs[1].strip() else "tie"
-    studio.vote(pair.id, winner, "rater-1")
+    studio.votes.vote(pair.id, winner, "rater-1")
     with pytest.raises(StalePair):
-        studio.vote(pair.id, "b", "rater-1")
-    assert len(studio.store.ratings()) == before + 1
-    lb = studio.leaderboard(LeaderboardConfig(rounds=10))
+        studio.votes.vote(pair.id, "b", "rater-1")
+    assert len(studio.runtime.store.ratings()) == before + 1
+    lb = studio.votes.leaderboard(LeaderboardConfig(rounds=10))
     assert {r["method"] for r in lb["methods"]} >= {"base", "card"}
     if winner == "a":
-        studio.wait_feedback()
-        entry = studio.store.blob("cy", "exact_memory", pair.prompt)
+        studio.votes.wait_feedback()
+        entry = studio.runtime.store.blob("cy", "exact_memory", pair.prompt)
         assert entry is not None and len(entry["attributes"]) == 3 and entry["source"] == "feedback"
-        assert not studio.needs_indexing("cy", "exact")
+        assert not studio.background_jobs.needs_indexing("cy", "exact")
 
 
 def test_explore_sweeps_alpha_and_k_on_held_out_items(studio):
-    studio.save_history("di", studio.demo_items("formal_01"), "tweets")
+    studio.histories.save_history("di", studio.histories.demo_items("formal_01"), "tweets")
     ticks = []
-    res = studio.explore("di", [0.0, 2.0], n_holdout=3, s=studio.settings(max_new_tokens=5),
+    res = studio.explorer.explore("di", [0.0, 2.0], n_holdout=3, s=studio.runtime.settings(max_new_tokens=5),
                          progress=lambda f, d: ticks.append(f))
     assert [r["alpha"] for r in res["alpha"]] == [0.0, 2.0] and res["n_fit"] == 7 and len(res["golds"]) == 3
     assert {(r["k"], r["method"]) for r in res["k"]} == {(k, m) for k in (1, 2, 4) for m in ("cluster", "card")}
     assert all(0 <= r["rougeL"] <= 1 and r["length"] >= 0 for r in res["alpha"] + res["k"])
     assert ticks[-1] == pytest.approx(1.0) and ticks == sorted(ticks)
     # α = 0 is the cluster model at the fit's K
-    k_fit = studio.engine.cfg.default_k
+    k_fit = studio.runtime.engine.cfg.default_k
     cl = next(r for r in res["k"] if r["k"] == k_fit and r["method"] == "cluster")
     assert res["alpha"][0]["outputs"] == cl["outputs"]
     with pytest.raises(ValueError, match="at least"):
-        studio.explore("solo", [1.0], n_holdout=3)
+        studio.explorer.explore("solo", [1.0], n_holdout=3)
 
 
 def test_eval_runs_the_stateful_methods_on_users_it_never_stored(studio, tiny_artifacts):
@@ -329,12 +329,12 @@ def test_eval_runs_the_stateful_methods_on_users_it_never_stored(studio, tiny_ar
     live in a scratch store and folder, and every method yields a scored column."""
     from personalize.eval.evaluate import run_eval
 
-    users_before = {a for a in studio.engine.model.peft_config if a.startswith("u_")}  # the studio's own OPPU users
-    res = run_eval(studio.engine, tiny_artifacts["demo"], "dev", ["exact", "pag", "oppu", "card"], limit=2,
+    users_before = {a for a in studio.runtime.engine.model.peft_config if a.startswith("u_")}  # the studio's own OPPU users
+    res = run_eval(studio.runtime.engine, tiny_artifacts["demo"], "dev", ["exact", "pag", "oppu", "card"], limit=2,
                    method_configs={"exact": {"max_pairs": 1}, "oppu": {"max_steps": 1}})
     assert set(res["methods"]) == {"exact", "pag", "oppu", "card"}
     assert all(v["n"] == 2 and 0 <= v["rougeL"] <= 1 for v in res["methods"].values())
-    users_after = {a for a in studio.engine.model.peft_config if a.startswith("u_")}
+    users_after = {a for a in studio.runtime.engine.model.peft_config if a.startswith("u_")}
     assert users_after == users_before  # eval's OPPU adapters released, the studio's left alone
 
 
@@ -342,47 +342,47 @@ def test_eval_runs_the_stateful_methods_on_users_it_never_stored(studio, tiny_ar
 
 def test_dropped_duplicates_are_reported_on_save(studio):
     lines = TERSE[:5] + [TERSE[0], TERSE[1], "  " + TERSE[0] + "  "]  # 3 exact repeats (after stripping)
-    items = studio.parse(text="\n".join(lines))
+    items = studio.histories.parse(text="\n".join(lines))
     assert len(items) == 5 and items.duplicates == 3
-    res = studio.save_history("dupe", items, "tweets")
+    res = studio.histories.save_history("dupe", items, "tweets")
     assert res["n_items"] == 5 and res["duplicates"] == 3
     assert "3 duplicate items dropped" in page_text.save_message(studio, res)
-    res = studio.save_history("dupe", studio.parse(text="\n".join(TERSE[:5])), "tweets")
+    res = studio.histories.save_history("dupe", studio.histories.parse(text="\n".join(TERSE[:5])), "tweets")
     assert "duplicate" not in page_text.save_message(studio, res)
-    assert "duplicate" not in page_text.save_message(studio, studio.save_history("dupe", [Item(t) for t in TERSE[:5]], "tweets"))
+    assert "duplicate" not in page_text.save_message(studio, studio.histories.save_history("dupe", [Item(t) for t in TERSE[:5]], "tweets"))
 
 
 def test_items_table_has_one_id_and_a_new_name_starts_an_empty_history(studio):
-    studio.save_history("eve", [Item(t) for t in TERSE[:3]], "tweets")
-    rows = studio.item_rows("eve")
+    studio.histories.save_history("eve", [Item(t) for t in TERSE[:3]], "tweets")
+    rows = studio.histories.item_rows("eve")
     assert [len(r) for r in rows] == [3, 3, 3]  # number (the item's place in eve's own history), text, rewrite
     assert [r[0] for r in rows] == [1, 2, 3] and rows[0][1] == TERSE[0]
-    assert studio.item_rows("nobody-yet") == [] and studio.item_rows("") == []
+    assert studio.histories.item_rows("nobody-yet") == [] and studio.histories.item_rows("") == []
 
     # the box holds eve's saved text: typing another name empties it, and the table shows the new name's items
-    new = studio.switch_user("fay", shown_for="eve")
+    new = studio.histories.switch_user("fay", shown_for="eve")
     assert new["clear"] and new["shown_for"] is None and new["rows"] == [] and "New user" in new["message"]
-    back = studio.switch_user("eve", shown_for="eve")
+    back = studio.histories.switch_user("eve", shown_for="eve")
     assert not back["clear"] and back["shown_for"] == "eve" and len(back["rows"]) == 3
     # a fresh paste (not anyone's saved text) is kept while the person types their name
-    fresh = studio.switch_user("gus", shown_for=None)
+    fresh = studio.histories.switch_user("gus", shown_for=None)
     assert not fresh["clear"] and fresh["rows"] == []
-    assert studio.switch_user("eve", shown_for="fay")["clear"]
+    assert studio.histories.switch_user("eve", shown_for="fay")["clear"]
 
 
 def test_k_snaps_towards_the_direction_the_slider_moved(studio):
-    assert studio.ks == [1, 2, 4]
-    assert studio.snap_k(3) == 2  # no direction: the nearest (ties: the smaller)
-    assert studio.snap_k(3, previous=2) == 4  # arrow right from 2 reaches 4 instead of snapping back
-    assert studio.snap_k(3, previous=4) == 2  # arrow left from 4
-    assert studio.snap_k(5, previous=4) == 4 and studio.snap_k(0, previous=1) == 1  # past either end
-    assert studio.snap_k(2, previous=1) == 2 and studio.snap_k(4, previous=4) == 4
-    assert studio.snap_k(None) == studio.engine.cfg.default_k
+    assert studio.runtime.ks == [1, 2, 4]
+    assert studio.runtime.snap_k(3) == 2  # no direction: the nearest (ties: the smaller)
+    assert studio.runtime.snap_k(3, previous=2) == 4  # arrow right from 2 reaches 4 instead of snapping back
+    assert studio.runtime.snap_k(3, previous=4) == 2  # arrow left from 4
+    assert studio.runtime.snap_k(5, previous=4) == 4 and studio.runtime.snap_k(0, previous=1) == 1  # past either end
+    assert studio.runtime.snap_k(2, previous=1) == 2 and studio.runtime.snap_k(4, previous=4) == 4
+    assert studio.runtime.snap_k(None) == studio.runtime.engine.cfg.default_k
 
 
 def test_distance_table_marks_the_users_own_cluster(studio):
-    studio.save_history("hal", [Item(t) for t in TERSE], "tweets")
-    st = studio.user_state("hal", 4)
+    studio.histories.save_history("hal", [Item(t) for t in TERSE], "tweets")
+    st = studio.histories.user_state("hal", 4)
     table = page_text.distance_table(st).splitlines()
     assert table[0] == "| cluster | distance | yours |" and len(table) == 2 + 4
     marked = [line for line in table[2:] if "◀ you" in line]
@@ -411,34 +411,34 @@ def test_fit_verdict_says_in_plain_words_whether_the_vector_helps():
 def test_one_compare_and_one_fit_read_the_person_once(studio, monkeypatch):
     """A Compare of several methods reads the person's history from the store once and hands it to every column;
     a fit reads it once for the fit, the memory of its features and the refit on the votes already cast."""
-    studio.save_history("una", studio.demo_items("terse_02"), "tweets")
+    studio.histories.save_history("una", studio.histories.demo_items("terse_02"), "tweets")
     studio.histories.rewrites.result()  # the save's background rewrites are done: the Compare only reads
-    reads, items = [], studio.store.items
-    monkeypatch.setattr(studio.store, "items", lambda name: reads.append(name) or items(name))
-    s = studio.settings(alpha=0.0, max_new_tokens=3)
-    outs = list(studio.compare("una", studio.task.prompt("the bus"), ["base", "card", "rag", "cope", "p2p"], s))
+    reads, items = [], studio.runtime.store.items
+    monkeypatch.setattr(studio.runtime.store, "items", lambda name: reads.append(name) or items(name))
+    s = studio.runtime.settings(alpha=0.0, max_new_tokens=3)
+    outs = list(studio.decoding.compare("una", studio.runtime.task.prompt("the bus"), ["base", "card", "rag", "cope", "p2p"], s))
     assert len(outs) == 5 and reads == ["una"]
-    studio.store.add_feedback("una", "up", "p", outs[0].text or "a text of hers")
+    studio.runtime.store.add_feedback("una", "up", "p", outs[0].text or "a text of hers")
     reads.clear()
     stages = []
-    studio.fit("una", progress=stages.append)
+    studio.fits.fit("una", progress=stages.append)
     assert "your votes" in stages and reads == ["una"]
 
 
 def test_a_methods_note_reaches_the_compare_column(studio, monkeypatch):
     from types import SimpleNamespace
 
-    studio.save_history("ivy", [Item(t) for t in TERSE], "tweets")
-    state, s = studio.user_state("ivy"), studio.settings(max_new_tokens=4)
+    studio.histories.save_history("ivy", [Item(t) for t in TERSE], "tweets")
+    state, s = studio.histories.user_state("ivy"), studio.runtime.settings(max_new_tokens=4)
     out = SimpleNamespace(text="ok", n_tokens=1, latency_s=0.01, trace=None,
                           note="your vector does not beat the cluster model: showing its output")
     monkeypatch.setattr(studio.decoding, "decode", lambda *a, **k: out)
-    o = studio.run_method("card", state, "p", s)
-    assert o.info["note"] == out.note and studio.store.generation(o.gen_id)["extra"]["note"] == out.note
+    o = studio.decoding.run_method("card", state, "p", s)
+    assert o.info["note"] == out.note and studio.runtime.store.generation(o.gen_id)["extra"]["note"] == out.note
     out.note = None
-    assert "note" not in studio.run_method("card", state, "p", s).info
+    assert "note" not in studio.decoding.run_method("card", state, "p", s).info
     del out.note  # a Generation from before `note` existed
-    assert "note" not in studio.run_method("card", state, "p", s).info
+    assert "note" not in studio.decoding.run_method("card", state, "p", s).info
 
 
 # ---------------------------------------------------------------- every build under data/artifacts (item 4)
@@ -462,36 +462,36 @@ def test_builds_are_listed_per_task_and_choosing_a_task_switches_to_its_build(ti
     s = Studio.load(StudioConfig(artifacts=str(root / "tweets"), db=str(tmp_path / "studio.db"),
                                  demo_data=str(tiny_artifacts["demo"])))
     try:
-        tweets_id = s.engine.artifacts_id
-        builds = s.builds()
+        tweets_id = s.runtime.engine.artifacts_id
+        builds = s.served_builds.builds()
         assert set(builds) == set(TASKS) and {"tweets", "commit_subjects", "headlines"} <= set(builds)
         assert [b.id for b in builds["tweets"]] == [tweets_id] and [b.id for b in builds["commit_subjects"]] == [
             "commits-test"] and builds["headlines"] == []
-        s.save_history("ann", [Item(t) for t in TERSE], "tweets")
+        s.histories.save_history("ann", [Item(t) for t in TERSE], "tweets")
 
-        same = s.switch_task("tweets")
-        assert not same["switched"] and s.engine.artifacts_id == tweets_id
-        missing = s.switch_task("headlines")  # no build: says how to make one, and keeps serving the current one
-        assert not missing["switched"] and missing["build"] is None and s.engine.artifacts_id == tweets_id
+        same = s.served_builds.switch_task("tweets")
+        assert not same["switched"] and s.runtime.engine.artifacts_id == tweets_id
+        missing = s.served_builds.switch_task("headlines")  # no build: says how to make one, and keeps serving the current one
+        assert not missing["switched"] and missing["build"] is None and s.runtime.engine.artifacts_id == tweets_id
         assert "python -m personalize build --data" in missing["message"]
         assert f"--out {root / 'headlines'}" in missing["message"]
         with pytest.raises(ValueError, match="unknown task"):
-            s.switch_task("poems")
+            s.served_builds.switch_task("poems")
 
-        s.method("rag")  # a method made for the old engine must not survive the switch
-        res = s.switch_task("commit_subjects")
+        s.runtime.method("rag")  # a method made for the old engine must not survive the switch
+        res = s.served_builds.switch_task("commit_subjects")
         assert res["switched"] and res["build"].id == "commits-test" and "commits-test" in res["message"]
-        assert s.task.name == "commit_subjects" and s.engine.artifacts_id == "commits-test"
-        assert s.method("rag").engine is s.engine and "commit_subjects" in page_text.header(s)
-        st = s.user_state("ann")  # placed in the new build on first use
-        assert s.store.assignment("ann", "commits-test", st.k) is not None
-        assert "Saved" in page_text.save_message(s, s.save_history("ann", [Item(t) for t in TERSE], "commit_subjects"))
+        assert s.runtime.task.name == "commit_subjects" and s.runtime.engine.artifacts_id == "commits-test"
+        assert s.runtime.method("rag").engine is s.runtime.engine and "commit_subjects" in page_text.header(s)
+        st = s.histories.user_state("ann")  # placed in the new build on first use
+        assert s.runtime.store.assignment("ann", "commits-test", st.k) is not None
+        assert "Saved" in page_text.save_message(s, s.histories.save_history("ann", [Item(t) for t in TERSE], "commit_subjects"))
 
-        back = s.switch_task("tweets")
-        assert back["switched"] and s.engine.artifacts_id == tweets_id and s.task.name == "tweets"
-        assert s.builds()["commit_subjects"][0].id == "commits-test"
+        back = s.served_builds.switch_task("tweets")
+        assert back["switched"] and s.runtime.engine.artifacts_id == tweets_id and s.runtime.task.name == "tweets"
+        assert s.served_builds.builds()["commit_subjects"][0].id == "commits-test"
     finally:
-        s.store.close()
+        s.runtime.store.close()
 
 
 def test_how_near_a_cluster_is_said_in_plain_words(studio):
@@ -499,50 +499,50 @@ def test_how_near_a_cluster_is_said_in_plain_words(studio):
     its cluster; a person further out than all of them is told the build is far from them."""
     from personalize.card.cluster import closeness, member_distances
 
-    c = studio.engine.clusters
-    k = studio.snap_k(None)
+    c = studio.runtime.engine.clusters
+    k = studio.runtime.snap_k(None)
     own = member_distances(c.embeddings, c.centroids[k], c.labels[k])  # each as if left out of the build
     words, further = closeness(c.embeddings, c.centroids[k], c.labels[k], float(np.median(own)) * 0.5)
     assert further >= 0.5 and "close to its centre" in words
     words, further = closeness(c.embeddings, c.centroids[k], c.labels[k], float(own.max()) + 0.1)
     assert further == 0 and "far from every cluster of this build" in words
-    res = studio.save_history("nearme", [Item(t) for t in TERSE], "tweets")
+    res = studio.histories.save_history("nearme", [Item(t) for t in TERSE], "tweets")
     assert res["closeness"] and res["closeness"] in page_text.save_message(studio, res)
-    assert res["closeness"] in page_text.cluster_summary(studio, studio.user_state("nearme"))
+    assert res["closeness"] in page_text.cluster_summary(studio, studio.histories.user_state("nearme"))
 
 
 def test_fit_says_in_plain_words_when_the_build_keeps_card_at_the_cluster_model(studio, monkeypatch):
     """Issue 23 item 5: where the build's harm guard found no setting that moves the text above noise, the Fit
     page says CARD writes as the cluster model there (nothing that only looks personal); where card was kept,
     it says nothing of the kind."""
-    studio.save_history("topic", studio.demo_items("formal_01"), "tweets")
-    fit = studio.fit("topic")
-    report = studio.engine.meta.setdefault("report", {}).setdefault("tune", {})
+    studio.histories.save_history("topic", studio.histories.demo_items("formal_01"), "tweets")
+    fit = studio.fits.fit("topic")
+    report = studio.runtime.engine.meta.setdefault("report", {}).setdefault("tune", {})
     monkeypatch.setitem(report, "guard", {"kept": False, "alpha": 0.0, "people": 30, "why": "…"})
-    cfg = studio.engine.cfg
-    monkeypatch.setattr(studio.engine, "cfg", dataclasses.replace(cfg, decoding=dataclasses.replace(cfg.decoding, alpha=0.0)))
+    cfg = studio.runtime.engine.cfg
+    monkeypatch.setattr(studio.runtime.engine, "cfg", dataclasses.replace(cfg, decoding=dataclasses.replace(cfg.decoding, alpha=0.0)))
     msg = page_text.fit_message(studio, "topic", fit, 1.0)
     assert "CARD writes as your cluster's model" in msg and "30 validation people" in msg, msg
     monkeypatch.setitem(report, "guard", {"kept": True, "alpha": 2.0, "people": 30, "why": "…"})
-    cfg = studio.engine.cfg
-    monkeypatch.setattr(studio.engine, "cfg", dataclasses.replace(cfg, decoding=dataclasses.replace(cfg.decoding, alpha=2.0)))
+    cfg = studio.runtime.engine.cfg
+    monkeypatch.setattr(studio.runtime.engine, "cfg", dataclasses.replace(cfg, decoding=dataclasses.replace(cfg.decoding, alpha=2.0)))
     assert "CARD writes as your cluster's model" not in page_text.fit_message(studio, "topic", fit, 1.0)
 
 
 def test_the_demo_picker_offers_people_the_build_never_saw_before_those_who_chose_its_settings(studio, monkeypatch):
     """Newcomers to try are people the build never saw at all: those outside its training who chose its decoding
     settings (build's report["validation_people"]) come after them, marked, then the population."""
-    built = set(studio.engine.meta.get("users", []))
-    outside = sorted(u for u in studio.demo_users if u not in built)
+    built = set(studio.runtime.engine.meta.get("users", []))
+    outside = sorted(u for u in studio.runtime.demo_users if u not in built)
     if len(outside) < 2:  # the tiny build trains on all but a few: make two of its people outside, one who chose
-        outside = sorted(studio.demo_users)[:2]
-        monkeypatch.setitem(studio.engine.meta, "users", sorted(set(studio.demo_users) - set(outside)))
-    report = studio.engine.meta.setdefault("report", {})
+        outside = sorted(studio.runtime.demo_users)[:2]
+        monkeypatch.setitem(studio.runtime.engine.meta, "users", sorted(set(studio.runtime.demo_users) - set(outside)))
+    report = studio.runtime.engine.meta.setdefault("report", {})
     monkeypatch.setitem(report, "validation_people", [outside[0]])
-    labels = {u: label for label, u in studio.demo_choices()}
-    order = [u for _, u in studio.demo_choices()]
+    labels = {u: label for label, u in studio.histories.demo_choices()}
+    order = [u for _, u in studio.histories.demo_choices()]
     assert "chose the build's settings" in labels[outside[0]] and "new, not in the build" in labels[outside[1]]
-    assert order.index(outside[1]) < order.index(outside[0]) < min(order.index(u) for u in studio.engine.meta["users"])
+    assert order.index(outside[1]) < order.index(outside[0]) < min(order.index(u) for u in studio.runtime.engine.meta["users"])
 
 
 def test_rewrites_decode_in_one_batch_each_as_it_decodes_alone(studio):
@@ -551,7 +551,7 @@ def test_rewrites_decode_in_one_batch_each_as_it_decodes_alone(studio):
     from personalize.card.decoding import DecodingSettings, generate
     from personalize.methods.engine import NEUTRAL_TEMPLATE
 
-    eng = studio.engine
+    eng = studio.runtime.engine
     texts = ["k bus late again", "the release notes for version two are finally written and merged upstream",
              "coffee", "Fix the crash on start-up when the config file is missing"]
     together = eng.raw_rewrites(texts)

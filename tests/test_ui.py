@@ -20,94 +20,94 @@ NO_PROGRESS = lambda *a, **k: None  # noqa: E731  (gr.Progress outside an event)
 def studio(tiny_artifacts, tmp_path_factory):
     s = tiny_studio(tiny_artifacts, tmp_path_factory.mktemp("ui"))
     yield s
-    s.store.close()
+    s.runtime.store.close()
 
 
 # ---------------------------------------------------------------- rules the UI calls
 
 def test_user_name_and_alpha_list_rules(studio):
-    assert studio.need_user("  ana ") == "ana"
+    assert studio.runtime.need_user("  ana ") == "ana"
     for blank in (None, "", "   "):
         with pytest.raises(ValueError, match="user name"):
-            studio.need_user(blank)
-    assert studio.parse_alphas("0, 0.5;2 ,") == [0.0, 0.5, 2.0]
-    assert studio.parse_alphas("") == [] and studio.parse_alphas(None) == []
+            studio.runtime.need_user(blank)
+    assert studio.explorer.parse_alphas("0, 0.5;2 ,") == [0.0, 0.5, 2.0]
+    assert studio.explorer.parse_alphas("") == [] and studio.explorer.parse_alphas(None) == []
     with pytest.raises(ValueError, match="numbers separated by commas, got '1, x'"):
-        studio.parse_alphas("1, x")
+        studio.explorer.parse_alphas("1, x")
     with pytest.raises(ValueError, match="at most 12"):
-        studio.parse_alphas(",".join(["1"] * 13))
+        studio.explorer.parse_alphas(",".join(["1"] * 13))
 
 
 def test_items_are_changed_only_by_their_owner(studio):
     """Item numbers are each person's own (1, 2, … in their history), never the store's global row ids: the
     second person's items start at 1 too, and a number reaches only the person's own item."""
     res = studio.save_from(" ivy ", "\n".join(LINES), None, "tweets")
-    assert res["name"] == "ivy" and res["n_items"] == 8 and "ivy" in studio.user_names()
-    studio.save_history("jon", [Item(LINES[0]), Item(LINES[1])], "tweets")
-    assert [r[0] for r in studio.item_rows("ivy")] == list(range(1, 9))
-    assert [r[0] for r in studio.item_rows("jon")] == [1, 2]  # not 9, 10
-    assert studio.item_choices("jon")[0] == (f"1: {LINES[0]}", 1)
-    assert studio.update_item("ivy", 1, "edited") == "Item 1 updated. Refit to use it."
-    assert studio.store.items("ivy")[0].y == "edited" and studio.store.items("jon")[0].y == LINES[0]
+    assert res["name"] == "ivy" and res["n_items"] == 8 and "ivy" in studio.histories.user_names()
+    studio.histories.save_history("jon", [Item(LINES[0]), Item(LINES[1])], "tweets")
+    assert [r[0] for r in studio.histories.item_rows("ivy")] == list(range(1, 9))
+    assert [r[0] for r in studio.histories.item_rows("jon")] == [1, 2]  # not 9, 10
+    assert studio.histories.item_choices("jon")[0] == (f"1: {LINES[0]}", 1)
+    assert studio.histories.update_item("ivy", 1, "edited") == "Item 1 updated. Refit to use it."
+    assert studio.runtime.store.items("ivy")[0].y == "edited" and studio.runtime.store.items("jon")[0].y == LINES[0]
     with pytest.raises(ValueError, match="ivy has no item 9"):
-        studio.update_item("ivy", 9, "not mine")
+        studio.histories.update_item("ivy", 9, "not mine")
     with pytest.raises(ValueError, match="enter the number"):
-        studio.update_item("ivy", None, "x")
+        studio.histories.update_item("ivy", None, "x")
     with pytest.raises(ValueError, match="one of this user's items"):
-        studio.delete_item("ivy", 99)
-    assert "deleted" in studio.delete_item("jon", 1.0)
+        studio.histories.delete_item("ivy", 99)
+    assert "deleted" in studio.histories.delete_item("jon", 1.0)
     with pytest.raises(ValueError, match="last item"):
-        studio.delete_item("jon", 2)
-    assert [r[0] for r in studio.item_rows("jon")] == [2]  # a number stays the item's when another goes
-    assert studio.store.items("jon")[0].y == LINES[1] and len(studio.store.items("ivy")) == 8
-    assert "deleted" in studio.delete_item("ivy", float(3)) and len(studio.store.items("ivy")) == 7
+        studio.histories.delete_item("jon", 2)
+    assert [r[0] for r in studio.histories.item_rows("jon")] == [2]  # a number stays the item's when another goes
+    assert studio.runtime.store.items("jon")[0].y == LINES[1] and len(studio.runtime.store.items("ivy")) == 8
+    assert "deleted" in studio.histories.delete_item("ivy", float(3)) and len(studio.runtime.store.items("ivy")) == 7
     with pytest.raises(StoreError):
-        studio.update_item("nobody", 1, "x")
+        studio.histories.update_item("nobody", 1, "x")
 
 
 def test_prompts_from_text_an_item_or_compare(studio):
-    studio.save_history("kim", [Item(t) for t in LINES[:4]], "tweets")
-    task = studio.task
-    assert studio.resolve_prompt(" hello ", True) == (task.prompt("hello"), None)
-    assert studio.resolve_prompt("hello", False, None) == ("hello", None)
-    item = studio.store.items("kim")[1]
-    full, ref = studio.resolve_prompt("", True, 2, "kim")  # a picked item (number 2), no text: its prompt, its text
+    studio.histories.save_history("kim", [Item(t) for t in LINES[:4]], "tweets")
+    task = studio.runtime.task
+    assert studio.histories.resolve_prompt(" hello ", True) == (task.prompt("hello"), None)
+    assert studio.histories.resolve_prompt("hello", False, None) == ("hello", None)
+    item = studio.runtime.store.items("kim")[1]
+    full, ref = studio.histories.resolve_prompt("", True, 2, "kim")  # a picked item (number 2), no text: its prompt, its text
     assert ref == item.y and full == (item.x or task.prompt(item.neutral or item.y))
-    assert studio.resolve_prompt("typed wins", False, 2, "kim") == ("typed wins", None)
-    assert studio.item_reference("kim", 2) == item.y and studio.item_reference("kim", None) is None
-    studio.save_history("lou", [Item("lou's own words here")], "tweets")
-    assert studio.item_reference("lou", 2) is None  # kim's second item is not lou's
+    assert studio.histories.resolve_prompt("typed wins", False, 2, "kim") == ("typed wins", None)
+    assert studio.histories.item_reference("kim", 2) == item.y and studio.histories.item_reference("kim", None) is None
+    studio.histories.save_history("lou", [Item("lou's own words here")], "tweets")
+    assert studio.histories.item_reference("lou", 2) is None  # kim's second item is not lou's
     with pytest.raises(ValueError, match="no longer exists"):
-        studio.resolve_prompt(None, True, 10**9, "kim")
+        studio.histories.resolve_prompt(None, True, 10**9, "kim")
     with pytest.raises(ValueError, match="empty"):
-        studio.resolve_prompt("  ", True)
+        studio.histories.resolve_prompt("  ", True)
     # Quick pair: its own box, else Compare's; never wrapped twice
-    assert studio.pair_prompt("", "from compare", False) == "from compare"
-    assert studio.pair_prompt("mine", "from compare", True) == task.prompt("mine")
-    assert studio.pair_prompt(None, task.prompt("x"), True) == task.prompt("x")
+    assert studio.histories.pair_prompt("", "from compare", False) == "from compare"
+    assert studio.histories.pair_prompt("mine", "from compare", True) == task.prompt("mine")
+    assert studio.histories.pair_prompt(None, task.prompt("x"), True) == task.prompt("x")
 
 
 def test_history_choice_cluster_view_and_guards(studio):
-    demo = sorted(studio.demo_users)[0]
-    text, name = studio.demo_pick(demo, "")
-    assert name == demo and studio.demo_pick(demo, "lee")[1] == "lee"
+    demo = sorted(studio.runtime.demo_users)[0]
+    text, name = studio.histories.demo_pick(demo, "")
+    assert name == demo and studio.histories.demo_pick(demo, "lee")[1] == "lee"
     with pytest.raises(ValueError, match="pick a demo user"):
-        studio.demo_pick(None, "lee")
-    assert studio.history_from(text, None, demo) == studio.demo_items(demo)  # the demo user's prompts come along
-    assert [it.y for it in studio.history_from(text + "\nmore", None, demo)][-1] == "more"  # edited: a paste
-    view = studio.cluster_view("", 3, previous=2)
+        studio.histories.demo_pick(None, "lee")
+    assert studio.histories.history_from(text, None, demo) == studio.histories.demo_items(demo)  # the demo user's prompts come along
+    assert [it.y for it in studio.histories.history_from(text + "\nmore", None, demo)][-1] == "more"  # edited: a paste
+    view = studio.clusters.cluster_view("", 3, previous=2)
     assert view["state"] is None and view["k"] == 4 and "user" not in view["map"]
-    studio.save_history("mo", [Item(t) for t in LINES], "tweets")
-    view = studio.cluster_view(" mo ", None)
-    assert view["state"].name == "mo" and view["k"] == studio.snap_k(None) and view["map"]["user"]["name"] == "mo"
+    studio.histories.save_history("mo", [Item(t) for t in LINES], "tweets")
+    view = studio.clusters.cluster_view(" mo ", None)
+    assert view["state"].name == "mo" and view["k"] == studio.runtime.snap_k(None) and view["map"]["user"]["name"] == "mo"
     with pytest.raises(ValueError, match="version to restore"):
-        studio.restore("mo", None)
+        studio.fits.restore("mo", None)
     with pytest.raises(ValueError, match="tick the box"):
-        studio.forget_me("mo", False)
-    assert studio.store.user("mo")
+        studio.own_data.forget_me("mo", False)
+    assert studio.runtime.store.user("mo")
     with pytest.raises(ValueError, match="choose at least one method"):
-        studio.compare_plan("mo", "hi", True, None, [])
-    plan = studio.compare_plan("mo", "hi", True, None, ["exact", "base"])
+        studio.decoding.compare_plan("mo", "hi", True, None, [])
+    plan = studio.decoding.compare_plan("mo", "hi", True, None, ["exact", "base"])
     assert plan["order"] == ["base", "exact"] and plan["first_use"] == {"exact": True, "base": False}
 
 
@@ -120,7 +120,7 @@ def test_writing_handlers_answer_in_the_status_line(studio):
     assert "nia" in users["choices"] and len(picks["choices"]) == 8 and earlier["choices"] == []
     out = writing.save(studio, "nia", "\n".join(LINES[:3]), None, "tweets", None, None)  # a name with a history:
     assert "already has 8 stored items" in out[0] and out[-1] == "nia"  # asked first, the next press confirms
-    assert len(studio.store.items("nia")) == 8
+    assert len(studio.runtime.store.items("nia")) == 8
     out = writing.save(studio, "nia", "\n".join(LINES[:3]), None, "tweets", None, "nia")
     assert "Saved **3** items" in out[0] and len(out[5]["choices"]) == 1  # the 8 kept under Earlier histories
     msg, rows, earlier = writing.restore_history(studio, "nia", out[5]["choices"][0][1])
@@ -134,7 +134,7 @@ def test_writing_handlers_answer_in_the_status_line(studio):
 
 
 def test_model_handlers_without_a_server(studio):
-    studio.save_history("oz", [Item(t) for t in LINES], "tweets")
+    studio.histories.save_history("oz", [Item(t) for t in LINES], "tweets")
     status, *_ = explore.explore(studio, "oz", "1, x", 4, 1.0, 50, 4, progress=NO_PROGRESS)
     assert status.startswith("⚠️") and "must be numbers" in status
     first = next(compare.compare(studio, "oz", "hi", True, None, [], 1.0, 50, 4, None))
@@ -153,7 +153,7 @@ def test_model_handlers_without_a_server(studio):
     assert again.startswith("⚠️")  # the pair is closed
     status, rows, *_ = leaderboard.standings(studio)
     assert " between " in status and rows
-    studio.wait_feedback()
+    studio.votes.wait_feedback()
 
 
 def test_the_page_has_the_tabs_in_order_and_unique_element_ids(studio):
@@ -177,9 +177,9 @@ def test_rate_handlers_serve_units_and_clear_the_rubric_scores(studio):
     from personalize.ui import rate
 
     items = [CampaignItem(f"p{i}", f"prompt {i}", tuple(f"h{i}.{j}" for j in range(5))) for i in range(2)]
-    studio.campaigns.create("ui-rubric", items, CampaignConfig(("base", "card"), mode="rubric", raters_per_item=1))
-    for item, m in studio.campaigns.missing("ui-rubric"):
-        studio.campaigns.add_output(item["id"], m, f"{m} text {item['position']}", 0.0)
+    studio.runtime.campaigns.create("ui-rubric", items, CampaignConfig(("base", "card"), mode="rubric", raters_per_item=1))
+    for item, m in studio.runtime.campaigns.missing("ui-rubric"):
+        studio.runtime.campaigns.add_output(item["id"], m, f"{m} text {item['position']}", 0.0)
     first = rate.next_unit(studio, "ui-rubric", "r1")
     assert len(first) == rate.N_OUT and first[1].startswith("**0 of 4 done**") and first[0] is not None
     kept = rate.judge_unit(studio, None, "ui-rubric", "r1", first[0], 4, None, 5)

@@ -50,7 +50,7 @@ def bench_serving(engine, store, names: Sequence[str], prompts: Sequence[str], s
     k = k if k in engine.clusters.centroids else max(engine.clusters.centroids)
     methods = list(SERVING_METHODS)
     try:
-        studio.method("p2p")
+        studio.runtime.method("p2p")
     except (ValueError, FileNotFoundError) as e:
         methods.remove("p2p")
         progress(f"serving: p2p left out ({e})")
@@ -60,7 +60,7 @@ def bench_serving(engine, store, names: Sequence[str], prompts: Sequence[str], s
 
     def run(name, prompt, ms) -> float:
         t0 = time.perf_counter()
-        outs = list(studio.compare(name, prompt, ms, s, k))
+        outs = list(studio.decoding.compare(name, prompt, ms, s, k))
         bad = [o for o in outs if o.error]
         if bad:
             raise RuntimeError(f"{bad[0].method} failed in the serving bench: {bad[0].error}")
@@ -76,7 +76,7 @@ def bench_serving(engine, store, names: Sequence[str], prompts: Sequence[str], s
     # 8 people over (up to) 4 clusters: people of different clusters first
     by_cluster: dict[int, list[str]] = {}
     for n in names:
-        by_cluster.setdefault(studio.user_state(n, k).cluster, []).append(n)
+        by_cluster.setdefault(studio.histories.user_state(n, k).cluster, []).append(n)
     order = [n for i in range(max(map(len, by_cluster.values()))) for c in sorted(by_cluster)
              for n in by_cluster[c][i:i + 1]]
     people = [order[i % len(order)] for i in range(n_people)]
@@ -84,10 +84,10 @@ def bench_serving(engine, store, names: Sequence[str], prompts: Sequence[str], s
 
     t0 = time.perf_counter()  # before the scheduler: each method of each person decoded alone, in turn
     for n, p in asks:
-        state = studio.user_state(n, k)
+        state = studio.histories.user_state(n, k)
         for m in methods:
-            with studio.model_lock:
-                studio.method(m).generate(_context(studio, state), [p], s)
+            with studio.runtime.model_lock:
+                studio.runtime.method(m).generate(_context(studio, state), [p], s)
     sequential = time.perf_counter() - t0
     release_team()
     progress(f"serving: {n_people} people one decode at a time {sequential:.1f} s")
@@ -109,16 +109,16 @@ def bench_serving(engine, store, names: Sequence[str], prompts: Sequence[str], s
     out = {"methods": methods, "tokens": s.max_new_tokens, "repeats": repeats,
            "compare_s": round(_median(compare), 3), "single_s": round(_median(single), 3),
            "compare_over_single": round(_median(compare) / _median(single), 3),
-           "concurrent": {"people": n_people, "clusters": len({studio.user_state(n, k).cluster for n in people}),
+           "concurrent": {"people": n_people, "clusters": len({studio.histories.user_state(n, k).cluster for n in people}),
                           "k": k, "sequential_s": round(sequential, 2), "scheduled_s": round(scheduled, 2),
                           "p50_s": round(_median(latencies), 2), "p95_s": round(q[18], 2),
                           "speedup": round(sequential / scheduled, 2),
-                          "batches": studio.scheduler.batches[-10:]}}
+                          "batches": studio.runtime.scheduler.batches[-10:]}}
     out |= exact_first_use(studio, n0, exact_pairs, progress)
     out["fit"] = fit_after_save(studio, [[i.y for i in store.items(n)] for n in names], progress=progress)
     if start_repeats:
         out["start_s"] = later_start(engine.folder, repeats=start_repeats, progress=progress)
-    studio.scheduler.close()
+    studio.runtime.scheduler.close()
     return out
 
 
@@ -130,8 +130,8 @@ def newcomer_studio(artifacts: str, demo_data: str, people: int, prefix: str) ->
     folder = Path(tempfile.mkdtemp(prefix=prefix))
     st = Studio.load(StudioConfig(artifacts=artifacts, db=str(folder / "s.db"), demo_data=demo_data,
                                   export_dir=str(folder / "exports")))
-    names = [u for label, u in st.demo_choices() if "new" in label][:people]
-    return st, [[i.y for i in st.parse(st.demo_history(n))] for n in names]
+    names = [u for label, u in st.histories.demo_choices() if "new" in label][:people]
+    return st, [[i.y for i in st.histories.parse(st.histories.demo_history(n))] for n in names]
 
 
 def fit_after_save(studio, histories: Sequence[Sequence[str]], n_items: int = 24, progress=print) -> dict:
@@ -143,15 +143,15 @@ def fit_after_save(studio, histories: Sequence[Sequence[str]], n_items: int = 24
     times: dict[str, list[float]] = {"right_after_save_s": [], "after_rewrites_s": []}
     tflop: list[float] = []
     shared: list[float] = []  # the same work with the prompts' common beginning made once
-    on_cpu = studio.engine.model.device.type == "cpu"
+    on_cpu = studio.runtime.engine.model.device.type == "cpu"
     counts = sorted({len(texts[:n_items]) for texts in histories})  # what was pasted: shorter histories paste fewer
     for i, texts in enumerate(histories):
         name, mode = f"pasted-{i}", ("after_rewrites_s" if i % 2 else "right_after_save_s")
-        studio.save_history(name, [Item(y=t) for t in texts[:n_items]], studio.task.name)
+        studio.histories.save_history(name, [Item(y=t) for t in texts[:n_items]], studio.runtime.task.name)
         if i % 2:
             studio.histories.rewrites.result()  # Save's background work: the rewrites, then the fit's pass
         t0 = time.perf_counter()
-        fit = studio.fit(name)
+        fit = studio.fits.fit(name)
         times[mode].append(round(time.perf_counter() - t0, 2))
         progress(f"serving: Fit my style, {fit.n_items} pasted items, {mode[:-2].replace('_', ' ')}: "
                  f"{times[mode][-1]:.2f} s {({k: round(v, 2) for k, v in fit.stages_s.items()})}")
@@ -187,12 +187,12 @@ def fit_tflop(studio, name: str, shared_prefix: bool = False) -> float:
     from personalize.lm.tokens import prompt_ids, target_ids
     from personalize.methods.engine import NEUTRAL_TEMPLATE
 
-    e = studio.engine
+    e = studio.runtime.engine
     tok, budget = e.tok, e.cfg.budget
     head = e.model.get_input_embeddings().weight.numel()  # the word head's size, tied to the embedding or not
     blocks = sum(p.numel() for n, p in e.model.named_parameters() if ".layers." in n and "lora_" not in n)
     rewrite_prompts, pass_prompts, read, headed = [], [], 0, 0
-    for s in studio.store.items(name):
+    for s in studio.runtime.store.items(name):
         x = s.x
         if not x:  # a pasted text: rewritten first, then its rewrite is the pass's prompt
             rewritten = s.neutral != plain(s.y)  # else the model's rewrite was refused: count one token of it
@@ -241,12 +241,12 @@ def demo_compare(artifacts: str, demo_data: str, tokens: int):
     tmp = Path(tempfile.mkdtemp())
     studio = Studio.load(StudioConfig(artifacts=artifacts, db=str(tmp / "studio.db"), demo_data=demo_data,
                                       first_use_in_background=False))
-    name = sorted(studio.demo_users)[0]
-    studio.save_history(name, studio.demo_items(name), studio.task.name)
-    studio.fit(name)
-    state = studio.user_state(name)
-    prompt = studio.demo_users[name][0].y[:200]
-    s = dataclasses.replace(studio.engine.cfg.decoding, max_new_tokens=tokens, min_new_tokens=tokens)
+    name = sorted(studio.runtime.demo_users)[0]
+    studio.histories.save_history(name, studio.histories.demo_items(name), studio.runtime.task.name)
+    studio.fits.fit(name)
+    state = studio.histories.user_state(name)
+    prompt = studio.runtime.demo_users[name][0].y[:200]
+    s = dataclasses.replace(studio.runtime.engine.cfg.decoding, max_new_tokens=tokens, min_new_tokens=tokens)
     rows = [r for m in SERVING_METHODS for r in studio.decoding.rows(m, state, prompt, s)]
     return studio, rows, studio.decoding.rows("card", state, prompt, s)
 
@@ -256,8 +256,8 @@ def _context(studio, state):
     from personalize.methods.base import UserContext
     from personalize.fitting.person import prepared_items
 
-    prepared_items(studio.engine, studio.store, state.name)
-    return UserContext.from_store(studio.store, state.name, studio.task, state.cluster, state.k, state.lam)
+    prepared_items(studio.runtime.engine, studio.runtime.store, state.name)
+    return UserContext.from_store(studio.runtime.store, state.name, studio.runtime.task, state.cluster, state.k, state.lam)
 
 
 def exact_first_use(studio, name: str, pairs: int, progress=print) -> dict:
@@ -265,10 +265,10 @@ def exact_first_use(studio, name: str, pairs: int, progress=print) -> dict:
     shared-prefix search and with the old full-sequence pass, on the same pairs; and whether they chose alike."""
     from personalize.methods.exact import ExactConfig, ExactMethod
 
-    user = _context(studio, studio.user_state(name))
+    user = _context(studio, studio.histories.user_state(name))
     took, chosen = {}, {}
     for shared in (True, False):
-        m = ExactMethod(studio.engine, None, ExactConfig(max_pairs=pairs, shared_prefix=shared))
+        m = ExactMethod(studio.runtime.engine, None, ExactConfig(max_pairs=pairs, shared_prefix=shared))
         t0 = time.perf_counter()
         m.prepare(user)
         took[shared] = time.perf_counter() - t0

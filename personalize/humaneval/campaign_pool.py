@@ -81,14 +81,14 @@ def generate(studio, name: str, progress: Callable[[int, int, str], None] | None
     each output is stored the moment it exists, so a kill loses at most the one being decoded.
     `shards` (distributed.requests.RequestShards, `campaign generate --ray`): the decodes run there in shards, the
     same outputs stored as each shard comes back (a kill loses the shards still running)."""
-    camps = studio.campaigns
+    camps = studio.runtime.campaigns
     c = camps.get(name)
     cfg: CampaignConfig = c["config"]
-    if cfg.build and cfg.build != studio.engine.artifacts_id:
+    if cfg.build and cfg.build != studio.runtime.engine.artifacts_id:
         raise CampaignError(f"campaign {name!r} was made for build {cfg.build} ({cfg.artifacts}); the studio runs "
-                            f"{studio.engine.artifacts_id}: generate with that build")
+                            f"{studio.runtime.engine.artifacts_id}: generate with that build")
     todo = camps.missing(name)
-    s = studio.settings(cfg.alpha, cfg.top_k, cfg.max_new_tokens)
+    s = studio.runtime.settings(cfg.alpha, cfg.top_k, cfg.max_new_tokens)
     fitted: set[str] = set()
     made, failed, t0 = 0, [], time.perf_counter()
     if shards is not None:
@@ -97,7 +97,7 @@ def generate(studio, name: str, progress: Callable[[int, int, str], None] | None
         for i, (item, method) in enumerate(todo):
             if progress:
                 progress(i, len(todo), f"{method} for {item['user']}")
-            out = studio.run_method(method, _state(studio, cfg, item, method, fitted), item["prompt"], s)
+            out = studio.decoding.run_method(method, _state(studio, cfg, item, method, fitted), item["prompt"], s)
             if out.error:
                 failed.append(f"{method} for {item['user']}: {out.error}")
                 continue
@@ -110,11 +110,11 @@ def generate(studio, name: str, progress: Callable[[int, int, str], None] | None
 
 def _state(studio, cfg: CampaignConfig, item: dict, method: str, fitted: set[str]):
     """The state an item's person decodes with: fitted first where card needs it and nobody has fitted them yet."""
-    user = _stored_person(studio.store, cfg.task, item)
-    if method == "card" and user not in fitted and not studio.user_state(user).fitted:
-        studio.fit(user)
+    user = _stored_person(studio.runtime.store, cfg.task, item)
+    if method == "card" and user not in fitted and not studio.histories.user_state(user).fitted:
+        studio.fits.fit(user)
     fitted.add(user)
-    return studio.user_state(user)
+    return studio.histories.user_state(user)
 
 
 def _generate_in_shards(studio, cfg: CampaignConfig, todo, s, shards, progress) -> tuple[int, list[str]]:
@@ -128,8 +128,8 @@ def _generate_in_shards(studio, cfg: CampaignConfig, todo, s, shards, progress) 
             progress(0, len(todo), f"rows: {method} for {item['user']}")
         state = _state(studio, cfg, item, method, fitted)
         try:
-            if studio.needs_indexing(state.name, method):
-                studio.wait_first_use(state.name, method)
+            if studio.background_jobs.needs_indexing(state.name, method):
+                studio.background_jobs.wait_first_use(state.name, method)
             with studio.runtime.model_lock:  # building may load an adapter or prepare a method on the model
                 rows.append(studio.decoding.rows(method, state, item["prompt"], s))
         except _FAILURES as e:
@@ -146,7 +146,7 @@ def _generate_in_shards(studio, cfg: CampaignConfig, todo, s, shards, progress) 
             failed.append(f"{method} for {item['user']}: {outcome}")
         else:
             out = studio.decoding.stored(method, state, item["prompt"], s, outcome[0])
-            made += studio.campaigns.add_output(item["id"], method, out.text, out.latency_s)
+            made += studio.runtime.campaigns.add_output(item["id"], method, out.text, out.latency_s)
         if progress:
             progress(done, len(requests), f"{method} for {item['user']}")
     shards.decode(rows, lambda r: studio.runtime.scheduler.run(lambda: r), store)

@@ -23,7 +23,7 @@ def cluster_examples_md(examples) -> str:
 @guarded(5)
 def show_cluster(studio, name, k, previous=None):
     """(status, examples, map, K, K): the K snapped to a built one goes to the user's K and back to the slider."""
-    view = studio.cluster_view(name, k, previous)
+    view = studio.clusters.cluster_view(name, k, previous)
     fig, k, st = cluster_figure(view["map"]), view["k"], view["state"]
     if st is None:
         return "Enter a user name and save a history to see where you fall.", "", fig, k, k

@@ -42,7 +42,7 @@ def first_use_md(studio, method: str) -> str:
     """A column's placeholder while a method does its per-user work for the first time (a background job,
     started when the history was saved or fitted; its progress replaces this line)."""
     if method == "exact":
-        return (f"**exact**\n\n*first use: searching attributes for your {studio.cfg.exact_pairs} newest history "
+        return (f"**exact**\n\n*first use: searching attributes for your {studio.runtime.cfg.exact_pairs} newest history "
                 "items in the background; the other columns do not wait…*")
     if method == "oppu":
         return "**oppu**\n\n*first use: training your own LoRA in the background; the other columns do not wait…*"
@@ -57,7 +57,7 @@ def columns(chosen) -> list:
 
 
 def pick_item(studio, name, item) -> str:
-    ref = studio.item_reference(name, item)
+    ref = studio.histories.item_reference(name, item)
     return "" if ref is None else f"**Reference (your text):**\n\n{md(ref)}"
 
 
@@ -80,14 +80,14 @@ def compare(studio, name, text, templated, item, chosen, alpha, top_k, max_token
     """Yields (status, one update per method column) as tokens and outputs come in."""
     hidden = {m: gr.update(visible=m in (chosen or [])) for m in ALL_METHODS}
     try:
-        plan = studio.compare_plan(name, text, templated, item, chosen, k)
-        s = studio.settings(alpha, top_k, max_tokens)
+        plan = studio.decoding.compare_plan(name, text, templated, item, chosen, k)
+        s = studio.runtime.settings(alpha, top_k, max_tokens)
     except EXPECTED as e:
         yield (_err(e), *hidden.values())
         return
     name, state, full = plan["name"], plan["state"], plan["prompt"]
     note = "" if state.fitted else " (not fitted yet: CARD uses λ = 1, your cluster's shared head)"
-    if "card" in chosen and decodes_losing_style(studio.engine, state.lam, s.alpha):
+    if "card" in chosen and decodes_losing_style(studio.runtime.engine, state.lam, s.alpha):
         note += f" ({LOSING_STYLE_NOTE})"  # the Fit verdict's "does not beat", said beside the output too
     # each column's current Markdown; every yield sends fresh updates of all of them, since Gradio drops the value
     # of an update object yielded a second time (a finished column would keep its streamed text)
@@ -100,7 +100,7 @@ def compare(studio, name, text, templated, item, chosen, alpha, top_k, max_token
            *updates())
     done, last = set(), 0.0
     try:
-        for kind, m, value in studio.compare_stream(name, full, plan["order"], s, k):
+        for kind, m, value in studio.decoding.compare_stream(name, full, plan["order"], s, k):
             if kind == "text":
                 shown[m] = streaming_md(m, value)
             elif kind == "progress":
@@ -121,7 +121,7 @@ def compare(studio, name, text, templated, item, chosen, alpha, top_k, max_token
 @guarded(2)
 def thumb(studio, method, up, name, alpha, top_k, max_tokens, k):
     """👍 / 👎 on a column: (status, the versions table when the style was refitted)."""
-    res = studio.thumb_column(studio.need_user(name), method, up, studio.settings(alpha, top_k, max_tokens), k)
+    res = studio.votes.thumb_column(studio.runtime.need_user(name), method, up, studio.runtime.settings(alpha, top_k, max_tokens), k)
     if res["version"] is None:
         return md(res["message"]), gr.skip()
     return refine_md(res, method, up), version_rows(studio, name)

@@ -12,13 +12,13 @@ from personalize.ui.controls import Shared
 
 @guarded(2)
 def export_table(studio, table, fmt):
-    path, n = studio.export_table(table, fmt)
+    path, n = studio.campaign_desk.export_table(table, fmt)
     return f"Exported {table} ({n} rows) to `{path}`.", str(path)
 
 
 @guarded(2)
 def export_predictions(studio, method):
-    path = studio.export_predictions(method)
+    path = studio.campaign_desk.export_predictions(method)
     return f"Exported {md(method)}'s generations as LaMP predictions to `{path}`.", str(path)
 
 

@@ -16,18 +16,18 @@ INTRO = ("Fits your style on your history: neutral rewrites of pasted items and 
          "cluster's model (both started when you saved), then milliseconds to fit your user vector λ (128 numbers) "
          "jointly with a sparse bias over the words you use, a bias on how you open a text (your first words, "
          "counted from your history), and a memory of what you wrote after each state of that pass.")
-STAGES = ["assign", "neutral rewrites", "negatives", "features", "fit"]  # studio.fit's progress, in order
+STAGES = ["assign", "neutral rewrites", "negatives", "features", "fit"]  # studio.fits.fit's progress, in order
 
 
 def fit(studio, name, k, progress=gr.Progress()):
     try:
-        name = studio.need_user(name)
+        name = studio.runtime.need_user(name)
         progress(0, desc="starting")
         t0 = time.perf_counter()
-        res = studio.fit(name, k, progress=lambda st: progress(
+        res = studio.fits.fit(name, k, progress=lambda st: progress(
             (STAGES.index(st) if st in STAGES else 0) / len(STAGES), desc=st))
         total = time.perf_counter() - t0
-        studio.after_fit(name)
+        studio.background_jobs.after_fit(name)
     except EXPECTED as e:
         return _err(e) + " (the stored vector, if any, is unchanged)", gr.skip()
     return (page_text.fit_message(studio, name, res, total, shown_name=md(name)),
@@ -53,18 +53,18 @@ def _truthy(value) -> bool:
 
 @guarded(2)
 def restore(studio, name, version):
-    return md(studio.restore(name, version)), version_rows(studio, name)
+    return md(studio.fits.restore(name, version)), version_rows(studio, name)
 
 
 @guarded(2)
 def key_export(studio, name):
-    key = studio.style_key(studio.need_user(name))
+    key = studio.own_data.style_key(studio.runtime.need_user(name))
     return f"Your style key ({len(key)} characters): copy it with the button in the box.", key
 
 
 @guarded(2)
 def key_import(studio, name, text):
-    res = studio.import_style_key(text, (name or "").strip() or None)
+    res = studio.own_data.import_style_key(text, (name or "").strip() or None)
     return (f"Imported the key's style for **{md(res['user'])}** as version {res['versions'][-1]}"
             + (f" ({res['trimmed']} smallest word-bias entries were left out of the key)." if res["trimmed"]
                else ".")), version_rows(studio, res["user"])

@@ -13,7 +13,7 @@ COLUMNS = ("method", "strength", "lower", "upper", "votes", "wins", "losses", "t
 
 def standings(studio):
     """(status, table rows, strength plot, win-rate plot)."""
-    lb = studio.leaderboard()
+    lb = studio.votes.leaderboard()
     if not lb["methods"]:
         return "No votes yet: cast some in *Quick pair*.", [], None, None
     bt, heat = leaderboard_figures(lb)

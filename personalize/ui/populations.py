@@ -33,36 +33,36 @@ def source_changed(source):
 
 @guarded(3)
 def start(studio, source, name, path, file, serve):
-    """Build: the job starts (Studio.start_population_build) and the timer starts polling it."""
-    job = studio.start_population_build(source, name, file if source == "table" else path, bool(serve))
+    """Build: the job starts (studio.populations.start_population_build) and the timer starts polling it."""
+    job = studio.populations.start_population_build(source, name, file if source == "table" else path, bool(serve))
     return job.line(), "", gr.Timer(active=True)
 
 
 @guarded(1)
 def cancel(studio):
-    return studio.cancel_population_build()
+    return studio.populations.cancel_population_build()
 
 
 def poll(studio, seen):
     """The job as the page shows it: counts, line, percent; once it has ended (shown once per page, `seen`): the
     builds on offer and, when it was served, every control that depends on the build served."""
-    job = studio.population_job
+    job = studio.populations.population_job
     if job is None:
         return ("", "", 0, *[gr.skip()] * (N_SERVED + 3), gr.Timer(active=False), seen)
     key = f"{job.name}@{job.started}"
     head = (job.counts(), job.line(), 100 if job.state == "done" else round(100 * job.fraction))
     if job.running or key == seen:
         return (*head, *[gr.skip()] * (N_SERVED + 3), gr.Timer(active=job.running), seen)
-    builds = gr.update(choices=studio.build_choices(), value=str(job.out) if job.state == "done" else None)
-    now = (*served(studio), studio.task.name) if job.served else [gr.skip()] * (N_SERVED + 2)
+    builds = gr.update(choices=studio.served_builds.build_choices(), value=str(job.out) if job.state == "done" else None)
+    now = (*served(studio), studio.runtime.task.name) if job.served else [gr.skip()] * (N_SERVED + 2)
     return (*head, builds, *now, gr.Timer(active=False), key)
 
 
 @guarded(2 + N_SERVED + 2)
 def serve(studio, folder):
-    """Serve a build: every session decodes with it from now on (Studio.serve_build)."""
-    msg = studio.serve_build(folder)
-    return (msg, gr.update(choices=studio.build_choices(), value=None), *served(studio), studio.task.name)
+    """Serve a build: every session decodes with it from now on (studio.served_builds.serve_build)."""
+    msg = studio.served_builds.serve_build(folder)
+    return (msg, gr.update(choices=studio.served_builds.build_choices(), value=None), *served(studio), studio.runtime.task.name)
 
 
 def build(studio, shared: Shared) -> None:
@@ -85,7 +85,7 @@ def build(studio, shared: Shared) -> None:
         bar = gr.Slider(0, 100, value=0, step=1, interactive=False, label="Build progress (%)",
                         elem_id="population-progress")
         with gr.Row():
-            builds = gr.Dropdown(studio.build_choices(), value=None, label="Serve a build (every build here)",
+            builds = gr.Dropdown(studio.served_builds.build_choices(), value=None, label="Serve a build (every build here)",
                                  elem_id="population-builds", scale=3)
             serve_btn = gr.Button("Serve it", elem_id="population-serve-build")
         serve_status = Markdown(elem_id="population-serve-status")
@@ -102,5 +102,5 @@ def build(studio, shared: Shared) -> None:
     timer.tick(bind(poll, studio), [seen], polled, concurrency_limit=None, show_progress="hidden",
                api_name="population_status")
     serve_btn.click(bind(serve, studio), [builds], [serve_status, builds, *page], concurrency_id="model")
-    tab.select(lambda: gr.update(choices=studio.build_choices()), None, [builds], show_progress="hidden")
+    tab.select(lambda: gr.update(choices=studio.served_builds.build_choices()), None, [builds], show_progress="hidden")
     shared.app.load(bind(poll, studio), [seen], polled)  # a page opened during a build follows it

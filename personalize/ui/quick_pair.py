@@ -24,7 +24,7 @@ def draw_pair(studio, name, rater, text, chosen, compare_text, templated, alpha,
               login: str | None = None):
     """(status, A, B, pair id): a new blind pair, the status saying when this rater already voted on it."""
     try:
-        got = studio.quick_pair(name, text, compare_text, templated, chosen, studio.settings(alpha, top_k, max_tokens),
+        got = studio.votes.quick_pair(name, text, compare_text, templated, chosen, studio.runtime.settings(alpha, top_k, max_tokens),
                                 k, rater=rater, logged_in=login)
     except EXPECTED as e:
         return _err(e), gr.skip(), gr.skip(), None
@@ -38,7 +38,7 @@ def draw_pair(studio, name, rater, text, chosen, compare_text, templated, alpha,
 def vote(studio, winner, pair_id, rater, login: str | None = None):
     """(status, pair id): the vote stored (the pair is then closed) and the methods revealed."""
     try:
-        pair, rid, who = studio.vote_as(pair_id, winner, rater, login)  # with --auth: the logged-in user, always
+        pair, rid, who = studio.votes.vote_as(pair_id, winner, rater, login)  # with --auth: the logged-in user, always
     except EXPECTED as e:
         return _err(e), gr.skip()
     return (f"Vote #{rid} stored ({LABELS[winner]}, rater {md(who)}). **A was {md(pair.methods[0])}, "

@@ -1,5 +1,5 @@
 """The page's text: the Markdown the tabs show for what the studio did (the title line, Save's status, the cluster
-summary and distance table, Fit's report, the harm guard's note), from the Studio façade's facts. Text from
+summary and distance table, Fit's report, the harm guard's note), from the studio's facts. Text from
 people and models enters it escaped by the caller (display.md)."""
 
 from __future__ import annotations
@@ -14,18 +14,18 @@ from personalize.studio.histories import UserState
 def header(studio) -> str:
     """What the app's title line says about the build being served."""
     return (f"# Personalization studio\nCARD (cluster LoRA + user vector) next to the base model, EXACT, RAG, PAG, "
-            f"COPE, OPPU and Profile-to-PEFT. Artifacts `{studio.engine.artifacts_id}` (task {studio.task.name}, "
-            f"model {studio.engine.lm.model_id}, K ∈ {studio.ks}); choose another task in *My writing* to switch.")
+            f"COPE, OPPU and Profile-to-PEFT. Artifacts `{studio.runtime.engine.artifacts_id}` (task {studio.runtime.task.name}, "
+            f"model {studio.runtime.engine.lm.model_id}, K ∈ {studio.runtime.ks}); choose another task in *My writing* to switch.")
 
 
 def save_message(studio, res: dict) -> str:
     """The My writing status line after a save."""
-    k = studio.engine.cfg.default_k
+    k = studio.runtime.engine.cfg.default_k
     n, dup = res["n_items"], res.get("duplicates", 0)
     dropped = f" ({dup} duplicate item{'' if dup == 1 else 's'} dropped)" if dup else ""
-    task = res.get("task", studio.task.name)
-    note = "" if task == studio.task.name else (
-        f" No build for **{task}** is loaded: these artifacts were built for **{studio.task.name}**, so prompts "
+    task = res.get("task", studio.runtime.task.name)
+    note = "" if task == studio.runtime.task.name else (
+        f" No build for **{task}** is loaded: these artifacts were built for **{studio.runtime.task.name}**, so prompts "
         "use that task's template.")
     near = f", {res['closeness']}" if res.get("closeness") else ""
     nearer = f"\n\n{res['nearer']}" if res.get("nearer") else ""
@@ -41,7 +41,7 @@ def distance_table(state: UserState) -> str:
 
 def cluster_summary(studio, state: UserState) -> str:
     return (f"**{state.name}** is in cluster **{state.cluster}** of K = {state.k}, "
-            f"{studio.closeness(state.k, state.distances)}.\n\n{distance_table(state)}")
+            f"{studio.histories.closeness(state.k, state.distances)}.\n\n{distance_table(state)}")
 
 
 def fit_message(studio, name: str, fit: UserFit, total_s: float, shown_name: str | None = None) -> str:
@@ -56,10 +56,10 @@ def fit_message(studio, name: str, fit: UserFit, total_s: float, shown_name: str
     lines += [f"| {s} | {v:.3f} |" for s, v in fit.stages_s.items()]
     d = fit.diagnostics
     if fit.cold_start:
-        lines.append(f"\n**Cold start**: fewer than {studio.engine.cfg.min_fit_items} items, so λ = 1 "
+        lines.append(f"\n**Cold start**: fewer than {studio.runtime.engine.cfg.min_fit_items} items, so λ = 1 "
                      "(your cluster's shared head). Add more writing and refit.")
     else:  # the answer first, in plain words: does the vector beat the cluster model?
-        verdict = fit_verdict(d, fallback=studio.engine.cfg.style.fallback, why_kept=kept_reason(studio.engine.meta))
+        verdict = fit_verdict(d, fallback=studio.runtime.engine.cfg.style.fallback, why_kept=kept_reason(studio.runtime.engine.meta))
         lines.insert(1, f"\n**{verdict}**\n")
         if d.get("n"):
             lines.append(f"\nHeld-out accuracy ({d.get('unit', 'tokens')}, n = {d['n']}): own style "
@@ -76,19 +76,19 @@ def fit_message(studio, name: str, fit: UserFit, total_s: float, shown_name: str
         lines.insert(2, note)
     if not fit.cold_start and fit.style is not None:
         lines.append("\n" + form_note(studio, fit))
-    lines.append(f"\nStored: {studio.store.vector_bytes(name, studio.engine.artifacts_id)} bytes.")
+    lines.append(f"\nStored: {studio.runtime.store.vector_bytes(name, studio.runtime.engine.artifacts_id)} bytes.")
     return "\n".join(lines)
 
 
 def form_note(studio, fit: UserFit) -> str:
     """In plain words: how near the person is to the build's writers, what their style does about the cluster
     model's form (the words they open with), and what α does."""
-    near = studio.closeness(fit.k, fit.distances)
+    near = studio.histories.closeness(fit.k, fit.distances)
     st = fit.style
     start = opening_key(())
     first = sorted(((float(b), int(t)) for o, t, b in zip(st.form_keys, st.form_ids, st.form_bias) if o == start),
                    reverse=True)[:4]
-    words = ", ".join(f"“{md(studio.engine.tok.decode([t]).strip() or studio.engine.tok.decode([t]))}”"
+    words = ", ".join(f"“{md(studio.runtime.engine.tok.decode([t]).strip() or studio.runtime.engine.tok.decode([t]))}”"
                       for _, t in first)
     far = near.startswith(("far", "at its edge"))
     lines = [f"**How you write against this build's writers.** Against your cluster ({fit.cluster} of K = {fit.k}), "
@@ -100,16 +100,16 @@ def form_note(studio, fit: UserFit) -> str:
     else:
         lines.append("What you get: your cluster's model, with your style re-ranking its next words towards the "
                      "words you use")
-    if words and studio.engine.cfg.style.form:
+    if words and studio.runtime.engine.cfg.style.form:
         lines[-1] += f", and your openings lifted at a text's first words (yours: {words})."
     else:
         lines[-1] += "."
-    w = st.memory_weight(studio.engine.cfg.style)
+    w = st.memory_weight(studio.runtime.engine.cfg.style)
     if st.knn_weight is not None and w:
         lines.append(f"Because you are this far out, your own past texts are mixed in as it writes: where a "
                      f"context like one of yours comes up, the word you wrote next gets a share ({w:g} at α = 1) "
                      "of the choice, so your words come back rather than the population's.")
-    if studio.engine.cfg.decoding.alpha == 0:  # the build's guard kept card at the cluster model (guard_note)
+    if studio.runtime.engine.cfg.decoding.alpha == 0:  # the build's guard kept card at the cluster model (guard_note)
         lines[-1] = lines[-1].replace("What you get", "What α above 0 gives you", 1)
         lines[-1] += " At this build's α = 0, card writes as your cluster's model."
     lines.append("The **α** slider in *Compare* scales all of your style: 0 is the cluster model exactly, 1 your "
@@ -121,10 +121,10 @@ def guard_note(studio) -> str | None:
     """In plain words, when the build's harm guard (tune.harm_guard) kept `card` at the cluster model: on this
     build's task no setting of the style moved the text above noise for its validation people (people who
     differ in topic more than in form), so Compare's default α is 0 and nothing only looks personal."""
-    guard = studio.engine.meta.get("report", {}).get("tune", {}).get("guard")
-    if not guard or guard.get("kept", True) or studio.engine.cfg.decoding.alpha > 0:
+    guard = studio.runtime.engine.meta.get("report", {}).get("tune", {}).get("guard")
+    if not guard or guard.get("kept", True) or studio.runtime.engine.cfg.decoding.alpha > 0:
         return None
-    return (f"On this build's task (**{studio.task.name}**) CARD writes as your cluster's model: on its "
+    return (f"On this build's task (**{studio.runtime.task.name}**) CARD writes as your cluster's model: on its "
             f"{guard.get('people', 'validation')} validation people no setting of the style moved the text "
             "above noise, so α starts at 0 here. Your style is fitted all the same: Why and Explore show it, "
             "and the α slider in Compare applies it.")

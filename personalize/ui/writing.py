@@ -19,24 +19,24 @@ FORGET_NOTE = ("Deletes everything the studio keeps of this user: history, style
 
 def item_choices(studio, name: str | None):
     """Compare's history-item picker, refilled with this user's items."""
-    return gr.update(choices=studio.item_choices(name), value=None)
+    return gr.update(choices=studio.histories.item_choices(name), value=None)
 
 
 def served(studio) -> tuple:
     """What a task switch or a page load refreshes: the shared controls, then the demo users of the build."""
-    return (*served_values(studio), gr.update(choices=studio.demo_choices(), value=None))
+    return (*served_values(studio), gr.update(choices=studio.histories.demo_choices(), value=None))
 
 
 @guarded(4, 2)
 def load_demo(studio, demo, name):
-    text, name = studio.demo_pick(demo, name)
+    text, name = studio.histories.demo_pick(demo, name)
     return text, name, "", None  # the box holds a fresh, unsaved history
 
 
 def user_changed(studio, name, shown_for, picked):
     """A typed name: the box, the items and the pickers follow it; the stored-user picker no longer shows someone
     else (it shows the name only when that is the person picked)."""
-    res = studio.switch_user(name, shown_for)
+    res = studio.histories.switch_user(name, shown_for)
     message = md_quoting(res["message"], (name or "").strip())  # the library's line quotes the name
     picker = gr.skip() if picked == (name or "").strip() else gr.update(value=None)
     return (("" if res["clear"] else gr.skip()), res["rows"], item_choices(studio, name), message, res["shown_for"],
@@ -45,16 +45,16 @@ def user_changed(studio, name, shown_for, picked):
 
 def replaced_choices(studio, name: str | None):
     """The restore picker, refilled with this user's replaced histories."""
-    return gr.update(choices=studio.replaced_choices(name), value=None)
+    return gr.update(choices=studio.histories.replaced_choices(name), value=None)
 
 
 @guarded(1 + N_SERVED + 2)
 def switch_task(studio, task_name):
     """The task dropdown always shows the task served: after "no build for it", the one still served."""
-    res = studio.switch_task(task_name)
+    res = studio.served_builds.switch_task(task_name)
     if not res["switched"]:
-        return (res["message"], *[gr.skip()] * (N_SERVED + 1), studio.task.name)
-    return (res["message"], *served(studio), studio.task.name)
+        return (res["message"], *[gr.skip()] * (N_SERVED + 1), studio.runtime.task.name)
+    return (res["message"], *served(studio), studio.runtime.task.name)
 
 
 @guarded(7)
@@ -65,28 +65,28 @@ def save(studio, name, text, file, task_name, demo, confirmed_for):
         res = studio.save_from(name, text, file, task_name, demo, replace=bool(typed) and confirmed_for == typed)
     except ReplaceAsk as ask:
         return (f"⚠️ {md_quoting(str(ask), typed)}", *[gr.skip()] * 5, typed)
-    return (page_text.save_message(studio, {**res, "name": md(res["name"])}), studio.item_rows(res["name"]),
-            gr.update(choices=studio.user_names()), item_choices(studio, res["name"]), res["name"],
+    return (page_text.save_message(studio, {**res, "name": md(res["name"])}), studio.histories.item_rows(res["name"]),
+            gr.update(choices=studio.histories.user_names()), item_choices(studio, res["name"]), res["name"],
             replaced_choices(studio, res["name"]), None)
 
 
 @guarded(3)
 def restore_history(studio, name, replaced_id):
-    msg = studio.restore_history(name, replaced_id)
+    msg = studio.histories.restore_history(name, replaced_id)
     typed = name.strip()
-    return md_quoting(msg, typed), studio.item_rows(typed), replaced_choices(studio, typed)
+    return md_quoting(msg, typed), studio.histories.item_rows(typed), replaced_choices(studio, typed)
 
 
 @guarded(3)
 def update_item(studio, name, item_id, text):
-    msg = studio.update_item(name, item_id, text)
-    return msg, studio.item_rows(name.strip()), item_choices(studio, name.strip())
+    msg = studio.histories.update_item(name, item_id, text)
+    return msg, studio.histories.item_rows(name.strip()), item_choices(studio, name.strip())
 
 
 @guarded(3)
 def delete_item(studio, name, item_id):
-    msg = studio.delete_item(name, item_id)
-    return msg, studio.item_rows(name.strip()), item_choices(studio, name.strip())
+    msg = studio.histories.delete_item(name, item_id)
+    return msg, studio.histories.item_rows(name.strip()), item_choices(studio, name.strip())
 
 
 @guarded(8)
@@ -95,33 +95,33 @@ def open_user(studio, name):
     (the line says so), and the next new person's Save is not refused for a task nobody chose."""
     if not name:
         return (gr.skip(),) * 8
-    u = studio.open_user(name)
-    other = "" if u["task"] == studio.task.name else (
-        f" They were saved under {md(u['task'])}; this studio serves {md(studio.task.name)} (choose "
+    u = studio.histories.open_user(name)
+    other = "" if u["task"] == studio.runtime.task.name else (
+        f" They were saved under {md(u['task'])}; this studio serves {md(studio.runtime.task.name)} (choose "
         f"{md(u['task'])} in the Task list to switch to its build).")
     # the text box is emptied: it held someone else's text (the opened user's items are in the table)
     return (f"Opened **{md(u['name'])}** ({u['n_items']} items, task {md(u['task'])}).{other}", name,
-            studio.item_rows(name), item_choices(studio, name), replaced_choices(studio, name), "", None, "")
+            studio.histories.item_rows(name), item_choices(studio, name), replaced_choices(studio, name), "", None, "")
 
 
 @guarded(7)
 def forget(studio, name, ok):
     """Forget me: the status line, and the page no longer holds the person (name, history box, items)."""
-    res = studio.forget_me(name, ok)
+    res = studio.own_data.forget_me(name, ok)
     kept = ("ratings_anonymised", "campaign_items_anonymised")
     gone = sum(v for k, v in res.items() if isinstance(v, int) and k not in kept)
     return (f"Forgot **{md(name.strip())}**: {gone} stored rows deleted, {res['ratings_anonymised']} rating(s) and "
             f"{res.get('campaign_items_anonymised', 0)} campaign item(s) kept without texts or name, "
             f"{sum(res.get('exports', {}).values())} of their record(s) taken out of {len(res.get('exports', {}))} "
             f"export(s), {len(res['files'])} file(s) removed, database compacted.",
-            False, [], gr.update(choices=studio.user_names(), value=None), "", "", None)
+            False, [], gr.update(choices=studio.histories.user_names(), value=None), "", "", None)
 
 
 def build(studio, shared: Shared) -> None:
     with gr.Tab("My writing", id="writing"):
         with gr.Row():
-            task = gr.Dropdown(sorted(TASKS), value=studio.task.name, label="Task", elem_id="task")
-            demo_user = gr.Dropdown(studio.demo_choices(), label="Demo user", value=None, elem_id="demo-user")
+            task = gr.Dropdown(sorted(TASKS), value=studio.runtime.task.name, label="Task", elem_id="task")
+            demo_user = gr.Dropdown(studio.histories.demo_choices(), label="Demo user", value=None, elem_id="demo-user")
             demo_btn = gr.Button("Load demo user", elem_id="load-demo")
         history = gr.Textbox(lines=10, max_lines=20, label="Your writing history (one item per line, or blocks "
                              "separated by a blank line)", elem_id="history")
@@ -172,4 +172,4 @@ def build(studio, shared: Shared) -> None:
                      [forget_status, forget_ok, items, stored, user, history, shown_for], concurrency_id="model",
                      api_name="forget")
     # a page opened after a switch (in another session) shows the build now served
-    shared.app.load(lambda: (*served(studio), studio.task.name), None, [*served_outputs, task])
+    shared.app.load(lambda: (*served(studio), studio.runtime.task.name), None, [*served_outputs, task])
