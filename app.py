@@ -27,7 +27,8 @@ import gradio as gr
 
 from personalize.studio.decoder import DecodeTarget
 from personalize.studio.facade import Studio, StudioConfig
-from personalize.ui import campaigns, cluster, compare, explore, export, fit, leaderboard, populations, quick_pair, rate, why, writing
+from personalize.ui import campaigns, compare, explore, export_tab, fit, leaderboard_tab, my_cluster, populations, quick_pair, rate, \
+    why, writing
 from personalize.ui.common import CSS, EXPECTED, run_as_login
 from personalize.ui.controls import forget_previous_person, page_top
 from personalize.ui.login import AUTH_HELP, Login, parse_admins, parse_auth
@@ -35,15 +36,15 @@ from personalize.ui.login import AUTH_HELP, Login, parse_admins, parse_auth
 # The tabs in page order: each lays itself out and wires its events, reading the shared components.
 TABS = (
     writing.build,  # My writing
-    cluster.build,  # My cluster
+    my_cluster.build,  # My cluster
     fit.build,  # Fit my style
     compare.build,  # Compare
     why.build,  # Why
     rate.build,  # Rate: a campaign's rater view (blinded units from the stored pool)
     quick_pair.build,  # Quick pair: a typed prompt, two blinded outputs generated on the spot
-    leaderboard.build,  # Leaderboard
+    leaderboard_tab.build,  # Leaderboard
     campaigns.build,  # Campaigns: create, generate, results, export / import, close
-    export.build,  # Export
+    export_tab.build,  # Export
     explore.build,  # Explore
     populations.build,  # Populations: make a population (git, Debian changelogs, a table), build it, serve it
 )

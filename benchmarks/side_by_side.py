@@ -16,7 +16,7 @@ from pathlib import Path
 
 from personalize.data import read_history_file, read_lamp
 from personalize.methods.engine import Engine
-from personalize.methods.card import decode as card_decode
+from personalize.methods.card import card_decode
 
 METHODS = ("base", "cluster", "card_paper", "card")
 

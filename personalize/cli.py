@@ -25,7 +25,7 @@ DEFAULT_DB = "data/studio.db"
 
 def cmd_build(a) -> None:
     def on_ray(cfg):
-        from personalize.distributed.adapters import RayAdapters
+        from personalize.distributed.adapter_jobs import RayAdapters
 
         return RayAdapters(cfg)
     run_build(a, cluster_trainer=commands.on_ray(a, on_ray))
@@ -114,7 +114,7 @@ def cmd_generate(a) -> None:
     prompt = engine.task.prompt(a.prompt) if a.template else a.prompt
     from personalize.card.style import variant
     from personalize.methods.base import UserContext
-    from personalize.methods.card import decode as card_decode
+    from personalize.methods.card import card_decode
     from personalize.methods.registry import METHODS, get_method
 
     for m in methods:
@@ -301,7 +301,7 @@ def cmd_demo(a) -> None:
     demo, art = Path(a.data), Path(a.artifacts)
     ensure_demo(demo, art)
     from personalize.data import read_lamp
-    from personalize.methods.card import decode as card_decode
+    from personalize.methods.card import card_decode
     from personalize.methods.engine import Engine
 
     t0 = time.perf_counter()

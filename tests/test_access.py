@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from personalize.access import acting_as
-from personalize.humaneval.export import export_table
+from personalize.humaneval.table_export import export_table
 from personalize.store import Store, StoreError
 from personalize.studio.facade import Studio, StudioConfig
 from personalize.studio.histories import ReplaceAsk

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import app as studio_app  # noqa: E402
-from personalize.ui import cluster, common, compare, figures, quick_pair  # noqa: E402
+from personalize.ui import my_cluster as cluster, common, compare, figures, quick_pair  # noqa: E402
 from personalize.studio.facade import Studio, StudioConfig  # noqa: E402
 
 from browser import Page, chromium, served  # noqa: E402
@@ -183,7 +183,7 @@ def test_plot_text_and_quoting_helpers():
 
 
 def test_app_markdown_of_outputs_examples_and_errors_is_text_only():
-    from personalize.studio.decode import MethodOutput
+    from personalize.studio.comparisons import MethodOutput
 
     o = MethodOutput("exact", XSS_IMG + " " + MD_ACTIVE, 0.5, 3, 1,
                      {"trace": [{"attributes": [XSS_SCRIPT]}], "note": XSS_IMG})

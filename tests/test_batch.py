@@ -12,7 +12,7 @@ from personalize.methods.card.steer import CardSteer
 from personalize.serving.rows import DecodeRow
 from personalize.card.decoding import DecodingSettings
 from personalize.methods.base import UserContext
-from personalize.methods.card import decode as card_decode
+from personalize.methods.card import card_decode
 
 from conftest import tiny_studio
 

@@ -14,7 +14,7 @@ from personalize.data import Query, read_lamp, write_lamp
 from personalize.methods.engine import Engine
 from personalize.eval.evaluate import paired_differences, run_eval, shuffled_partners
 from personalize.fitting.tune import choose_decoding, save_choice
-from personalize.methods.card import decode as card_decode
+from personalize.methods.card import card_decode
 
 
 def test_shuffled_partners_stay_in_the_cluster_and_never_pick_oneself():

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from personalize.card.style import UserStyle
 from personalize.card.adapters import adapter_name
 from personalize.data import Item
-from personalize.fitting.votes import FeedbackSettings, SimulationSettings, Vote, simulate, split_person
+from personalize.fitting.feedback import FeedbackSettings, SimulationSettings, Vote, simulate, split_person
 from personalize.card.head import VOTE_ITEM, PairData, TokenData
 
 from conftest import tiny_studio

@@ -17,7 +17,7 @@ from personalize.methods.base import UserContext
 from personalize.methods.cope import CopeConfig, CopeLogitsProcessor, CopeMethod
 from personalize.lm.models import LM
 from personalize.lm.tokens import TokenBudget, left_pad, prompt_ids
-from personalize.methods.card import decode as card_decode
+from personalize.methods.card import card_decode
 
 BUDGET = TokenBudget(max_prompt_tokens=24, max_target_tokens=8)
 PROMPTS = ["Paraphrase: the train was late again", "Paraphrase: coffee is ready", "Paraphrase: we won the match",

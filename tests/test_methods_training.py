@@ -20,7 +20,7 @@ from personalize.methods import p2p
 from personalize.methods.oppu import OppuConfig, OppuMethod, adapter_id
 from personalize.methods.p2p import P2PConfig, P2PMethod, applied, model_shapes, profile_loss, train_p2p
 from personalize.lm.tokens import TokenBudget
-from personalize.methods.card import decode as card_decode
+from personalize.methods.card import card_decode
 
 BUDGET = TokenBudget(max_prompt_tokens=24, max_target_tokens=8)
 TOPICS = ["the train was late", "coffee is ready", "we won the match", "rain all day", "new phone today",

@@ -217,7 +217,7 @@ def test_a_losing_style_is_said_beside_what_card_decodes(studio, fitted, monkeyp
     """A person whose held-out items say the style loses: with the build's fallback, the verdict says the cluster
     model's output and CARD's row is the cluster model's; without it, the verdict says CARD keeps the style, why,
     and how to get the cluster model, CARD's row is steered by the style, and Compare says so beside it."""
-    from personalize.methods.card.decode import FALLBACK_NOTE
+    from personalize.methods.card.card_decode import FALLBACK_NOTE
     from personalize.studio.fits import LOSING_STYLE_NOTE, fit_verdict, kept_reason
     from personalize.ui import compare
 

@@ -84,7 +84,7 @@ def test_build_on_ray_trains_the_serial_adapters(ray_local, tiny_artifacts, tmp_
     from safetensors.torch import load_file
 
     from conftest import tiny_build_config
-    from personalize.distributed.adapters import RayAdapters
+    from personalize.distributed.adapter_jobs import RayAdapters
     from personalize.fitting.build import build
 
     serial = tiny_artifacts["artifacts"]

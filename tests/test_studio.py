@@ -16,8 +16,8 @@ import pytest
 
 from personalize.humaneval.arena import Arena, StalePair, draw_methods
 from personalize.data import TASKS, HistoryError, Item
-from personalize.humaneval.export import export_predictions, export_table, to_csv
-from personalize.humaneval.leaderboard import LeaderboardConfig, bradley_terry, leaderboard, win_rates
+from personalize.humaneval.table_export import export_predictions, export_table, to_csv
+from personalize.humaneval.bradley_terry import LeaderboardConfig, bradley_terry, leaderboard, win_rates
 from personalize.store import Store
 from personalize.studio.facade import Studio, StudioConfig
 from personalize.ui import text as page_text
@@ -263,7 +263,7 @@ def test_oppu_trains_on_first_use_and_again_after_an_edit(studio):
 
 
 def test_why_pieces_merge_the_bytes_of_one_character(tokenizer):
-    from personalize.studio.decode import text_pieces
+    from personalize.studio.comparisons import text_pieces
 
     ids = tokenizer("ok 🔥🔥", add_special_tokens=False)["input_ids"]
     assert len(ids) > 3  # the emoji are byte-level tokens

@@ -8,7 +8,7 @@ import pytest
 
 from personalize.data import Item
 from personalize.store import StoreError
-from personalize.ui import compare, explore, leaderboard, quick_pair, why, writing
+from personalize.ui import compare, explore, leaderboard_tab as leaderboard, quick_pair, why, writing
 
 from conftest import tiny_studio
 

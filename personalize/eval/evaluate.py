@@ -38,7 +38,7 @@ from personalize.metrics import looping, paired_interval, rouge_per_query, rouge
 from personalize.eval.loops import Person, format_loops, loop_shares
 from personalize.card.style import style_diagnostics, variant
 from personalize.store import Store
-from personalize.methods.card import decode as card_decode
+from personalize.methods.card import card_decode
 
 SHUFFLED = {"card_shuffled": "card"}  # the method decoded with another person's style
 # eval's own columns beside the registry's methods: the core, CARD's variants, the shuffled control, the floor

@@ -34,7 +34,7 @@ from personalize.data import Item, read_lamp
 from personalize.card.decoding import DecodingSettings
 from personalize.methods.engine import Engine, UserFit
 from personalize.metrics import looping, rouge_per_query, rouge_scores
-from personalize.methods.card import decode as card_decode
+from personalize.methods.card import card_decode
 
 REPETITION = ((1.0, 0), (1.0, 4), (1.0, 3), (1.2, 4))  # (penalty on generated tokens, no-repeat n-gram)
 STYLES = {  # candidates for `card`, simplest first

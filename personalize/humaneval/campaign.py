@@ -30,7 +30,7 @@ from personalize.humaneval import campaign_report
 from personalize.humaneval.campaign_schema import (DEGENERATE, MAX_ITEMS, REFERENCE, TABLES, Assignment,
                                                    CampaignConfig, CampaignError, CampaignItem, degenerate, judgment,
                                                    rater_id)
-from personalize.humaneval.leaderboard import LeaderboardConfig
+from personalize.humaneval.bradley_terry import LeaderboardConfig
 from personalize.store import Store, now
 
 class Campaigns:

@@ -10,7 +10,7 @@ from typing import Sequence
 
 from personalize.humaneval import agreement
 from personalize.humaneval.campaign_schema import CRITERIA, REFERENCE, CampaignConfig, canonical_label
-from personalize.humaneval.leaderboard import LeaderboardConfig, leaderboard
+from personalize.humaneval.bradley_terry import LeaderboardConfig, leaderboard
 
 
 def results(camps, name: str, cfg: LeaderboardConfig = LeaderboardConfig()) -> dict:

@@ -8,7 +8,7 @@ from personalize.methods.card.method import BaseMethod, CardMethod, ClusterMetho
 from personalize.methods.cope import CopeMethod
 from personalize.methods.exact import ExactMethod
 from personalize.methods.oppu import OppuMethod
-from personalize.methods.p2p.method import P2PMethod
+from personalize.methods.p2p.p2p_method import P2PMethod
 from personalize.methods.pag import PagMethod
 from personalize.methods.rag import RagMethod
 

@@ -18,17 +18,17 @@ from personalize.humaneval import campaign_pool
 from personalize.methods.engine import Engine
 from personalize.store import Store
 from personalize.studio.builds import Builds, lamp_users, population_texts
-from personalize.studio.campaigns import CampaignDesk
+from personalize.studio.campaign_desk import CampaignDesk
 from personalize.studio.clusters import ClusterViews
-from personalize.studio.decode import Decoding
-from personalize.studio.explore import Explorer
+from personalize.studio.comparisons import Decoding
+from personalize.studio.explorer import Explorer
 from personalize.studio.fits import Fits
 from personalize.studio.histories import Histories
 from personalize.studio.jobs import FirstUseJobs
 from personalize.studio.own_data import OwnData
 from personalize.studio.population_jobs import Populations
 from personalize.studio.runtime import Runtime, StudioConfig
-from personalize.studio.votes import Votes
+from personalize.studio.voting import Votes
 
 
 class Studio:

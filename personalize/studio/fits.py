@@ -12,7 +12,7 @@ from personalize.card.head import PAIR_OBJECTIVES
 from personalize.data import Item
 from personalize.fitting.person import fit_person, prepared_items
 from personalize.lm.cpu_threads import trim_memory
-from personalize.fitting.votes import Refinement, Vote, VoteFeatures, refine_pairs, refine_tokens
+from personalize.fitting.feedback import Refinement, Vote, VoteFeatures, refine_pairs, refine_tokens
 from personalize.methods.base import fingerprint
 from personalize.methods.engine import UserFit
 from personalize.studio.histories import Histories

@@ -189,7 +189,7 @@ def _theirs(record, name: str, texts, gen_ids: set[str]) -> bool:
 def _drop_records(path: Path, theirs) -> int | None:
     """Rewrites an export without the records `theirs` picks (atomically); the number dropped, or None when
     the file is of no format whose records can be told apart (it then goes whole)."""
-    from personalize.humaneval.export import to_csv, to_jsonl, write
+    from personalize.humaneval.table_export import to_csv, to_jsonl, write
 
     text = path.read_text(encoding="utf-8", errors="ignore")
     try:

@@ -16,7 +16,7 @@ from pathlib import Path
 from personalize.access import Access
 from personalize.card.decoding import DecodingSettings
 from personalize.data import Item
-from personalize.fitting.votes import FeedbackSettings
+from personalize.fitting.feedback import FeedbackSettings
 from personalize.humaneval.arena import Arena
 from personalize.humaneval.campaign import Campaigns
 from personalize.lm.cpu_threads import ReleasingExecutor, release_team

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from personalize.serving.rows import DecodeRow
 from personalize.card.decoding import DecodingSettings, Generation
 from personalize.methods.base import UserContext
-from personalize.methods.card import decode as card_decode
+from personalize.methods.card import card_decode
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,11 @@ hooks.py (applying a generated LoRA to a model, to all rows or to chosen rows), 
 io.py (save, load), method.py (P2PMethod).
 """
 
-from personalize.methods.p2p.config import ARTIFACTS_DIR, CONFIG, FORMAT, WEIGHTS, LoRA, P2PConfig
+from personalize.methods.p2p.p2p_config import ARTIFACTS_DIR, CONFIG, FORMAT, WEIGHTS, LoRA, P2PConfig
 from personalize.methods.p2p.hooks import applied, applied_rows, lora_targets, model_shapes
 from personalize.methods.p2p.hypernet import HyperLoRA, lora_nbytes
 from personalize.methods.p2p.io import load, save
-from personalize.methods.p2p.method import P2PMethod
+from personalize.methods.p2p.p2p_method import P2PMethod
 from personalize.methods.p2p.train import profile_loss, rows_loss, train_p2p
 
 __all__ = ["ARTIFACTS_DIR", "CONFIG", "FORMAT", "WEIGHTS", "LoRA", "P2PConfig", "HyperLoRA", "lora_nbytes",

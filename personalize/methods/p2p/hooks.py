@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from personalize.serving.row_lora import LAYER_NUMBER
-from personalize.methods.p2p.config import LoRA
+from personalize.methods.p2p.p2p_config import LoRA
 
 
 def lora_targets(model, modules: Sequence[str]) -> list[tuple[nn.Module, str, int]]:

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from personalize.methods.p2p.config import LoRA, P2PConfig
+from personalize.methods.p2p.p2p_config import LoRA, P2PConfig
 
 class HyperLoRA(nn.Module):
     """f_θ: profile embedding [b, E] → per module type, A [b, L, r, d_in] and B [b, L, d_out, r]."""

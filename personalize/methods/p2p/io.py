@@ -7,7 +7,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
-from personalize.methods.p2p.config import CONFIG, FORMAT, WEIGHTS, P2PConfig
+from personalize.methods.p2p.p2p_config import CONFIG, FORMAT, WEIGHTS, P2PConfig
 from personalize.methods.p2p.hypernet import HyperLoRA
 
 def save(hyper: HyperLoRA, folder: str | Path, extra: dict | None = None) -> Path:

@@ -20,7 +20,7 @@ from personalize.data import Item
 from personalize.fitting.person import prepared_items
 from personalize.metrics import rouge_scores
 from personalize.studio.service import Service
-from personalize.methods.card import decode as card_decode
+from personalize.methods.card import card_decode
 
 
 def _same(text: str) -> str:

@@ -15,11 +15,11 @@ from personalize.card.cluster import user_embeddings
 from personalize.serving.rows import DecodeRow
 from personalize.card.decoding import DecodingSettings, Generation, generate
 from personalize.methods.base import UserContext, fingerprint
-from personalize.methods.p2p.config import ARTIFACTS_DIR, CONFIG, WEIGHTS, LoRA, P2PConfig
+from personalize.methods.p2p.p2p_config import ARTIFACTS_DIR, CONFIG, WEIGHTS, LoRA, P2PConfig
 from personalize.methods.p2p.hooks import applied, model_shapes
 from personalize.methods.p2p.hypernet import HyperLoRA, lora_nbytes
 from personalize.methods.p2p.io import load
-from personalize.methods.p2p.steer import P2PSteer
+from personalize.methods.p2p.p2p_steer import P2PSteer
 
 class P2PMethod:
     """Deployment: one f_θ pass per user (cached, keyed by the history's fingerprint), hooks while decoding.

@@ -38,7 +38,7 @@ from personalize.methods.engine import Engine, UserFit, split_held_out
 from personalize.card.head import PairData, TokenData, diagnostics, fit_user
 from personalize.metrics import rouge_per_query
 from personalize.card.style import UserStyle, style_diagnostics
-from personalize.methods.card import decode as card_decode
+from personalize.methods.card import card_decode
 
 
 @dataclass(frozen=True)

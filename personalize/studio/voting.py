@@ -8,10 +8,10 @@ from typing import Sequence
 from personalize.card.decoding import DecodingSettings
 from personalize.fitting.person import prepared_items
 from personalize.humaneval.arena import BlindPair
-from personalize.humaneval.leaderboard import LeaderboardConfig, leaderboard
+from personalize.humaneval.bradley_terry import LeaderboardConfig, leaderboard
 from personalize.methods.base import UserContext
 from personalize.store import StoreError
-from personalize.studio.decode import Decoding, MethodOutput
+from personalize.studio.comparisons import Decoding, MethodOutput
 from personalize.studio.fits import Fits
 from personalize.studio.histories import Histories, UserState
 from personalize.studio.service import Service

@@ -72,13 +72,13 @@ class CampaignDesk(Service):
 
     def export_table(self, table: str, fmt: str) -> tuple[Path, int]:
         """Export: a table (votes, generations) as JSONL or CSV in a new time-stamped folder under export_dir."""
-        from personalize.humaneval.export import export_table
+        from personalize.humaneval.table_export import export_table
 
         return export_table(self.store, table, fmt, self._export_folder())
 
     def export_predictions(self, method: str) -> Path:
         """Export: `method`'s generations as LaMP predictions for the task served."""
-        from personalize.humaneval.export import export_predictions
+        from personalize.humaneval.table_export import export_predictions
 
         return export_predictions(self.store, TASKS[self.task.name].lamp_name, method, self._export_folder())
 
