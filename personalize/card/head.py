@@ -1,4 +1,4 @@
-"""The personalization head and user vectors (CARD §1.4-1.6, METHOD §1.9.3).
+"""The personalization head and user vectors (METHOD §1.4-§1.6, §1.9.3).
 
 Δ_t = U ((P h_t) ⊙ λ_u): P and U are shared by everyone and learnt once on the
 population; a user is only λ_u (D floats). Because Δ is linear in λ_u, fitting a

@@ -1,4 +1,4 @@
-"""COPE decoding (seeds/003 Eq. 1-3, METHOD §3): contrast the user's model with the task model over a plausible head.
+"""COPE decoding (the COPE paper's Eq. 1-3, METHOD §3): contrast the user's model with the task model over a plausible head.
 
 V_head = {y : π_user(y|·) ≥ τ·max π_user}; next token = argmax over V_head of
 log π_user(y) − α·log π_base(y) (τ = 0.1, α = 0.3 for LaMP). π_user is the
@@ -34,7 +34,7 @@ from personalize.methods.base import UserContext
 
 @dataclass(frozen=True)
 class CopeConfig:
-    alpha: float = 0.3  # contrastive weight (seeds/003: 0.3 LaMP, 0.1 long form); 0 = the user's model
+    alpha: float = 0.3  # contrastive weight (the COPE paper: 0.3 LaMP, 0.1 long form); 0 = the user's model
     tau: float = 0.1  # plausibility threshold, relative to the user model's top probability
     base_adapter: str = BASE_ADAPTER  # π_base: the K = 1 task adapter, or "__base__" for the frozen LM
 

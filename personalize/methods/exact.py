@@ -1,7 +1,7 @@
-"""EXACT (seeds/004, METHOD §2): greedy attribute sets per preference pair, retrieved by prompt similarity.
+"""EXACT (METHOD §2): greedy attribute sets per preference pair, retrieved by prompt similarity.
 
 Offline, each pair (x, y_w, y_l) gets the k = 3 attributes of the library
-(seeds/004 Table 4) chosen greedily: each step adds the a maximising
+(the EXACT paper's Table 4) chosen greedily: each step adds the a maximising
 log π(y_w | x, A∪{a}) − log π(y_l | x, A∪{a}). The candidates of a step share
 every token up to the candidate attribute (the prompt, "Attributes:" and the
 set chosen so far), so that prefix is read once, its KV cache copied to the
@@ -11,7 +11,7 @@ the answer) is run per candidate (`shared_prefix`; the old full-sequence pass,
 prompt, the best-scoring set (store blobs of kind "exact_memory", key = the
 prompt). Online, the new prompt's nearest memory prompt (cosine of encoder
 embeddings) lends its attributes, appended as a line "Attributes: a1, a2, a3"
-(seeds/004 §4.1), and the base model decodes. The chosen set is returned in
+(the EXACT paper, §4.1), and the base model decodes. The chosen set is returned in
 Generation.trace = [{"attributes", "retrieved_prompt", "similarity"}].
 """
 
@@ -35,7 +35,7 @@ from personalize.lm.tokens import prompt_ids, target_ids
 from personalize.methods.base import UserContext, clip, task_input, widened
 from personalize.methods.scaffold import scaffold_lines
 
-# seeds/004 Table 4 (42 attributes, from Drift); the descriptions are ours, for the app's "why" view.
+# the EXACT paper's Table 4 (42 attributes, from Drift); the descriptions are ours, for the app's "why" view.
 ATTRIBUTES: dict[str, str] = {
     "Base": "no particular steer: the model's default answer",
     "Formal": "formal register, complete sentences, no colloquialisms",
@@ -90,7 +90,7 @@ ScoreFn = Callable[[Sequence[Row]], np.ndarray]
 
 @dataclass(frozen=True)
 class ExactConfig:
-    k: int = 3  # attributes per prompt (seeds/004 default)
+    k: int = 3  # attributes per prompt (the EXACT paper's default)
     library: tuple[str, ...] = tuple(ATTRIBUTES)
     max_pairs: int = 32  # history pairs scored at onboarding (newest first); ratings always count
     batch_size: int = 32  # sequences per forward in the scoring pass (memory, not semantics)
@@ -106,7 +106,7 @@ class ExactConfig:
 
 
 def attributed(x: str, attrs: Sequence[str]) -> str:
-    """seeds/004 §4.1: the prompt, then a line "Attributes:" with the comma-separated set."""
+    """The EXACT paper, §4.1: the prompt, then a line "Attributes:" with the comma-separated set."""
     return f"{x}\nAttributes: {', '.join(attrs)}" if attrs else x
 
 
@@ -265,7 +265,7 @@ class ExactMethod:
         self._memory.pop(name, None)
 
     def _merge(self, name: str, entries: list[dict], source: str) -> int:
-        """Adds entries, keeping per prompt the best-scoring set (seeds/004 §4.1); returns how many changed."""
+        """Adds entries, keeping per prompt the best-scoring set (the EXACT paper, §4.1); returns how many changed."""
         mem, changed = self.memory(name), 0
         for e in entries:
             old = mem.get(e["prompt"])

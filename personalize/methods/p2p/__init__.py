@@ -1,4 +1,4 @@
-"""Profile-to-PEFT (METHOD §4, seeds/002): a hypernetwork maps a user's profile to a LoRA in one forward pass.
+"""Profile-to-PEFT (METHOD §4): a hypernetwork maps a user's profile to a LoRA in one forward pass.
 
     φ^{m,l}_u = [Enc(profile_u) ‖ E_mod[m] ‖ E_dep[l]]
     (A^{m,l}_u, B^{m,l}_u) = Unflatten(f_θ(φ^{m,l}_u)),   A: [r, d_in], B: [d_out, r]
