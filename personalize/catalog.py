@@ -25,13 +25,17 @@ class MethodInfo:
     bench: int | None = None  # its place in `bench`'s efficiency table (paper Table 5)
     serving_bench: bool = False  # one of the rows of bench's "serving" figures (a Compare's mixed batch)
     style: dict = field(default_factory=dict)  # a CARD variant: its StyleSettings changes from the build's style
+    # CARD's own rows: "base" (the frozen LM), "cluster" (the person's cluster LoRA), "steered" (the cluster LoRA
+    # with the person's style re-ranking its tokens); "" for the compared methods
+    rows: str = ""
 
 
 CATALOG: tuple[MethodInfo, ...] = (
-    MethodInfo("base", "card", "the frozen LM", column=0, default=True, serving_bench=True),
-    MethodInfo("cluster", "card", "the person's cluster LoRA", column=1, default=True, serving_bench=True),
+    MethodInfo("base", "card", "the frozen LM", column=0, default=True, serving_bench=True, rows="base"),
+    MethodInfo("cluster", "card", "the person's cluster LoRA", column=1, default=True, serving_bench=True,
+               rows="cluster"),
     MethodInfo("card", "card", "the cluster LoRA with the person's style re-ranking its tokens", column=2,
-               default=True, bench=3, serving_bench=True),
+               default=True, bench=3, serving_bench=True, rows="steered"),
     MethodInfo("rag", "compared", "BM25 top-4 of the history before the prompt", column=4, default=True, bench=0),
     MethodInfo("pag", "compared", "RAG plus a stored profile summary", column=5),
     MethodInfo("exact", "compared", "42 attributes, greedy k = 3, memory in the store", column=3, default=True,
@@ -42,16 +46,16 @@ CATALOG: tuple[MethodInfo, ...] = (
     MethodInfo("p2p", "compared", "a hypernetwork's LoRA from the person's profile", column=8, needs="p2p",
                bench=2, serving_bench=True),
     # CARD's variants compared on dev (METHOD §1.10): the paper's CARD is λ alone; `card` is CardConfig.style
-    MethodInfo("card_paper", "variant", "λ alone (the paper's CARD)",
+    MethodInfo("card_paper", "variant", "λ alone (the paper's CARD)", rows="steered",
                style=dict(bias=False, memory=False, retrieval=False, fallback=False, form=False, far_knn_weight=0.0)),
-    MethodInfo("card_bias", "variant", "λ and the token bias",
+    MethodInfo("card_bias", "variant", "λ and the token bias", rows="steered",
                style=dict(bias=True, memory=False, retrieval=False, fallback=False, form=False, far_knn_weight=0.0)),
-    MethodInfo("card_knn", "variant", "λ and the kNN memory",
+    MethodInfo("card_knn", "variant", "λ and the kNN memory", rows="steered",
                style=dict(bias=False, memory=True, retrieval=False, fallback=False, form=False, far_knn_weight=0.0)),
-    MethodInfo("card_rag", "variant", "λ with the person's nearest items in the prompt",
+    MethodInfo("card_rag", "variant", "λ with the person's nearest items in the prompt", rows="steered",
                style=dict(bias=False, memory=False, retrieval=True, fallback=False, form=False, far_knn_weight=0.0)),
     # `card` without the person's form (their openings' bias): what the form adds at decoding
-    MethodInfo("card_no_form", "variant", "the build's style without the bias on the person's openings",
+    MethodInfo("card_no_form", "variant", "the build's style without the bias on the person's openings", rows="steered",
                style=dict(form=False)),
 )
 BY_NAME: dict[str, MethodInfo] = {m.name: m for m in CATALOG}
@@ -64,6 +68,7 @@ CORE_METHODS = tuple(m.name for m in CATALOG if m.family == "card")  # base, clu
 COMPARED = tuple(m.name for m in CATALOG if m.family == "compared")  # the methods CARD is compared with
 VARIANTS: dict[str, dict] = {m.name: m.style for m in CATALOG if m.family == "variant"}
 CARD_METHODS = ("card", *VARIANTS)  # the default CARD and its variants
+CARD_ROWS: dict[str, str] = {m.name: m.rows for m in CATALOG if m.rows}  # CARD's own methods and variants
 SLOW_FIRST_USE = tuple(m.name for m in CATALOG if m.slow_first_use)
 BENCH_METHODS = tuple(m.name for m in sorted((m for m in CATALOG if m.bench is not None), key=lambda m: m.bench))
 SERVING_METHODS = tuple(m.name for m in CATALOG if m.serving_bench)

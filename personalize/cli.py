@@ -301,6 +301,7 @@ def cmd_demo(a) -> None:
     demo, art = Path(a.data), Path(a.artifacts)
     ensure_demo(demo, art)
     from personalize.data import read_lamp
+    from personalize.catalog import CORE_METHODS
     from personalize.methods.card import card_decode
     from personalize.methods.engine import Engine
 
@@ -314,7 +315,7 @@ def cmd_demo(a) -> None:
         fit = engine.fit(q.profile)
         print(f"\n=== {q.user}: cluster {fit.cluster}/{fit.k}, λ fit {fit.stages_s.get('fit', 0) * 1000:.1f} ms")
         print(f"prompt: {q.input}\ngold:   {q.gold}")
-        for m in ("base", "cluster", "card"):
+        for m in CORE_METHODS:
             g = card_decode.generate(engine, [q.input], m, fit.cluster, fit.style)[0]
             print(f"{m:>8}: {g.text}")
 

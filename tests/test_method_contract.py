@@ -59,3 +59,23 @@ def test_every_method_keeps_the_contract(setup, name):
     mixed = st.runtime.engine.decode_rows([others[0], *rows, others[1]])[1:-1]
     assert [(g.text, g.n_tokens) for g in mixed] == [(g.text, g.n_tokens) for g in alone]
     assert [g.trace for g in mixed] == [g.trace for g in alone] or name in ("card", "cope")  # tensors / by request
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_what_callers_read_of_a_method_lives_on_its_class(name, tmp_path):
+    """Bench's rows, the studio's first-use line and a method's own files come from its class, not from a caller
+    that knows its name: a method in bench's table says what it stores, a slow first use says what it does, and
+    local_config gives a folder only to a method that keeps files per person and only the budgets its config has."""
+    from personalize.catalog import BENCH_METHODS, BY_NAME
+    from personalize.methods.registry import local_config
+
+    cls = REGISTRY[name]
+    if name in BENCH_METHODS:
+        assert isinstance(cls.stored, str) and cls.stored
+        assert name == "card" or callable(getattr(cls, "stored_bytes", None))
+    if BY_NAME[name].slow_first_use:
+        assert cls.first_use_note.format(max_pairs=4)
+    cfg = local_config(name, tmp_path / name, max_pairs=4, report_loss=False)
+    fields = {f.name for f in dataclasses.fields(cls.config_class)}
+    assert set(cfg) <= fields and (("folder" in cfg) == bool(getattr(cls, "per_person_files", False)))
+    cls.config_class(**cfg)  # a valid config

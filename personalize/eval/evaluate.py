@@ -11,8 +11,6 @@ of decoded tokens.
 from __future__ import annotations
 
 import dataclasses
-import json
-import pickle
 import random
 import statistics
 import tempfile
@@ -31,9 +29,8 @@ from personalize.data import Item, read_lamp, select_sources
 from personalize.catalog import BENCH_METHODS, CARD_METHODS, CORE_METHODS, VARIANTS
 from personalize.methods.engine import Engine, UserFit
 from personalize.card.head import fit_user
-from personalize.methods.registry import METHODS, get_method
+from personalize.methods.registry import METHODS, REGISTRY, get_method, local_config
 from personalize.methods.base import UserContext
-from personalize.methods.rag import RagIndex
 from personalize.metrics import looping, paired_interval, rouge_per_query, rouge_scores
 from personalize.eval.loops import Person, format_loops, loop_shares
 from personalize.card.style import style_diagnostics, variant
@@ -43,13 +40,6 @@ from personalize.methods.card import card_decode
 SHUFFLED = {"card_shuffled": "card"}  # the method decoded with another person's style
 # eval's own columns beside the registry's methods: the core, CARD's variants, the shuffled control, the floor
 EVAL_CORE = (*CORE_METHODS, *VARIANTS, *SHUFFLED, "bm25_copy")  # paper Table 5 rows, plus EXACT's indexing
-STORED = {  # what bytes_per_user counts, per method
-    "rag": "BM25 index with its items (pickled)",
-    "oppu": "the user's LoRA adapter on disk",
-    "p2p": "the generated LoRA held to serve the user",
-    "card": "the style in the store: λ, token bias, kNN memory",
-    "exact": "attribute memory (JSON)",
-}
 
 
 def _words(s: str) -> list[str]:
@@ -154,9 +144,7 @@ def _predict(engine: Engine, m: str, task, queries, profiles, fits, partner, met
     s = engine.cfg.decoding
     if m in METHODS:
         with tempfile.TemporaryDirectory() as tmp:  # per-user state (EXACT memory, OPPU adapters) is scratch
-            cfg = dict((method_configs or {}).get(m, {}))
-            if m == "oppu":
-                cfg.setdefault("folder", str(Path(tmp) / "oppu"))
+            cfg = local_config(m, Path(tmp) / m) | dict((method_configs or {}).get(m, {}))
             store = Store(Path(tmp) / "eval.db")
             method = get_method(m, engine, store, **cfg)
             for i, q in enumerate(tqdm(queries, desc=m, mininterval=2.0)):
@@ -212,7 +200,7 @@ def decode_people(engine: Engine, method: str, prompts: Sequence[str], fits: Seq
     out = [""] * len(prompts)
     alone = decodes_alone(engine, method)
     for b in tqdm(decode_batches(engine, method, fits, batch), desc=desc, mininterval=2.0, disable=desc is None):
-        c = -1 if method == "base" else fits[b[0]].cluster
+        c = -1 if card_decode.rows_kind(method) == "base" else fits[b[0]].cluster
         gens = card_decode.generate(engine, [prompts[i] for i in b], method, max(c, 0), [styles[i] for i in b],
                                     k=fits[b[0]].k, settings=settings, items=items[b[0]] if alone else None)
         for i, g in zip(b, gens):
@@ -226,7 +214,7 @@ def decode_batches(engine: Engine, method: str, fits: Sequence[UserFit], batch: 
     one run does."""
     groups: dict[int, list[int]] = {}
     for i, f in enumerate(fits):
-        groups.setdefault(-1 if method == "base" else f.cluster, []).append(i)
+        groups.setdefault(-1 if card_decode.rows_kind(method) == "base" else f.cluster, []).append(i)
     size = 1 if decodes_alone(engine, method) else batch
     return [idx[j: j + size] for idx in groups.values() for j in range(0, len(idx), size)]
 
@@ -265,7 +253,7 @@ def paired_differences(per_query: dict[str, list[float]], n_boot: int = 1000, se
     the comparison rests on, among the methods present."""
     pairs = [("card", "cluster"), ("cluster", "base"), ("card", "base"), ("card", "card_shuffled"),
              ("card", "bm25_copy"), ("card", "card_paper")]
-    pairs += [(v, "cluster") for v in ("card_paper", *VARIANTS, "oppu") if v != "card_shuffled"]
+    pairs += [(v, "cluster") for v in (*VARIANTS, "oppu")]
     pairs += [("card", "oppu")]  # OPPU, the per-person LoRA, is the bar
     rng = np.random.default_rng(seed)
     out = {}
@@ -437,21 +425,21 @@ def bench_methods(engine: Engine, users: dict[str, UserContext], prompt: str, se
     """Paper Table 5, measured side by side: per method, onboarding time per user (median of `prepare`;
     CARD: its fit stages), latency per query (median wall time of `repeats` one-prompt queries, users
     in turn and methods interleaved, so a method's per-user switch, e.g. OPPU loading an evicted adapter,
-    is part of it) and bytes stored per user (STORED says what is counted). EXACT also gets
+    is part of it) and bytes stored per user (the method class's `stored` says what is counted). EXACT also gets
     `indexing_s`, its greedy attribute selection alone. A method that cannot run with these artifacts
     (P2P without a hypernetwork) is reported as {"skipped": reason}. `users` must be in `store` when
     one is given (OPPU, P2P and EXACT write their reports there); OPPU's adapters go to `folder`."""
     _check_bench_methods(methods)
     if "card" in methods and (fits is None or store is None):
         raise ValueError("the card row needs the users' fits and the store holding their λ vectors")
-    if "oppu" in methods and folder is None:
-        raise ValueError("the oppu row needs a folder for the users' adapters")
+    if folder is None and any(getattr(REGISTRY[m], "per_person_files", False) for m in methods if m in REGISTRY):
+        raise ValueError("a method that keeps files per person (OPPU's adapters) needs a folder for them")
     if not users or repeats < 1:
         raise ValueError("bench needs at least one user and repeats >= 1")
     configs, names = configs or {}, list(users)
     rows: dict[str, dict] = {}
     runners: dict = {}
-    oppu = None
+    released = []  # methods that hold people's state in the engine's model (OPPU's adapters)
     try:
         for m in methods:
             if m == "card":
@@ -460,9 +448,8 @@ def bench_methods(engine: Engine, users: dict[str, UserContext], prompt: str, se
                 runners[m] = lambda u: card_decode.generate(engine, [prompt], "card", fits[u.name].cluster, fits[u.name].style,
                                                        k=fits[u.name].k, settings=settings)
             else:
-                cfg = dict(configs.get(m, {}))
-                if m == "oppu":
-                    cfg |= {"folder": str(folder / "oppu"), "report_loss": False}  # training only, in a temp folder
+                # training only, per-person files in a temp folder
+                cfg = local_config(m, folder / m, report_loss=False) | dict(configs.get(m, {}))
                 cls = METHODS[m]
                 method_cfg = cls.config_class(**cfg)  # bad settings are errors, not skipped rows
                 try:
@@ -470,21 +457,20 @@ def bench_methods(engine: Engine, users: dict[str, UserContext], prompt: str, se
                 except ValueError as e:
                     rows[m] = {"skipped": str(e)}
                     continue
-                oppu = method if m == "oppu" else oppu
+                if hasattr(method, "release"):
+                    released.append(method)
                 times, infos = [], []
                 for n in tqdm(names, desc=f"onboarding ({m})", mininterval=2.0):
                     t0 = time.perf_counter()
                     infos.append(method.prepare(users[n]))
                     times.append(time.perf_counter() - t0)
                 rows[m] = {"onboarding_s": round(_median(times), 4),
-                           "bytes_per_user": int(_median([_stored_bytes(m, method, engine, users[n], info)
+                           "bytes_per_user": int(_median([method.stored_bytes(users[n], info)
                                                           for n, info in zip(names, infos)]))}
-                if m == "exact":
-                    rows[m]["indexing_s"] = round(_median([i["select_s"] for i in infos]), 4)
-                if m == "p2p":
-                    rows[m]["profile_bytes"] = int(_median([i["profile_bytes"] for i in infos]))
+                if hasattr(method, "bench_figures"):
+                    rows[m] |= method.bench_figures(infos)
                 runners[m] = lambda u, method=method: method.generate(u, [prompt], settings)
-            rows[m]["stored"] = STORED[m]
+            rows[m]["stored"] = REGISTRY[m].stored
 
         for run in runners.values():  # warm-up: first-call costs are not per-query latency
             run(users[names[0]])
@@ -498,26 +484,14 @@ def bench_methods(engine: Engine, users: dict[str, UserContext], prompt: str, se
         for m, xs in latency.items():
             rows[m]["latency_s_per_query"] = round(_median(xs), 4)
     finally:
-        if oppu is not None:
-            oppu.release()  # the users' adapters leave the engine's model
+        for method in released:
+            method.release()  # the users' adapters leave the engine's model
     return rows
 
 
 def _fit_s(fit: UserFit) -> float:
     """CARD's onboarding work: embed and assign, features, λ fit (not the shared rewrites or the store)."""
     return sum(v for k, v in fit.stages_s.items() if k not in ("neutral rewrites", "store"))
-
-
-def _stored_bytes(m: str, method, engine: Engine, user: UserContext, info: dict) -> int:
-    if m == "rag":
-        return len(pickle.dumps(RagIndex(list(user.items), engine.task)))
-    if m == "oppu":
-        return int(info.get("disk_bytes", 0))  # 0: a cold-start user keeps nothing of their own
-    if m == "p2p":
-        return int(info["lora_bytes"])
-    if m == "exact":
-        return sum(len(json.dumps(e).encode()) for e in method.memory(user.name).values())
-    raise ValueError(f"no storage measure for {m!r}")
 
 
 def format_bench(b: dict) -> str:

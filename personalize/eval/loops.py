@@ -43,9 +43,7 @@ def method_objects(engine, store: Store, methods: Sequence[str], folder: Path, c
     is left out with a line saying why."""
     out = {}
     for m in methods:
-        cfg = dict((configs or {}).get(m, {}))
-        if m == "oppu":
-            cfg.setdefault("folder", str(folder / "oppu"))
+        cfg = local_config(m, folder / m) | dict((configs or {}).get(m, {}))
         try:
             out[m] = get_method(m, engine, store, **cfg)
         except (ValueError, FileNotFoundError) as e:

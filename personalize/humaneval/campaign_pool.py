@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
+from personalize.catalog import CARD_METHODS
 from personalize.humaneval.campaign import Campaigns
 from personalize.humaneval.campaign_schema import CampaignConfig, CampaignError, CampaignItem
 from personalize.store import CAMPAIGN_PREFIX, MAX_NAME, Store
@@ -111,7 +112,7 @@ def generate(studio, name: str, progress: Callable[[int, int, str], None] | None
 def _state(studio, cfg: CampaignConfig, item: dict, method: str, fitted: set[str]):
     """The state an item's person decodes with: fitted first where card needs it and nobody has fitted them yet."""
     user = _stored_person(studio.runtime.store, cfg.task, item)
-    if method == "card" and user not in fitted and not studio.histories.user_state(user).fitted:
+    if method in CARD_METHODS and user not in fitted and not studio.histories.user_state(user).fitted:
         studio.fits.fit(user)
     fitted.add(user)
     return studio.histories.user_state(user)

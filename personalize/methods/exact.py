@@ -18,6 +18,8 @@ Generation.trace = [{"attributes", "retrieved_prompt", "similarity"}].
 from __future__ import annotations
 
 import copy
+import json
+import statistics
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -114,6 +116,8 @@ class ExactMethod:
     name = "exact"
     batch = "a plain row on the frozen LM; its prompt ends with the retrieved attribute line"
     config_class = ExactConfig
+    stored = "attribute memory (JSON)"
+    first_use_note = "searching attributes for your {max_pairs} newest history items"
 
     def __init__(self, engine, store=None, cfg: ExactConfig = ExactConfig(), score_fn: ScoreFn | None = None):
         self.engine, self.store, self.cfg = engine, store, cfg
@@ -254,6 +258,14 @@ class ExactMethod:
         return out
 
     # ------------------------------------------------------------ memory
+    def stored_bytes(self, user, info: dict) -> int:
+        return sum(len(json.dumps(e).encode()) for e in self.memory(user.name).values())
+
+    @staticmethod
+    def bench_figures(infos: Sequence[dict]) -> dict:
+        """Its greedy attribute selection alone, the median over people."""
+        return {"indexing_s": round(statistics.median(i["select_s"] for i in infos), 4)}
+
     def memory(self, name: str) -> dict[str, dict]:
         """prompt -> {"prompt", "attributes", "score", "base_score", "source"}; the store is the truth."""
         if self.store is not None:

@@ -154,6 +154,9 @@ class OppuMethod:
     name = "oppu"
     batch = "a plain row on the person's own LoRA (loaded into the peft model when the rows are built)"
     config_class = OppuConfig
+    stored = "the user's LoRA adapter on disk"
+    first_use_note = "training your own LoRA"
+    per_person_files = True  # its config's `folder` holds them (registry.local_config)
 
     def __init__(self, engine, store=None, cfg: OppuConfig = OppuConfig()):
         self.engine, self.store, self.cfg = engine, store, cfg
@@ -313,6 +316,9 @@ class OppuMethod:
             if victim is None:
                 return
             self._unload(victim)
+
+    def stored_bytes(self, user, info: dict) -> int:
+        return int(info.get("disk_bytes", 0))  # 0: a cold-start user keeps nothing of their own
 
     def release(self) -> None:
         """Deletes every user adapter this method loaded from the peft model (their files stay), e.g. after

@@ -10,6 +10,7 @@ other methods, and each retrieved line is cut to its share.
 
 from __future__ import annotations
 
+import pickle
 import time
 from dataclasses import dataclass
 
@@ -57,6 +58,10 @@ class RagMethod:
     name = "rag"
     batch = "a plain row on the frozen LM; its prompt carries the retrieved items"
     config_class = RagConfig
+    stored = "BM25 index with its items (pickled)"
+
+    def stored_bytes(self, user: UserContext, info: dict) -> int:
+        return len(pickle.dumps(RagIndex(list(user.items), self.engine.task)))
 
     def __init__(self, engine, store=None, cfg: RagConfig = RagConfig()):
         self.engine, self.store, self.cfg = engine, store, cfg

@@ -3,6 +3,9 @@ and the serving benchmark to reach any of them, CARD's included)."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 from personalize.catalog import COMPARED, CORE_METHODS
 from personalize.methods.card.method import BaseMethod, CardMethod, ClusterMethod
 from personalize.methods.cope import CopeMethod
@@ -17,6 +20,17 @@ REGISTRY: dict[str, type] = {cls.name: cls for cls in _CLASSES}  # every method 
 CORE: dict[str, type] = {name: REGISTRY[name] for name in CORE_METHODS}
 METHODS: dict[str, type] = {name: REGISTRY[name] for name in COMPARED}  # the compared methods
 assert set(REGISTRY) == {*CORE_METHODS, *COMPARED}, "catalog.py and the method classes disagree"
+
+
+def local_config(name: str, folder: Path, **budgets) -> dict:
+    """The fields of method `name`'s config that depend on where it runs: `folder` for a method that keeps files per
+    person (per_person_files), and those of the caller's `budgets` its config has (EXACT's max_pairs, say)."""
+    cls = REGISTRY[name]
+    fields = {f.name for f in dataclasses.fields(cls.config_class)}
+    out = {k: v for k, v in budgets.items() if k in fields}
+    if getattr(cls, "per_person_files", False):
+        out["folder"] = str(folder)
+    return out
 
 
 def get_method(name: str, engine, store=None, **cfg):

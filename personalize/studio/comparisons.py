@@ -101,8 +101,9 @@ class Decoding(Service):
         the request's (once), so a request of several methods reads the person once."""
         person = person or once(lambda: self.person(state))
         if method in CORE_METHODS:  # their person needs no stored rewrites (card's own items when it retrieves them)
-            user = UserContext(state.name, self.card_items(method, person) or [], state.cluster, state.k, state.lam)
-            return self.rt.method(method).rows(user, [prompt], s, trace=trace)
+            m = self.rt.method(method)
+            user = UserContext(state.name, person().items if m.needs_items else [], state.cluster, state.k, state.lam)
+            return m.rows(user, [prompt], s, trace=trace)
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose from {ALL_METHODS}")
         user = person()
@@ -116,12 +117,6 @@ class Decoding(Service):
         if self.background_jobs.needs_indexing(state.name, method):
             self.background_jobs.wait_first_use(state.name, method)  # in this thread: the scheduler's worker stays free
         return self.rt.scheduler.run(lambda: self.rows(method, state, prompt, s, trace), on_step)[0]
-
-    def card_items(self, method: str, person: Callable[[], UserContext]):
-        """The person's history for a CARD whose style retrieves their nearest items into the prompt."""
-        if method != "card" or not self.engine.cfg.style.retrieval:
-            return None
-        return person().items
 
     def run_method(self, method: str, state: UserState, prompt: str, s: DecodingSettings,
                    on_step: Callable[[int, int], None] | None = None) -> MethodOutput:

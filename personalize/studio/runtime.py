@@ -21,7 +21,7 @@ from personalize.humaneval.arena import Arena
 from personalize.humaneval.campaign import Campaigns
 from personalize.lm.cpu_threads import ReleasingExecutor, release_team
 from personalize.methods.engine import Engine
-from personalize.methods.registry import get_method
+from personalize.methods.registry import get_method, local_config
 from personalize.serving.model_lock import ModelLock
 from personalize.serving.scheduler import SchedulerConfig
 from personalize.store import Store
@@ -88,9 +88,9 @@ class Runtime:
     def method(self, name: str):
         """The method `name` on the served build (methods.registry), made once."""
         if name not in self.methods:
-            cfg = {"max_pairs": self.cfg.exact_pairs} if name == "exact" else {}
-            if name == "oppu":  # user adapters live beside the database they belong to
-                cfg = {"folder": str(Path(self.cfg.db).parent / "oppu" / str(self.engine.artifacts_id))}
+            # a person's files (OPPU's adapters) live beside the database they belong to
+            cfg = local_config(name, Path(self.cfg.db).parent / name / str(self.engine.artifacts_id),
+                               max_pairs=self.cfg.exact_pairs)
             self.methods[name] = m = get_method(name, self.engine, self.store, **cfg)
             if hasattr(m, "lock"):  # background first-use work takes the model lock per step, not for minutes,
                 m.lock = self.model_lock.background  # and lets a waiting person in between its steps

@@ -9,6 +9,7 @@ import gradio as gr
 
 from personalize.display import md
 from personalize.catalog import ALL_METHODS, DEFAULT_METHODS
+from personalize.methods.registry import REGISTRY
 from personalize.ui.common import DECODE_SESSIONS, EXPECTED, Markdown, _err, bind, guarded, version_rows
 from personalize.studio.fits import LOSING_STYLE_NOTE, decodes_losing_style
 from personalize.ui.controls import Shared
@@ -41,11 +42,10 @@ def refine_md(res: dict, method: str, up: bool) -> str:
 def first_use_md(studio, method: str) -> str:
     """A column's placeholder while a method does its per-user work for the first time (a background job,
     started when the history was saved or fitted; its progress replaces this line)."""
-    if method == "exact":
-        return (f"**exact**\n\n*first use: searching attributes for your {studio.runtime.cfg.exact_pairs} newest history "
-                "items in the background; the other columns do not wait…*")
-    if method == "oppu":
-        return "**oppu**\n\n*first use: training your own LoRA in the background; the other columns do not wait…*"
+    note = getattr(REGISTRY.get(method), "first_use_note", None)
+    if note:
+        return (f"**{method}**\n\n*first use: {note.format(max_pairs=studio.runtime.cfg.exact_pairs)} in the "
+                "background; the other columns do not wait…*")
     return f"**{method}**\n\n*waiting…*"
 
 

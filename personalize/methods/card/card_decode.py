@@ -11,7 +11,7 @@ from typing import Sequence
 from personalize.card import decoding
 from personalize.card.adapters import BASE_ADAPTER, adapter_name
 from personalize.card.decoding import DecodingSettings, Generation
-from personalize.catalog import CARD_METHODS, CORE_METHODS, VARIANTS
+from personalize.catalog import CARD_ROWS
 from personalize.data import Item
 from personalize.methods.card.steer import CardSteer, card_parts
 from personalize.methods.scaffold import scaffold_lines
@@ -19,6 +19,13 @@ from personalize.serving.rows import DecodeRow
 
 FALLBACK_NOTE = ("your style did not beat your cluster's model on your own held-out items, "
                  "so this is the cluster model's output")
+
+
+def rows_kind(method: str) -> str:
+    """What a CARD method decodes with (catalog.CARD_ROWS): "base", "cluster" or "steered"."""
+    if method not in CARD_ROWS:
+        raise ValueError(f"unknown method {method!r}; choose from {list(CARD_ROWS)}")
+    return CARD_ROWS[method]
 
 
 def generate(engine, prompts: Sequence[str], method: str, cluster: int | None = None, lam=None,
@@ -35,13 +42,12 @@ def generate(engine, prompts: Sequence[str], method: str, cluster: int | None = 
     s = settings or engine.cfg.decoding
     k = k or engine.cfg.default_k
     budget = budget or engine.cfg.budget
-    if method == "base":
+    kind = rows_kind(method)
+    if kind == "base":
         engine.use_adapter(None)
         return decoding.generate(engine.model, engine.tok, list(prompts), budget, s)
-    if method not in ("cluster", *CARD_METHODS):
-        raise ValueError(f"unknown method {method!r}; choose from {(*CORE_METHODS, *VARIANTS)}")
     engine.use_adapter(adapter_name(k, cluster or 0) if k > 1 else BASE_ADAPTER)
-    if method == "cluster":
+    if kind == "cluster":
         return decoding.generate(engine.model, engine.tok, list(prompts), budget, s)
     head, style, styles, s = card_parts(engine, method, lam, len(prompts), s, objective)
     back = [i for i, st in enumerate(styles) if style.fallback and st.helps is False]
@@ -70,12 +76,11 @@ def rows(engine, prompts: Sequence[str], method: str, cluster: int | None = None
     s = settings or engine.cfg.decoding
     k = k or engine.cfg.default_k
     budget = budget or engine.cfg.budget
-    if method == "base":
+    kind = rows_kind(method)
+    if kind == "base":
         return [DecodeRow(p, budget, s) for p in prompts]
-    if method not in ("cluster", *CARD_METHODS):
-        raise ValueError(f"unknown method {method!r}; choose from {(*CORE_METHODS, *VARIANTS)}")
     ada = adapter_name(k, cluster or 0) if k > 1 else BASE_ADAPTER
-    if method == "cluster":
+    if kind == "cluster":
         return [DecodeRow(p, budget, s, ada) for p in prompts]
     head, style, styles, s = card_parts(engine, method, lam, len(prompts), s, objective)
     out: list[DecodeRow] = []

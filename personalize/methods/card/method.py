@@ -35,9 +35,13 @@ class _Core:
     def is_prepared(self, user: UserContext) -> bool:
         return True
 
+    @property
+    def needs_items(self) -> bool:
+        """Whether its rows read the person's history (a CARD style that retrieves their items into the prompt)."""
+        return False
+
     def _items(self, user: UserContext):
-        """The history, for a CARD style that retrieves the person's items into the prompt."""
-        return user.items if self.name == "card" and self.engine.cfg.style.retrieval else None
+        return user.items if self.needs_items else None
 
     def generate(self, user: UserContext, prompts: list[str], settings: DecodingSettings) -> list[Generation]:
         return card_decode.generate(self.engine, prompts, self.name, user.cluster, user.lam, k=user.k, settings=settings,
@@ -61,4 +65,9 @@ class ClusterMethod(_Core):
 
 class CardMethod(_Core):
     name = "card"
+    stored = "the style in the store: λ, token bias, kNN memory, the openings' form bias"
+
+    @property
+    def needs_items(self) -> bool:
+        return self.engine.cfg.style.retrieval
     batch = "a row on the cluster LoRA with CARD's re-ranking (its own λ, bias, memory and α) on its scores"

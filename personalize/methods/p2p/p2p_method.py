@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 import time
 from collections import OrderedDict
 from pathlib import Path
@@ -31,6 +33,16 @@ class P2PMethod:
     name = "p2p"
     batch = "a row on the K = 1 adapter with the person's generated LoRA added by hooks on that row only"
     config_class = P2PConfig
+    stored = "the generated LoRA held to serve the user"
+
+    @staticmethod
+    def stored_bytes(user, info: dict) -> int:
+        return int(info["lora_bytes"])
+
+    @staticmethod
+    def bench_figures(infos) -> dict:
+        """The profile embedding it keeps per person, the median over people."""
+        return {"profile_bytes": int(statistics.median(i["profile_bytes"] for i in infos))}
 
     def __init__(self, engine, store=None, cfg: P2PConfig = P2PConfig(), hypernet: HyperLoRA | None = None):
         self.engine, self.store, self.cfg = engine, store, cfg
