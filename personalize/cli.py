@@ -272,7 +272,7 @@ def cmd_campaign(a) -> None:
 
 def cmd_population(a) -> None:
     """A LaMP folder from where people's writing already lives: git histories, Debian changelogs, a table."""
-    from personalize.fitting import population
+    from personalize.fitting import changelogs, population
     from personalize.data import HistoryError
 
     if a.min_items < 1 or a.max_items < a.min_items:
@@ -283,7 +283,7 @@ def cmd_population(a) -> None:
         if a.action == "from-git":
             report = population.from_git(a.repo, a.out, **limits)
         elif a.action == "from-changelogs":
-            report = population.from_changelogs(a.docs, a.out, **limits)
+            report = changelogs.from_changelogs(a.docs, a.out, **limits)
         else:
             report = population.from_table(a.file, a.out, task=a.task, **limits)
     except HistoryError as e:

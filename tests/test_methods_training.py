@@ -369,7 +369,7 @@ def test_build_without_p2p_makes_the_method_say_build(monkeypatch, tiny_model, t
 def test_bench_methods_side_by_side(tiny_model, tokenizer, tmp_path):
     import pickle
 
-    from personalize.eval.evaluate import bench_methods, format_methods
+    from personalize.eval.bench import bench_methods, format_methods
     from personalize.methods.rag import RagIndex
 
     eng = make_engine(tiny_model, tokenizer)

@@ -15,7 +15,8 @@ import pytest
 from personalize.cli import main
 from personalize.data import TASKS, HistoryError, read_lamp
 from personalize.card.neutral import plain
-from personalize.fitting.population import from_changelogs, from_git, from_table
+from personalize.fitting.changelogs import from_changelogs
+from personalize.fitting.population import from_git, from_table
 
 COMMIT_START = "Write the commit message subject line for this change.\nFiles changed:\n"
 

@@ -120,7 +120,7 @@ def _objectives_first(a) -> tuple[str, ...]:
 def cmd_bench(a) -> None:
     from personalize.data import read_lamp
     from personalize.catalog import BENCH_METHODS
-    from personalize.eval.evaluate import format_bench, run_bench
+    from personalize.eval.bench import format_bench, run_bench
 
     unknown = [m for m in comma_names(a.methods) if m not in BENCH_METHODS]
     if unknown:

@@ -179,7 +179,7 @@ def write_demo_people(demo: Path, docs: str | Path | None = None) -> str:
 
     from personalize.data import HistoryError
     from personalize.demo import write_demo
-    from personalize.fitting.population import DEBIAN_DOCS, from_changelogs
+    from personalize.fitting.changelogs import DEBIAN_DOCS, from_changelogs
 
     docs = docs or DEBIAN_DOCS
     demo.parent.mkdir(parents=True, exist_ok=True)

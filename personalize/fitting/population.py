@@ -10,14 +10,11 @@ words of, and every rule's toll is counted so a thin population can be explained
 from __future__ import annotations
 
 import csv
-import email.utils
-import gzip
 import io
 import os
 import re
 import subprocess
 import tempfile
-import zlib
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -28,9 +25,6 @@ from personalize.data import TASKS, HistoryError, Item, Query, Task, parse_json,
 from personalize.card.neutral import plain
 
 COMMIT_PROMPT = TASKS["commit_subjects"].instruction + "\nFiles changed:\n{stat}Diff excerpt:\n{diff}"
-DEBIAN_DOCS = "/usr/share/doc"  # where every Debian-based system keeps its packages' changelog.Debian.gz
-CHANGELOG_PROMPT = (TASKS["changelog_entries"].instruction + "\nPackage: {pkg}\n"
-                    "Version: {version} (previous: {previous})\nDistribution: {dists}; {fields}")
 
 
 @dataclass
@@ -50,7 +44,7 @@ class PopulationReport:
 
 
 @dataclass(frozen=True)
-class _Entry:
+class Entry:
     """One text of a person before it becomes a query or a profile item."""
 
     y: str
@@ -60,27 +54,27 @@ class _Entry:
     time: float = 0.0
 
 
-def _check_limits(min_items: int, max_items: int) -> None:
+def check_limits(min_items: int, max_items: int) -> None:
     if min_items < 1 or max_items < min_items:
         raise HistoryError(f"need 1 <= min_items <= max_items (got min_items={min_items}, max_items={max_items})")
 
 
-def _unique_names(people: Mapping[str, Sequence[_Entry]], names: Mapping[str, str]) -> dict[str, str]:
+def _unique_names(people: Mapping[str, Sequence[Entry]], names: Mapping[str, str]) -> dict[str, str]:
     """Display names that build can tell apart (it keys people by name): a shared name gets its key appended."""
     count = Counter(names.get(k) or k for k in people)
     return {k: (n if count[n] == 1 or n == k else f"{n} <{k}>") for k in people for n in [names.get(k) or k]}
 
 
-def write_population(out: str | Path, split: str, task: Task, people: Mapping[str, Sequence[_Entry]],
+def write_population(out: str | Path, split: str, task: Task, people: Mapping[str, Sequence[Entry]],
                      names: Mapping[str, str], min_items: int, max_items: int, dropped: Mapping[str, int],
-                     query_input: Callable[[_Entry], str] | None = None) -> PopulationReport:
+                     query_input: Callable[[Entry], str] | None = None) -> PopulationReport:
     """Per-person texts (newest first) → one query per person, written only when someone is left.
 
     The newest text is the query because that is how the person will be scored: predicting what they
     write next from what they wrote before. Nothing is written for an empty population, since a folder
     without queries is one that `build` and `eval` would reject anyway, later and less clearly.
     """
-    _check_limits(min_items, max_items)
+    check_limits(min_items, max_items)
     short = sum(1 for es in people.values() if len(es) - 1 < min_items)
     dropped = {f"people with < {min_items} items": short, **dropped}
     kept = {k: list(es[: max_items + 1]) for k, es in people.items() if len(es) - 1 >= min_items}
@@ -100,11 +94,11 @@ def write_population(out: str | Path, split: str, task: Task, people: Mapping[st
     return PopulationReport(len(queries), sum(1 + len(q.profile) for q in queries), dropped, Path(out))
 
 
-def _newest_first(entries: Iterable[_Entry]) -> list[_Entry]:
+def newest_first(entries: Iterable[Entry]) -> list[Entry]:
     return sorted(entries, key=lambda e: -e.time)  # stable: equal times keep the source's own order
 
 
-def _cut_lines(text: str, limit: int) -> str:
+def cut_lines(text: str, limit: int) -> str:
     """At most `limit` characters ending at a line break (the first line cut at a space if it alone is longer),
     so a prompt never ends mid-token of a half line."""
     out, n = [], 0
@@ -222,8 +216,8 @@ def _commit_changes(repo: Path, hashes: Sequence[str], stat_chars: int, diff_cha
     for h, (stat, diff) in out.items():
         s = "".join(stat)
         if len(s) > stat_chars:  # keep the "N files changed" summary: how big a change is shapes its subject
-            s = _cut_lines("".join(stat[:-1]), stat_chars - len(stat[-1])) + stat[-1]
-        result[h] = (s, _cut_lines("".join(diff), diff_chars))
+            s = cut_lines("".join(stat[:-1]), stat_chars - len(stat[-1])) + stat[-1]
+        result[h] = (s, cut_lines("".join(diff), diff_chars))
     return result
 
 
@@ -236,7 +230,7 @@ def from_git(repos: Sequence[str | Path], out: str | Path, split: str = "dev", m
     """Commit subjects per author, across the repositories given (one person per author e-mail, as the
     mailmap gives it), in the layout of the commit_subjects data. Merges, reverts and bots are left out:
     their subjects are written by a tool or a template, not by the person."""
-    _check_limits(min_items, max_items)
+    check_limits(min_items, max_items)
     repos = [Path(r) for r in repos]
     if not repos:
         raise HistoryError("no repository given")
@@ -287,150 +281,13 @@ def from_git(repos: Sequence[str | Path], out: str | Path, split: str = "dev", m
     changes: dict[str, tuple[str, str]] = {}
     for ri, hashes in need.items():
         changes |= _commit_changes(repos[ri], hashes, stat_chars, diff_chars)
-    people = {key: [_Entry(subject, commit_prompt(*changes.get(h, ("", ""))), f"{sources[ri]}@{h}", sources[ri], t)
+    people = {key: [Entry(subject, commit_prompt(*changes.get(h, ("", ""))), f"{sources[ri]}@{h}", sources[ri], t)
                     for ri, h, t, subject, _ in cs] for key, cs in chosen.items()}
     names = {key: cs[0][4] for key, cs in chosen.items()}
     order = ("bot commits", "merges", "reverts", "empty subjects", "commits also in another repository",
              "empty repositories")
     return write_population(out, split, TASKS["commit_subjects"], people, names, min_items, max_items,
                             {k: dropped[k] for k in order})
-
-
-# ---------------------------------------------------------------- Debian changelogs
-
-_HEADER = re.compile(r"^(\w[-+0-9a-z.]*) \(([^ ()]+)\) ([^;]+?)\s*;\s*(.*?)\s*$", re.IGNORECASE)
-_TRAILER = re.compile(r"^ -- (.*?)\s*<([^>]*)>\s*(.*?)\s*$")
-_TEAM = re.compile(r"^\s*\[ .+ \]\s*$")
-_BINNMU = re.compile(r"\+b\d")
-_REBUILD = ("rebuild", "no-change rebuild", "no change rebuild", "binary-only non-maintainer upload")
-
-
-@dataclass(frozen=True)
-class ChangelogEntry:
-    package: str
-    version: str
-    previous: str
-    dists: str
-    fields: str
-    body: list[str]
-    name: str
-    mail: str
-    date: str
-
-
-def parse_changelog(text: str) -> tuple[list[ChangelogEntry], int]:
-    """A changelog's entries, newest first, and how many headers had no trailer (malformed)."""
-    raw: list[dict] = []
-    cur: dict | None = None
-    malformed = 0
-    for line in text.splitlines():
-        if m := _HEADER.match(line):
-            malformed += cur is not None
-            cur = {"package": m[1], "version": m[2], "dists": m[3], "fields": m[4], "body": []}
-        elif cur is not None and (t := _TRAILER.match(line)):
-            raw.append(cur | {"name": t[1], "mail": t[2], "date": t[3]})
-            cur = None
-        elif cur is not None:
-            cur["body"].append(line)
-    malformed += cur is not None
-    return [ChangelogEntry(previous=raw[i + 1]["version"] if i + 1 < len(raw) else "none", **e)
-            for i, e in enumerate(raw)], malformed
-
-
-def changelog_body(lines: Sequence[str], limit: int = 400) -> str:
-    """The maintainer's own text: the two-space indent of the format removed, their bullets and
-    'Closes: #' kept exactly, cut at a line boundary."""
-    body = [re.sub(r"^ {1,2}", "", ln.rstrip()) for ln in lines]
-    while body and not body[0].strip():
-        body.pop(0)
-    while body and not body[-1].strip():
-        body.pop()
-    return _cut_lines("\n".join(body), limit).rstrip("\n")
-
-
-def _is_rebuild(e: ChangelogEntry, body: str) -> bool:
-    if _BINNMU.search(e.version):
-        return True
-    bullets = [ln for ln in body.splitlines() if ln.strip()]
-    if not bullets or sum(ln.lstrip().startswith("*") for ln in bullets) > 1:
-        return False
-    text = " ".join(ln.strip() for ln in bullets).lstrip("* ").lower()
-    return text.startswith(_REBUILD)
-
-
-def _read_gz(path: Path) -> str:
-    data = gzip.decompress(path.read_bytes())
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:  # old entries in latin-1
-        return data.decode("latin-1")
-
-
-def changelog_prompt(e: ChangelogEntry) -> str:
-    return CHANGELOG_PROMPT.format(pkg=e.package, version=e.version, previous=e.previous, dists=e.dists,
-                                   fields=e.fields)
-
-
-def from_changelogs(docs: str | Path, out: str | Path, split: str = "dev", min_items: int = 8, max_items: int = 24,
-                    body_chars: int = 400) -> PopulationReport:
-    """Debian changelog entries per maintainer (the signer, keyed by name: a maintainer's several e-mail
-    addresses are one person, _person_key): every Debian system ships
-    hundreds of people's writing under /usr/share/doc. Team uploads (several authors' "[ Name ]" sections)
-    and rebuilds (no words of the signer) are left out; an entry several binary packages share counts once."""
-    _check_limits(min_items, max_items)
-    docs = Path(docs)
-    if not docs.is_dir():
-        raise HistoryError(f"{docs}: no such folder")
-    files = sorted(docs.glob("*/changelog.Debian.gz"))
-    if not files:
-        raise HistoryError(f"{docs}: no */changelog.Debian.gz files")
-    dropped: Counter[str] = Counter()
-    seen: set[tuple[str, str]] = set()
-    people: dict[str, list[_Entry]] = defaultdict(list)
-    names: dict[str, tuple[float, str]] = {}
-    for path in files:
-        try:
-            entries, malformed = parse_changelog(_read_gz(path))
-        except (OSError, EOFError, zlib.error, gzip.BadGzipFile):
-            dropped["unreadable files"] += 1
-            continue
-        dropped["malformed entries"] += malformed
-        for e in entries:
-            if (e.package, e.version) in seen:
-                continue  # the same source package's changelog under another binary package: not a drop
-            seen.add((e.package, e.version))
-            body = changelog_body(e.body, body_chars)
-            try:
-                when = email.utils.parsedate_to_datetime(e.date)
-            except (TypeError, ValueError, IndexError):
-                dropped["entries with an unreadable date"] += 1
-                continue
-            when = when if when.tzinfo else when.replace(tzinfo=timezone.utc)
-            if _is_rebuild(e, body):
-                dropped["rebuilds (binNMU, no-change)"] += 1
-            elif not body.strip():
-                dropped["empty entries"] += 1
-            elif any(_TEAM.match(ln) for ln in e.body):
-                dropped["team entries ([ Name ] sections)"] += 1
-            elif not e.mail.strip():
-                dropped["entries without a signer's e-mail"] += 1
-            else:
-                key, t = _person_key(e.name, e.mail), when.timestamp()
-                people[key].append(_Entry(body, changelog_prompt(e), f"{e.package}_{e.version}", e.package, t))
-                if key not in names or t > names[key][0]:
-                    names[key] = (t, e.name.strip())
-    order = ("team entries ([ Name ] sections)", "rebuilds (binNMU, no-change)", "empty entries", "malformed entries",
-             "entries with an unreadable date", "entries without a signer's e-mail", "unreadable files")
-    return write_population(out, split, TASKS["changelog_entries"],
-                            {k: _newest_first(v) for k, v in people.items()}, {k: v[1] for k, v in names.items()},
-                            min_items, max_items, {k: dropped[k] for k in order})
-
-
-def _person_key(name: str, mail: str) -> str:
-    """Who signed: their name, case and spacing folded (maintainers sign from several addresses over the years,
-    and one person split in two would be "new" to a build that trained on the other half); the e-mail only
-    where no name is given."""
-    return " ".join(name.split()).casefold() or mail.strip().lower()
 
 
 # ---------------------------------------------------------------- a table
@@ -497,7 +354,7 @@ def from_table(path: str | Path, out: str | Path, task: str | None = None, split
     """Rows of (user, text[, input][, time][, source]): any export a team already has (posts, reviews,
     messages) becomes a population. Without an input column the items are free-form and the query's prompt is
     a rule-based neutral version of the gold, because a prompt holding the gold itself would score copying."""
-    _check_limits(min_items, max_items)
+    check_limits(min_items, max_items)
     path = Path(path)
     columns, rows = _read_table(path)
     if "user" not in columns or "text" not in columns:
@@ -515,7 +372,7 @@ def from_table(path: str | Path, out: str | Path, task: str | None = None, split
     times = _times(rows, path.name) if "time" in columns else [0.0] * len(rows)
     order = sorted(range(len(rows)), key=lambda i: times[i])  # oldest first; file order among equal times
     dropped: Counter[str] = Counter()
-    people: dict[str, list[_Entry]] = defaultdict(list)
+    people: dict[str, list[Entry]] = defaultdict(list)
     seen: set[tuple[str, str, str]] = set()
     text_of = lambda v: "" if v is None else (v if isinstance(v, str) else str(v))  # noqa: E731
     for rank, i in enumerate(order):
@@ -538,7 +395,7 @@ def from_table(path: str | Path, out: str | Path, task: str | None = None, split
         x = "" if not has_input else raw_x if not chosen.prefix or raw_x.startswith(chosen.prefix) \
             else chosen.prompt(raw_x)
         source = text_of(r.get("source")).strip() or path.name
-        people[user].append(_Entry(y, x, f"row{i + 1}", source, float(rank)))
+        people[user].append(Entry(y, x, f"row{i + 1}", source, float(rank)))
     report = write_population(
         out, split, chosen, {k: v[::-1] for k, v in people.items()}, {k: k for k in people}, min_items, max_items,
         dict(dropped), query_input=None if has_input else (lambda e: chosen.prompt(plain(e.y))))

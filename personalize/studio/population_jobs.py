@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from personalize.fitting import population
+from personalize.fitting import changelogs, population
 from personalize.fitting.build import BuildCancelled, build
 from personalize.card.cluster import closeness
 from personalize.data import HistoryError
@@ -157,8 +157,8 @@ def population_maker(source: str, paths: Sequence[str]) -> Callable[[Path], popu
     if source == "changelogs":
         if len(paths) > 1:
             raise ValueError("give one docs folder (e.g. /usr/share/doc)")
-        docs = paths[0] if paths else population.DEBIAN_DOCS
-        return lambda out: population.from_changelogs(docs, out)
+        docs = paths[0] if paths else changelogs.DEBIAN_DOCS
+        return lambda out: changelogs.from_changelogs(docs, out)
     if source == "table":
         if len(paths) != 1:
             raise ValueError("upload a .csv or .jsonl file with a user and a text column")
