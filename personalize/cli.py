@@ -200,7 +200,7 @@ def cmd_forget(a) -> None:
 def cmd_campaign(a) -> None:
     """Human-eval campaigns: create from a LaMP folder, generate the outputs (resumable), status, export, import,
     the LLM judge, close."""
-    from personalize.humaneval import campaign, campaign_pool, campaign_report
+    from personalize.humaneval import campaign, campaign_files, campaign_pool, campaign_report
     from personalize.store import Store
 
     store = Store(a.db)
@@ -249,10 +249,10 @@ def cmd_campaign(a) -> None:
             res = camps.results(a.name)
             print(json.dumps(res, indent=2, ensure_ascii=False) if a.json else campaign_report.format_status(res))
         elif a.action == "export":
-            path, summary, n = camps.export(a.name, a.out)
+            path, summary, n = campaign_files.export_judgments(camps, a.name, a.out)
             print(f"wrote {n} judgment(s) to {path} and the summary to {summary}")
         elif a.action == "import":
-            res = camps.import_judgments(a.name, a.file)
+            res = campaign_files.import_judgments(camps, a.name, a.file)
             print(f"imported {res['added']} judgment(s); {res['duplicates']} already here, {res['unmatched']} unmatched")
         elif a.action == "judge":
             from personalize.humaneval.judge import Judge, JudgeConfig

@@ -26,7 +26,7 @@ from personalize.data import Item
 
 from personalize.schema import (  # noqa: F401 (the store's names, where its users import them)
     CAMPAIGN_PREFIX, FEEDBACK_SOURCES, MAX_NAME, SCHEMA_VERSION, USER_TABLES, VERSION_SOURCES, WINNERS, StoreError, Tables,
-    PeopleTables, _check_text, _dumps, _item_rows, _name, migrate, now)
+    PeopleTables, RecordTables, _check_text, _dumps, _item_rows, _name, migrate, now)
 
 
 def decodes_own(stats: dict) -> bool | None:
@@ -54,7 +54,7 @@ class StoredStyle:
     helps: bool | None
 
 
-class Store(PeopleTables):
+class Store(PeopleTables, RecordTables):
     """All studio state in one SQLite file; methods are thread-safe and each write is atomic."""
 
     def __init__(self, path: str | Path = "data/studio.db", parts: Sequence[Tables] = ()):
@@ -342,114 +342,3 @@ class Store(PeopleTables):
             sql = "SELECT length(vector) + coalesce(length(style), 0) FROM vectors WHERE user = ? AND artifacts = ?"
             row = self.db.execute(sql, [name, artifacts]).fetchone() if self.may_reach(name) else None
         return int(row[0]) if row else 0
-
-    # generations
-    def add_generation(self, user: str | None, artifacts: str, method: str, prompt: str, output: str,
-                       settings: dict, latency_s: float, n_tokens: int, extra: dict | None = None) -> int:
-        with self._write() as db:
-            if user is not None:
-                user = self._require(user)
-            table = db["generations"].insert(
-                {"created": now(), "user": user, "artifacts": artifacts, "method": method,
-                 "prompt": prompt, "output": output, "settings": _dumps(settings),
-                 "latency_s": float(latency_s), "n_tokens": int(n_tokens),
-                 "extra": _dumps(extra or {})})
-            return int(table.last_pk)
-
-    @staticmethod
-    def _decode(row: dict, *fields: str) -> dict:
-        return row | {f: json.loads(row[f]) for f in fields}
-
-    def generations(self, user: str | None = None, method: str | None = None,
-                    limit: int | None = None) -> list[dict]:
-        """The generations, newest first, of the people the current login reaches."""
-        where = {"user = ?": user, "method = ?": method}
-        clauses = [c for c, v in where.items() if v is not None]
-        with self._lock:
-            rows = self.db["generations"].rows_where(
-                " AND ".join(clauses) or None, [v for v in where.values() if v is not None],
-                order_by="id DESC", limit=limit)
-            return [self._decode(r, "settings", "extra") for r in rows if self.may_reach(r["user"])]
-
-    def generation(self, gen_id: int) -> dict:
-        row = self._get("generations", gen_id)
-        if row is None or not self.may_reach(row["user"]):
-            raise StoreError(f"unknown generation {gen_id}")
-        return self._decode(row, "settings", "extra")
-
-    # human-eval ratings
-    def add_rating(self, rater: str, prompt: str, user: str | None, method_a: str, output_a: str,
-                   method_b: str, output_b: str, winner: str, settings: dict,
-                   gen_a: int | None = None, gen_b: int | None = None) -> int:
-        if winner not in WINNERS:
-            raise StoreError(f"invalid winner {winner!r}: expected one of {', '.join(WINNERS)}")
-        if not isinstance(rater, str) or not rater.strip():
-            raise StoreError("rater name must not be empty")
-        try:
-            with self._write() as db:
-                table = db["ratings"].insert(
-                    {"created": now(), "rater": rater.strip(), "prompt": prompt, "user": user,
-                     "method_a": method_a, "output_a": output_a, "method_b": method_b,
-                     "output_b": output_b, "winner": winner, "settings": _dumps(settings),
-                     "gen_a": gen_a, "gen_b": gen_b})
-                return int(table.last_pk)
-        except sqlite3.IntegrityError:
-            if self.has_rating(rater, gen_a, gen_b):
-                raise StoreError(f"{rater.strip()} already voted on these two outputs (one vote per rater and "
-                                 "pair)") from None
-            raise
-
-    def has_rating(self, rater: str, gen_a: int | None, gen_b: int | None) -> bool:
-        """Whether `rater` already voted on these two stored generations (in either order)."""
-        if gen_a is None or gen_b is None:
-            return False
-        with self._lock:
-            sql = ("SELECT 1 FROM ratings WHERE rater = ? AND ((gen_a = ? AND gen_b = ?) OR (gen_a = ? AND gen_b = ?))"
-                   " LIMIT 1")
-            return self.db.execute(sql, [rater.strip(), gen_a, gen_b, gen_b, gen_a]).fetchone() is not None
-
-    def ratings(self) -> list[dict]:
-        with self._lock:
-            rows = self.db["ratings"].rows_where(order_by="created, id")
-            return [self._decode(r, "settings") for r in rows]
-
-    # votes on a user's outputs (training data for their style)
-    def add_feedback(self, name: str, source: str, prompt: str, preferred: str | None, other: str | None = None,
-                     rating: int | None = None) -> int:
-        """A decided preference about the user's style: `preferred` is the text they chose (None for a thumbs
-        down), `other` the text they did not."""
-        if source not in FEEDBACK_SOURCES:
-            raise StoreError(f"invalid feedback source {source!r}: expected one of {', '.join(FEEDBACK_SOURCES)}")
-        if not (preferred or "").strip() and not (other or "").strip():
-            raise StoreError("a vote needs the text it was about")
-        with self._write() as db:
-            name = self._require(name)
-            return int(db["feedback"].insert({"user": name, "created": now(), "source": source, "prompt": prompt,
-                                              "preferred": preferred, "other": other, "rating": rating}).last_pk)
-
-    def feedback(self, name: str) -> list[dict]:
-        """The user's votes, oldest first."""
-        with self._lock:
-            return list(self.db["feedback"].rows_where("user = ?", [self._require(name)], order_by="id"))
-
-    # method-specific per-user blobs (name None = not tied to a user)
-    def put_blob(self, name: str | None, kind: str, key: str, value: dict) -> None:
-        with self._write() as db:
-            user = "" if name is None else self._require(name)
-            db["blobs"].upsert({"user": user, "kind": kind, "key": key, "value": _dumps(value),
-                                "updated": now()}, pk=("user", "kind", "key"))
-
-    def blob(self, name: str | None, kind: str, key: str) -> dict | None:
-        if name and not self.may_reach(name):
-            return None
-        row = self._get("blobs", name or "", kind, key)
-        return None if row is None else json.loads(row["value"])
-
-    def blobs(self, name: str | None, kind: str) -> list[dict]:
-        """[{"key", "value", "updated"}] of one kind, sorted by key."""
-        with self._lock:
-            if name and not self.may_reach(name):
-                return []
-            rows = self.db["blobs"].rows_where("user = ? AND kind = ?", [name or "", kind],
-                                                select="key, value, updated", order_by="key")
-            return [self._decode(r, "value") for r in rows]

@@ -18,6 +18,7 @@ import pytest
 from personalize.humaneval import agreement
 from personalize.humaneval.campaign_schema import REFERENCE, CampaignConfig, CampaignError, CampaignItem, canonical_label, degenerate
 from personalize.humaneval.campaign import Campaigns
+from personalize.humaneval.campaign_files import export_judgments, import_judgments
 from personalize.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -249,16 +250,16 @@ def test_export_and_import_merge_without_duplicates(tmp_path):
         for _ in range(10):
             a = camps.next("t", rater)
             camps.submit(a.id, rater, _prefer(a))
-    path, summary, n = camps.export("t", tmp_path / "out" / "t.jsonl")
+    path, summary, n = export_judgments(camps, "t", tmp_path / "out" / "t.jsonl")
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert n == len(rows) == 20
     need = {"item", "user", "prompt", "method_a", "output_a", "method_b", "output_b", "verdict", "rater", "seconds",
             "served", "created"}
     assert need <= set(rows[0]) and all(r["output_a"] and r["output_b"] for r in rows)
     assert json.loads(summary.read_text())["judgments"] == 20
-    csv_path, _, _ = camps.export("t", tmp_path / "out" / "t.csv")
+    csv_path, _, _ = export_judgments(camps, "t", tmp_path / "out" / "t.csv")
     with pytest.raises(CampaignError, match=".jsonl or .csv"):
-        camps.export("t", tmp_path / "t.txt")
+        export_judgments(camps, "t", tmp_path / "t.txt")
 
     other = Campaigns(Store(tmp_path / "other.db"), seed=1)  # another studio, same campaign definition
     other.create("t", _items(), camps.get("t")["config"])
@@ -266,15 +267,15 @@ def test_export_and_import_merge_without_duplicates(tmp_path):
         other.add_output(item["id"], m, f"{m} output {item['position']}", 0.1)
     a = other.next("t", "r3")
     other.submit(a.id, "r3", "tie")
-    assert other.import_judgments("t", path) == {"added": 20, "duplicates": 0, "unmatched": 0}
-    assert other.import_judgments("t", csv_path) == {"added": 0, "duplicates": 20, "unmatched": 0}
+    assert import_judgments(other, "t", path) == {"added": 20, "duplicates": 0, "unmatched": 0}
+    assert import_judgments(other, "t", csv_path) == {"added": 0, "duplicates": 20, "unmatched": 0}
     merged = other.judgments("t")
     assert len(merged) == 21 and {r["verdict"] for r in merged if r["rater"] != "r3"} <= {"a", "b"}
     assert [r["winner"] for r in merged if r["source"] == "import"] == [r["winner"] for r in rows]
     assert other.results("t")["judgments"] == 21
     (tmp_path / "bad.jsonl").write_text("{not json\n")
     with pytest.raises(CampaignError, match="cannot read"):
-        other.import_judgments("t", tmp_path / "bad.jsonl")
+        import_judgments(other, "t", tmp_path / "bad.jsonl")
 
 
 def test_rubric_mode(tmp_path):

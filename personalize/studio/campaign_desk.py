@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 
 from personalize.access import current_login
 from personalize.data import TASKS
-from personalize.humaneval import campaign_pool
+from personalize.humaneval import campaign_files, campaign_pool
 from personalize.humaneval.campaign_schema import Assignment
 from personalize.studio.service import Service
 
@@ -54,7 +54,8 @@ class CampaignDesk(Service):
         if fmt not in ("jsonl", "csv"):
             raise ValueError("export format is jsonl or csv")
         safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name.strip()) or "campaign"
-        return self.rt.campaigns.export(name, Path(self.cfg.export_dir) / f"campaign-{safe}.{fmt}")
+        path = Path(self.cfg.export_dir) / f"campaign-{safe}.{fmt}"
+        return campaign_files.export_judgments(self.rt.campaigns, name, path)
 
     def campaign_results(self, name: str) -> dict:
         return self.rt.campaigns.results(name)

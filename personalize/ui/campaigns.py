@@ -13,6 +13,7 @@ import functools
 import gradio as gr
 import plotly.graph_objects as go
 
+from personalize.humaneval import campaign_files
 from personalize.humaneval.campaign_schema import CRITERIA, REFERENCE
 from personalize.humaneval.campaign_report import overlap_text
 from personalize.display import md, plot_text
@@ -143,7 +144,7 @@ def export(studio: Studio, name: str | None, fmt: str) -> tuple:
 def import_file(studio: Studio, name: str | None, file) -> str:
     if not file:
         raise ValueError("choose an exported .jsonl or .csv file")
-    res = studio.runtime.campaigns.import_judgments(name or "", file)
+    res = campaign_files.import_judgments(studio.runtime.campaigns, name or "", file)
     return f"Imported {res['added']} judgment(s); {res['duplicates']} were here already, {res['unmatched']} unmatched."
 
 
