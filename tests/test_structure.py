@@ -1,7 +1,8 @@
-"""The layout keeps its shape (issue 25), read from the source with ast (nothing imported): no import cycle
-between modules (imports inside functions included), no class over 400 lines, no module over 600, at most 10
-modules directly in personalize/, and no module importing another package's private names. The layers
-themselves are import-linter's contracts (.importlinter, run by `make test`)."""
+"""The layout keeps its shape, read from the source with ast (nothing imported): no import cycle between modules
+(imports inside functions included), no class over 300 lines, no module over 500, at most 10 modules directly in
+personalize/, every module basename once, no method that only forwards to another object beyond a handful, no
+retired method left, and no module importing another package's private names. The layers themselves are
+import-linter's contracts (.importlinter, run by `make test`)."""
 
 from __future__ import annotations
 
@@ -73,10 +74,39 @@ def test_sizes_and_the_top_level():
     assert len([f for f in mods.values() if f.parent == ROOT and f.name != "__init__.py"]) <= 10
     for f in mods.values():
         src = f.read_text()
-        assert src.count("\n") <= 600, f"{f} has {src.count(chr(10))} lines"
+        assert src.count("\n") <= 500, f"{f} has {src.count(chr(10))} lines"
         for node in ast.walk(ast.parse(src)):
             if isinstance(node, ast.ClassDef):
-                assert node.end_lineno - node.lineno + 1 <= 400, f"{f}:{node.name} is over 400 lines"
+                assert node.end_lineno - node.lineno + 1 <= 300, f"{f}:{node.name} is over 300 lines"
+
+
+def test_one_name_per_module_and_no_retired_method():
+    files = [f for f in _modules().values() if f.name != "__init__.py"]
+    names = [f.name for f in files]
+    assert len(names) == len(set(names)), sorted({n for n in names if names.count(n) > 1})
+    for f in ROOT.rglob("*.py"):  # lost to card on every person measured (docs/RESULTS.md): out of the package
+        src = f.read_text()
+        assert not any(v in src for v in ("card_rerank", "card_personal", "card_cad")), f
+
+
+def _forwards(f: Path) -> list[str]:
+    """Methods whose whole body (bar a docstring) passes their arguments on to another object's method."""
+    out = []
+    for cls in [n for n in ast.walk(ast.parse(f.read_text())) if isinstance(n, ast.ClassDef)]:
+        for fn in [n for n in cls.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("__")]:
+            body = [b for b in fn.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
+            if len(body) != 1 or not isinstance(body[0], ast.Return) or not isinstance(body[0].value, ast.Call):
+                continue
+            call, params = body[0].value, [a.arg for a in fn.args.args[1:]]
+            passed = [ast.unparse(a) for a in call.args] + [k.arg for k in call.keywords]
+            if params and isinstance(call.func, ast.Attribute) and sorted(passed) == sorted(params):
+                out.append(f"{f.name}:{cls.name}.{fn.name}")
+    return out
+
+
+def test_no_forwarding_facade():
+    forwards = [x for f in ROOT.rglob("*.py") for x in _forwards(f)]
+    assert len(forwards) <= 10, forwards
 
 
 def test_no_private_names_across_packages():
