@@ -455,7 +455,8 @@ def test_a_far_persons_own_memory_weight_decodes_when_the_builds_style_has_no_me
     s = StyleSettings(bias=False, memory=False, fallback=False, knn_neighbours=3, key="state", form=False)
     assert far.memory_weight(s) == 0.9 and near.memory_weight(s) is None
     assert far.memory_weight(replace(s, far_knn_weight=0.0)) is None  # card_paper and the one-part variants
-    assert far.memory_weight(replace(s, memory=True, knn_weight=0.3)) == 0.9
+    assert far.memory_weight(replace(s, memory=True, knn_weight=0.3)) == 0.9  # the larger of the two
+    assert UserStyle(far.lam, knn_weight=0.15).memory_weight(replace(s, memory=True, knn_weight=0.3)) == 0.3
     one = DecodingSettings(alpha=1.0, max_new_tokens=2)
 
     def first(style, settings):

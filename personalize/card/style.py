@@ -69,8 +69,8 @@ class StyleSettings:
     # head's Δ at λ = 1 carries the population's form: "BUG:" for people who never write it); 1, the population's
     lambda_prior: float = 0.0
     # a person further from their nearest cluster than all but `far_share` of the build's own people (closeness)
-    # gets their memory at this weight, whatever `memory` says: the cluster model writes a population's form that
-    # is not theirs, and their own past words are what carries them (0: off)
+    # gets their memory at this weight at least, whatever `memory` says: the cluster model writes a population's
+    # form that is not theirs, and their own past words are what carries them (0: off)
     far_knn_weight: float = 0.15
     far_share: float = 0.1
 
@@ -148,11 +148,12 @@ class UserStyle:
         return style
 
     def memory_weight(self, s: StyleSettings) -> float | None:
-        """w for this person under settings s: their own (far from every cluster) unless s leaves that out, else
-        the build's when its style has a memory; None: no memory."""
+        """w for this person under settings s: the larger of their own (far from every cluster, unless s leaves
+        that out) and the build's when its style has a memory; None: no memory."""
+        build = s.knn_weight if s.memory else None
         if self.knn_weight is not None and s.far_knn_weight > 0:
-            return self.knn_weight
-        return s.knn_weight if s.memory else None
+            return max(self.knn_weight, build or 0.0)
+        return build
 
 
 # ---------------------------------------------------------------- fitting the per-person parts
