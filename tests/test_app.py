@@ -396,7 +396,7 @@ def test_browser_path_paste_cluster_fit_compare_vote_leaderboard_export(server, 
 
         p.tab("Leaderboard")
         p.click("lb-refresh")
-        n_votes = len(server["studio"].store.ratings())
+        n_votes = len(server["studio"].runtime.store.ratings())
         after = p.wait.until(lambda d: (t := p.settled("lb-status")) and t != before and " between " in t and t)
         assert f"{n_votes} vote{'' if n_votes == 1 else 's'} between" in after
         p.shot("7-leaderboard")

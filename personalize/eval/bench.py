@@ -173,7 +173,7 @@ def bench_methods(engine: Engine, users: dict[str, UserContext], prompt: str, se
                                                        k=fits[u.name].k, settings=settings)
             else:
                 # training only, per-person files in a temp folder
-                cfg = local_config(m, folder / m, report_loss=False) | dict(configs.get(m, {}))
+                cfg = local_config(m, folder and folder / m, report_loss=False) | dict(configs.get(m, {}))
                 cls = METHODS[m]
                 method_cfg = cls.config_class(**cfg)  # bad settings are errors, not skipped rows
                 try:

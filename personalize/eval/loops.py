@@ -19,7 +19,7 @@ from tqdm import tqdm
 from personalize.catalog import ALL_METHODS
 from personalize.data import Item
 from personalize.methods.base import UserContext
-from personalize.methods.registry import get_method
+from personalize.methods.registry import get_method, local_config
 from personalize.methods.scaffold import scaffold_lines
 from personalize.metrics import echoes, looping
 from personalize.store import Store

@@ -11,8 +11,8 @@ import gzip
 import re
 import zlib
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from dataclasses import dataclass
+from datetime import timezone
 from pathlib import Path
 from typing import Sequence
 

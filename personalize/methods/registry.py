@@ -22,13 +22,15 @@ METHODS: dict[str, type] = {name: REGISTRY[name] for name in COMPARED}  # the co
 assert set(REGISTRY) == {*CORE_METHODS, *COMPARED}, "catalog.py and the method classes disagree"
 
 
-def local_config(name: str, folder: Path, **budgets) -> dict:
+def local_config(name: str, folder: Path | None, **budgets) -> dict:
     """The fields of method `name`'s config that depend on where it runs: `folder` for a method that keeps files per
     person (per_person_files), and those of the caller's `budgets` its config has (EXACT's max_pairs, say)."""
     cls = REGISTRY[name]
     fields = {f.name for f in dataclasses.fields(cls.config_class)}
     out = {k: v for k, v in budgets.items() if k in fields}
     if getattr(cls, "per_person_files", False):
+        if folder is None:
+            raise ValueError(f"{name} keeps files per person: it needs a folder for them")
         out["folder"] = str(folder)
     return out
 
