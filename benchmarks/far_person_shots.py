@@ -1,12 +1,15 @@
-"""Two people on the demo build (Debian changelog writers) in headless Chromium: a git author far from every
-cluster, and a demo writer near one; Fit's report and a Compare of base, cluster, card for each; screenshots."""
+"""A person unlike the demo build's population (Debian changelog writers) in headless Chromium: their history
+pasted and saved, Fit my style, and a Compare of base, cluster, card; a screenshot of each page.
+
+    python benchmarks/far_person_shots.py OUT subjects.txt     # one text a line (e.g. git log --format=%s)
+"""
 import sys, tempfile, time
 sys.path.insert(0, "tests")
 from pathlib import Path
 from browser import Page, chromium, served
 from personalize.studio.facade import Studio, StudioConfig
 
-out = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)  # usage: OUT HISTORY.txt
+out = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
 db = Path(tempfile.mkdtemp())
 studio = Studio.load(StudioConfig(artifacts="data/artifacts/demo", db=str(db / "studio.db"), demo_data="data/demo"))
 studio.load_pending()
