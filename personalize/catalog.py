@@ -69,6 +69,7 @@ COMPARED = tuple(m.name for m in CATALOG if m.family == "compared")  # the metho
 VARIANTS: dict[str, dict] = {m.name: m.style for m in CATALOG if m.family == "variant"}
 CARD_METHODS = ("card", *VARIANTS)  # the default CARD and its variants
 CARD_ROWS: dict[str, str] = {m.name: m.rows for m in CATALOG if m.rows}  # CARD's own methods and variants
+STEERED: dict[str, dict] = {m.name: m.style for m in CATALOG if m.rows == "steered"}  # card and its variants
 SLOW_FIRST_USE = tuple(m.name for m in CATALOG if m.slow_first_use)
 BENCH_METHODS = tuple(m.name for m in sorted((m for m in CATALOG if m.bench is not None), key=lambda m: m.bench))
 SERVING_METHODS = tuple(m.name for m in CATALOG if m.serving_bench)

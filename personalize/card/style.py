@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.numpy import load as np_load, save as np_save
 
-from personalize.catalog import VARIANTS  # CARD's variants: their StyleSettings changes
+from personalize.catalog import STEERED  # card and its variants: their StyleSettings changes
 from personalize.lm.features import SequenceFeatures
 from personalize.card.head import PersonalizationHead, TokenData, opening_key
 
@@ -89,11 +89,9 @@ class StyleSettings:
 
 def variant(name: str, default: StyleSettings) -> StyleSettings:
     """The settings of a CARD variant: `card` is the build's default, the others switch parts on and off."""
-    if name == "card":
-        return default
-    if name not in VARIANTS:
-        raise ValueError(f"unknown CARD variant {name!r}; choose from {['card', *VARIANTS]}")
-    return replace(default, **VARIANTS[name])
+    if name not in STEERED:
+        raise ValueError(f"unknown CARD variant {name!r}; choose from {list(STEERED)}")
+    return replace(default, **STEERED[name])
 
 
 @dataclass

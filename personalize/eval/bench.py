@@ -15,7 +15,7 @@ from typing import Sequence
 from tqdm import tqdm
 
 from personalize.card.adapters import adapter_name
-from personalize.catalog import BENCH_METHODS
+from personalize.catalog import BENCH_METHODS, CARD_ROWS
 from personalize.data import Item
 from personalize.eval.loops import Person, format_loops, loop_shares
 from personalize.methods.base import UserContext
@@ -154,7 +154,7 @@ def bench_methods(engine: Engine, users: dict[str, UserContext], prompt: str, se
     (P2P without a hypernetwork) is reported as {"skipped": reason}. `users` must be in `store` when
     one is given (OPPU, P2P and EXACT write their reports there); OPPU's adapters go to `folder`."""
     _check_bench_methods(methods)
-    if "card" in methods and (fits is None or store is None):
+    if any(m in CARD_ROWS for m in methods) and (fits is None or store is None):
         raise ValueError("the card row needs the users' fits and the store holding their λ vectors")
     if folder is None and any(getattr(REGISTRY[m], "per_person_files", False) for m in methods if m in REGISTRY):
         raise ValueError("a method that keeps files per person (OPPU's adapters) needs a folder for them")
@@ -166,11 +166,11 @@ def bench_methods(engine: Engine, users: dict[str, UserContext], prompt: str, se
     released = []  # methods that hold people's state in the engine's model (OPPU's adapters)
     try:
         for m in methods:
-            if m == "card":
+            if m in CARD_ROWS:  # CARD's row: its people's fits and stored styles
                 rows[m] = {"onboarding_s": round(_median([_fit_s(fits[n]) for n in names]), 4),
                            "bytes_per_user": int(_median([store.vector_bytes(n, engine.artifacts_id) for n in names]))}
-                runners[m] = lambda u: card_decode.generate(engine, [prompt], "card", fits[u.name].cluster, fits[u.name].style,
-                                                       k=fits[u.name].k, settings=settings)
+                runners[m] = lambda u, m=m: card_decode.generate(engine, [prompt], m, fits[u.name].cluster,
+                                                                 fits[u.name].style, k=fits[u.name].k, settings=settings)
             else:
                 # training only, per-person files in a temp folder
                 cfg = local_config(m, folder and folder / m, report_loss=False) | dict(configs.get(m, {}))
