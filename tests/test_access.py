@@ -49,7 +49,7 @@ def test_a_login_reaches_only_the_people_it_made(studio):
         for reach in (lambda: studio.histories.open_user("ana-notes"), lambda: studio.runtime.store.items("ana-notes"),
                       lambda: studio.fits.fit("ana-notes"), lambda: studio.fits.versions("ana-notes"),
                       lambda: studio.histories.update_item("ana-notes", 1, "mine now"),
-                      lambda: studio.own_data.forget_me("ana-notes", True), lambda: studio.own_data.style_key("ana-notes"),
+                      lambda: studio.own_data.forget("ana-notes", True), lambda: studio.own_data.style_key("ana-notes"),
                       lambda: next(iter(studio.decoding.compare("ana-notes", "p", ["base"], studio.runtime.settings())))):
             with pytest.raises(StoreError, match="unknown user"):  # ...nor reached: to ben she is not there
                 reach()
@@ -111,7 +111,7 @@ def test_save_asks_before_replacing_and_the_replaced_history_comes_back(tiny_art
         assert [x.y for x in s.runtime.store.items("kim")] == ANA
         (label, _), = s.histories.replaced_choices("kim")  # the history it replaced is kept in turn
         assert "4 items" in label
-        s.own_data.forget("kim")
+        s.own_data.forget("kim", True)
         assert b"harbour" not in Path(s.runtime.cfg.db).read_bytes()  # the replaced histories go with Forget me
     finally:
         s.runtime.store.close()

@@ -107,12 +107,12 @@ def test_a_thumbs_up_refits_the_style_towards_the_text_as_a_new_version(studio, 
 
     # any version can be restored; restoring adds no version, it moves "current"
     n = len(studio.fits.versions("vic"))
-    msg = studio.fits.restore_version("vic", first)
+    msg = studio.fits.restore("vic", first)
     assert str(first) in msg and len(studio.fits.versions("vic")) == n
     assert np.array_equal(UserStyle.from_stored(studio.runtime.store.style("vic", studio.runtime.engine.artifacts_id)).lam, old.lam)
     assert [v["version"] for v in studio.fits.versions("vic") if v["current"]] == [first]
     with pytest.raises(ValueError, match="no version"):
-        studio.fits.restore_version("vic", 10_000)
+        studio.fits.restore("vic", 10_000)
 
 
 def test_before_and_after_are_cards_outputs_with_the_old_and_new_style(studio):

@@ -156,7 +156,7 @@ def test_forget_me_leaves_nothing_of_the_user(studio):
     studio.campaign_desk.export_campaign("forget-campaign", "jsonl")
     assert marker.encode() in _bytes_under(db.parent)
 
-    res = studio.own_data.forget(marker)
+    res = studio.own_data.forget(marker, True)
     assert res["items"] == len(items) and res["ratings_anonymised"] == 1 and res["feedback"] == 1
     assert res["versions"] >= 2 and res["generations"] >= 2 and res["blobs"] >= 1
     assert marker.encode() not in _bytes_under(db.parent)  # the database, its WAL, adapters, exports

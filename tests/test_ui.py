@@ -103,7 +103,7 @@ def test_history_choice_cluster_view_and_guards(studio):
     with pytest.raises(ValueError, match="version to restore"):
         studio.fits.restore("mo", None)
     with pytest.raises(ValueError, match="tick the box"):
-        studio.own_data.forget_me("mo", False)
+        studio.own_data.forget("mo", False)
     assert studio.runtime.store.user("mo")
     with pytest.raises(ValueError, match="choose at least one method"):
         studio.decoding.compare_plan("mo", "hi", True, None, [])

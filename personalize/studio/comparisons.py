@@ -228,11 +228,14 @@ class Decoding(Service):
                 elif kind is None or kind == "finished":
                     yield "progress", m, job_line(job)
 
-    def why(self, name: str, prompt: str, s: DecodingSettings, k: int | None = None) -> dict:
-        """CARD's decoding step by step: the token chosen, the cluster model's choice, and for the chosen token and
-        its top rivals the log-probability among the step's candidates before (the cluster model), the
-        correction and after (CARD), on one scale."""
-        prompt = self.rt.check_prompt(prompt)
+    def why(self, name: str | None, text: str | None, s: DecodingSettings, k: int | None = None,
+            templated: bool = False, item_id: float | None = None) -> dict:
+        """CARD's decoding step by step on Compare's prompt (histories.resolve_prompt: the typed text, in the task
+        template when `templated`, or a picked history item's): the token chosen, the cluster model's choice, and
+        for the chosen token and its top rivals the log-probability among the step's candidates before (the
+        cluster model), the correction and after (CARD), on one scale."""
+        name = self.rt.need_user(name)
+        prompt = self.histories.resolve_prompt(text, templated, item_id, name)[0]
         state = self.histories.user_state(name, k)
         g = self.decode("card", state, prompt, s, trace=True)
         tok, steps = self.engine.tok, []
@@ -265,9 +268,3 @@ class Decoding(Service):
         first = {m: self.background_jobs.needs_indexing(name, m) for m in methods}
         return {"name": name, "prompt": prompt, "state": state, "first_use": first,
                 "order": sorted(methods, key=first.get)}
-
-    def explain(self, name: str | None, text: str | None, templated: bool, item_id: float | None,
-                s: DecodingSettings, k: int | None = None) -> dict:
-        """Why: CARD step by step (why) for the user on Compare's prompt (resolve_prompt)."""
-        name = self.rt.need_user(name)
-        return self.why(name, self.histories.resolve_prompt(text, templated, item_id, name)[0], s, k)

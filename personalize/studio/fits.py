@@ -242,12 +242,10 @@ class Fits(Service):
                  "helps": r["stats"].get("diagnostics", {}).get("helps"), "current": r["current"]}
                 for r in reversed(rows)]
 
-    def restore_version(self, name: str, version: int) -> str:
-        self.store.restore_version(name, self.engine.artifacts_id, int(version))
-        return f"Version {int(version)} is {name}'s style again; CARD decodes with it from now on."
-
     def restore(self, name: str | None, version: float | None) -> str:
-        """Restore from the page: the version number given, then restore_version."""
+        """Makes an earlier version of the person's style the current one (the page gives its number)."""
         if version is None:
             raise ValueError("enter the number of the version to restore (first column of the table)")
-        return self.restore_version(self.rt.need_user(name), int(version))
+        name = self.rt.need_user(name)
+        self.store.restore_version(name, self.engine.artifacts_id, int(version))
+        return f"Version {int(version)} is {name}'s style again; CARD decodes with it from now on."

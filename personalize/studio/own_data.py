@@ -231,8 +231,12 @@ class OwnData(Service):
     def import_style_key(self, text: str, name: str | None = None) -> dict:
         return import_keys(self.store, BuildInfo.of_engine(self.engine), text, name)
 
-    def forget(self, name: str) -> dict:
-        """"Forget me" (owner.forget_user), and the copies this process holds: methods' caches, fit features."""
+    def forget(self, name: str | None, confirmed: bool) -> dict:
+        """"Forget me", only with the box that confirms it ticked: the person's rows and files (forget_user), and
+        the copies this process holds (methods' caches, fit features, jobs, the feedback log)."""
+        name = self.rt.need_user(name)
+        if not confirmed:
+            raise ValueError("tick the box to confirm: forgetting cannot be undone")
         name = self.store.user(name)["name"]
         with self.model_lock:
             for m in self.rt.methods.values():
@@ -245,11 +249,4 @@ class OwnData(Service):
             self.rt.feedback_log[:] = [e for e in self.rt.feedback_log if e.get("user") != name]
             return forget_user(self.store, name, Path(self.cfg.db).parent / "oppu", Path(self.cfg.export_dir),
                                self.cfg.page_files)
-
-    def forget_me(self, name: str | None, confirmed: bool) -> dict:
-        """"Forget me" from the page: only with the box that confirms it ticked (forget)."""
-        name = self.rt.need_user(name)
-        if not confirmed:
-            raise ValueError("tick the box to confirm: forgetting cannot be undone")
-        return self.forget(name)
 

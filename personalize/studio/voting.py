@@ -48,9 +48,14 @@ class Votes(Service):
                 return MethodOutput(method, g["output"], g["latency_s"], g["n_tokens"], g["id"], g["extra"])
         return None
 
-    def vote(self, pair_id: str | None, winner: str, rater: str) -> tuple[BlindPair, int]:
-        """Stores the vote; a decided vote also becomes an EXACT preference pair, in the background."""
-        pair, rid = self.rt.arena.vote(pair_id, winner, rater)
+    def vote(self, pair_id: str | None, winner: str, rater: str | None = None,
+             logged_in: str | None = None) -> tuple[BlindPair, int, str]:
+        """Stores the vote under arena.rater_id (with --auth: the logged-in name, always): (pair, rating id, rater).
+        A decided vote also refits the person's style and becomes an EXACT preference pair, in the background."""
+        from personalize.humaneval.arena import rater_id
+
+        who = rater_id(rater, logged_in)
+        pair, rid = self.rt.arena.vote(pair_id, winner, who)
         if winner in ("a", "b") and pair.user and pair.outputs[0].strip() != pair.outputs[1].strip():
             win, lose = pair.outputs if winner == "a" else pair.outputs[::-1]
             try:
@@ -60,7 +65,7 @@ class Votes(Service):
             else:
                 self.rt.background.submit(self._refine_quietly, pair.user)
             self.rt.background.submit(self._exact_feedback, pair.user, pair.prompt, win, lose)
-        return pair, rid
+        return pair, rid, who
 
     def _refine_quietly(self, name: str) -> None:
         try:
@@ -136,13 +141,3 @@ class Votes(Service):
         who = rater_id(rater, logged_in)
         pair = self.new_pair(name, self.histories.pair_prompt(prompt, fallback_prompt, templated), methods or [], s, k)
         return {"user": name, "pair": pair, "rater": who, "seen": self.store.has_rating(who, *pair.gen_ids)}
-
-    def vote_as(self, pair_id: str | None, winner: str, rater: str | None = None,
-                logged_in: str | None = None) -> tuple[BlindPair, int, str]:
-        """A vote from the page, counted under arena.rater_id (with --auth: the logged-in name, always):
-        (pair, rating id, rater)."""
-        from personalize.humaneval.arena import rater_id
-
-        who = rater_id(rater, logged_in)
-        pair, rid = self.vote(pair_id, winner, who)
-        return pair, rid, who

@@ -38,7 +38,7 @@ def draw_pair(studio, name, rater, text, chosen, compare_text, templated, alpha,
 def vote(studio, winner, pair_id, rater, login: str | None = None):
     """(status, pair id): the vote stored (the pair is then closed) and the methods revealed."""
     try:
-        pair, rid, who = studio.votes.vote_as(pair_id, winner, rater, login)  # with --auth: the logged-in user, always
+        pair, rid, who = studio.votes.vote(pair_id, winner, rater, login)  # with --auth: the logged-in user, always
     except EXPECTED as e:
         return _err(e), gr.skip()
     return (f"Vote #{rid} stored ({LABELS[winner]}, rater {md(who)}). **A was {md(pair.methods[0])}, "

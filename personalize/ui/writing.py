@@ -107,7 +107,7 @@ def open_user(studio, name):
 @guarded(7)
 def forget(studio, name, ok):
     """Forget me: the status line, and the page no longer holds the person (name, history box, items)."""
-    res = studio.own_data.forget_me(name, ok)
+    res = studio.own_data.forget(name, ok)
     kept = ("ratings_anonymised", "campaign_items_anonymised")
     gone = sum(v for k, v in res.items() if isinstance(v, int) and k not in kept)
     return (f"Forgot **{md(name.strip())}**: {gone} stored rows deleted, {res['ratings_anonymised']} rating(s) and "
