@@ -67,9 +67,9 @@ DEFAULT_METHODS = tuple(m for m in ALL_METHODS if BY_NAME[m].default)
 CORE_METHODS = tuple(m.name for m in CATALOG if m.family == "card")  # base, cluster, card
 COMPARED = tuple(m.name for m in CATALOG if m.family == "compared")  # the methods CARD is compared with
 VARIANTS: dict[str, dict] = {m.name: m.style for m in CATALOG if m.family == "variant"}
-CARD_METHODS = ("card", *VARIANTS)  # the default CARD and its variants
 CARD_ROWS: dict[str, str] = {m.name: m.rows for m in CATALOG if m.rows}  # CARD's own methods and variants
 STEERED: dict[str, dict] = {m.name: m.style for m in CATALOG if m.rows == "steered"}  # card and its variants
+CARD_METHODS = tuple(STEERED)  # the default CARD and its variants
 SLOW_FIRST_USE = tuple(m.name for m in CATALOG if m.slow_first_use)
 BENCH_METHODS = tuple(m.name for m in sorted((m for m in CATALOG if m.bench is not None), key=lambda m: m.bench))
 SERVING_METHODS = tuple(m.name for m in CATALOG if m.serving_bench)
