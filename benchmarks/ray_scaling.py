@@ -36,7 +36,7 @@ def tiny_build(root: Path) -> tuple[Path, Path]:
 
     from personalize.card.adapters import LoraSettings
     from personalize.card.config import CardConfig
-    from personalize.card.decoding import DecodingSettings
+    from personalize.serving.generation import DecodingSettings
     from personalize.card.head import HeadSettings
     from personalize.demo import write_demo
     from personalize.fitting.build import build

@@ -65,7 +65,7 @@ def tiny_build_config(lm: Path):
     """The tiny build's settings (tiny_artifacts), on the model saved in `lm`."""
     from personalize.card.adapters import LoraSettings
     from personalize.card.config import CardConfig
-    from personalize.card.decoding import DecodingSettings
+    from personalize.serving.generation import DecodingSettings
     from personalize.card.head import HeadSettings
     from personalize.lm.models import ModelConfig
     from personalize.lm.tokens import TokenBudget

@@ -10,7 +10,8 @@ import torch
 
 from personalize.card.adapters import LoraSettings, add_warm_adapter, new_peft_model, sft_loss, train_adapter
 from personalize.card.cluster import assign, fit_clusters
-from personalize.card.decoding import CardLogitsProcessor, DecodingSettings, generate
+from personalize.card.decoding import CardLogitsProcessor, card_generate
+from personalize.serving.generation import DecodingSettings, generate
 from personalize.card.style import StyleSettings, StyleTensors, UserStyle, fit_form, fit_lambda_bias, memory_from_features, style_scores
 from personalize.lm.features import HiddenCapture, generate_with_states, teacher_forced
 from personalize.card.head import HeadSettings, PairData, PersonalizationHead, TokenData, diagnostics, fit_user, opening_key, train_population
@@ -274,20 +275,20 @@ def test_alpha_zero_reproduces_cluster_greedy_and_alpha_changes_it(tiny_model, t
     s = DecodingSettings(alpha=0.0, top_k=50, max_new_tokens=10)
     plain = generate(model, tokenizer, PROMPTS, BUDGET, s)
     ones, minus = [UserStyle.of(np.ones(8, np.float32))] * 3, [UserStyle.of(-np.ones(8, np.float32))] * 3
-    card0 = generate(model, tokenizer, PROMPTS, BUDGET, s, head=head, styles=ones, style=LAMBDA_ONLY, n_layers=2)
+    card0 = card_generate(model, tokenizer, PROMPTS, BUDGET, s, head=head, styles=ones, style=LAMBDA_ONLY, n_layers=2)
     assert [g.text for g in plain] == [g.text for g in card0]
-    strong = generate(model, tokenizer, PROMPTS, BUDGET, DecodingSettings(alpha=5.0, top_k=50, max_new_tokens=10),
+    strong = card_generate(model, tokenizer, PROMPTS, BUDGET, DecodingSettings(alpha=5.0, top_k=50, max_new_tokens=10),
                       head=head, styles=ones, style=LAMBDA_ONLY, n_layers=2)
     assert [g.text for g in plain] != [g.text for g in strong]
     # the user vector matters: another λ gives another output at the same α
-    other = generate(model, tokenizer, PROMPTS, BUDGET, DecodingSettings(alpha=5.0, top_k=50, max_new_tokens=10),
+    other = card_generate(model, tokenizer, PROMPTS, BUDGET, DecodingSettings(alpha=5.0, top_k=50, max_new_tokens=10),
                      head=head, styles=minus, style=LAMBDA_ONLY, n_layers=2)
     assert [g.text for g in strong] != [g.text for g in other]
 
 
 def test_trace_records_before_and_after_logits(tiny_model, tokenizer):
     head = PersonalizationHead(2 * 32, len(tokenizer), 4).requires_grad_(False)
-    g = generate(tiny_model, tokenizer, PROMPTS[:1], BUDGET, DecodingSettings(alpha=1.0, top_k=7, max_new_tokens=3),
+    g = card_generate(tiny_model, tokenizer, PROMPTS[:1], BUDGET, DecodingSettings(alpha=1.0, top_k=7, max_new_tokens=3),
                  head=head, styles=[UserStyle.of(np.ones(4, np.float32))], style=LAMBDA_ONLY, n_layers=2,
                  trace=True)[0]
     assert len(g.trace) >= 1 and g.trace[0]["cand"].shape == (1, 7)
@@ -413,7 +414,7 @@ def test_form_bias_decodes_the_persons_opening(tiny_model, tokenizer):
     style = UserStyle(np.ones(8, np.float32), form_keys=np.asarray([opening_key(())]), form_ids=np.asarray([want]),
                       form_bias=np.asarray([50.0], np.float32))
     s = StyleSettings(bias=False, memory=False, fallback=False)
-    out = generate(tiny_model, tokenizer, PROMPTS[:1], BUDGET, DecodingSettings(alpha=1.0, max_new_tokens=2),
+    out = card_generate(tiny_model, tokenizer, PROMPTS[:1], BUDGET, DecodingSettings(alpha=1.0, max_new_tokens=2),
                    head=head, styles=[style], style=s, n_layers=2)[0]
     first = tokenizer(out.text, add_special_tokens=False)["input_ids"][0]
     assert tokenizer.decode([first]).strip() == tokenizer.decode([want]).strip() != plain.text.split()[0]
@@ -431,10 +432,10 @@ def test_memory_neighbours_bring_the_persons_next_token(tiny_model, tokenizer):
     style = UserStyle(np.ones(8, np.float32), keys=keys, values=values)
     s = StyleSettings(bias=False, memory=True, fallback=False, knn_weight=0.9, knn_neighbours=3, key="state")
     plain = generate(tiny_model, tokenizer, PROMPTS[:1], BUDGET, DecodingSettings(alpha=0.0, max_new_tokens=1))[0]
-    card = generate(tiny_model, tokenizer, PROMPTS[:1], BUDGET, DecodingSettings(alpha=1.0, max_new_tokens=2),
+    card = card_generate(tiny_model, tokenizer, PROMPTS[:1], BUDGET, DecodingSettings(alpha=1.0, max_new_tokens=2),
                     head=head, styles=[style], style=s, n_layers=2)[0]  # U = 0: no Δ, the memory alone
     assert card.text.split()[0] == "zebra" != plain.text.split()[0]
-    off = generate(tiny_model, tokenizer, PROMPTS[:1], BUDGET, DecodingSettings(alpha=0.0, max_new_tokens=1),
+    off = card_generate(tiny_model, tokenizer, PROMPTS[:1], BUDGET, DecodingSettings(alpha=0.0, max_new_tokens=1),
                    head=head, styles=[style], style=s, n_layers=2)[0]
     assert off.text == plain.text  # α = 0 is the cluster model, memory or not
     st = StyleTensors.of([style], s)
@@ -460,7 +461,7 @@ def test_a_far_persons_own_memory_weight_decodes_when_the_builds_style_has_no_me
     one = DecodingSettings(alpha=1.0, max_new_tokens=2)
 
     def first(style, settings):
-        return generate(tiny_model, tokenizer, PROMPTS[:1], BUDGET, one, head=head, styles=[style], style=settings,
+        return card_generate(tiny_model, tokenizer, PROMPTS[:1], BUDGET, one, head=head, styles=[style], style=settings,
                         n_layers=2)[0].text.split()[0]
 
     assert first(far, s) == "zebra" != first(near, s)
@@ -482,7 +483,7 @@ def test_repetition_control_ignores_the_prompt_and_stops_loops(tiny_model, token
         assert not looping(g.text)
     assert any(looping(g.text) for g in loose) or loose != tight
     # an end-of-sequence first would be an empty output: never
-    from personalize.card.decoding import repetition_processors
+    from personalize.serving.generation import repetition_processors
     (first,) = repetition_processors(DecodingSettings(no_repeat_ngram=0, loop_period=0), 5, tokenizer.eos_token_id)
     scores = torch.zeros(1, 10)
     scores[0, tokenizer.eos_token_id % 10] = 5.0
@@ -546,7 +547,7 @@ def test_newer_or_broken_artifacts_are_refused_before_loading_models(tmp_path):
 def test_repetition_processors_see_the_generated_tokens_only():
     """Prompt [1, 2, 3, 1] then generated [5, 6, 5]: the bigram (5, 6) is blocked after 5, the prompt's own bigram
     (1, 2) is not; the penalty lowers generated tokens, never tokens that only the prompt holds."""
-    from personalize.card.decoding import repetition_processors
+    from personalize.serving.generation import repetition_processors
 
     ids = torch.tensor([[1, 2, 3, 1, 5, 6, 5]])
     blocker, = repetition_processors(DecodingSettings(no_repeat_ngram=2, loop_period=0), prompt_length=4)

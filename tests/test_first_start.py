@@ -61,7 +61,7 @@ _CARD = """
 from personalize.card.adapters import LoraSettings
 from personalize.fitting.build import build
 from personalize.card.config import CardConfig
-from personalize.card.decoding import DecodingSettings
+from personalize.serving.generation import DecodingSettings
 from personalize.card.head import HeadSettings
 from personalize.lm.models import ModelConfig
 from personalize.lm.tokens import TokenBudget

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from personalize.card.decoding import DecodingSettings, NoThirdRepeat, digit_tokens, generate, repetition_processors
+from personalize.serving.generation import DecodingSettings, NoThirdRepeat, digit_tokens, generate, \
+    repetition_processors
 from personalize.lm.tokens import TokenBudget
 from personalize.metrics import echoes, looping
 
@@ -112,7 +113,7 @@ def test_decoding_never_writes_a_third_back_to_back_copy(tiny_model, tokenizer):
 
 
 def test_an_echo_is_found_whole_words_apart_from_case_and_cut():
-    from personalize.card.decoding import echo_at, trim_echo
+    from personalize.serving.generation import echo_at, trim_echo
 
     scaffold = ["Write the Debian changelog entry for this upload.", "About this author:"]
     text = "* New upstream release.\nwrite  the Debian changelog entry"
@@ -126,7 +127,7 @@ def test_a_row_that_starts_repeating_its_scaffold_ends_there_in_the_mixed_batch_
     """The scaffold planted as the words the tiny model writes anyway (its 2nd to 4th): with it, the row ends as
     those words begin and the output is what came before them, the same in a mixed batch (runner) and alone
     (generate); a row without a scaffold in the same batch is unchanged."""
-    from personalize.card.decoding import EchoStop
+    from personalize.serving.generation import EchoStop
     from personalize.serving.rows import DecodeRow
     from personalize.serving.runner import decode_rows
 

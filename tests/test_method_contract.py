@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from personalize.serving.rows import DecodeRow
-from personalize.card.decoding import Generation
+from personalize.serving.generation import Generation
 from personalize.methods.registry import REGISTRY
 from personalize.methods.base import Method, UserContext
 from personalize.methods.p2p import P2PConfig, P2PMethod, train_p2p

@@ -10,7 +10,7 @@ import torch
 from personalize.card.adapters import LoraSettings, add_warm_adapter, new_peft_model
 from personalize.card.config import CardConfig
 from personalize.data import TASKS, Item
-from personalize.card.decoding import DecodingSettings
+from personalize.serving.generation import DecodingSettings
 from personalize.methods.engine import Engine
 from personalize.methods.registry import METHODS, get_method
 from personalize.methods.base import UserContext

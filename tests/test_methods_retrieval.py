@@ -11,7 +11,7 @@ import personalize.methods.pag as pag_mod
 from personalize.card.adapters import LoraSettings, new_peft_model
 from personalize.card.config import CardConfig
 from personalize.data import TASKS, Item
-from personalize.card.decoding import DecodingSettings
+from personalize.serving.generation import DecodingSettings
 from personalize.methods.engine import Engine
 from personalize.methods.base import UserContext, n_tokens
 from personalize.methods.registry import get_method

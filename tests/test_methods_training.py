@@ -13,7 +13,7 @@ import torch
 from personalize.card.adapters import LoraSettings, new_peft_model, sft_loss
 from personalize.card.config import CardConfig
 from personalize.data import TASKS, Item
-from personalize.card.decoding import DecodingSettings
+from personalize.serving.generation import DecodingSettings
 from personalize.methods.engine import Engine
 from personalize.methods.base import UserContext
 from personalize.methods import p2p

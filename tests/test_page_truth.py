@@ -41,17 +41,17 @@ def test_explore_never_fits_or_decodes_with_a_held_out_item(studio, monkeypatch)
     (λ, bias, memory) is fitted on, not the embedding that picks the cluster, not any prompt the model decodes,
     although the style retrieves the person's nearest items into the prompt (the held-out item's own prompt would
     retrieve it first)."""
-    from personalize.card import decoding
+    from personalize.serving import generation
 
     studio.histories.save_history("planted", planted_history(studio), "tweets")
     cfg = studio.runtime.engine.cfg
     monkeypatch.setattr(studio.runtime.engine, "cfg", dataclasses.replace(
         cfg, style=dataclasses.replace(cfg.style, retrieval=True, memory=True, bias=True, fallback=False)))
     fitted, embedded, prompts = [], [], []
-    fit, embed, generate = studio.runtime.engine.fit, studio.runtime.engine.embed, decoding.generate
+    fit, embed, generate = studio.runtime.engine.fit, studio.runtime.engine.embed, generation.generate
     monkeypatch.setattr(studio.runtime.engine, "fit", lambda items, *a, **k: fitted.extend(items) or fit(items, *a, **k))
     monkeypatch.setattr(studio.runtime.engine, "embed", lambda items: embedded.extend(items) or embed(items))
-    monkeypatch.setattr(decoding, "generate", lambda m, t, ps, *a, **k: prompts.extend(ps) or generate(m, t, ps, *a, **k))
+    monkeypatch.setattr(generation, "generate", lambda m, t, ps, *a, **k: prompts.extend(ps) or generate(m, t, ps, *a, **k))
     res = studio.explorer.explore("planted", [0.0, 1.0], n_holdout=2, s=studio.runtime.settings(max_new_tokens=4))
 
     assert res["golds"].count(PLANTED) == 1 and res["n_set_aside"] == 1 and res["n_fit"] == len(WORDS) - 1

@@ -338,7 +338,7 @@ def test_build_and_eval_accept_a_table_population(tokenizer, tmp_path, capsys):
     from personalize.card.adapters import LoraSettings
     from personalize.fitting.build import build
     from personalize.card.config import CardConfig
-    from personalize.card.decoding import DecodingSettings
+    from personalize.serving.generation import DecodingSettings
     from personalize.demo import write_demo
     from personalize.card.head import HeadSettings
     from personalize.lm.models import ModelConfig

@@ -151,7 +151,7 @@ def test_rows_travel_with_the_head_by_name_and_come_back_with_the_replicas_own()
     from personalize.lm.tokens import TokenBudget
     from personalize.methods.card.steer import CardSteer
     from personalize.serving.rows import DecodeRow
-    from personalize.card.decoding import DecodingSettings
+    from personalize.serving.generation import DecodingSettings
     import numpy as np
 
     here, there = object(), object()

@@ -10,7 +10,8 @@ import torch
 from personalize.card.adapters import BASE_ADAPTER, LoraSettings, new_peft_model
 from personalize.methods.card.steer import CardSteer
 from personalize.serving.rows import DecodeRow
-from personalize.card.decoding import CardLogitsProcessor, DecodingSettings
+from personalize.card.decoding import CardLogitsProcessor
+from personalize.serving.generation import DecodingSettings
 from personalize.lm.features import HiddenCapture
 from personalize.card.head import PersonalizationHead
 from personalize.methods.card.score import score_sequences

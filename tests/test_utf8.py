@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from transformers import LogitsProcessor
 
-from personalize.card.decoding import DecodingSettings, generate
+from personalize.serving.generation import DecodingSettings, generate
 from personalize.lm.tokens import TokenBudget
 from personalize.lm.utf8 import pending, token_bytes, utf8_guard
 from personalize.serving.rows import DecodeRow, Steer
@@ -67,7 +67,7 @@ def test_inside_a_character_only_its_bytes_may_follow_and_no_end(tokenizer):
 def test_a_push_toward_a_lone_first_byte_still_gives_whole_characters(tiny_model, tokenizer):
     lead, word = lead_and_word(tokenizer)
     prompt = "Write about your morning run."
-    lib = generate(tiny_model, tokenizer, [prompt], BUDGET, SETTINGS, extra_processors=[Push(lead, word)])[0]
+    lib = generate(tiny_model, tokenizer, [prompt], BUDGET, SETTINGS, processors=[Push(lead, word)])[0]
     row = DecodeRow(prompt, BUDGET, SETTINGS, None, PushSteer(lead=lead, word=word))
     mixed = decode_rows(tiny_model, tokenizer, [row, DecodeRow(prompt, BUDGET, SETTINGS)])
     for text in (lib.text, mixed[0].text):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from personalize.card.adapters import LoraSettings
-from personalize.card.decoding import DecodingSettings
+from personalize.serving.generation import DecodingSettings
 from personalize.card.head import OBJECTIVES, HeadSettings
 from personalize.lm.models import EncoderConfig, ModelConfig
 from personalize.card.style import StyleSettings

@@ -16,7 +16,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Sequence
 
-from personalize.card.decoding import Generation
+from personalize.serving.generation import Generation
 from personalize.distributed.pool import RayConfig, connect
 from personalize.distributed.serve import ServeConfig, deploy, held_by_build, pack_rows
 from personalize.serving.rows import DecodeRow

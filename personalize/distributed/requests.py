@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from personalize.card.decoding import Generation
+from personalize.serving.generation import Generation
 from personalize.distributed import workers
 from personalize.distributed.pool import RayConfig, connect, map_shards, shard_count, split
 from personalize.distributed.serve import held_by_build, pack_rows, unpack_rows

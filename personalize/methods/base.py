@@ -26,7 +26,7 @@ from personalize.lm.tokens import TokenBudget
 from personalize.store import StoredItem
 
 from personalize.serving.rows import DecodeRow
-from personalize.card.decoding import DecodingSettings, Generation
+from personalize.serving.generation import DecodingSettings, Generation
 
 
 @runtime_checkable

@@ -25,7 +25,7 @@ from personalize.serving.runner import decode_rows
 from personalize.card.cluster import assign, closeness, user_embeddings
 from personalize.card.config import FORMAT_VERSION, CardConfig
 from personalize.data import Item, Task, TASKS
-from personalize.card.decoding import DecodingSettings, Generation, generate
+from personalize.serving.generation import DecodingSettings, Generation
 from personalize.lm.features import generate_with_states, teacher_forced
 from personalize.card.head import PAIR_OBJECTIVES, PairData, PersonalizationHead, TokenData, diagnostics, fit_user
 from personalize.lm.cpu_threads import hands_back_team, release_team

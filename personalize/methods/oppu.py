@@ -41,7 +41,7 @@ from typing import Callable
 
 from personalize.card.adapters import BASE_ADAPTER, add_warm_adapter, lora_bytes, sft_loss, train_adapter
 from personalize.serving.rows import DecodeRow
-from personalize.card.decoding import DecodingSettings, Generation, generate
+from personalize.serving.generation import DecodingSettings, Generation, generate
 from personalize.methods.base import UserContext, fingerprint
 
 META = "oppu.json"

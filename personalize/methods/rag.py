@@ -19,7 +19,7 @@ from rank_bm25 import BM25Okapi
 
 from personalize.serving.rows import DecodeRow
 from personalize.data import Item
-from personalize.card.decoding import DecodingSettings, Generation, generate
+from personalize.serving.generation import DecodingSettings, Generation, generate
 from personalize.methods.base import UserContext, clip, fingerprint, n_tokens, task_input, widened, words
 from personalize.methods.scaffold import HEADER, scaffold_lines
 

@@ -1,7 +1,7 @@
 """The lines of a prompt that are no one's writing (issue 36): the task's instruction and the framing the methods
 put around what they add (RAG's header, PAG's profile line). An output that repeats one echoes its prompt instead
 of answering it: metrics.echoes counts such outputs, and the rows of the methods whose prompts carry framing stop
-a row that starts one (decoding.EchoStop, DecodeRow.scaffold)."""
+a row that starts one (generation.EchoStop, DecodeRow.scaffold)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from typing import ClassVar
 
 from transformers import LogitsProcessor
 
-from personalize.card.decoding import DecodingSettings
+from personalize.serving.generation import DecodingSettings
 from personalize.lm.tokens import TokenBudget
 
 
@@ -68,7 +68,7 @@ class DecodeRow:
     trace: list | None = None  # what the method chose (Generation.trace), known before decoding
     note: str | None = None  # Generation.note (CARD's fallback to the cluster model)
     want_trace: bool = False  # CARD / COPE: record every step (the Why view)
-    scaffold: tuple[str, ...] = ()  # lines of the prompt no output may repeat (decoding.EchoStop): its framing
+    scaffold: tuple[str, ...] = ()  # lines of the prompt no output may repeat (generation.EchoStop): its framing
 
     def __post_init__(self):
         if self.steer is not None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from personalize.serving.rows import DecodeRow
-from personalize.card.decoding import Generation
+from personalize.serving.generation import Generation
 from personalize.lm.cpu_threads import lower_priority, release_team
 
 

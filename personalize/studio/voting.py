@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from personalize.card.decoding import DecodingSettings
+from personalize.serving.generation import DecodingSettings
 from personalize.fitting.person import prepared_items
 from personalize.humaneval.arena import BlindPair
 from personalize.humaneval.bradley_terry import LeaderboardConfig, leaderboard

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from personalize.card import decoding
+from personalize.card.decoding import card_generate
 from personalize.card.adapters import BASE_ADAPTER, adapter_name
-from personalize.card.decoding import DecodingSettings, Generation
+from personalize.serving import generation
+from personalize.serving.generation import DecodingSettings, Generation
 from personalize.catalog import CARD_ROWS
 from personalize.data import Item
 from personalize.methods.card.steer import CardSteer, card_parts
@@ -45,15 +46,15 @@ def generate(engine, prompts: Sequence[str], method: str, cluster: int | None = 
     kind = rows_kind(method)
     if kind == "base":
         engine.use_adapter(None)
-        return decoding.generate(engine.model, engine.tok, list(prompts), budget, s)
+        return generation.generate(engine.model, engine.tok, list(prompts), budget, s)
     engine.use_adapter(adapter_name(k, cluster or 0) if k > 1 else BASE_ADAPTER)
     if kind == "cluster":
-        return decoding.generate(engine.model, engine.tok, list(prompts), budget, s)
+        return generation.generate(engine.model, engine.tok, list(prompts), budget, s)
     head, style, styles, s = card_parts(engine, method, lam, len(prompts), s, objective)
     back = [i for i, st in enumerate(styles) if style.fallback and st.helps is False]
     out: list[Generation | None] = [None] * len(prompts)
     if back:  # the cluster model's own output: its prompt, no retrieved items
-        for i, g in zip(back, decoding.generate(engine.model, engine.tok, [prompts[i] for i in back], budget, s)):
+        for i, g in zip(back, generation.generate(engine.model, engine.tok, [prompts[i] for i in back], budget, s)):
             g.note, out[i] = FALLBACK_NOTE, g
     rest = [i for i in range(len(prompts)) if out[i] is None]
     if rest:
@@ -61,9 +62,9 @@ def generate(engine, prompts: Sequence[str], method: str, cluster: int | None = 
         if style.retrieval and items and s.alpha > 0:  # α scales the style's every part: at 0, no items either
             card_prompts, card_budget = retrieval_prompts(engine, items, card_prompts, budget)
             scaffold = scaffold_lines(engine.task)
-        gens = decoding.generate(engine.model, engine.tok, card_prompts, card_budget, s, head=head,
-                        styles=[styles[i] for i in rest], style=style, n_layers=engine.cfg.head.n_layers,
-                        trace=trace, scaffold=scaffold)
+        gens = card_generate(engine.model, engine.tok, card_prompts, card_budget, s, head,
+                             styles=[styles[i] for i in rest], style=style, n_layers=engine.cfg.head.n_layers,
+                             trace=trace, scaffold=scaffold)
         for i, g in zip(rest, gens):
             out[i] = g
     return out

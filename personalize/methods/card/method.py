@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 
 from personalize.serving.rows import DecodeRow
-from personalize.card.decoding import DecodingSettings, Generation
+from personalize.serving.generation import DecodingSettings, Generation
 from personalize.methods.base import UserContext
 from personalize.methods.card import card_decode
 

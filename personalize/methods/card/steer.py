@@ -8,7 +8,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from personalize.card.decoding import CardLogitsProcessor, DecodingSettings
+from personalize.card.decoding import CardLogitsProcessor
+
+from personalize.serving.generation import DecodingSettings
 from personalize.card.head import PAIR_OBJECTIVES, PersonalizationHead
 from personalize.card.style import StyleSettings, StyleTensors, UserStyle, variant
 from personalize.serving.rows import Steer

@@ -15,7 +15,7 @@ import torch
 from personalize.card.adapters import answer_loss, sft_batch
 from personalize.card.cluster import user_embeddings
 from personalize.serving.rows import DecodeRow
-from personalize.card.decoding import DecodingSettings, Generation, generate
+from personalize.serving.generation import DecodingSettings, Generation, generate
 from personalize.methods.base import UserContext, fingerprint
 from personalize.methods.p2p.p2p_config import ARTIFACTS_DIR, CONFIG, WEIGHTS, LoRA, P2PConfig
 from personalize.methods.p2p.hooks import applied, model_shapes
