@@ -22,7 +22,7 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from personalize.card.adapters import BASE_ADAPTER, adapter_name
+from personalize.methods.card.adapters import BASE_ADAPTER, adapter_name
 from personalize.data import read_lamp, select_sources
 from personalize.methods.card.score import score_sequences
 from personalize.methods.engine import Engine

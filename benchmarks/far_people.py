@@ -11,7 +11,7 @@ import argparse
 
 import numpy as np
 
-from personalize.card.cluster import closeness
+from personalize.methods.card.cluster import closeness
 from personalize.data import read_lamp, select_sources
 from personalize.methods.engine import Engine
 

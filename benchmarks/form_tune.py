@@ -18,9 +18,9 @@ import numpy as np
 import torch
 
 from benchmarks.form_study import prefix_share
-from personalize.card.cluster import member_distances
-from personalize.card.head import TokenData
-from personalize.card.style import fit_form, fit_lambda_bias
+from personalize.methods.card.cluster import member_distances
+from personalize.methods.card.head import TokenData
+from personalize.methods.card.style import fit_form, fit_lambda_bias
 from personalize.data import read_lamp, select_sources
 from personalize.eval.evaluate import decode_people
 from personalize.methods.engine import Engine

@@ -19,7 +19,7 @@ from pathlib import Path
 from personalize.fitting.build import _population, _population_diagnostics, head_data
 from personalize.data import read_lamp
 from personalize.methods.engine import Engine
-from personalize.card.head import PersonalizationHead, train_population
+from personalize.methods.card.head import PersonalizationHead, train_population
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ import numpy as np
 
 from benchmarks.form_study import prefix_share
 from benchmarks.form_tune import onboarded, tuning_parser, tuning_people
-from personalize.card.adapters import BASE_ADAPTER, adapter_name
+from personalize.methods.card.adapters import BASE_ADAPTER, adapter_name
 from personalize.methods.card import card_decode
 from personalize.methods.engine import Engine
 from personalize.metrics import paired_interval, rouge_per_query

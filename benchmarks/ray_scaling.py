@@ -34,10 +34,10 @@ def tiny_build(root: Path) -> tuple[Path, Path]:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from personalize.card.adapters import LoraSettings
-    from personalize.card.config import CardConfig
+    from personalize.methods.card.adapters import LoraSettings
+    from personalize.methods.card.config import CardConfig
     from personalize.serving.generation import DecodingSettings
-    from personalize.card.head import HeadSettings
+    from personalize.methods.card.head import HeadSettings
     from personalize.demo import write_demo
     from personalize.fitting.build import build
     from personalize.lm.models import BUNDLED_GGUF, ModelConfig

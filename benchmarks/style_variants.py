@@ -19,10 +19,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from personalize.card.adapters import BASE_ADAPTER, adapter_name
+from personalize.methods.card.adapters import BASE_ADAPTER, adapter_name
 from personalize.methods.engine import Engine
-from personalize.card.head import TokenData
-from personalize.card.style import style_diagnostics
+from personalize.methods.card.head import TokenData
+from personalize.methods.card.style import style_diagnostics
 from personalize.fitting.tune import validation_people
 
 

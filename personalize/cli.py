@@ -82,7 +82,7 @@ def _user_state(engine, store, name, k):
         store.user(name)  # raises "unknown user" first when that is the problem
         raise StoreError(f"user {name!r} has no vector for artifacts {engine.artifacts_id}: run `onboard` first")
     _, info = got
-    from personalize.card.style import UserStyle
+    from personalize.methods.card.style import UserStyle
 
     lam = UserStyle.from_stored(store.style(name, engine.artifacts_id))  # λ with the person's token bias and memory
     k = k or info["stats"].get("k") or engine.cfg.default_k
@@ -112,7 +112,7 @@ def cmd_generate(a) -> None:
     lam, cluster, k = _user_state(engine, store, a.user, a.k)
     s = decoding(engine, a)
     prompt = engine.task.prompt(a.prompt) if a.template else a.prompt
-    from personalize.card.style import variant
+    from personalize.methods.card.style import variant
     from personalize.methods.base import UserContext
     from personalize.methods.card import card_decode
     from personalize.methods.registry import METHODS, get_method

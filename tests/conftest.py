@@ -63,10 +63,10 @@ def save_tiny_lm(tokenizer, folder: Path) -> Path:
 
 def tiny_build_config(lm: Path):
     """The tiny build's settings (tiny_artifacts), on the model saved in `lm`."""
-    from personalize.card.adapters import LoraSettings
-    from personalize.card.config import CardConfig
+    from personalize.methods.card.adapters import LoraSettings
+    from personalize.methods.card.config import CardConfig
     from personalize.serving.generation import DecodingSettings
-    from personalize.card.head import HeadSettings
+    from personalize.methods.card.head import HeadSettings
     from personalize.lm.models import ModelConfig
     from personalize.lm.tokens import TokenBudget
 

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from personalize.card.adapters import LoraSettings, add_warm_adapter, new_peft_model, sft_loss, train_adapter
-from personalize.card.cluster import assign, fit_clusters
-from personalize.card.decoding import CardLogitsProcessor, card_generate
+from personalize.methods.card.adapters import LoraSettings, add_warm_adapter, new_peft_model, sft_loss, train_adapter
+from personalize.methods.card.cluster import assign, fit_clusters
+from personalize.methods.card.decoding import CardLogitsProcessor, card_generate
 from personalize.serving.generation import DecodingSettings, generate
-from personalize.card.style import StyleSettings, StyleTensors, UserStyle, fit_form, fit_lambda_bias, memory_from_features, style_scores
+from personalize.methods.card.style import StyleSettings, StyleTensors, UserStyle, fit_form, fit_lambda_bias, memory_from_features, style_scores
 from personalize.lm.features import HiddenCapture, generate_with_states, teacher_forced
-from personalize.card.head import HeadSettings, PairData, PersonalizationHead, TokenData, diagnostics, fit_user, opening_key, train_population
+from personalize.methods.card.head import HeadSettings, PairData, PersonalizationHead, TokenData, diagnostics, fit_user, opening_key, train_population
 from personalize.lm.tokens import TokenBudget
 
 BUDGET = TokenBudget(max_prompt_tokens=24, max_target_tokens=8)
@@ -91,7 +91,7 @@ def test_teacher_forced_batches_by_length_and_answers_in_the_order_given(tiny_mo
 
 
 def test_pair_data_is_user_text_against_cluster_output(tiny_model, tokenizer):
-    from personalize.card.head import PairData
+    from personalize.methods.card.head import PairData
 
     chosen = teacher_forced(tiny_model, tokenizer, [(p, "MY STYLE!!") for p in PROMPTS], 2, BUDGET)
     rejected = generate_with_states(tiny_model, tokenizer, PROMPTS, 2, BUDGET, max_new_tokens=5)
@@ -161,7 +161,7 @@ def test_hard_pairs_covariate_explains_likelihood_and_lambda_the_rest():
             (chosen.append(b), rejected.append(a))
     s = HeadSettings(d=d, rho=0.0, fit_iters=200, objective="hard_pairs")
     data = PairData(chosen, rejected, covariate=True)
-    from personalize.card.head import fit_covariate
+    from personalize.methods.card.head import fit_covariate
 
     gamma = fit_covariate(head, [data], s)
     assert gamma > 0.3 and float(head.gamma) == pytest.approx(gamma)
@@ -521,7 +521,7 @@ def test_early_stopping_keeps_the_best_epoch_on_held_out_users():
     head = PersonalizationHead(12, 40, 8)
     lams, curve = train_population(head, train, s, held_out=held)
     assert len(curve) < s.epochs  # stopped early
-    from personalize.card.head import user_loss
+    from personalize.methods.card.head import user_loss
     with torch.no_grad():
         kept = sum(float(user_loss(head, lams[u], held[u], s)) for u in held) / len(held)
     full = PersonalizationHead(12, 40, 8)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from personalize.card.style import UserStyle
+from personalize.methods.card.style import UserStyle
 from personalize.demo import write_demo
 from personalize.store import Store
 

@@ -480,7 +480,7 @@ def engine(tiny_artifacts):
 
 def test_kill_during_oppu_training_or_save_never_loads_a_half_written_adapter(worker, engine, demo_items, tmp_path,
                                                                              request):
-    from personalize.card.adapters import sft_loss
+    from personalize.methods.card.adapters import sft_loss
     from personalize.methods.base import UserContext
     from personalize.methods.oppu import ASIDE, PARTIAL, OppuConfig, OppuMethod, adapter_id
 

@@ -182,7 +182,7 @@ def test_read_history_file_errors(tmp_path: Path, name: str, content: bytes | No
 
 
 def test_neutral_rewrite_is_checked_and_falls_back_to_a_plain_version() -> None:
-    from personalize.card.neutral import accept, neutral, plain
+    from personalize.methods.card.neutral import accept, neutral, plain
 
     text = "omg the coffee was SO good today!!! 🔥🔥"
     echo = "Rewrite the following text in plain, neutral English: ☺🔥🔥"  # what SmolLM2-135M answered

@@ -141,7 +141,7 @@ def test_a_person_beyond_every_cluster_is_fitted_with_their_own_memory(engine, t
 def test_card_falls_back_with_a_note_and_retrieves_only_for_its_own_rows(engine, tiny_artifacts, monkeypatch):
     """A style that lost to the cluster model on its held-out items decodes as the cluster model (its plain prompt,
     a note saying so) when fallback is on; a retrieving style puts the person's items before the prompt."""
-    from personalize.card.style import UserStyle
+    from personalize.methods.card.style import UserStyle
 
     task, qs = read_lamp(tiny_artifacts["demo"], "dev")
     items = engine.prepare_items(list(qs[0].profile[:6]))

@@ -9,14 +9,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from personalize.card.style import UserStyle
-from personalize.card.adapters import adapter_name
+from personalize.methods.card.style import UserStyle
+from personalize.methods.card.adapters import adapter_name
 from personalize.data import Item
 from personalize.fitting.feedback import FeedbackSettings, SimulationSettings, Vote, simulate, split_person
-from personalize.card.head import VOTE_ITEM, PairData, TokenData
+from personalize.methods.card.head import VOTE_ITEM, PairData, TokenData
 
 from conftest import tiny_studio
-from personalize.card.style import style_diagnostics
+from personalize.methods.card.style import style_diagnostics
 
 TERSE = [f"ok so the {w} was fine i guess" for w in ("bus", "tea", "rain", "film", "shop", "walk", "game", "cake")]
 
@@ -181,7 +181,7 @@ def pairs_studio(tiny_artifacts, tmp_path_factory):
 
     from personalize.fitting.build import build
     from personalize.methods.artifacts import artifacts_meta
-    from personalize.card.config import CardConfig
+    from personalize.methods.card.config import CardConfig
 
     root = tmp_path_factory.mktemp("pairs")
     cfg = CardConfig.from_dict(artifacts_meta(tiny_artifacts["artifacts"])["settings"])

@@ -58,11 +58,11 @@ def test_two_processes_convert_the_bundled_model_once(tmp_path: Path) -> None:
 
 
 _CARD = """
-from personalize.card.adapters import LoraSettings
+from personalize.methods.card.adapters import LoraSettings
 from personalize.fitting.build import build
-from personalize.card.config import CardConfig
+from personalize.methods.card.config import CardConfig
 from personalize.serving.generation import DecodingSettings
-from personalize.card.head import HeadSettings
+from personalize.methods.card.head import HeadSettings
 from personalize.lm.models import ModelConfig
 from personalize.lm.tokens import TokenBudget
 card = CardConfig(model=ModelConfig({lm!r}, device="cpu"), ks=(1, 2), default_k=2, budget=TokenBudget(32, 12),

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from personalize.card.adapters import LoraSettings, add_warm_adapter, new_peft_model
-from personalize.card.config import CardConfig
+from personalize.methods.card.adapters import LoraSettings, add_warm_adapter, new_peft_model
+from personalize.methods.card.config import CardConfig
 from personalize.data import TASKS, Item
 from personalize.serving.generation import DecodingSettings
 from personalize.methods.engine import Engine

@@ -8,8 +8,8 @@ import torch
 
 import personalize.methods.exact as exact_mod
 import personalize.methods.pag as pag_mod
-from personalize.card.adapters import LoraSettings, new_peft_model
-from personalize.card.config import CardConfig
+from personalize.methods.card.adapters import LoraSettings, new_peft_model
+from personalize.methods.card.config import CardConfig
 from personalize.data import TASKS, Item
 from personalize.serving.generation import DecodingSettings
 from personalize.methods.engine import Engine

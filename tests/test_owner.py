@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from personalize.card.style import UserStyle
+from personalize.methods.card.style import UserStyle
 from personalize.cli import main
 from personalize.data import Item
 from personalize.methods.oppu import adapter_id
@@ -19,7 +19,7 @@ from personalize.studio.own_data import BuildInfo, export_keys, import_keys
 from personalize.store import Store
 
 from conftest import tiny_studio
-from personalize.card.stylekey import MAX_KEY, StyleKey, StyleKeyError, decode, encode
+from personalize.methods.card.stylekey import MAX_KEY, StyleKey, StyleKeyError, decode, encode
 
 TERSE = [f"ok so the {w} was fine i guess" for w in ("bus", "tea", "rain", "film", "shop", "walk", "game", "cake")]
 

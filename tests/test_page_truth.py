@@ -96,7 +96,7 @@ def test_a_newcomer_is_compared_with_the_build_s_people_as_if_they_were_new_too(
     are all 0. A newcomer a hair from a member was told "further than any of the build's people"; measured as
     if each member had been left out (their nearest other centre), the newcomer is close, and a member
     re-entering with the same writing is told they are one of the build's people."""
-    from personalize.card.cluster import closeness, is_member, member_distances
+    from personalize.methods.card.cluster import closeness, is_member, member_distances
 
     rng = np.random.default_rng(0)
     emb = rng.normal(size=(5, 8)).astype(np.float32)
@@ -294,7 +294,7 @@ def test_the_fit_page_says_how_far_the_person_is_what_they_get_and_what_alpha_do
     """The Fit report's form paragraph: the person's closeness in the cluster's words, the words they open with
     (from their fitted form bias), and what α does; a person far from every cluster is told the cluster model
     writes like its population, not like them."""
-    from personalize.card.head import opening_key
+    from personalize.methods.card.head import opening_key
     from personalize.ui import text as page_text
 
     st = dataclasses.replace(fitted.style, knn_weight=None)  # near: the build's own style, no memory of theirs

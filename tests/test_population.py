@@ -14,7 +14,7 @@ import pytest
 
 from personalize.cli import main
 from personalize.data import TASKS, HistoryError, read_lamp
-from personalize.card.neutral import plain
+from personalize.methods.card.neutral import plain
 from personalize.fitting.changelogs import from_changelogs
 from personalize.fitting.population import from_git, from_table
 
@@ -335,12 +335,12 @@ def test_build_and_eval_accept_a_table_population(tokenizer, tmp_path, capsys):
     from_table → the real build on a tiny random Llama → `eval` through the CLI."""
     from conftest import save_tiny_lm
 
-    from personalize.card.adapters import LoraSettings
+    from personalize.methods.card.adapters import LoraSettings
     from personalize.fitting.build import build
-    from personalize.card.config import CardConfig
+    from personalize.methods.card.config import CardConfig
     from personalize.serving.generation import DecodingSettings
     from personalize.demo import write_demo
-    from personalize.card.head import HeadSettings
+    from personalize.methods.card.head import HeadSettings
     from personalize.lm.models import ModelConfig
     from personalize.lm.tokens import TokenBudget
 

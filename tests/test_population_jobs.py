@@ -48,10 +48,10 @@ def write_table(path: Path, people: int = 8) -> Path:
 
 
 def tiny_settings(root: Path):
-    from personalize.card.adapters import LoraSettings
-    from personalize.card.config import CardConfig
+    from personalize.methods.card.adapters import LoraSettings
+    from personalize.methods.card.config import CardConfig
     from personalize.serving.generation import DecodingSettings
-    from personalize.card.head import HeadSettings
+    from personalize.methods.card.head import HeadSettings
     from personalize.lm.models import ModelConfig
     from personalize.lm.tokens import TokenBudget
 

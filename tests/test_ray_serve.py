@@ -146,7 +146,7 @@ def test_a_ray_that_cannot_be_reached_is_a_clear_error_at_start(tiny_artifacts, 
 def test_rows_travel_with_the_head_by_name_and_come_back_with_the_replicas_own():
     from types import SimpleNamespace
 
-    from personalize.card.style import StyleSettings, UserStyle
+    from personalize.methods.card.style import StyleSettings, UserStyle
     from personalize.distributed.serve import HeadRef, pack_rows, unpack_rows
     from personalize.lm.tokens import TokenBudget
     from personalize.methods.card.steer import CardSteer

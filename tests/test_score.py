@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 import torch
 
-from personalize.card.adapters import BASE_ADAPTER, LoraSettings, new_peft_model
+from personalize.methods.card.adapters import BASE_ADAPTER, LoraSettings, new_peft_model
 from personalize.methods.card.steer import CardSteer
 from personalize.serving.rows import DecodeRow
-from personalize.card.decoding import CardLogitsProcessor
+from personalize.methods.card.decoding import CardLogitsProcessor
 from personalize.serving.generation import DecodingSettings
 from personalize.lm.features import HiddenCapture
-from personalize.card.head import PersonalizationHead
+from personalize.methods.card.head import PersonalizationHead
 from personalize.methods.card.score import score_sequences
-from personalize.card.head import opening_key
-from personalize.card.style import StyleSettings, StyleTensors, UserStyle
+from personalize.methods.card.head import opening_key
+from personalize.methods.card.style import StyleSettings, StyleTensors, UserStyle
 from personalize.lm.tokens import TokenBudget, prompt_ids
 
 BUDGET = TokenBudget(max_prompt_tokens=24, max_target_tokens=8)

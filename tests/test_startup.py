@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 from peft import PeftModel
 
-from personalize.card.adapters import adapter_name, load_adapters
-from personalize.card.config import CardConfig
+from personalize.methods.card.adapters import adapter_name, load_adapters
+from personalize.methods.card.config import CardConfig
 from personalize.methods.artifacts import artifacts_meta
 from personalize.lm.models import load_lm
 

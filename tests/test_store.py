@@ -270,7 +270,7 @@ def test_one_store_shared_by_threads(store: Store) -> None:
 
 def test_version_1_database_gains_the_style_column_and_keeps_its_vectors(tmp_path: Path) -> None:
     """A studio.db written before styles existed opens, keeps λ, and then stores a whole style."""
-    from personalize.card.style import UserStyle
+    from personalize.methods.card.style import UserStyle
 
     path = tmp_path / "old.db"
     db = sqlite_utils.Database(path)

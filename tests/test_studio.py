@@ -144,7 +144,7 @@ def studio(tiny_artifacts, tmp_path_factory):
 
 
 def test_neutral_rewrites_never_echo_the_instruction(studio):
-    from personalize.card.neutral import plain
+    from personalize.methods.card.neutral import plain
 
     texts = ["omg the coffee was SO good today!!! 🔥🔥", "k bus late again"]
     # a random tiny model writes no usable rewrite, so every item gets its rule-based plain version
@@ -497,7 +497,7 @@ def test_builds_are_listed_per_task_and_choosing_a_task_switches_to_its_build(ti
 def test_how_near_a_cluster_is_said_in_plain_words(studio):
     """The nearest centroid's distance against the build's own people: a member of the population is within
     its cluster; a person further out than all of them is told the build is far from them."""
-    from personalize.card.cluster import closeness, member_distances
+    from personalize.methods.card.cluster import closeness, member_distances
 
     c = studio.runtime.engine.clusters
     k = studio.runtime.snap_k(None)

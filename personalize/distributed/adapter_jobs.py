@@ -10,8 +10,8 @@ from typing import Sequence
 from peft import set_peft_model_state_dict
 from tqdm import tqdm
 
-from personalize.card.adapters import BASE_ADAPTER, ClusterJob, adapter_state, train_cluster_adapter
-from personalize.card.config import CardConfig
+from personalize.methods.card.adapters import BASE_ADAPTER, ClusterJob, adapter_state, train_cluster_adapter
+from personalize.methods.card.config import CardConfig
 from personalize.distributed import workers
 from personalize.distributed.pool import RayConfig, connect, map_shards
 

@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import Sequence
 
-from personalize.card.adapters import BASE_ADAPTER, adapter_name
+from personalize.methods.card.adapters import BASE_ADAPTER, adapter_name
 from personalize.methods.engine import Engine
 from personalize.serving.row_lora import NO_ADAPTER
 from personalize.serving.rows import DecodeRow

@@ -4,7 +4,7 @@ it needs (a folder, the settings); the first one on a worker pays the load, the 
 
 from __future__ import annotations
 
-from personalize.card.config import CardConfig
+from personalize.methods.card.config import CardConfig
 from personalize.methods.engine import Engine
 
 _ENGINES: dict[str, Engine] = {}
@@ -22,7 +22,7 @@ def engine(folder: str, cfg: CardConfig) -> Engine:
 
 def training_model(cfg: CardConfig) -> tuple:
     """(peft model, tokenizer): the build's LM with a K = 1 adapter slot, for training cluster adapters on."""
-    from personalize.card.adapters import new_peft_model
+    from personalize.methods.card.adapters import new_peft_model
     from personalize.lm.models import load_lm
 
     key = repr((cfg.model, cfg.lora))

@@ -14,14 +14,14 @@ from typing import Sequence
 
 from tqdm import tqdm
 
-from personalize.card.adapters import adapter_name
+from personalize.methods.card.adapters import adapter_name
 from personalize.catalog import BENCH_METHODS, CARD_ROWS
 from personalize.data import Item
 from personalize.eval.loops import Person, format_loops, loop_shares
 from personalize.methods.base import UserContext
 from personalize.methods.card import card_decode
 from personalize.methods.engine import Engine, UserFit
-from personalize.card.head import fit_user
+from personalize.methods.card.head import fit_user
 from personalize.methods.registry import METHODS, REGISTRY, local_config
 from personalize.store import Store
 

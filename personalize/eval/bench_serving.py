@@ -183,7 +183,7 @@ def fit_tflop(studio, name: str, shared_prefix: bool = False) -> float:
     beginning (the chat template's system turn, the rewrite instruction) counted once, as a cache could."""
     from os.path import commonprefix
 
-    from personalize.card.neutral import plain
+    from personalize.methods.card.neutral import plain
     from personalize.lm.tokens import prompt_ids, target_ids
     from personalize.methods.engine import NEUTRAL_TEMPLATE
 

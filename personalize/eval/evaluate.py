@@ -24,7 +24,7 @@ from personalize.methods.engine import Engine, UserFit
 from personalize.methods.registry import METHODS, get_method, local_config
 from personalize.methods.base import UserContext
 from personalize.metrics import looping, paired_interval, rouge_per_query, rouge_scores
-from personalize.card.style import style_diagnostics, variant
+from personalize.methods.card.style import style_diagnostics, variant
 from personalize.store import Store
 from personalize.methods.card import card_decode
 

@@ -2,6 +2,6 @@
 studio share), the decoding choice and harm guard on validation people (tune), populations from where writing
 lives (population), one person fitted from the store (person), votes as more of a person's text (votes).
 
-May import: personalize.methods, personalize.serving, personalize.card, personalize.lm and the shared top-level
+May import: personalize.methods, personalize.serving, personalize.lm and the shared top-level
 modules. Not humaneval, studio, eval, ui or cli.
 """

@@ -26,13 +26,13 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from personalize.card.adapters import BASE_ADAPTER, ClusterJob, adapter_name, adapter_state, add_warm_adapter, \
+from personalize.methods.card.adapters import BASE_ADAPTER, ClusterJob, adapter_name, adapter_state, add_warm_adapter, \
     new_peft_model, put_adapter, save_adapters, train_adapter, train_cluster_adapter
-from personalize.card.cluster import fit_clusters, user_embeddings
-from personalize.card.config import FORMAT_VERSION, CardConfig
+from personalize.methods.card.cluster import fit_clusters, user_embeddings
+from personalize.methods.card.config import FORMAT_VERSION, CardConfig
 from personalize.data import Item, Query, read_lamp, select_sources
 from personalize.methods.engine import Clusters, Engine, split_held_out
-from personalize.card.head import PairData, PersonalizationHead, diagnostics, train_population
+from personalize.methods.card.head import PairData, PersonalizationHead, diagnostics, train_population
 from personalize.methods import p2p as p2p_mod
 from personalize.methods.p2p import P2PConfig, train_p2p
 from personalize.lm.models import file_lock, load_encoder, load_lm

@@ -31,13 +31,13 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from personalize.card.adapters import adapter_name
+from personalize.methods.card.adapters import adapter_name
 from personalize.data import Item
 from personalize.serving.generation import DecodingSettings
 from personalize.methods.engine import Engine, UserFit, split_held_out
-from personalize.card.head import PairData, TokenData, diagnostics, fit_user
+from personalize.methods.card.head import PairData, TokenData, diagnostics, fit_user
 from personalize.metrics import rouge_per_query
-from personalize.card.style import UserStyle, style_diagnostics
+from personalize.methods.card.style import UserStyle, style_diagnostics
 from personalize.methods.card import card_decode
 
 

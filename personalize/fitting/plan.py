@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from personalize.card.config import CardConfig
+    from personalize.methods.card.config import CardConfig
 
 DEMO_ARTIFACTS = "data/artifacts/demo"
 
@@ -126,9 +126,9 @@ def build_plan(a) -> tuple[Path, Path, CardConfig, dict]:
     data = Path(a.data)
     if not data.is_dir():  # told before the model code is imported
         raise UsageError(f"--data {data} is not a folder")
-    from personalize.card.adapters import LoraSettings
-    from personalize.card.config import CardConfig
-    from personalize.card.head import HeadSettings
+    from personalize.methods.card.adapters import LoraSettings
+    from personalize.methods.card.config import CardConfig
+    from personalize.methods.card.head import HeadSettings
     from personalize.fitting.build import P2P_STEPS
     from personalize.lm.models import EncoderConfig, ModelConfig
     from personalize.lm.tokens import TokenBudget
@@ -217,7 +217,7 @@ def ensure_demo(demo: Path, art: Path) -> None:
     """The first-run path of `demo` and the app: write the demo population and build it, once."""
     if not (demo / "dev_questions.json").exists():
         print(f"first start: the demo's people are {write_demo_people(demo)}", flush=True)
-    from personalize.card.config import FORMAT_VERSION
+    from personalize.methods.card.config import FORMAT_VERSION
     from personalize.methods.artifacts import ArtifactsError, artifacts_meta
 
     try:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
 from personalize.data import TASKS, HistoryError, Item, Query, Task, parse_json, short_text, task_named, write_lamp
-from personalize.card.neutral import plain
+from personalize.methods.card.neutral import plain
 
 COMMIT_PROMPT = TASKS["commit_subjects"].instruction + "\nFiles changed:\n{stat}Diff excerpt:\n{diff}"
 

@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from personalize.card.config import FORMAT_VERSION
+from personalize.methods.card.config import FORMAT_VERSION
 from personalize.data import Item, read_lamp
 from personalize.serving.generation import DecodingSettings
 from personalize.methods.engine import Engine, UserFit

@@ -2,6 +2,6 @@
 and tables, made by the store's migration step; campaign_pool: the output pool; campaign_report: results),
 agreement statistics, an LM judge, the leaderboard and exports.
 
-May import: personalize.methods, personalize.serving, personalize.card, personalize.lm and the shared top-level
+May import: personalize.methods, personalize.serving, personalize.lm and the shared top-level
 modules. Not fitting, studio, eval, ui or cli.
 """

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from personalize.card.adapters import BASE_ADAPTER, adapter_name
+from personalize.methods.card.adapters import BASE_ADAPTER, adapter_name
 from personalize.serving.row_lora import NO_ADAPTER
 from personalize.serving.rows import DecodeRow, Steer
 from personalize.serving.generation import DecodingSettings, Generation, repetition_processors

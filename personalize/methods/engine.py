@@ -19,19 +19,19 @@ import torch
 from safetensors.torch import load_file
 
 from personalize.methods.artifacts import ArtifactsError, artifacts_meta
-from personalize.card.adapters import BASE_ADAPTER, adapter_name, add_adapters, load_adapters
+from personalize.methods.card.adapters import BASE_ADAPTER, adapter_name, add_adapters, load_adapters
 from personalize.serving.rows import DecodeRow
 from personalize.serving.runner import decode_rows
-from personalize.card.cluster import assign, closeness, user_embeddings
-from personalize.card.config import FORMAT_VERSION, CardConfig
+from personalize.methods.card.cluster import assign, closeness, user_embeddings
+from personalize.methods.card.config import FORMAT_VERSION, CardConfig
 from personalize.data import Item, Task, TASKS
 from personalize.serving.generation import DecodingSettings, Generation
 from personalize.lm.features import generate_with_states, teacher_forced
-from personalize.card.head import PAIR_OBJECTIVES, PairData, PersonalizationHead, TokenData, diagnostics, fit_user
+from personalize.methods.card.head import PAIR_OBJECTIVES, PairData, PersonalizationHead, TokenData, diagnostics, fit_user
 from personalize.lm.cpu_threads import hands_back_team, release_team
-from personalize.card.style import UserStyle, fit_form, fit_lambda_bias, memory_from_features, style_diagnostics
+from personalize.methods.card.style import UserStyle, fit_form, fit_lambda_bias, memory_from_features, style_diagnostics
 from personalize.lm.models import LM, EncoderConfig, ModelConfig, load_encoder, load_lm
-from personalize.card.neutral import neutral
+from personalize.methods.card.neutral import neutral
 
 NEUTRAL_TEMPLATE = "Rewrite the following text in plain, neutral English: {text}"
 

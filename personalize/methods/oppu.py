@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from personalize.card.adapters import BASE_ADAPTER, add_warm_adapter, lora_bytes, sft_loss, train_adapter
+from personalize.methods.card.adapters import BASE_ADAPTER, add_warm_adapter, lora_bytes, sft_loss, train_adapter
 from personalize.serving.rows import DecodeRow
 from personalize.serving.generation import DecodingSettings, Generation, generate
 from personalize.methods.base import UserContext, fingerprint

@@ -7,8 +7,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from personalize.card.adapters import adapter_name
-from personalize.card.head import PAIR_OBJECTIVES
+from personalize.methods.card.adapters import adapter_name
+from personalize.methods.card.head import PAIR_OBJECTIVES
 from personalize.data import Item
 from personalize.fitting.person import fit_person, prepared_items
 from personalize.lm.cpu_threads import trim_memory
@@ -80,8 +80,8 @@ def held_out_interval(engine, fit: UserFit, n_boot: int = 2000, seed: int = 0) -
     """Own style minus the cluster model in held-out next-word accuracy (the verdict's difference), with its
     bootstrap 95 % interval over the held-out items (each resampled with all its words): a verdict on five
     items is a guess, and the page says how much of one. None without a tokens fit with 2+ held-out items."""
-    from personalize.card.head import TokenData
-    from personalize.card.style import style_diagnostics
+    from personalize.methods.card.head import TokenData
+    from personalize.methods.card.style import style_diagnostics
 
     if fit.features is None or fit.held_style is None or fit.n_hold < 2 or "tokens" not in engine.heads:
         return None

@@ -8,8 +8,8 @@ from typing import Sequence
 
 import numpy as np
 
-from personalize.card.cluster import closeness, is_member
-from personalize.card.style import UserStyle
+from personalize.methods.card.cluster import closeness, is_member
+from personalize.methods.card.style import UserStyle
 from personalize.data import TASKS, HistoryError, Item, parse_history, read_history_file
 from personalize.fitting.person import prepared_items, store_assignments
 from personalize.store import StoreError

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 from safetensors import safe_open
 
-from personalize.card.style import UserStyle
-from personalize.card import stylekey
+from personalize.methods.card.style import UserStyle
+from personalize.methods.card import stylekey
 from personalize.humaneval import campaign_schema
 from personalize.store import Store
 from personalize.studio.service import Service

@@ -25,7 +25,7 @@ import numpy as np
 
 from personalize.fitting import changelogs, population
 from personalize.fitting.build import BuildCancelled, build
-from personalize.card.cluster import closeness
+from personalize.methods.card.cluster import closeness
 from personalize.data import HistoryError
 from personalize.display import md
 from personalize.lm.cpu_threads import lower_priority, release_team

@@ -4,7 +4,7 @@ people and models enters it escaped by the caller (display.md)."""
 
 from __future__ import annotations
 
-from personalize.card.head import opening_key
+from personalize.methods.card.head import opening_key
 from personalize.display import md
 from personalize.methods.engine import UserFit
 from personalize.studio.fits import fit_verdict, kept_reason

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from personalize.card.decoding import card_generate
-from personalize.card.adapters import BASE_ADAPTER, adapter_name
+from personalize.methods.card.decoding import card_generate
+from personalize.methods.card.adapters import BASE_ADAPTER, adapter_name
 from personalize.serving import generation
 from personalize.serving.generation import DecodingSettings, Generation
 from personalize.catalog import CARD_ROWS

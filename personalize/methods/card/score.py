@@ -10,8 +10,8 @@ from typing import Sequence
 
 import torch
 
-from personalize.card.head import next_opening, opening_key
-from personalize.card.style import StyleTensors, style_scores
+from personalize.methods.card.head import next_opening, opening_key
+from personalize.methods.card.style import StyleTensors, style_scores
 from personalize.lm.features import HiddenCapture, position_ids
 from personalize.lm.onednn import onednn_linears
 from personalize.lm.tokens import left_pad, prompt_ids, target_ids

@@ -8,11 +8,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from personalize.card.decoding import CardLogitsProcessor
+from personalize.methods.card.decoding import CardLogitsProcessor
 
 from personalize.serving.generation import DecodingSettings
-from personalize.card.head import PAIR_OBJECTIVES, PersonalizationHead
-from personalize.card.style import StyleSettings, StyleTensors, UserStyle, variant
+from personalize.methods.card.head import PAIR_OBJECTIVES, PersonalizationHead
+from personalize.methods.card.style import StyleSettings, StyleTensors, UserStyle, variant
 from personalize.serving.rows import Steer
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from personalize.card.adapters import BASE_ADAPTER
+from personalize.methods.card.adapters import BASE_ADAPTER
 from personalize.lm.tokens import TokenBudget
 from personalize.methods.artifacts import P2P_CONFIG as CONFIG
 from personalize.methods.artifacts import P2P_DIR as ARTIFACTS_DIR  # the hypernetwork's folder inside a build

@@ -12,8 +12,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from personalize.card.adapters import answer_loss, sft_batch
-from personalize.card.cluster import user_embeddings
+from personalize.methods.card.adapters import answer_loss, sft_batch
+from personalize.methods.card.cluster import user_embeddings
 from personalize.serving.rows import DecodeRow
 from personalize.serving.generation import DecodingSettings, Generation, generate
 from personalize.methods.base import UserContext, fingerprint

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from transformers import get_cosine_schedule_with_warmup
 
-from personalize.card.adapters import answer_loss, sft_batch
+from personalize.methods.card.adapters import answer_loss, sft_batch
 from personalize.lm.tokens import TokenBudget
 from personalize.methods.p2p.p2p_config import P2PConfig
 from personalize.methods.p2p.hooks import applied, model_shapes

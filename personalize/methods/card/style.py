@@ -40,7 +40,7 @@ from safetensors.numpy import load as np_load, save as np_save
 
 from personalize.catalog import STEERED  # card and its variants: their StyleSettings changes
 from personalize.lm.features import SequenceFeatures
-from personalize.card.head import PersonalizationHead, TokenData, opening_key
+from personalize.methods.card.head import PersonalizationHead, TokenData, opening_key
 
 
 KEYS = ("state", "head")

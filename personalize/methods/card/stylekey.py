@@ -25,7 +25,7 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load as np_load, save as np_save
 
-from personalize.card.style import UserStyle
+from personalize.methods.card.style import UserStyle
 
 PREFIX = "card-style-1:"
 MAX_KEY = 4096  # characters: fits a chat message, a form field, a QR code

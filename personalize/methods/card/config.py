@@ -11,11 +11,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from personalize.card.adapters import LoraSettings
+from personalize.methods.card.adapters import LoraSettings
 from personalize.serving.generation import DecodingSettings
-from personalize.card.head import OBJECTIVES, HeadSettings
+from personalize.methods.card.head import OBJECTIVES, HeadSettings
 from personalize.lm.models import EncoderConfig, ModelConfig
-from personalize.card.style import StyleSettings
+from personalize.methods.card.style import StyleSettings
 from personalize.lm.tokens import TokenBudget
 
 # of the artifacts folder; Engine.load refuses newer ones. 2: decoding applies the tokens head's trained rule

@@ -19,8 +19,8 @@ import torch
 from transformers import LogitsProcessor
 
 from personalize.lm.features import HiddenCapture
-from personalize.card.head import PersonalizationHead, next_opening, opening_key
-from personalize.card.style import StyleSettings, StyleTensors, UserStyle, style_scores
+from personalize.methods.card.head import PersonalizationHead, next_opening, opening_key
+from personalize.methods.card.style import StyleSettings, StyleTensors, UserStyle, style_scores
 from personalize.lm.tokens import TokenBudget
 from personalize.serving import generation
 from personalize.serving.generation import DecodingSettings, Generation
