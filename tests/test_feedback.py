@@ -78,7 +78,7 @@ def test_a_thumbs_up_refits_the_style_towards_the_text_as_a_new_version(studio, 
     # a text the model wrote (as every column's is): its tokens are among the cluster model's candidates, which
     # is what the tokens head ranks (the tiny random model's candidates rarely hold a hand-written text's tokens)
     LIKED = next(studio.decoding.compare("vic", studio.runtime.task.prompt("a parade"), ["cluster"], studio.runtime.settings(max_new_tokens=8))).text
-    res = studio.votes.thumb("vic", prompt, LIKED, True, s)  # not fitted: the vote waits
+    res = studio.votes.thumb("vic", True, s, prompt=prompt, text=LIKED)  # not fitted: the vote waits
     assert res["version"] is None and "fit" in res["message"].lower()
     studio.fits.fit("vic")  # the fit takes the vote already cast into account
     versions = studio.fits.versions("vic")
@@ -87,7 +87,7 @@ def test_a_thumbs_up_refits_the_style_towards_the_text_as_a_new_version(studio, 
     first = versions[1]["version"]
     old = UserStyle.from_stored(studio.runtime.store.version_style("vic", studio.runtime.engine.artifacts_id, first)[0])
 
-    res = studio.votes.thumb("vic", prompt, LIKED, True, s)
+    res = studio.votes.thumb("vic", True, s, prompt=prompt, text=LIKED)
     assert res["version"] == studio.fits.versions("vic")[0]["version"] and res["n_votes"] == 2
     assert res["before"] is not None and res["after"] is not None and "refitted" in res["message"]
     new = UserStyle.from_stored(studio.runtime.store.style("vic", studio.runtime.engine.artifacts_id))
@@ -101,7 +101,7 @@ def test_a_thumbs_up_refits_the_style_towards_the_text_as_a_new_version(studio, 
     assert np.array_equal(new.values, old.values)
 
     # a thumbs down lowers the text again
-    down = studio.votes.thumb("vic", prompt, LIKED, False, s)
+    down = studio.votes.thumb("vic", False, s, prompt=prompt, text=LIKED)
     lowered = UserStyle.from_stored(studio.runtime.store.style("vic", studio.runtime.engine.artifacts_id))
     assert down["n_votes"] == 3 and _score(studio, "vic", LIKED, prompt, lowered) < _score(studio, "vic", LIKED, prompt, new)
 
@@ -122,7 +122,7 @@ def test_before_and_after_are_cards_outputs_with_the_old_and_new_style(studio):
     prompt = studio.runtime.task.prompt("the storm")
     shown = next(studio.decoding.compare("wen", prompt, ["card"], s)).text
     liked = next(studio.decoding.compare("wen", prompt, ["base"], s)).text
-    res = studio.votes.thumb("wen", prompt, liked, True, s, before=shown)
+    res = studio.votes.thumb("wen", True, s, prompt=prompt, text=liked, before=shown)
     assert res["before"] == shown
     again = next(studio.decoding.compare("wen", prompt, ["card"], s)).text
     assert res["after"] == again  # what Compare shows from now on
@@ -132,7 +132,7 @@ def test_a_rate_vote_on_a_users_pair_refines_their_style_in_the_background(studi
     studio.histories.save_history("xia", [Item(y=t) for t in TERSE], "tweets")
     studio.fits.fit("xia")
     s = studio.runtime.settings(alpha=2.0, max_new_tokens=5)
-    drawn = studio.votes.new_pair("xia", studio.runtime.task.prompt("we won"), ["base", "card"], s)
+    drawn = studio.votes.new_pair("xia", studio.runtime.task.prompt("we won"), ["base", "card"], s).pair
     # the tiny model may write the same text twice (no decided vote): the pair is opened again with two texts
     # that differ, as a rater sees them, so that the vote is always a decided one
     other = drawn.outputs[1] + " (edited)" if drawn.outputs[0].strip() == drawn.outputs[1].strip() else drawn.outputs[1]
@@ -199,7 +199,7 @@ def test_a_pair_heads_vote_is_a_pair_and_refits_lambda(pairs_studio):
     s = studio.runtime.settings(alpha=2.0, max_new_tokens=5)
     prompt = studio.runtime.task.prompt("the match")
     before = UserStyle.from_stored(studio.runtime.store.style("yun", studio.runtime.engine.artifacts_id))
-    res = studio.votes.thumb("yun", prompt, "ok so the match was fine i guess", True, s)
+    res = studio.votes.thumb("yun", True, s, prompt=prompt, text="ok so the match was fine i guess")
     assert res["version"] is not None and res["n_votes"] == 1 and res["diagnostics"].get("unit") != "tokens"
     after = UserStyle.from_stored(studio.runtime.store.style("yun", studio.runtime.engine.artifacts_id))
     assert after.helps is True and len(after.bias_ids) == 0  # a pair head has λ only

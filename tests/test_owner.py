@@ -127,8 +127,8 @@ def test_forget_me_leaves_nothing_of_the_user(studio):
     studio.fits.fit(marker)
     s = studio.runtime.settings(alpha=2.0, max_new_tokens=5)
     prompt = studio.runtime.task.prompt(f"{marker} news")
-    studio.votes.thumb(marker, prompt, f"{marker} liked this", True, s)
-    pair = studio.votes.new_pair(marker, prompt, ["base", "card"], s)
+    studio.votes.thumb(marker, True, s, prompt=prompt, text=f"{marker} liked this")
+    pair = studio.votes.new_pair(marker, prompt, ["base", "card"], s).pair
     studio.votes.vote(pair.id, "tie", "rater-q")
     studio.votes.wait_feedback()
     studio.runtime.store.put_blob(marker, "exact_memory", prompt, {"prompt": prompt, "attributes": ["a"]})
@@ -142,7 +142,7 @@ def test_forget_me_leaves_nothing_of_the_user(studio):
     (exports / "votes.csv").write_text(f"user,output\nsomeone,hello\n{marker},bye\nother,{items[0].y} quoted\n")
     (exports / "predictions_card.json").write_text(json.dumps({"task": "x", "golds": [{"id": "-1", "output": "o"}]}))
     (exports / "unrelated.csv").write_text("user,output\nsomeone,hello\n")
-    pending = studio.votes.new_pair(marker, prompt, ["base", "card"], s)
+    pending = studio.votes.new_pair(marker, prompt, ["base", "card"], s).pair
     n_ratings = len(studio.runtime.store.ratings())
     from personalize.humaneval.campaign_schema import CampaignConfig, CampaignItem  # the person as an item of a campaign
 

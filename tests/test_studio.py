@@ -282,13 +282,13 @@ def test_cold_start_for_a_one_item_history(studio):
 def test_blind_pair_vote_feeds_exact_and_leaderboard(studio):
     studio.histories.save_history("cy", studio.histories.demo_items("emoji_01"), "tweets")
     s = studio.runtime.settings(alpha=2.0, max_new_tokens=5)
-    pair = studio.votes.new_pair("cy", studio.runtime.task.prompt("we won the match"), ["base", "card"], s)
+    pair = studio.votes.new_pair("cy", studio.runtime.task.prompt("we won the match"), ["base", "card"], s).pair
     assert set(pair.methods) == {"base", "card"} and pair.settings["alpha"] == 2.0
     gen = studio.runtime.store.generation(pair.gen_ids[0])
     assert gen["method"] == pair.methods[0] and gen["output"] == pair.outputs[0]
     # the same prompt and settings reuse the stored generations instead of decoding again
     n = len(studio.runtime.store.generations(user="cy"))
-    studio.votes.new_pair("cy", pair.prompt, ["base", "card"], s)
+    studio.votes.new_pair("cy", pair.prompt, ["base", "card"], s).pair
     assert len(studio.runtime.store.generations(user="cy")) == n
 
     assert studio.background_jobs.needs_indexing("cy", "exact") and not studio.background_jobs.needs_indexing("cy", "card")

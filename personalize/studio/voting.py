@@ -3,6 +3,7 @@ after), a decided vote as an EXACT preference pair, and the leaderboard."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 from personalize.serving.generation import DecodingSettings
@@ -17,6 +18,16 @@ from personalize.studio.histories import Histories, UserState
 from personalize.studio.service import Service
 
 
+@dataclass(frozen=True)
+class DrawnPair:
+    """A blind pair as drawn for a rater: `seen`, that rater already voted on these two outputs (one vote per rater
+    and pair); no rater, None and False."""
+
+    pair: BlindPair
+    rater: str | None
+    seen: bool
+
+
 class Votes(Service):
     def __init__(self, rt, histories: Histories, decoding: Decoding, fits: Fits):
         super().__init__(rt)
@@ -24,21 +35,30 @@ class Votes(Service):
         self.decoding = decoding
         self.fits = fits
 
-    def new_pair(self, name: str, prompt: str, methods: Sequence[str], s: DecodingSettings,
-                 k: int | None = None) -> BlindPair:
+    def new_pair(self, name: str | None, prompt: str | None, methods: Sequence[str], s: DecodingSettings,
+                 k: int | None = None, *, fallback_prompt: str | None = None, templated: bool = True,
+                 rater: str | None = None, logged_in: str | None = None) -> DrawnPair:
         """Two methods at random, each output generated now (or reused when this prompt and these settings
-        were already generated for the user), shown in random order."""
-        prompt = self.rt.check_prompt(prompt)
+        were already generated for the user), shown in random order. The prompt is pair_prompt's (its own text,
+        else `fallback_prompt`; in the task template when `templated`); with a `rater` (arena.rater_id: the
+        logged-in name under --auth, else the typed id; checked before any model work), whether they already voted
+        on these two outputs."""
+        from personalize.humaneval.arena import rater_id
+
+        name = self.rt.need_user(name)
+        who = None if rater is None and logged_in is None else rater_id(rater, logged_in)
+        prompt = self.histories.pair_prompt(prompt, fallback_prompt, templated)
         state = self.histories.user_state(name, k)
-        a, b = self.rt.arena.draw(methods)
+        a, b = self.rt.arena.draw(methods or [])
         outs = [self._reuse(state, m, prompt, s) or self.decoding.run_method(m, state, prompt, s) for m in (a, b)]
         failed = [o for o in outs if o.error]
         if failed:
             raise ValueError(f"{failed[0].method} could not run: {failed[0].error}")
         settings = {"alpha": s.alpha, "top_k": s.top_k, "max_new_tokens": s.max_new_tokens, "k": state.k,
                     "cluster": state.cluster, "fitted": state.fitted, "artifacts": self.engine.artifacts_id}
-        return self.rt.arena.open(state.name, prompt, (a, b), (outs[0].text, outs[1].text),
-                               (outs[0].gen_id, outs[1].gen_id), settings)
+        pair = self.rt.arena.open(state.name, prompt, (a, b), (outs[0].text, outs[1].text),
+                                  (outs[0].gen_id, outs[1].gen_id), settings)
+        return DrawnPair(pair, who, who is not None and self.store.has_rating(who, *pair.gen_ids))
 
     def _reuse(self, state: UserState, method: str, prompt: str, s: DecodingSettings) -> MethodOutput | None:
         want = {"alpha": s.alpha, "top_k": s.top_k, "max_new_tokens": s.max_new_tokens, "k": state.k,
@@ -90,10 +110,15 @@ class Votes(Service):
     def leaderboard(self, cfg: LeaderboardConfig = LeaderboardConfig()) -> dict:
         return leaderboard(self.store.ratings(), cfg)
 
-    def thumb(self, name: str, prompt: str, text: str, up: bool, s: DecodingSettings, k: int | None = None,
-              before: str | None = None) -> dict:
-        """A thumbs up (this is like me) or down (this is not) on a Compare column: stored, λ refitted at once,
-        and CARD's output for the same prompt before and after. `before`: CARD's output already shown."""
+    def thumb(self, name: str, up: bool, s: DecodingSettings, k: int | None = None, *, method: str | None = None,
+              prompt: str | None = None, text: str | None = None, before: str | None = None) -> dict:
+        """A thumbs up (this is like me) or down (this is not): stored, λ refitted at once, and CARD's output for the
+        same prompt before and after. On a Compare column (`method`): that method's newest output for the person
+        (the one shown), "before" CARD's output for the same prompt when Compare showed one; else on `text` for
+        `prompt`, `before` CARD's output already shown."""
+        if method is not None:
+            prompt, text, before = self._shown(name, method, s)
+            name = self.store.user(name)["name"]
         prompt = self.rt.check_prompt(prompt)
         if not (text or "").strip():
             raise ValueError("this column has no output to vote on")
@@ -113,9 +138,8 @@ class Votes(Service):
                     "message": f"λ refitted on your history and {r['n_votes']} vote{'s' * (r['n_votes'] != 1)} in "
                                f"{r['seconds']:.2f} s (version {r['version']}). {r['verdict']}"}
 
-    def thumb_column(self, name: str, method: str, up: bool, s: DecodingSettings, k: int | None = None) -> dict:
-        """A thumb on a Compare column: the vote is on that method's newest output for the user (the one shown),
-        and "before" is CARD's output for the same prompt when Compare showed one."""
+    def _shown(self, name: str, method: str, s: DecodingSettings) -> tuple[str, str, str | None]:
+        """(prompt, output, CARD's output for that prompt or None): the column's newest output for the person."""
         gens = self.store.generations(user=self.store.user(name)["name"], method=method, limit=1)
         if not gens:
             raise ValueError(f"no {method} output for {name!r} yet: generate in Compare first")
@@ -124,20 +148,7 @@ class Votes(Service):
             c["settings"].get(key) == v for key, v in (("alpha", s.alpha), ("top_k", s.top_k),
                                                        ("max_new_tokens", s.max_new_tokens)))
         card = [c for c in self.store.generations(user=g["user"], method="card", limit=20) if same(c)]
-        return self.thumb(g["user"], g["prompt"], g["output"], up, s, k, before=card[0]["output"] if card else None)
+        return g["prompt"], g["output"], card[0]["output"] if card else None
 
     def card_text(self, state: UserState, prompt: str, s: DecodingSettings) -> str:
         return self.decoding.decode("card", state, prompt, s).text
-
-    def quick_pair(self, name: str | None, prompt: str | None, fallback_prompt: str | None, templated: bool,
-                   methods: Sequence[str] | None, s: DecodingSettings, k: int | None = None,
-                   rater: str | None = None, logged_in: str | None = None) -> dict:
-        """Quick pair: a blind pair drawn now (new_pair) on pair_prompt's prompt, and whether the rater
-        (arena.rater_id: the logged-in name under --auth, else the typed id) already voted on these two outputs.
-        Returns {"user", "pair": BlindPair, "rater", "seen": bool}."""
-        from personalize.humaneval.arena import rater_id
-
-        name = self.rt.need_user(name)
-        who = rater_id(rater, logged_in)
-        pair = self.new_pair(name, self.histories.pair_prompt(prompt, fallback_prompt, templated), methods or [], s, k)
-        return {"user": name, "pair": pair, "rater": who, "seen": self.store.has_rating(who, *pair.gen_ids)}

@@ -122,7 +122,8 @@ def compare(studio, name, text, templated, item, chosen, alpha, top_k, max_token
 @guarded(2)
 def thumb(studio, method, up, name, alpha, top_k, max_tokens, k):
     """👍 / 👎 on a column: (status, the versions table when the style was refitted)."""
-    res = studio.votes.thumb_column(studio.runtime.need_user(name), method, up, studio.runtime.settings(alpha, top_k, max_tokens), k)
+    res = studio.votes.thumb(studio.runtime.need_user(name), up, studio.runtime.settings(alpha, top_k, max_tokens), k,
+                             method=method)
     if res["version"] is None:
         return md(res["message"]), gr.skip()
     return refine_md(res, method, up), version_rows(studio, name)

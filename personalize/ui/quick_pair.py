@@ -24,14 +24,14 @@ def draw_pair(studio, name, rater, text, chosen, compare_text, templated, alpha,
               login: str | None = None):
     """(status, A, B, pair id): a new blind pair, the status saying when this rater already voted on it."""
     try:
-        got = studio.votes.quick_pair(name, text, compare_text, templated, chosen, studio.runtime.settings(alpha, top_k, max_tokens),
-                                k, rater=rater, logged_in=login)
+        got = studio.votes.new_pair(name, text, chosen, studio.runtime.settings(alpha, top_k, max_tokens), k,
+                                    fallback_prompt=compare_text, templated=templated, rater=rater or "", logged_in=login)
     except EXPECTED as e:
         return _err(e), gr.skip(), gr.skip(), None
-    pair = got["pair"]
-    return (f"Prompt: {md(pair.prompt, limit=300)} — which output fits **{md(got['user'])}**'s style better?"
-            + (f"\n\n⚠️ **{md(got['rater'])}** already voted on these two outputs (one vote per rater and pair): "
-               "draw again, or change the prompt or settings." if got["seen"] else ""),
+    pair = got.pair
+    return (f"Prompt: {md(pair.prompt, limit=300)} — which output fits **{md(pair.user)}**'s style better?"
+            + (f"\n\n⚠️ **{md(got.rater)}** already voted on these two outputs (one vote per rater and pair): "
+               "draw again, or change the prompt or settings." if got.seen else ""),
             pair_md("A", pair.outputs[0]), pair_md("B", pair.outputs[1]), pair.id)
 
 
