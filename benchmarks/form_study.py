@@ -2,11 +2,12 @@
 intervals, read from `eval --json` files (their per-person predictions), merged on the people they share.
 
     python -m personalize eval --artifacts B --data G --sources S --methods cluster,card,card_shuffled,... --json a.json
-    python -m benchmarks.form_study a.json [b.json ...] [--pairs card-cluster,card-card_shuffled] [--show 3]
+    python -m benchmarks.form_study a.json [b.json ...] [--pairs card-cluster,card-card_shuffled] [--show 3] [--data G]
 
 Prints one table (people, ROUGE-L, the share opening with an upper-case word and a colon ("BUG:", "DOC:") of each method's outputs beside the golds'),
 the paired differences with bootstrap 95 % intervals (people resampled) and how many outputs are identical, one row
-per source, and, with --show, real people's outputs side by side.
+per source, and, with --show, real people's outputs side by side. With --data (the people's LaMP folder), the share
+of each method's outputs that are one of the person's own past outputs word for word (a copy, not a new text).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from personalize.data import read_lamp
 from personalize.metrics import paired_interval, rouge_per_query
 
 PREFIX = re.compile(r"^\s*[A-Z][A-Za-z]*:")  # "BUG:", "DOC:", "MAINT:": the population's form
@@ -48,13 +50,32 @@ def prefix_share(texts) -> float:
     return float(np.mean([bool(PREFIX.match(t or "")) for t in texts])) if texts else float("nan")
 
 
-def report(rows, pairs, n_boot=1000) -> str:
+def _norm(text: str | None) -> str:
+    return " ".join((text or "").split()).casefold()
+
+
+def copy_share(rows, method: str, pasts: dict[str, set[str]]) -> float:
+    """The share of `method`'s outputs that repeat one of the person's own past outputs (whitespace and case
+    aside)."""
+    return float(np.mean([_norm(r[method]) in pasts.get(r["id"], set()) for r in rows]))
+
+
+def past_outputs(folder: str, split: str = "dev") -> dict[str, set[str]]:
+    """Each query's person's past outputs (their profile), normalised as copy_share compares them."""
+    return {q.id: {_norm(it.y) for it in q.profile} for q in read_lamp(folder, split)[1]}
+
+
+def report(rows, pairs, n_boot=1000, pasts: dict[str, set[str]] | None = None) -> str:
     methods = methods_of(rows)
     golds = [r["gold"] for r in rows]
     rl = {m: np.asarray(rouge_per_query([r[m] for r in rows], golds)) for m in methods}
-    out = [f"{len(rows)} people; golds in the prefix form: {prefix_share(golds):.0%}", "",
-           "| method | ROUGE-L | prefix form |", "|---|---|---|"]
-    out += [f"| {m} | {rl[m].mean():.4f} | {prefix_share([r[m] for r in rows]):.0%} |" for m in methods]
+    copies = pasts is not None
+    out = [f"{len(rows)} people; golds in the prefix form: {prefix_share(golds):.0%}"
+           + (f"; golds that repeat a past output: {copy_share(rows, 'gold', pasts):.0%}" if copies else ""), "",
+           "| method | ROUGE-L | prefix form |" + (" a past output copied |" if copies else ""),
+           "|---|---|---|" + ("---|" if copies else "")]
+    out += [f"| {m} | {rl[m].mean():.4f} | {prefix_share([r[m] for r in rows]):.0%} |"
+            + (f" {copy_share(rows, m, pasts):.0%} |" if copies else "") for m in methods]
     out += ["", "| paired difference | mean | 95 % interval | wins / losses | identical outputs |", "|---|---|---|---|---|"]
     for pair in pairs:
         a, b = pair.split("-", 1)
@@ -93,9 +114,10 @@ def main(argv=None) -> None:
     p.add_argument("files", nargs="+", help="eval --json files (people matched by query id)")
     p.add_argument("--pairs", default=",".join(DEFAULT_PAIRS), help="a-b differences to report (comma-separated)")
     p.add_argument("--show", type=int, default=0, help="real people's outputs side by side")
+    p.add_argument("--data", default=None, help="the people's LaMP folder: the share of outputs copied from their past")
     a = p.parse_args(argv)
     rows = merged(a.files)
-    print(report(rows, a.pairs.split(",")))
+    print(report(rows, a.pairs.split(","), pasts=past_outputs(a.data) if a.data else None))
     if a.show:
         print(side_by_side(rows, a.show, methods_of(rows)))
 

@@ -73,6 +73,10 @@ class StyleSettings:
     # form that is not theirs, and their own past words are what carries them (0: off)
     far_knn_weight: float = 0.15
     far_share: float = 0.1
+    # the memory's weight follows how well the context matches the person's past (the nearest entry's cosine
+    # similarity s): w·clip((s − m) / (1 − m), 0, 1), so an unfamiliar context keeps the cluster model's words and
+    # a familiar one takes theirs (0: off, w whatever the match)
+    knn_match: float = 0.0
 
     def __post_init__(self):
         if not 0 <= self.knn_weight <= 1 or self.knn_neighbours < 1 or self.knn_temperature <= 0:
@@ -83,6 +87,8 @@ class StyleSettings:
             raise ValueError("form_positions >= 0, form_prior > 0 and form_cap > 0")
         if not 0 <= self.far_knn_weight <= 1 or not 0 <= self.far_share <= 1:
             raise ValueError("far_knn_weight and far_share in [0, 1]")
+        if not 0 <= self.knn_match < 1:
+            raise ValueError("knn_match in [0, 1)")
         if self.key not in KEYS:
             raise ValueError(f"key must be one of {KEYS}, got {self.key!r}")
 
@@ -297,7 +303,7 @@ def style_scores(head: PersonalizationHead, st: StyleTensors, s: StyleSettings, 
     centred and scaled to the logits' spread first, for heads whose Δ has no logit scale; b_o, the form bias
     after each row's opening, `openings` [B] of opening_key); then, with a memory,
     log((1 − w')·softmax(ℓ̃_T) + w'·p_kNN) over the candidates and the neighbours' tokens, w' = min(1, α·w), w
-    the row's own (UserStyle.memory_weight):
+    the row's own (UserStyle.memory_weight), scaled by the context's match with `knn_match`:
     α scales everything of the person's, so α = 0 is the cluster model exactly."""
     h, base = h.float(), base.float()
     if alpha == 0:
@@ -327,6 +333,8 @@ def style_scores(head: PersonalizationHead, st: StyleTensors, s: StyleSettings, 
         top = sims.topk(min(n, len(sims)))
         w = torch.softmax(top.values / s.knn_temperature, -1)
         weight = min(1.0, alpha * st.knn_weights[r])
+        if s.knn_match > 0:  # the context's match to the person's past
+            weight *= float(((top.values[0] - s.knn_match) / (1 - s.knn_match)).clamp(0, 1))
         p = (1 - weight) * torch.softmax(scores[r], -1)
         nb = vals[top.indices]
         hit = nb[:, None] == cand[r][None, :]  # [n, k]: neighbour tokens already among the candidates
