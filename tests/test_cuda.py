@@ -115,7 +115,8 @@ def test_cuda_4bit_loads_and_decodes(tokenizer, tmp_path):
     pytest.importorskip("bitsandbytes")
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from personalize.lm.models import ModelConfig, load_lm
+    from personalize.lm.models import load_lm
+    from personalize.lm.model_config import ModelConfig
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,

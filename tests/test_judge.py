@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from personalize.humaneval.judge import Judge, JudgeConfig
-from personalize.lm.models import LM, ModelConfig
+from personalize.lm.models import LM
+from personalize.lm.model_config import ModelConfig
 
 HISTORY = ["lol this is SO good!!! cant stop laughing", "omg best day ever!!!", "who even does that lmao"]
 PROMPT = "Paraphrase the following tweet without any explanation before or after it: the game was great"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from personalize.serving.generation import DecodingSettings, NoThirdRepeat, digit_tokens, generate, \
-    repetition_processors
+from personalize.serving.generation import NoThirdRepeat, digit_tokens, generate, repetition_processors
+from personalize.serving.settings import DecodingSettings
 from personalize.lm.tokens import TokenBudget
 from personalize.metrics import echoes, looping
 

@@ -7,10 +7,11 @@ import math
 import pytest
 import torch
 
-from personalize.methods.card.adapters import LoraSettings, add_warm_adapter, new_peft_model
+from personalize.methods.card.adapters import add_warm_adapter, new_peft_model
+from personalize.methods.card.config import LoraSettings
 from personalize.methods.card.config import CardConfig
 from personalize.data import TASKS, Item
-from personalize.serving.generation import DecodingSettings
+from personalize.serving.settings import DecodingSettings
 from personalize.methods.engine import Engine
 from personalize.methods.registry import METHODS, get_method
 from personalize.methods.base import UserContext

@@ -8,10 +8,11 @@ import torch
 
 import personalize.methods.exact as exact_mod
 import personalize.methods.pag as pag_mod
-from personalize.methods.card.adapters import LoraSettings, new_peft_model
+from personalize.methods.card.adapters import new_peft_model
+from personalize.methods.card.config import LoraSettings
 from personalize.methods.card.config import CardConfig
 from personalize.data import TASKS, Item
-from personalize.serving.generation import DecodingSettings
+from personalize.serving.settings import DecodingSettings
 from personalize.methods.engine import Engine
 from personalize.methods.base import UserContext, n_tokens
 from personalize.methods.registry import get_method

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from personalize.methods.card.adapters import LoraSettings, new_peft_model, sft_loss
+from personalize.methods.card.adapters import new_peft_model, sft_loss
+from personalize.methods.card.config import LoraSettings
 from personalize.methods.card.config import CardConfig
 from personalize.data import TASKS, Item
-from personalize.serving.generation import DecodingSettings
+from personalize.serving.settings import DecodingSettings
 from personalize.methods.engine import Engine
 from personalize.methods.base import UserContext
 from personalize.methods import p2p
@@ -268,7 +269,7 @@ def _tiny_build(monkeypatch, tiny_model, tokenizer, data, out, p2p_cfg, objectiv
     from personalize.fitting import build as build_mod
     from personalize.methods import engine as engine_mod
     from personalize.demo import write_demo
-    from personalize.methods.card.head import HeadSettings
+    from personalize.methods.card.config import HeadSettings
     from personalize.lm.models import LM
 
     fresh = copy.deepcopy(tiny_model)  # build wraps its model in peft; Engine.load gets an unwrapped copy

@@ -335,13 +335,13 @@ def test_build_and_eval_accept_a_table_population(tokenizer, tmp_path, capsys):
     from_table → the real build on a tiny random Llama → `eval` through the CLI."""
     from conftest import save_tiny_lm
 
-    from personalize.methods.card.adapters import LoraSettings
+    from personalize.methods.card.config import LoraSettings
     from personalize.fitting.build import build
     from personalize.methods.card.config import CardConfig
-    from personalize.serving.generation import DecodingSettings
+    from personalize.serving.settings import DecodingSettings
     from personalize.demo import write_demo
-    from personalize.methods.card.head import HeadSettings
-    from personalize.lm.models import ModelConfig
+    from personalize.methods.card.config import HeadSettings
+    from personalize.lm.model_config import ModelConfig
     from personalize.lm.tokens import TokenBudget
 
     tweets = TASKS["tweets"]

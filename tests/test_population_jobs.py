@@ -48,11 +48,11 @@ def write_table(path: Path, people: int = 8) -> Path:
 
 
 def tiny_settings(root: Path):
-    from personalize.methods.card.adapters import LoraSettings
+    from personalize.methods.card.config import LoraSettings
     from personalize.methods.card.config import CardConfig
-    from personalize.serving.generation import DecodingSettings
-    from personalize.methods.card.head import HeadSettings
-    from personalize.lm.models import ModelConfig
+    from personalize.serving.settings import DecodingSettings
+    from personalize.methods.card.config import HeadSettings
+    from personalize.lm.model_config import ModelConfig
     from personalize.lm.tokens import TokenBudget
 
     return CardConfig(model=ModelConfig(str(root / "lm"), device="cpu"), ks=(1, 2), default_k=2,

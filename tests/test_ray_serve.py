@@ -146,12 +146,13 @@ def test_a_ray_that_cannot_be_reached_is_a_clear_error_at_start(tiny_artifacts, 
 def test_rows_travel_with_the_head_by_name_and_come_back_with_the_replicas_own():
     from types import SimpleNamespace
 
-    from personalize.methods.card.style import StyleSettings, UserStyle
+    from personalize.methods.card.style import UserStyle
+    from personalize.methods.card.config import StyleSettings
     from personalize.distributed.serve import HeadRef, pack_rows, unpack_rows
     from personalize.lm.tokens import TokenBudget
     from personalize.methods.card.steer import CardSteer
     from personalize.serving.rows import DecodeRow
-    from personalize.serving.generation import DecodingSettings
+    from personalize.serving.settings import DecodingSettings
     import numpy as np
 
     here, there = object(), object()

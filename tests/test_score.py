@@ -7,16 +7,18 @@ import numpy as np
 import pytest
 import torch
 
-from personalize.methods.card.adapters import BASE_ADAPTER, LoraSettings, new_peft_model
+from personalize.methods.card.adapters import BASE_ADAPTER, new_peft_model
+from personalize.methods.card.config import LoraSettings
 from personalize.methods.card.steer import CardSteer
 from personalize.serving.rows import DecodeRow
 from personalize.methods.card.decoding import CardLogitsProcessor
-from personalize.serving.generation import DecodingSettings
+from personalize.serving.settings import DecodingSettings
 from personalize.lm.features import HiddenCapture
 from personalize.methods.card.head import PersonalizationHead
 from personalize.methods.card.score import score_sequences
 from personalize.methods.card.head import opening_key
-from personalize.methods.card.style import StyleSettings, StyleTensors, UserStyle
+from personalize.methods.card.style import StyleTensors, UserStyle
+from personalize.methods.card.config import StyleSettings
 from personalize.lm.tokens import TokenBudget, prompt_ids
 
 BUDGET = TokenBudget(max_prompt_tokens=24, max_target_tokens=8)

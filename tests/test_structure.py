@@ -71,7 +71,8 @@ def test_no_import_cycles_between_modules():
 
 def test_sizes_and_the_top_level():
     mods = _modules()
-    assert len([f for f in mods.values() if f.parent == ROOT and f.name != "__init__.py"]) <= 10
+    # modules of a concern beside the packages (__init__ and __main__, the package's doc and its entry point, aside)
+    assert len([f for f in mods.values() if f.parent == ROOT and not f.name.startswith("__")]) <= 10
     for f in mods.values():
         src = f.read_text()
         assert src.count("\n") <= 500, f"{f} has {src.count(chr(10))} lines"

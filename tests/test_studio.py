@@ -548,7 +548,8 @@ def test_the_demo_picker_offers_people_the_build_never_saw_before_those_who_chos
 def test_rewrites_decode_in_one_batch_each_as_it_decodes_alone(studio):
     """The rewrites share one mixed batch, each row stopped at its own budget: every raw rewrite is what its text
     gives decoded alone with that budget (a short line is not padded to a long one's steps)."""
-    from personalize.serving.generation import DecodingSettings, generate
+    from personalize.serving.generation import generate
+    from personalize.serving.settings import DecodingSettings
     from personalize.methods.engine import NEUTRAL_TEMPLATE
 
     eng = studio.runtime.engine

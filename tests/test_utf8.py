@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import torch
 from transformers import LogitsProcessor
 
-from personalize.serving.generation import DecodingSettings, generate
+from personalize.serving.generation import generate
+from personalize.serving.settings import DecodingSettings
 from personalize.lm.tokens import TokenBudget
 from personalize.lm.utf8 import pending, token_bytes, utf8_guard
 from personalize.serving.rows import DecodeRow, Steer

@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 
 from tqdm import tqdm
 
-from personalize.serving.generation import DecodingSettings
+from personalize.serving.settings import DecodingSettings
 from personalize.data import Item
 from personalize.distributed import workers
 from personalize.distributed.pool import RayConfig, connect, map_shards, shard_count, split

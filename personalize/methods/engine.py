@@ -25,12 +25,15 @@ from personalize.serving.runner import decode_rows
 from personalize.methods.card.cluster import assign, closeness, user_embeddings
 from personalize.methods.card.config import FORMAT_VERSION, CardConfig
 from personalize.data import Item, Task, TASKS
-from personalize.serving.generation import DecodingSettings, Generation
+from personalize.serving.generation import Generation
+from personalize.serving.settings import DecodingSettings
 from personalize.lm.features import generate_with_states, teacher_forced
-from personalize.methods.card.head import PAIR_OBJECTIVES, PairData, PersonalizationHead, TokenData, diagnostics, fit_user
+from personalize.methods.card.head import PairData, PersonalizationHead, TokenData, diagnostics, fit_user
+from personalize.methods.card.config import PAIR_OBJECTIVES
 from personalize.lm.cpu_threads import hands_back_team, release_team
 from personalize.methods.card.style import UserStyle, fit_form, fit_lambda_bias, memory_from_features, style_diagnostics
-from personalize.lm.models import LM, EncoderConfig, ModelConfig, load_encoder, load_lm
+from personalize.lm.models import LM, load_encoder, load_lm
+from personalize.lm.model_config import EncoderConfig, ModelConfig
 from personalize.methods.card.neutral import neutral
 
 NEUTRAL_TEMPLATE = "Rewrite the following text in plain, neutral English: {text}"

@@ -30,7 +30,8 @@ import torch
 from transformers import DynamicCache
 
 from personalize.serving.rows import DecodeRow
-from personalize.serving.generation import DecodingSettings, Generation, generate
+from personalize.serving.generation import Generation, generate
+from personalize.serving.settings import DecodingSettings
 from personalize.lm.features import teacher_forced
 from personalize.lm.onednn import onednn_linears
 from personalize.lm.tokens import prompt_ids, target_ids

@@ -41,7 +41,8 @@ from typing import Callable
 
 from personalize.methods.card.adapters import BASE_ADAPTER, add_warm_adapter, lora_bytes, sft_loss, train_adapter
 from personalize.serving.rows import DecodeRow
-from personalize.serving.generation import DecodingSettings, Generation, generate
+from personalize.serving.generation import Generation, generate
+from personalize.serving.settings import DecodingSettings
 from personalize.methods.base import UserContext, fingerprint
 
 META = "oppu.json"

@@ -10,7 +10,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from personalize.serving.generation import DecodingSettings, Generation, generate
+from personalize.serving.generation import Generation, generate
+from personalize.serving.settings import DecodingSettings
 from personalize.methods.base import UserContext, clip, fingerprint, n_tokens
 from personalize.methods.rag import SLACK, RagConfig, RagMethod
 from personalize.methods.scaffold import PROFILE_PREFIX

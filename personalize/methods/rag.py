@@ -19,7 +19,8 @@ from rank_bm25 import BM25Okapi
 
 from personalize.serving.rows import DecodeRow
 from personalize.data import Item
-from personalize.serving.generation import DecodingSettings, Generation, generate
+from personalize.serving.generation import Generation, generate
+from personalize.serving.settings import DecodingSettings
 from personalize.methods.base import UserContext, clip, fingerprint, n_tokens, task_input, widened, words
 from personalize.methods.scaffold import HEADER, scaffold_lines
 

@@ -21,29 +21,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, MinNewTokensLengt
 
 from personalize.lm.tokens import TokenBudget, decode, left_pad, prompt_ids
 from personalize.lm.utf8 import utf8_guard
-
-
-@dataclass(frozen=True)
-class DecodingSettings:
-    alpha: float = 1.0  # steering strength; 1 = the tokens head's trained rule, 0 = the cluster model
-    top_k: int = 50
-    max_new_tokens: int = 32
-    min_new_tokens: int = 0  # > 0 only to time a fixed number of steps (bench)
-    # every method, generated tokens only (the prompt is ignored); chosen on validation users (build, tune)
-    repetition_penalty: float = 1.0
-    no_repeat_ngram: int = 4  # no n-gram of this size twice in the output (0 = off): stops loops
-    # no n-gram of up to this many tokens a third time back to back (0 = off): loops that the n-gram rule, tuned off
-    # where a text repeats its own forms (changelog lines), let through (issue 36); 12 covers "2023-02-24 "
-    loop_period: int = 12
-    do_sample: bool = False
-    temperature: float = 1.0
-    standardize: bool = False  # set by the engine for heads whose Δ has no logit scale (pairs, hard_pairs)
-
-    def __post_init__(self):
-        if self.alpha < 0 or self.top_k < 1 or self.max_new_tokens < 1:
-            raise ValueError("alpha must be >= 0, top_k >= 1 and max_new_tokens >= 1")
-        if self.repetition_penalty <= 0 or self.temperature <= 0 or self.no_repeat_ngram < 0 or self.loop_period < 0:
-            raise ValueError("repetition_penalty and temperature must be > 0, no_repeat_ngram and loop_period >= 0")
+from personalize.serving.settings import DecodingSettings
 
 
 class GeneratedNoRepeatNGram(NoRepeatNGramLogitsProcessor):

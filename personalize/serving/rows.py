@@ -18,7 +18,7 @@ from typing import ClassVar
 
 from transformers import LogitsProcessor
 
-from personalize.serving.generation import DecodingSettings
+from personalize.serving.settings import DecodingSettings
 from personalize.lm.tokens import TokenBudget
 
 

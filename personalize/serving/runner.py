@@ -27,8 +27,8 @@ from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList, Sto
     StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from personalize.serving.generation import DecodingSettings, EchoStop, Generation, MinNewTokens, \
-    repetition_processors, trim_echo
+from personalize.serving.generation import EchoStop, Generation, MinNewTokens, repetition_processors, trim_echo
+from personalize.serving.settings import DecodingSettings
 from personalize.lm.utf8 import utf8_guard
 from personalize.lm.features import HiddenCapture, position_ids
 from personalize.lm.onednn import onednn_linears

@@ -10,7 +10,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, Sequence
 
-from personalize.serving.generation import DecodingSettings, Generation
+from personalize.serving.generation import Generation
+from personalize.serving.settings import DecodingSettings
 from personalize.catalog import ALL_METHODS, CORE_METHODS
 from personalize.methods.registry import METHODS
 from personalize.fitting.person import stored_with_rewrites

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from personalize.serving.generation import DecodingSettings
+from personalize.serving.settings import DecodingSettings
 from personalize.data import Item
 from personalize.fitting.person import prepared_items
 from personalize.metrics import rouge_scores

@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from personalize.methods.card.adapters import adapter_name
-from personalize.methods.card.head import PAIR_OBJECTIVES
+from personalize.methods.card.config import PAIR_OBJECTIVES
 from personalize.data import Item
 from personalize.fitting.person import fit_person, prepared_items
 from personalize.lm.cpu_threads import trim_memory

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from personalize.access import Access
-from personalize.serving.generation import DecodingSettings
+from personalize.serving.settings import DecodingSettings
 from personalize.data import Item
 from personalize.fitting.feedback import FeedbackSettings
 from personalize.humaneval.arena import Arena

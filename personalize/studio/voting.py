@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from personalize.serving.generation import DecodingSettings
+from personalize.serving.settings import DecodingSettings
 from personalize.fitting.person import prepared_items
 from personalize.humaneval.arena import BlindPair
 from personalize.humaneval.bradley_terry import LeaderboardConfig, leaderboard

@@ -31,6 +31,7 @@ from safetensors.torch import load_file
 from transformers import get_cosine_schedule_with_warmup
 
 from personalize.lm.onednn import onednn_linears
+from personalize.methods.card.config import LoraSettings
 from personalize.lm.tokens import TokenBudget, left_pad, prompt_ids, target_ids
 
 BASE_ADAPTER = "k1c0"  # the K = 1 adapter: the task-adapted model ("TAM"/"MT-LoRA")
@@ -40,33 +41,9 @@ def adapter_name(k: int, cluster: int) -> str:
     return f"k{k}c{cluster}"
 
 
-@dataclass(frozen=True)
-class LoraSettings:
-    """LoRA and its training budget. Paper (Qwen3-8B): r=16, alpha=32, dropout 0.05,
-    targets q,k,v,o,gate,up,down, 10 epochs, cosine decay. Defaults here fit a 2-core CPU."""
-
-    r: int = 8
-    alpha: int = 16
-    dropout: float = 0.05
-    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
-    lr: float = 1e-3
-    batch_size: int = 8
-    base_steps: int = 60  # K = 1 adapter, on everything
-    cluster_steps: int = 8  # each cluster adapter, from the K = 1 weights
-    eval_every: int = 10  # held-out loss curve (METHOD §1.9.4: train until it flattens)
-    seed: int = 0
-
-    def __post_init__(self):
-        if self.r < 1 or self.alpha <= 0 or not 0 <= self.dropout < 1:
-            raise ValueError("LoRA needs r >= 1, alpha > 0 and 0 <= dropout < 1")
-        if self.base_steps < 0 or self.cluster_steps < 0 or self.batch_size < 1:
-            raise ValueError("steps must be >= 0 and batch_size >= 1")
-
-    def peft_config(self) -> LoraConfig:
-        return LoraConfig(
-            r=self.r, lora_alpha=self.alpha, lora_dropout=self.dropout,
-            target_modules=list(self.targets), task_type="CAUSAL_LM",
-        )
+def peft_config(s: LoraSettings) -> LoraConfig:
+    return LoraConfig(r=s.r, lora_alpha=s.alpha, lora_dropout=s.dropout, target_modules=list(s.targets),
+                      task_type="CAUSAL_LM")
 
 
 def answer_loss(model, ids, mask, labels, reduction: str = "mean") -> torch.Tensor:
@@ -161,7 +138,7 @@ def train_adapter(
 
 
 def new_peft_model(base_model, settings: LoraSettings) -> PeftModel:
-    model = get_peft_model(base_model, settings.peft_config(), adapter_name=BASE_ADAPTER)
+    model = get_peft_model(base_model, peft_config(settings), adapter_name=BASE_ADAPTER)
     model.eval()
     return model
 
@@ -173,7 +150,7 @@ def add_warm_adapter(model: PeftModel, name: str, settings: LoraSettings, source
 
 def put_adapter(model: PeftModel, name: str, settings: LoraSettings, state: dict) -> None:
     """A new adapter `name` with the weights `state` (adapter_state's form), frozen, the model in eval mode."""
-    model.add_adapter(name, settings.peft_config())
+    model.add_adapter(name, peft_config(settings))
     set_peft_model_state_dict(model, state, adapter_name=name)
     for p in model.parameters():  # peft marks a new adapter trainable; train_adapter unfreezes its own
         p.requires_grad_(False)

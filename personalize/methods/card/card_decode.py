@@ -11,7 +11,8 @@ from typing import Sequence
 from personalize.methods.card.decoding import card_generate
 from personalize.methods.card.adapters import BASE_ADAPTER, adapter_name
 from personalize.serving import generation
-from personalize.serving.generation import DecodingSettings, Generation
+from personalize.serving.generation import Generation
+from personalize.serving.settings import DecodingSettings
 from personalize.catalog import CARD_ROWS
 from personalize.data import Item
 from personalize.methods.card.steer import CardSteer, card_parts

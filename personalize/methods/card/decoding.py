@@ -20,10 +20,12 @@ from transformers import LogitsProcessor
 
 from personalize.lm.features import HiddenCapture
 from personalize.methods.card.head import PersonalizationHead, next_opening, opening_key
-from personalize.methods.card.style import StyleSettings, StyleTensors, UserStyle, style_scores
+from personalize.methods.card.style import StyleTensors, UserStyle, style_scores
+from personalize.methods.card.config import StyleSettings
 from personalize.lm.tokens import TokenBudget
 from personalize.serving import generation
-from personalize.serving.generation import DecodingSettings, Generation
+from personalize.serving.generation import Generation
+from personalize.serving.settings import DecodingSettings
 
 
 def _one_scale(scores: torch.Tensor, ids: torch.Tensor, new: torch.Tensor) -> dict:

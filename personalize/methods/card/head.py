@@ -30,43 +30,9 @@ import torch
 import torch.nn.functional as F
 
 from personalize.lm.features import SequenceFeatures
+from personalize.methods.card.config import HeadSettings
 
-OBJECTIVES = ("tokens", "pairs", "hard_pairs")
-PAIR_OBJECTIVES = ("pairs", "hard_pairs")  # objectives that need negatives
 VOTE_ITEM = 1 << 30  # the item index of a vote's pair (PairData.with_votes)
-
-
-@dataclass(frozen=True)
-class HeadSettings:
-    d: int = 128  # paper: 128 best of 32/64/128/256
-    n_layers: int = 4  # paper: last 4 layers best of 1/4/8
-    objective: str = "tokens"
-    top_k: int = 50
-    beta: float = 1.0  # Bradley–Terry temperature ("pairs")
-    rho: float = 0.01  # pull of λ_u towards 1: the cold-start vector
-    epochs: int = 20  # population stage
-    # > 0: stop when held-out loss has not improved for this many epochs, keeping the best epoch. Default 2: on
-    # scholarly_titles dev every objective overfits without it (held-out top-1 0.50 vs 0.60 with no head)
-    patience: int = 2
-    lr: float = 1e-3
-    weight_decay: float = 0.0  # AdamW decay on P and U (not λ, whose prior is ρ): U has |V|·D parameters
-    lambda_lr_scale: float = 30.0  # population λ's learning rate, relative to P and U's
-    batch_users: int = 8
-    fit_iters: int = 50  # LBFGS iterations for a new user's λ
-    n_samples: int = 1  # hard_pairs: sampled cluster outputs per item, beside the greedy one
-    n_other: int = 1  # hard_pairs, build only: other users' texts of the same cluster per item
-    temperature: float = 1.0  # hard_pairs: sampling temperature of the sampled negatives (top_k candidates)
-    seed: int = 0
-
-    def __post_init__(self):
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
-        if self.d < 1 or self.n_layers < 1 or self.top_k < 2:
-            raise ValueError("head needs d >= 1, n_layers >= 1, top_k >= 2")
-        if self.rho < 0 or self.beta <= 0 or self.weight_decay < 0:
-            raise ValueError("rho and weight_decay must be >= 0 and beta > 0")
-        if self.n_samples < 0 or self.n_other < 0 or self.temperature <= 0:
-            raise ValueError("n_samples and n_other must be >= 0 and temperature > 0")
 
 
 class PersonalizationHead(torch.nn.Module):

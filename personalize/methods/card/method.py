@@ -10,7 +10,8 @@ import time
 from dataclasses import dataclass
 
 from personalize.serving.rows import DecodeRow
-from personalize.serving.generation import DecodingSettings, Generation
+from personalize.serving.generation import Generation
+from personalize.serving.settings import DecodingSettings
 from personalize.methods.base import UserContext
 from personalize.methods.card import card_decode
 

@@ -10,9 +10,11 @@ import numpy as np
 
 from personalize.methods.card.decoding import CardLogitsProcessor
 
-from personalize.serving.generation import DecodingSettings
-from personalize.methods.card.head import PAIR_OBJECTIVES, PersonalizationHead
-from personalize.methods.card.style import StyleSettings, StyleTensors, UserStyle, variant
+from personalize.serving.settings import DecodingSettings
+from personalize.methods.card.head import PersonalizationHead
+from personalize.methods.card.config import PAIR_OBJECTIVES
+from personalize.methods.card.style import StyleTensors, UserStyle, variant
+from personalize.methods.card.config import StyleSettings
 from personalize.serving.rows import Steer
 
 

@@ -40,57 +40,8 @@ from safetensors.numpy import load as np_load, save as np_save
 
 from personalize.catalog import STEERED  # card and its variants: their StyleSettings changes
 from personalize.lm.features import SequenceFeatures
+from personalize.methods.card.config import StyleSettings
 from personalize.methods.card.head import PersonalizationHead, TokenData, opening_key
-
-
-KEYS = ("state", "head")
-
-
-@dataclass(frozen=True)
-class StyleSettings:
-    """Which parts of a person's style CARD decodes with, and their strengths (chosen on dev, docs/RESULTS.md)."""
-
-    bias: bool = True  # sparse per-user token bias fitted jointly with λ (tokens head)
-    memory: bool = True  # per-user kNN memory of (state, next token)
-    retrieval: bool = False  # the user's BM25-nearest history items in the cluster model's prompt
-    fallback: bool = True  # decode as the cluster model when the style loses to it on the user's held-out items
-    rho_bias: float = 0.01  # L2 pull of the bias towards 0 (λ's is HeadSettings.rho, towards 1)
-    max_bias_tokens: int = 512  # the bias keeps this many largest |b| entries (6 bytes each when stored)
-    knn_weight: float = 0.3  # w: share of p_kNN in the mixture
-    knn_neighbours: int = 16
-    knn_temperature: float = 0.05  # softmax temperature over the neighbours' cosine similarities
-    max_memory: int = 4096  # entries kept (newest items first)
-    key: str = "head"  # memory keys: "state" (the last layer's state, H floats) or "head" (P h, D floats: smaller)
-    form: bool = True  # the person's form: a bias on the answer's first tokens (fit_form)
-    form_positions: int = 3  # the first tokens it covers
-    form_prior: float = 8.0  # κ: the cluster model's own distribution counts as this many of the person's texts
-    form_cap: float = 10.0  # the largest raise, in logits (a token outside every top-k has no p̄ to divide by)
-    # λ's prior centre: 0, none of the population's correction where the person's text does not show it (the
-    # head's Δ at λ = 1 carries the population's form: "BUG:" for people who never write it); 1, the population's
-    lambda_prior: float = 0.0
-    # a person further from their nearest cluster than all but `far_share` of the build's own people (closeness)
-    # gets their memory at this weight at least, whatever `memory` says: the cluster model writes a population's
-    # form that is not theirs, and their own past words are what carries them (0: off)
-    far_knn_weight: float = 0.15
-    far_share: float = 0.1
-    # the memory's weight follows how well the context matches the person's past (the nearest entry's cosine
-    # similarity s): w·clip((s − m) / (1 − m), 0, 1), so an unfamiliar context keeps the cluster model's words and
-    # a familiar one takes theirs (0: off, w whatever the match)
-    knn_match: float = 0.0
-
-    def __post_init__(self):
-        if not 0 <= self.knn_weight <= 1 or self.knn_neighbours < 1 or self.knn_temperature <= 0:
-            raise ValueError("knn_weight in [0, 1], knn_neighbours >= 1 and knn_temperature > 0")
-        if self.rho_bias <= 0 or self.max_bias_tokens < 1 or self.max_memory < 1:
-            raise ValueError("rho_bias > 0, max_bias_tokens >= 1 and max_memory >= 1")
-        if self.form_positions < 0 or self.form_prior <= 0 or self.form_cap <= 0:
-            raise ValueError("form_positions >= 0, form_prior > 0 and form_cap > 0")
-        if not 0 <= self.far_knn_weight <= 1 or not 0 <= self.far_share <= 1:
-            raise ValueError("far_knn_weight and far_share in [0, 1]")
-        if not 0 <= self.knn_match < 1:
-            raise ValueError("knn_match in [0, 1)")
-        if self.key not in KEYS:
-            raise ValueError(f"key must be one of {KEYS}, got {self.key!r}")
 
 
 def variant(name: str, default: StyleSettings) -> StyleSettings:

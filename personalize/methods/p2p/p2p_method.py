@@ -15,7 +15,8 @@ import torch
 from personalize.methods.card.adapters import answer_loss, sft_batch
 from personalize.methods.card.cluster import user_embeddings
 from personalize.serving.rows import DecodeRow
-from personalize.serving.generation import DecodingSettings, Generation, generate
+from personalize.serving.generation import Generation, generate
+from personalize.serving.settings import DecodingSettings
 from personalize.methods.base import UserContext, fingerprint
 from personalize.methods.p2p.p2p_config import ARTIFACTS_DIR, CONFIG, WEIGHTS, LoRA, P2PConfig
 from personalize.methods.p2p.hooks import applied, model_shapes
