@@ -30,7 +30,8 @@ from personalize.methods.card import card_decode
 
 SHUFFLED = {"card_shuffled": "card"}  # the method decoded with another person's style
 # eval's own columns beside the registry's methods: the core, CARD's variants, the shuffled control, the floor
-EVAL_CORE = (*CORE_METHODS, *VARIANTS, *SHUFFLED, "bm25_copy")  # paper Table 5 rows, plus EXACT's indexing
+COPY = "bm25_copy"  # the floor: no model, the person's BM25-nearest past text copied
+EVAL_CORE = (*CORE_METHODS, *VARIANTS, *SHUFFLED, COPY)  # paper Table 5 rows, plus EXACT's indexing
 
 
 def _words(s: str) -> list[str]:
@@ -119,7 +120,7 @@ def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence
 
 
 NO_GOLD_LOGPROB = {  # methods whose gold log-prob eval does not report, and why
-    "bm25_copy": "no model: it copies a past text",
+    COPY: "no model: it copies a past text",
     "cope": "its rows contrast two forward passes (a twin row), which the scorer does not run",
     "p2p": "its rows carry a generated LoRA, which the scorer does not apply",
 }
@@ -129,7 +130,7 @@ def _predict(engine: Engine, m: str, task, queries, profiles, fits, partner, met
              gold_lp: list | None = None) -> None:
     """Method m's output for every query, into `out`, and each gold's teacher-forced log-prob per token under the
     method's own row into `gold_lp`."""
-    if m == "bm25_copy":
+    if m == COPY:
         out[:] = [bm25_copy(q.input, q.profile) for q in queries]
         return
     s = engine.cfg.decoding

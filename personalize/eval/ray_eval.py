@@ -12,7 +12,7 @@ from __future__ import annotations
 from personalize.distributed import workers
 from personalize.distributed.people import PeopleShards, for_decoding
 from personalize.distributed.pool import RayConfig, shard_count, split
-from personalize.eval.evaluate import SHUFFLED, _predict, core_gold_logprobs, decode_batches, decode_people, \
+from personalize.eval.evaluate import COPY, SHUFFLED, _predict, core_gold_logprobs, decode_batches, decode_people, \
     method_styles
 from personalize.methods.engine import Engine
 from personalize.methods.registry import METHODS
@@ -43,7 +43,7 @@ class RayShards(PeopleShards):
         """run_eval's _predict with the same results: a registry method's people in shards (each decoded alone,
         as serially), a core method's decode batches in shards, bm25_copy here."""
         n, cfg = len(queries), self.engine.cfg
-        if m not in METHODS and m != "bm25_copy":
+        if m not in METHODS and m != COPY:
             core = SHUFFLED.get(m, m)
             styles = method_styles(m, fits, partner)
             batches = decode_batches(self.engine, core, fits)
@@ -58,7 +58,7 @@ class RayShards(PeopleShards):
             if gold_lp is not None:  # in the driver: its batches are those of a serial run
                 gold_lp[:] = core_gold_logprobs(self.engine, m, queries, fits, styles, profiles)
             return
-        if m == "bm25_copy":
+        if m == COPY:
             _predict(self.engine, m, task, queries, profiles, fits, partner, method_configs, out)
             self.bar.update(n)
             return
