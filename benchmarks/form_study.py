@@ -60,6 +60,16 @@ def copy_share(rows, method: str, pasts: dict[str, set[str]]) -> float:
     return float(np.mean([_norm(r[method]) in pasts.get(r["id"], set()) for r in rows]))
 
 
+def near_copy_share(rows, method: str, pasts: dict[str, set[str]], bar: float = 0.8) -> float:
+    """The share of `method`'s outputs within ROUGE-L `bar` of one of the person's past outputs (a copy with a word
+    or two changed or added counts)."""
+    near = []
+    for r in rows:
+        past = sorted(pasts.get(r["id"], set()))
+        near.append(bool(past) and max(rouge_per_query([r[method] or ""] * len(past), past)) >= bar)
+    return float(np.mean(near))
+
+
 def past_outputs(folder: str, split: str = "dev") -> dict[str, set[str]]:
     """Each query's person's past outputs (their profile), normalised as copy_share compares them."""
     return {q.id: {_norm(it.y) for it in q.profile} for q in read_lamp(folder, split)[1]}
@@ -71,11 +81,13 @@ def report(rows, pairs, n_boot=1000, pasts: dict[str, set[str]] | None = None) -
     rl = {m: np.asarray(rouge_per_query([r[m] for r in rows], golds)) for m in methods}
     copies = pasts is not None
     out = [f"{len(rows)} people; golds in the prefix form: {prefix_share(golds):.0%}"
-           + (f"; golds that repeat a past output: {copy_share(rows, 'gold', pasts):.0%}" if copies else ""), "",
-           "| method | ROUGE-L | prefix form |" + (" a past output copied |" if copies else ""),
-           "|---|---|---|" + ("---|" if copies else "")]
+           + (f"; golds that repeat a past output: {copy_share(rows, 'gold', pasts):.0%}, near one: "
+              f"{near_copy_share(rows, 'gold', pasts):.0%}" if copies else ""), "",
+           "| method | ROUGE-L | prefix form |" + (" a past output copied | near one (ROUGE-L ≥ 0.8) |" if copies else ""),
+           "|---|---|---|" + ("---|---|" if copies else "")]
     out += [f"| {m} | {rl[m].mean():.4f} | {prefix_share([r[m] for r in rows]):.0%} |"
-            + (f" {copy_share(rows, m, pasts):.0%} |" if copies else "") for m in methods]
+            + (f" {copy_share(rows, m, pasts):.0%} | {near_copy_share(rows, m, pasts):.0%} |" if copies else "")
+            for m in methods]
     out += ["", "| paired difference | mean | 95 % interval | wins / losses | identical outputs |", "|---|---|---|---|---|"]
     for pair in pairs:
         a, b = pair.split("-", 1)
