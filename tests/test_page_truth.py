@@ -113,6 +113,11 @@ def test_a_newcomer_is_compared_with_the_build_s_people_as_if_they_were_new_too(
     assert is_member(emb, centroids, mine) and not is_member(emb, centroids, d)
     words, _ = closeness(emb, centroids, labels, float(mine.min()), member=True)
     assert "one of this build's own people" in words
+    # "at its edge" starts where the build's far memory does (StyleSettings.far_share), not at a fixed 10 %
+    between = float(np.quantile(loo, 0.7))  # further out than most of the build's people, not all
+    words, further = closeness(emb, centroids, labels, between, edge=0.5)
+    assert 0 < further < 0.5 and "at its edge: further out than 50 % of" in words
+    assert "within its usual range" in closeness(emb, centroids, labels, between, edge=0.1)[0]
     # two members in one cluster: leaving one out moves the centre onto the other
     two = np.stack([emb[0], emb[1]])
     assert np.allclose(member_distances(two, two.mean(0, keepdims=True), np.zeros(2, int)),

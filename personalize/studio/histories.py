@@ -171,10 +171,12 @@ class Histories(Service):
 
     def closeness(self, k: int, distances: Sequence[float]) -> str:
         """The nearest cluster's distance in plain words (cluster.closeness), against the build's own people; a
-        person whose distances are one of theirs is told they are one of them."""
+        person whose distances are one of theirs is told they are one of them; "at its edge" where the build's
+        far memory starts (StyleSettings.far_share)."""
         c = self.engine.clusters
         words, _ = closeness(c.embeddings, c.centroids[k], c.labels[k], min(distances),
-                             member=is_member(c.embeddings, c.centroids[k], distances))
+                             member=is_member(c.embeddings, c.centroids[k], distances),
+                             edge=self.engine.cfg.style.far_share)
         return words
 
     def prepare_rewrites(self, name: str) -> None:

@@ -63,22 +63,23 @@ def is_member(embeddings: np.ndarray, centroids: np.ndarray, distances: Sequence
 
 
 def closeness(embeddings: np.ndarray, centroids: np.ndarray, labels: np.ndarray, distance: float,
-              member: bool = False) -> tuple[str, float]:
+              member: bool = False, edge: float = 0.1) -> tuple[str, float]:
     """How near a person's nearest centroid is, against the build's own people: (plain words, the share of the
     population that is further from its nearest centre, each measured as if left out of the build:
     member_distances). A raw distance (1.04 or 1.25) says nothing by itself; a person further out than every
     member of the build is one the build does not describe. `member`: the person is one of the build's people
-    (is_member), and is told so."""
+    (is_member), and is told so. `edge`: the share below which a person is "at its edge" (the build's
+    StyleSettings.far_share, so the words and the far person's memory follow one rule)."""
     own = member_distances(embeddings, centroids, labels)
     further = float((own > distance).mean()) if len(own) else 0.0
     if member:
         words = "one of this build's own people: its clusters were fitted with your writing among them"
     elif further >= 0.5:
         words = "close to its centre: nearer than most of its own members"
-    elif further >= 0.1:
+    elif further >= max(edge, 1e-9):
         words = "within its usual range"
     elif further > 0:
-        words = "at its edge: further out than 90 % of the build's people are from their own cluster"
+        words = f"at its edge: further out than {100 * (1 - edge):g} % of the build's people are from their own cluster"
     else:
         words = ("far from every cluster of this build: further from the nearest one than any of the build's "
                  f"{len(own)} people would be had they not been in it, so this build's population may not write "
