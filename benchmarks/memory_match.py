@@ -2,7 +2,8 @@
 tuning, never on the people the study scores: each person onboarded once with a memory (far_share 1), then, per
 setting, their memory's weight set and their query decoded as `card` with their own style and with a partner's of
 the same cluster (card_shuffled); ROUGE-L, card − card_shuffled and card − cluster with paired intervals, for all
-and for the people beyond the build's clusters (closeness < 0.1) and the others.
+and for the people beyond the build's clusters (closeness < 0.1) and the others; "copied": the share of outputs that
+are one of the person's past outputs word for word (with --copy-stop each setting also with StyleSettings.copy_stop).
 
     python -m benchmarks.memory_match --artifacts B --data G --sources pytest-dev/pytest,encode/django-rest-framework \
         --limit 40 --json memory_match.json
@@ -40,6 +41,7 @@ def main(argv=None) -> None:
     p = tuning_parser(__doc__)
     p.add_argument("--matches", default="0.6,0.8,0.9")
     p.add_argument("--weights", default="0.3,0.5")
+    p.add_argument("--copy-stop", action="store_true", help="also each setting with StyleSettings.copy_stop")
     a = p.parse_args(argv)
     engine, queries = tuning_people(a)
     base_style = engine.cfg.style
@@ -51,6 +53,7 @@ def main(argv=None) -> None:
     print(f"{len(fits)} people, {far.sum()} beyond the clusters; match quantiles 10-90 %: "
           f"{match_quantiles(engine, fits)}", flush=True)
     prompts, golds = [q.input for q in queries], [q.gold for q in queries]
+    pasts = [{" ".join(it.y.split()).casefold() for it in q.profile} for q in queries]
     partner = shuffled_partners([f.cluster for f in fits])
     engine.cfg = replace(engine.cfg, style=base_style)
     cluster = np.array(rouge_per_query(decode_people(engine, "cluster", prompts, fits, [f.style for f in fits],
@@ -60,10 +63,12 @@ def main(argv=None) -> None:
     def score(name: str, settings, weight) -> None:
         engine.cfg = replace(engine.cfg, style=settings)
         styles = [replace(f.style, knn_weight=weight(i)) for i, f in enumerate(fits)]
-        own = np.array(rouge_per_query(decode_people(engine, "card", prompts, fits, styles, profiles), golds))
         other = np.array(rouge_per_query(decode_people(engine, "card", prompts, fits, [styles[j] for j in partner],
                                                        profiles), golds))
-        row = {"setting": name, "rougeL": float(own.mean()), "per_query": own.tolist(),
+        texts = decode_people(engine, "card", prompts, fits, styles, profiles)
+        own = np.array(rouge_per_query(texts, golds))
+        copied = float(np.mean([" ".join(t.split()).casefold() in past for t, past in zip(texts, pasts)]))
+        row = {"setting": name, "rougeL": float(own.mean()), "per_query": own.tolist(), "copied": copied,
                "shuffled_per_query": other.tolist()}
         for part, sel in (("all", np.ones(len(own), bool)), ("far", far), ("others", ~far)):
             row[f"card-shuffled {part}"] = paired_interval(own[sel] - other[sel])
@@ -72,7 +77,8 @@ def main(argv=None) -> None:
         d, c = row["card-shuffled all"], row["card-cluster all"]
         print(f"{name:34s} ROUGE-L {own.mean():.4f}  card−shuffled {d['mean']:+.4f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"
               f"  card−cluster {c['mean']:+.4f} [{c['ci95'][0]:+.3f}, {c['ci95'][1]:+.3f}]  far/others −shuffled "
-              f"{row['card-shuffled far']['mean']:+.4f} / {row['card-shuffled others']['mean']:+.4f}", flush=True)
+              f"{row['card-shuffled far']['mean']:+.4f} / {row['card-shuffled others']['mean']:+.4f}  copied {copied:.0%}",
+              flush=True)
 
     print(f"{'cluster':34s} ROUGE-L {cluster.mean():.4f}", flush=True)
     w_far = base_style.far_knn_weight
@@ -80,7 +86,9 @@ def main(argv=None) -> None:
     score(f"memory for all, w {w_far:g}", base_style, lambda i: w_far)
     for w in map(float, a.weights.split(",")):
         for m in map(float, a.matches.split(",")):
-            score(f"memory for all, w {w:g}, match {m:g}", replace(base_style, knn_match=m), lambda i, w=w: w)
+            for stop in ((False, True) if a.copy_stop else (False,)):
+                score(f"memory for all, w {w:g}, match {m:g}" + (", copy stop" if stop else ""),
+                      replace(base_style, knn_match=m, copy_stop=stop), lambda i, w=w: w)
     if a.json:
         json.dump({"people": len(fits), "far": int(far.sum()), "cluster_per_query": cluster.tolist(), "rows": rows},
                   open(a.json, "w"))

@@ -566,3 +566,28 @@ def test_repetition_processors_see_the_generated_tokens_only():
     scores = torch.full((1, 10), 4.0)
     out = penalty(ids, scores.clone())[0]
     assert out[5] == out[6] == 2.0 and out[1] == out[2] == out[3] == 4.0
+
+
+def test_copy_stop_refuses_to_end_on_a_past_output(tokenizer):
+    """With StyleSettings.copy_stop a row whose answer so far is one of the person's past outputs (their memory's
+    texts) may not end there; without it, it may."""
+    head = PersonalizationHead(64, len(tokenizer), 8).requires_grad_(False)
+    eos, word = tokenizer.eos_token_id, 42
+    keys = np.full((2, 64), 1 / 8, np.float16)
+    style = UserStyle(np.ones(8, np.float32), keys=keys, values=np.asarray([word, eos]), knn_weight=0.5)
+
+    class Capture:
+        def last(self):
+            return torch.zeros(1, 64)
+
+    scores = torch.zeros(1, len(tokenizer))
+    scores[0, eos] = 5.0  # the cluster model would end
+
+    def step(settings):
+        proc = CardLogitsProcessor(head, StyleTensors.of([style], settings), settings, Capture(), 1.0, 5, eos_id=eos)
+        proc(torch.tensor([[1, 2]]), scores.clone())  # the first step sees the prompt alone
+        return proc(torch.tensor([[1, 2, word]]), scores.clone())  # the answer so far: the past output, whole
+
+    s = StyleSettings(bias=False, memory=True, fallback=False, form=False, key="state")
+    assert torch.isfinite(step(s)[0, eos])
+    assert step(replace(s, copy_stop=True))[0, eos] == float("-inf")

@@ -115,6 +115,9 @@ class StyleSettings:
     # similarity s): w·clip((s − m) / (1 − m), 0, 1), so an unfamiliar context keeps the cluster model's words and
     # a familiar one takes theirs (0: off, w whatever the match)
     knn_match: float = 0.0
+    # no output may end as one of the person's past outputs, whole (their memory's texts): with a heavy memory the
+    # text becomes a past subject of theirs word for word (docs/RESULTS.md); off by default
+    copy_stop: bool = False
 
     def __post_init__(self):
         if not 0 <= self.knn_weight <= 1 or self.knn_neighbours < 1 or self.knn_temperature <= 0:
