@@ -78,6 +78,32 @@ def artifacts(demo_dir, tmp_path_factory):
     return out
 
 
+def test_build_flags_are_the_settings_fields(tmp_path):
+    """build's setting flags are made from the fields: no flag means the field's default, a flag reaches its field
+    (and what depends on it), and the field's help is the flag's."""
+    import argparse
+
+    from personalize.fitting.plan import add_build_args, build_args, build_plan
+    from personalize.lm.tokens import TokenBudget
+    from personalize.methods.card.config import CardConfig, HeadSettings, LoraSettings
+
+    _, _, cfg, _ = build_plan(build_args(["--data", str(tmp_path)]))
+    default = CardConfig()
+    assert (cfg.ks, cfg.items_per_user, cfg.n_val_users, cfg.objectives) == (
+        default.ks, default.items_per_user, default.n_val_users, default.objectives)
+    assert cfg.lora == LoraSettings() and cfg.head == HeadSettings() and cfg.budget == TokenBudget()
+    _, _, cfg, _ = build_plan(build_args(["--data", str(tmp_path), "--ks", "1,2", "--objectives", "tokens, pairs",
+                                          "--head-epochs", "3", "--layers", "2", "--max-target-tokens", "12",
+                                          "--cluster-steps", "5", "--val-users", "7"]))
+    assert cfg.ks == (1, 2) and cfg.default_k == 2 and cfg.objectives == ("tokens", "pairs")
+    assert (cfg.head.epochs, cfg.head.n_layers, cfg.budget.max_target_tokens, cfg.lora.cluster_steps,
+            cfg.n_val_users) == (3, 2, 12, 5, 7)
+    p = argparse.ArgumentParser()
+    add_build_args(p)
+    text = " ".join(p.format_help().split())
+    assert "steps per cluster adapter, from the K = 1 weights (default 8)" in text
+
+
 def test_p2p_build_flags_reach_build(monkeypatch, demo_dir, tmp_path, capsys):
     """--skip-p2p and --p2p-steps as build() receives them; a contradiction or a bad value is a clear error."""
     import personalize.fitting.build

@@ -1,5 +1,5 @@
-"""Decoding settings and the plain generate every method shares: repetition control as transformers
-LogitsProcessors, the prompt's echo stopped, and the batch decoded with the active adapter.
+"""The plain generate every method shares: repetition control as transformers LogitsProcessors, the prompt's echo
+stopped, and the batch decoded with the active adapter (its settings: settings.DecodingSettings).
 
 Repetition is controlled in the generated text only: transformers' `repetition_penalty` also penalises the
 prompt's tokens (it cost the cluster model ROUGE-L on held-out commits, whose subjects reuse words of the diff,

@@ -50,10 +50,11 @@ class CardLogitsProcessor(LogitsProcessor):
                  alpha: float, top_k: int, standardize: bool = False, sampled: bool = False,
                  eos_id: int | None = None):
         self.head, self.styles, self.style, self.capture = head, styles, style, capture
-        self.eos_id = eos_id  # with StyleSettings.copy_stop: each row's past outputs, on which it may not end
+        # StyleSettings.copy_stop: each row's past outputs (its memory's texts), on which it may not end
+        self.eos_id = eos_id
         self.pasts = [past_outputs(m[1].tolist(), eos_id) if m is not None and style.copy_stop and eos_id is not None
                       else set() for m in styles.memory]
-        self.generated: list[list[int]] | None = None  # each row's answer so far
+        self.generated: list[list[int]] | None = None  # each row's answer so far, kept only for the copy stop
         self.alpha, self.top_k, self.standardize, self.sampled = alpha, top_k, standardize, sampled
         self.trace: list[dict] | None = None  # set to [] to record each step (the app's "Why" view)
         self.plain = alpha == 0  # style_scores: α scales everything of the person's
@@ -68,7 +69,9 @@ class CardLogitsProcessor(LogitsProcessor):
             return torch.full_like(scores, float("-inf")).scatter(-1, cand, vals) if self.sampled else scores
         # generate calls once a step: the first call sees the prompt alone, each later one the last token chosen
         last = input_ids[:, -1].tolist()
-        self.generated = [[] for _ in last] if self.generated is None else [g + [t] for g, t in zip(self.generated, last)]
+        if any(self.pasts):
+            self.generated = ([[] for _ in last] if self.generated is None
+                              else [g + [t] for g, t in zip(self.generated, last)])
         self.openings = ([opening_key(())] * len(last) if self.openings is None
                          else [next_opening(k, t) for k, t in zip(self.openings, last)])
         ids, new = style_scores(self.head, self.styles, self.style, self.capture.last().cpu(), cand.cpu(),
