@@ -2,7 +2,7 @@
 
     python benchmarks/gpu_check.py --prepare             # here, with pip access: fill .wheels/ (wheels + tokenizers)
     bash benchmarks/gpu_check.sh                          # there: install .wheels/, then this module (make gpu-check)
-    python benchmarks/gpu_check.py --device cpu --tiny    # the same stages on tiny shapes, seconds (tests/test_cuda.py)
+    python benchmarks/gpu_check.py --device cpu --tiny    # the same stages on tiny shapes, seconds (tests/lm/test_cuda.py)
 
 What it does (each stage a subprocess of the project's own command line, with a time budget it is killed at; the
 stages' budgets add up to --budget, 480 s by default, and a stage gets no more than what is left of it):

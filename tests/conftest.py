@@ -103,7 +103,7 @@ def tiny_studio(tiny_artifacts, folder):
 
 @pytest.fixture(scope="session")
 def ray_local():
-    """A local Ray with 2 CPUs, started once for the tests marked `ray` (tests/test_ray*.py); the code under test
+    """A local Ray with 2 CPUs, started once for the tests marked `ray` (tests/distributed/test_ray*.py); the code under test
     joins it (distributed.pool.connect reuses an initialised Ray)."""
     from personalize.distributed.pool import RayConfig, connect
 

@@ -8,7 +8,7 @@ A method is made as `Cls(engine, store=None, cfg=Cls.config_class())`; `prepare`
 `generate` decodes on its own (eval and bench use it), and `rows` describes the same decoding as rows of
 a mixed batch (serving.rows.DecodeRow), so the studio's scheduler decodes every method of every person in one
 `generate` call; `batch` says in words how the method's rows differ from a plain row. The test
-tests/test_method_contract.py checks all of it over every registered method.
+tests/methods/test_method_contract.py checks all of it over every registered method.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ LoRA terms (its peft adapter, and a generated LoRA such as P2P's on the rows tha
 once per batch into per-row matrices A [R, d_in, r] and B [R, r, d_out] (scaling folded into B, zeros
 for the frozen LM's rows), and a forward hook on each target module adds bmm(bmm(x, A), B) while peft's
 own LoRA layers are switched off. The terms are peft's (x Aᵀ) Bᵀ · scaling, summed in one matmul: the
-same function up to float rounding (outputs compared with peft's path in tests/test_row_lora.py).
+same function up to float rounding (outputs compared with peft's path in tests/serving/test_row_lora.py).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The rater sees the instruction, the person's history (scrollable), the prompt an
 with a button or a key (1/A, 2/B, 3/T tie, 4/X both bad, S skip) and gets the next unit at once from the stored
 pool; no model runs here. The rater id is the logged-in user name with --auth, else the id typed in
 (arena.rater_id). Every handler is a plain function of the Studio, so tests call them without a server; the
-assignment id travels in a hidden number box, so API clients (tests/test_app.py's 20 raters) use the same
+assignment id travels in a hidden number box, so API clients (tests/ui/test_app.py's 20 raters) use the same
 endpoints as the page.
 """
 

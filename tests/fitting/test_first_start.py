@@ -14,7 +14,7 @@ from pathlib import Path
 
 from personalize.data import read_lamp
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _together(setup: str, action: str, n: int = 2, timeout: float = 240) -> list[tuple[int, str]]:

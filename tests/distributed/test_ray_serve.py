@@ -22,7 +22,7 @@ from browser import Page, chromium, served
 from conftest import tiny_studio
 
 pytestmark = pytest.mark.ray
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 METHODS = ["base", "cluster", "card", "cope"]
 
 

@@ -21,7 +21,7 @@ from personalize.humaneval.campaign import Campaigns
 from personalize.humaneval.campaign_files import export_judgments, import_judgments
 from personalize.store import Store
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RANK = {"reference": 3, "card": 2, "cluster": 1, "base": 0}
 
 

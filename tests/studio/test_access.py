@@ -18,7 +18,7 @@ from personalize.store import Store, StoreError
 from personalize.studio.facade import Studio, StudioConfig
 from personalize.studio.histories import ReplaceAsk
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 ANA = [f"ana writes about the {w} of the harbour at dawn" for w in ("gulls", "ropes", "tides", "boats", "nets", "fog")]

@@ -43,7 +43,7 @@ def test_paired_bootstrap_interval_brackets_the_mean_and_sees_a_sure_gain():
 def test_the_copy_gate_chooses_its_threshold_on_the_other_half_of_the_people():
     import sys
     from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from benchmarks.copy_ceiling import gate_2fold
 
     rng = np.random.default_rng(1)

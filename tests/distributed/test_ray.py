@@ -17,7 +17,7 @@ import torch
 from personalize.cli import main
 from personalize.distributed.pool import RayConfig, split
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.ray
 
 

@@ -1,7 +1,7 @@
 """What the page says is true (issue 36, "What the page says"): Explore scores only on items nothing of the style
 saw, refuses non-numbers and clears what an earlier sweep showed; the Fit verdict says what the decoding does;
 a member of the build's population is told so; Compare marks each column done when its own row ends. Library
-level, on the tiny model (tests/conftest.py); what only the page shows is checked in tests/test_app.py."""
+level, on the tiny model (tests/conftest.py); what only the page shows is checked in tests/ui/test_app.py."""
 
 from __future__ import annotations
 
