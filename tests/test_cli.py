@@ -104,6 +104,23 @@ def test_build_flags_are_the_settings_fields(tmp_path):
     assert "steps per cluster adapter, from the K = 1 weights (default 8)" in text
 
 
+def test_oppu_steps_flag_is_the_config_field():
+    """eval's --oppu-steps is OppuConfig.max_steps: its default when not given, its value when given (validated there)."""
+    import argparse
+
+    from personalize.eval.commands import _add_method_budgets, _method_configs
+    from personalize.fitting.plan import UsageError
+    from personalize.methods.oppu_config import OppuConfig
+
+    p = argparse.ArgumentParser()
+    _add_method_budgets(p)
+    assert _method_configs(p.parse_args([]))["oppu"] == {"max_steps": OppuConfig().max_steps}
+    assert _method_configs(p.parse_args(["--oppu-steps", "7"]))["oppu"] == {"max_steps": 7}
+    with pytest.raises(UsageError, match="max_steps"):
+        _method_configs(p.parse_args(["--oppu-steps", "0"]))
+    assert f"(default {OppuConfig().max_steps})" in " ".join(p.format_help().split())
+
+
 def test_p2p_build_flags_reach_build(monkeypatch, demo_dir, tmp_path, capsys):
     """--skip-p2p and --p2p-steps as build() receives them; a contradiction or a bad value is a clear error."""
     import personalize.fitting.build

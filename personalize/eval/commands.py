@@ -11,6 +11,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from personalize.flags import add_flags
+from personalize.methods.oppu_config import OppuConfig
 from personalize.fitting.plan import DEMO_ARTIFACTS, UsageError, comma_list, comma_names, decoding, decoding_args, \
     ints, load_engine
 
@@ -18,20 +20,17 @@ from personalize.fitting.plan import DEMO_ARTIFACTS, UsageError, comma_list, com
 def _method_configs(a) -> dict[str, dict]:
     """The CPU budgets of EXACT and OPPU from --exact-pairs / --oppu-steps, checked before any model loads."""
     from personalize.methods.exact import ExactConfig
-    from personalize.methods.oppu import OppuConfig
 
-    configs = {"exact": {"max_pairs": a.exact_pairs}}
-    if a.oppu_steps is not None:
-        configs["oppu"] = {"max_steps": a.oppu_steps}
+    configs = {"exact": {"max_pairs": a.exact_pairs}, "oppu": {"max_steps": a.oppu_steps}}
     try:
-        ExactConfig(**configs["exact"]), OppuConfig(**configs.get("oppu", {}))
+        ExactConfig(**configs["exact"]), OppuConfig(**configs["oppu"])
     except ValueError as e:
         raise UsageError(str(e)) from e
     return configs
 
 
 def _add_method_budgets(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--oppu-steps", type=int, default=None, help="cap on OPPU's training steps per user (default 40)")
+    add_flags(p, OppuConfig, {"max_steps": "--oppu-steps"})
     p.add_argument("--exact-pairs", type=int, default=4,
                    help="history pairs EXACT indexes per user (default 4, a CPU budget: indexing costs about "
                         "half a minute per pair on a 2-core CPU; EXACT's own default is 32)")

@@ -35,7 +35,7 @@ import time
 import warnings
 from collections import OrderedDict
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -44,32 +44,13 @@ from personalize.serving.rows import DecodeRow
 from personalize.serving.generation import Generation, generate
 from personalize.serving.settings import DecodingSettings
 from personalize.methods.base import UserContext, fingerprint
+from personalize.methods.oppu_config import OppuConfig
 
 META = "oppu.json"
 WEIGHTS = "adapter_model.safetensors"  # what peft's save_pretrained writes (safe serialisation)
 CONFIG = "adapter_config.json"
 PARTIAL = ".partial-"  # <name>.partial-<pid>: a save being written (or killed while writing); never loaded
 ASIDE = ".old-"  # <name>.old-<pid>: the previous adapter, moved aside while the new one is renamed in
-
-
-@dataclass(frozen=True)
-class OppuConfig:
-    epochs: float = 10.0  # passes over the user's history (the OPPU and CARD papers train 10 epochs)
-    max_steps: int = 40  # cap on optimiser steps per user (CPU budget); steps = ceil(epochs·n / batch)
-    lr: float | None = None  # None: the build's LoRA learning rate (engine.cfg.lora.lr)
-    batch_size: int | None = None  # None: the build's LoRA batch size
-    min_items: int = 2  # fewer items: no adapter, the K = 1 model (cold start)
-    max_in_memory: int = 4  # user adapters kept in the peft model at once
-    folder: str | None = None  # None: data/oppu/<artifacts id>
-    report_loss: bool = True  # SFT loss on the user's history before/after training (one extra pass each)
-
-    def __post_init__(self):
-        if self.epochs <= 0 or self.max_steps < 1:
-            raise ValueError(f"epochs must be > 0 and max_steps >= 1, got {self.epochs}, {self.max_steps}")
-        if (self.lr is not None and self.lr <= 0) or (self.batch_size is not None and self.batch_size < 1):
-            raise ValueError("lr must be > 0 and batch_size >= 1 when given")
-        if self.min_items < 1 or self.max_in_memory < 1:
-            raise ValueError(f"min_items and max_in_memory must be >= 1, got {self.min_items}, {self.max_in_memory}")
 
 
 def adapter_id(name: str) -> str:
