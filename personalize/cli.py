@@ -174,9 +174,9 @@ def cmd_style_key(a) -> None:
             except UnicodeDecodeError:
                 raise UsageError(f"{a.file} is not a style key (not text)") from None
             res = import_keys(store, build, text, a.user)
-            print(f"imported {len(res['versions'])} version(s) for {res['user']} (current: version "
-                  f"{res['versions'][-1]})" + (f"; {res['trimmed']} smallest bias entries were left out of the key"
-                                               if res["trimmed"] else ""))
+            print(f"imported {len(res.versions)} version(s) for {res.user} (current: version "
+                  f"{res.versions[-1]})" + (f"; {res.trimmed} smallest bias entries were left out of the key"
+                                            if res.trimmed else ""))
     finally:
         store.close()
 

@@ -71,6 +71,15 @@ def population_texts(engine: Engine) -> dict[str, list[str]]:
     return {(q.user or q.id): [it.y for it in q.profile] for q in queries}
 
 
+@dataclass(frozen=True)
+class TaskSwitch:
+    """The task dropdown's answer: whether another build now serves, the build serving the task (None: none yet)
+    and what to tell the person (how to build one, when there is none)."""
+    switched: bool
+    build: Build | None
+    message: str
+
+
 class Builds(Service):
     def __init__(self, rt):
         super().__init__(rt)
@@ -98,25 +107,23 @@ class Builds(Service):
                 f"see the README for the flags), then choose the task again:\n\n"
                 f"```\n{build_command(task, self.artifacts_root)}\n```")
 
-    def switch_task(self, task: str) -> dict:
-        """Serves `task`'s build (loading it in place of the current one), or says how to build it.
-        Returns {"switched": bool, "build": Build | None (the build now serving the task), "message": str}."""
+    def switch_task(self, task: str) -> TaskSwitch:
+        """Serves `task`'s build (loading it in place of the current one), or says how to build it."""
         if task != self.task.name:
             self.rt.need_admin("switching the task")
         if task not in TASKS:
             raise ValueError(f"unknown task {task!r}; choose from {sorted(TASKS)}")
         if task == self.task.name:
-            return {"switched": False, "build": self.build,
-                    "message": f"Serving `{self.engine.artifacts_id}` ({task})."}
+            return TaskSwitch(False, self.build, f"Serving `{self.engine.artifacts_id}` ({task}).")
         candidates = self.builds()[task]
         if not candidates:
-            return {"switched": False, "build": None, "message": self.build_hint(task)}
+            return TaskSwitch(False, None, self.build_hint(task))
         b = candidates[0]
         t0 = time.perf_counter()
         self.use_build(b.folder)
-        return {"switched": True, "build": self.build,
-                "message": f"Switched to `{self.engine.artifacts_id}` ({task}, K ∈ {self.ks}) in "
-                           f"{time.perf_counter() - t0:.1f} s. Save your history again to place it in this build."}
+        return TaskSwitch(True, self.build, f"Switched to `{self.engine.artifacts_id}` ({task}, K ∈ {self.ks}) in "
+                                            f"{time.perf_counter() - t0:.1f} s. Save your history again to place it "
+                                            f"in this build.")
 
     def use_build(self, folder: str | Path) -> None:
         """Loads the build in `folder` and serves it from now on, for every session of the app.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -49,15 +49,43 @@ def check_alphas(alphas: Sequence[float]) -> list[float]:
     return values
 
 
+@dataclass(frozen=True)
+class SweepPoint:
+    """One point of a sweep: the person's held-out prompts decoded at one α (or K) by one method."""
+    method: str
+    alpha: float
+    k: int
+    cluster: int
+    rougeL: float
+    length: float  # words per output, mean
+    outputs: list[str]
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """Explore's result: the α points (CARD at the person's K), the K points (cluster model and CARD at the
+    page's α), what was held out, and how many items the style was refitted on."""
+    alpha: list[SweepPoint]
+    k: list[SweepPoint]
+    golds: list[str]
+    prompts: list[str]
+    n_fit: int
+    n_set_aside: int  # repeats of a held-out item left out of the fit
+    default_alpha: float
+
+    def best_alpha(self) -> SweepPoint:
+        return max(self.alpha, key=lambda r: r.rougeL)
+
+
 class Explorer(Service):
     def __init__(self, rt):
         super().__init__(rt)
 
     def explore(self, name: str, alphas: Sequence[float], n_holdout: int = 4, s: DecodingSettings | None = None,
-                progress: Callable[[float, str], None] | None = None) -> dict:
+                progress: Callable[[float, str], None] | None = None) -> Sweep:
         """α and K sweeps against the user's own held-out items: the style (λ, bias, memory) is refitted without
         them (not stored), then CARD (and the cluster model, for K) generates for their prompts, retrieving only
-        from the rest; ROUGE-L and output length per point. "n_set_aside": repeats of a held-out item left out."""
+        from the rest; ROUGE-L and output length per point."""
         s = s or self.engine.cfg.decoding
         alphas = check_alphas(alphas)
         with self.model_lock:
@@ -81,25 +109,24 @@ class Explorer(Service):
             tick("fit the style on the other items")
             emb = self.engine.embed(rest)
 
-            def score(method, k, cluster, alpha):
+            def point(method, k, cluster, alpha) -> SweepPoint:
                 outs = card_decode.generate(self.engine, prompts, method, cluster, fit.style, k=k, settings=replace(s, alpha=alpha),
                                             items=rest)
                 texts = [g.text for g in outs]
-                return {"rougeL": round(rouge_scores(texts, golds)["rougeL"], 4),
-                        "length": round(float(np.mean([len(t.split()) for t in texts])), 2), "outputs": texts}
+                return SweepPoint(method, alpha, k, cluster, round(rouge_scores(texts, golds)["rougeL"], 4),
+                                  round(float(np.mean([len(t.split()) for t in texts])), 2), texts)
 
             alpha_rows = []
             for a in alphas:
-                alpha_rows.append({"alpha": a, **score("card", fit.k, fit.cluster, a)})
+                alpha_rows.append(point("card", fit.k, fit.cluster, a))
                 tick(f"α = {a}")
             k_rows = []
             for k in self.ks:
                 c, _ = self.engine.assign(emb, k)
                 for m in ("cluster", "card"):
-                    k_rows.append({"k": k, "method": m, "cluster": c, **score(m, k, c, s.alpha)})
+                    k_rows.append(point(m, k, c, s.alpha))
                     tick(f"K = {k} ({m})")
-        return {"alpha": alpha_rows, "k": k_rows, "golds": golds, "prompts": prompts, "n_fit": len(rest),
-                "n_set_aside": set_aside, "default_alpha": s.alpha}
+        return Sweep(alpha_rows, k_rows, golds, prompts, len(rest), set_aside, s.alpha)
 
     def parse_alphas(self, text: str | None, most: int = 12) -> list[float]:
         """Explore's α values: finite numbers >= 0 separated by commas (or semicolons), at most `most` of them."""

@@ -32,6 +32,16 @@ class UserState:
         return self.lam is not None
 
 
+@dataclass(frozen=True)
+class NameSwitch:
+    """What My writing shows when the name is edited: whether the box empties, whose saved text it still holds,
+    the name's stored items and a line about them."""
+    clear: bool
+    shown_for: str | None
+    rows: list[list]
+    message: str
+
+
 class ReplaceAsk(ValueError):
     """Save under a name that already has a history: the page asks before replacing it (a second Save does)."""
 
@@ -111,11 +121,11 @@ class Histories(Service):
             return None
         return next((s for s in self.store.items(name.strip()) if s.position + 1 == int(number)), None)
 
-    def switch_user(self, name: str | None, shown_for: str | None) -> dict:
+    def switch_user(self, name: str | None, shown_for: str | None) -> NameSwitch:
         """My writing when the user name is edited. `shown_for` is the user whose saved (or opened) history the
         text box still holds (None: the box holds a fresh paste, or nothing). Another name empties the box, so a
         new user starts from an empty history, never from the previous user's text; a fresh paste is kept (it
-        is the new user's). Returns {"clear": bool, "shown_for": str | None, "rows": table rows, "message"}."""
+        is the new user's)."""
         name = (name or "").strip()
         clear = shown_for is not None and name != shown_for
         rows = self.item_rows(name) if name else []
@@ -125,7 +135,7 @@ class Histories(Service):
             msg = f"**{name}** has {len(rows)} stored items (table below); paste new writing to replace them."
         else:
             msg = f"New user **{name}**: paste your writing (or upload a file) and save it."
-        return {"clear": clear, "shown_for": None if clear else shown_for, "rows": rows, "message": msg}
+        return NameSwitch(clear, None if clear else shown_for, rows, msg)
 
     def demo_history(self, user: str) -> str:
         """The demo person's texts as a paste: one a line, or blocks separated by a blank line when a text has

@@ -80,7 +80,16 @@ def export_keys(store: Store, build: BuildInfo, name: str, all_versions: bool = 
     return "\n".join(keys)
 
 
-def import_keys(store: Store, build: BuildInfo, text: str, name: str | None = None) -> dict:
+@dataclass(frozen=True)
+class ImportedKeys:
+    """A style-key import: whose styles they now are, the versions stored (the last one current), and how many of
+    the smallest word-bias entries the keys had left out."""
+    user: str
+    versions: list[int]
+    trimmed: int
+
+
+def import_keys(store: Store, build: BuildInfo, text: str, name: str | None = None) -> ImportedKeys:
     """Stores the style of each key (one per line) for `name` (default: the key's user) as a new version, the
     last one current, with the key's clusters. Refused, saying what to do, when a key was made elsewhere."""
     keys = [stylekey.decode(line) for line in (text or "").splitlines() if line.strip()]
@@ -103,7 +112,7 @@ def import_keys(store: Store, build: BuildInfo, text: str, name: str | None = No
                               note=f"{key.source} version of {key.created[:19].replace('T', ' ')}",
                               assignments=clusters if key is last else None)
             for key in keys]
-    return {"user": user, "versions": vids, "trimmed": sum(k.trimmed for k in keys)}
+    return ImportedKeys(user, vids, sum(k.trimmed for k in keys))
 
 
 def forget_user(store: Store, name: str, oppu_root: Path, export_dir: Path, page_files: Path | None = None) -> dict:
@@ -228,7 +237,7 @@ class OwnData(Service):
         """The user's current style (or every version, one key per line) as text they can take elsewhere."""
         return export_keys(self.store, BuildInfo.of_engine(self.engine), name, all_versions)
 
-    def import_style_key(self, text: str, name: str | None = None) -> dict:
+    def import_style_key(self, text: str, name: str | None = None) -> ImportedKeys:
         return import_keys(self.store, BuildInfo.of_engine(self.engine), text, name)
 
     def forget(self, name: str | None, confirmed: bool) -> dict:

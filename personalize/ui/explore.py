@@ -6,6 +6,7 @@ import gradio as gr
 
 from personalize.ui.common import EXPECTED, Markdown, _err, bind
 from personalize.ui.controls import Shared
+from personalize.studio.explorer import Sweep
 from personalize.ui.figures import explore_figures
 
 
@@ -23,20 +24,19 @@ def explore(studio, name, alpha_text, n, alpha, top_k, max_tokens, progress=gr.P
     except EXPECTED as e:
         return (_err(e), *CLEARED)
     fa, fk = explore_figures(res)
-    rows = [["α", r["alpha"], "card", r["rougeL"], r["length"]] for r in res["alpha"]]
-    rows += [["K", r["k"], r["method"], r["rougeL"], r["length"]] for r in res["k"]]
+    rows = [["α", r.alpha, "card", r.rougeL, r.length] for r in res.alpha]
+    rows += [["K", r.k, r.method, r.rougeL, r.length] for r in res.k]
     return explore_message(res), fa, fk, rows
 
 
-def explore_message(res: dict) -> str:
+def explore_message(res: Sweep) -> str:
     """The sweep's status line: what was held out and fitted on, and the best α read as a hint."""
-    best = max(res["alpha"], key=lambda r: r["rougeL"])
-    n_aside = res.get("n_set_aside", 0)
+    best, n_aside = res.best_alpha(), res.n_set_aside
     aside = (f" ({n_aside} item{'s' * (n_aside != 1)} repeating a held-out one left out of the fit too)"
              if n_aside else "")
-    return (f"Held out {len(res['golds'])} items, λ fitted on {res['n_fit']}{aside}; nothing of the held-out items "
-            f"is in the style, its memory or what it retrieves. Best α here: **{best['alpha']}** "
-            f"(ROUGE-L {best['rougeL']:.3f}); few items, so read it as a hint.")
+    return (f"Held out {len(res.golds)} items, λ fitted on {res.n_fit}{aside}; nothing of the held-out items "
+            f"is in the style, its memory or what it retrieves. Best α here: **{best.alpha}** "
+            f"(ROUGE-L {best.rougeL:.3f}); few items, so read it as a hint.")
 
 
 def build(studio, shared: Shared) -> None:

@@ -68,22 +68,22 @@ def leaderboard_figures(lb: dict) -> tuple[go.Figure, go.Figure]:
     return bt, heat
 
 
-def explore_figures(res: dict) -> tuple[go.Figure, go.Figure]:
-    """Explore: ROUGE-L and output length against α, and against K (cluster model and CARD)."""
-    a = res["alpha"]
+def explore_figures(res) -> tuple[go.Figure, go.Figure]:
+    """Explore's Sweep: ROUGE-L and output length against α, and against K (cluster model and CARD)."""
+    a = res.alpha
     fa = go.Figure()
-    fa.add_scatter(x=[r["alpha"] for r in a], y=[r["rougeL"] for r in a], name="ROUGE-L", mode="lines+markers")
-    fa.add_scatter(x=[r["alpha"] for r in a], y=[r["length"] for r in a], name="words", mode="lines+markers",
+    fa.add_scatter(x=[r.alpha for r in a], y=[r.rougeL for r in a], name="ROUGE-L", mode="lines+markers")
+    fa.add_scatter(x=[r.alpha for r in a], y=[r.length for r in a], name="words", mode="lines+markers",
                    yaxis="y2")
     fa.update_layout(title="CARD vs steering strength α (α = 0: the cluster model)", xaxis_title="α",
                      yaxis={"title": "ROUGE-L"}, yaxis2={"title": "words", "overlaying": "y", "side": "right"},
                      height=380)
     fk = go.Figure()
     for m in ("cluster", "card"):
-        rows = [r for r in res["k"] if r["method"] == m]
-        fk.add_scatter(x=[r["k"] for r in rows], y=[r["rougeL"] for r in rows], name=f"{m} ROUGE-L",
+        rows = [r for r in res.k if r.method == m]
+        fk.add_scatter(x=[r.k for r in rows], y=[r.rougeL for r in rows], name=f"{m} ROUGE-L",
                        mode="lines+markers")
-        fk.add_scatter(x=[r["k"] for r in rows], y=[r["length"] for r in rows], name=f"{m} words",
+        fk.add_scatter(x=[r.k for r in rows], y=[r.length for r in rows], name=f"{m} words",
                        mode="lines+markers", yaxis="y2", line={"dash": "dot"})
     fk.update_layout(title="Cluster count K", xaxis_title="K", yaxis={"title": "ROUGE-L"},
                      yaxis2={"title": "words", "overlaying": "y", "side": "right"}, height=380)

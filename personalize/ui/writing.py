@@ -37,9 +37,9 @@ def user_changed(studio, name, shown_for, picked):
     """A typed name: the box, the items and the pickers follow it; the stored-user picker no longer shows someone
     else (it shows the name only when that is the person picked)."""
     res = studio.histories.switch_user(name, shown_for)
-    message = md_quoting(res["message"], (name or "").strip())  # the library's line quotes the name
+    message = md_quoting(res.message, (name or "").strip())  # the library's line quotes the name
     picker = gr.skip() if picked == (name or "").strip() else gr.update(value=None)
-    return (("" if res["clear"] else gr.skip()), res["rows"], item_choices(studio, name), message, res["shown_for"],
+    return (("" if res.clear else gr.skip()), res.rows, item_choices(studio, name), message, res.shown_for,
             picker, replaced_choices(studio, name), "")  # "Forgot …" was about the name before
 
 
@@ -52,9 +52,9 @@ def replaced_choices(studio, name: str | None):
 def switch_task(studio, task_name):
     """The task dropdown always shows the task served: after "no build for it", the one still served."""
     res = studio.served_builds.switch_task(task_name)
-    if not res["switched"]:
-        return (res["message"], *[gr.skip()] * (N_SERVED + 1), studio.runtime.task.name)
-    return (res["message"], *served(studio), studio.runtime.task.name)
+    if not res.switched:
+        return (res.message, *[gr.skip()] * (N_SERVED + 1), studio.runtime.task.name)
+    return (res.message, *served(studio), studio.runtime.task.name)
 
 
 @guarded(7)

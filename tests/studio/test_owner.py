@@ -71,7 +71,7 @@ def test_style_key_round_trip_into_another_studio(studio, tmp_path):
         assert other.assignment("kim-elsewhere", build.artifacts, k)["cluster"] == \
             studio.runtime.store.assignment("kim", build.artifacts, k)["cluster"]
     assert [v["source"] for v in other.versions("kim-elsewhere", build.artifacts)] == ["import"]
-    assert res["versions"] and other.items("kim-elsewhere") == []
+    assert res.versions and other.items("kim-elsewhere") == []
     # exported again from there, the key carries the same style
     again = decode(export_keys(other, build, "kim-elsewhere"))
     assert np.array_equal(again.lam, mine.lam)
@@ -90,7 +90,7 @@ def test_every_version_exports_and_imports_in_order(studio, tmp_path):
     other = Store(tmp_path / "v.db")
     res = import_keys(other, BuildInfo.of_engine(studio.runtime.engine), "\n".join(keys))
     versions = other.versions("lou", studio.runtime.engine.artifacts_id)
-    assert [v["id"] for v in versions] == res["versions"] and versions[-1]["current"]
+    assert [v["id"] for v in versions] == res.versions and versions[-1]["current"]
     other.close()
 
 

@@ -54,7 +54,7 @@ def test_explore_never_fits_or_decodes_with_a_held_out_item(studio, monkeypatch)
     monkeypatch.setattr(generation, "generate", lambda m, t, ps, *a, **k: prompts.extend(ps) or generate(m, t, ps, *a, **k))
     res = studio.explorer.explore("planted", [0.0, 1.0], n_holdout=2, s=studio.runtime.settings(max_new_tokens=4))
 
-    assert res["golds"].count(PLANTED) == 1 and res["n_set_aside"] == 1 and res["n_fit"] == len(WORDS) - 1
+    assert res.golds.count(PLANTED) == 1 and res.n_set_aside == 1 and res.n_fit == len(WORDS) - 1
     assert fitted and embedded and prompts
     seen = " ".join(f"{it.x} {it.y}" for it in fitted + embedded).casefold()
     assert "quokka" not in seen and "zanzibar" not in seen

@@ -312,16 +312,17 @@ def test_explore_sweeps_alpha_and_k_on_held_out_items(studio):
     ticks = []
     res = studio.explorer.explore("di", [0.0, 2.0], n_holdout=3, s=studio.runtime.settings(max_new_tokens=5),
                          progress=lambda f, d: ticks.append(f))
-    assert [r["alpha"] for r in res["alpha"]] == [0.0, 2.0] and res["n_fit"] == 7 and len(res["golds"]) == 3
-    assert {(r["k"], r["method"]) for r in res["k"]} == {(k, m) for k in (1, 2, 4) for m in ("cluster", "card")}
-    assert all(0 <= r["rougeL"] <= 1 and r["length"] >= 0 for r in res["alpha"] + res["k"])
+    assert [r.alpha for r in res.alpha] == [0.0, 2.0] and res.n_fit == 7 and len(res.golds) == 3
+    assert {(r.k, r.method) for r in res.k} == {(k, m) for k in (1, 2, 4) for m in ("cluster", "card")}
+    assert all(0 <= r.rougeL <= 1 and r.length >= 0 for r in res.alpha + res.k)
     assert ticks[-1] == pytest.approx(1.0) and ticks == sorted(ticks)
     # α = 0 is the cluster model at the fit's K
     k_fit = studio.runtime.engine.cfg.default_k
-    cl = next(r for r in res["k"] if r["k"] == k_fit and r["method"] == "cluster")
-    assert res["alpha"][0]["outputs"] == cl["outputs"]
+    cl = next(r for r in res.k if r.k == k_fit and r.method == "cluster")
+    assert res.alpha[0].outputs == cl.outputs
+    studio.histories.save_history("explore-one", [Item("just one thing i wrote")], "tweets")
     with pytest.raises(ValueError, match="at least"):
-        studio.explorer.explore("solo", [1.0], n_holdout=3)
+        studio.explorer.explore("explore-one", [1.0], n_holdout=3)
 
 
 def test_eval_runs_the_stateful_methods_on_users_it_never_stored(studio, tiny_artifacts):
@@ -361,13 +362,13 @@ def test_items_table_has_one_id_and_a_new_name_starts_an_empty_history(studio):
 
     # the box holds eve's saved text: typing another name empties it, and the table shows the new name's items
     new = studio.histories.switch_user("fay", shown_for="eve")
-    assert new["clear"] and new["shown_for"] is None and new["rows"] == [] and "New user" in new["message"]
+    assert new.clear and new.shown_for is None and new.rows == [] and "New user" in new.message
     back = studio.histories.switch_user("eve", shown_for="eve")
-    assert not back["clear"] and back["shown_for"] == "eve" and len(back["rows"]) == 3
+    assert not back.clear and back.shown_for == "eve" and len(back.rows) == 3
     # a fresh paste (not anyone's saved text) is kept while the person types their name
     fresh = studio.histories.switch_user("gus", shown_for=None)
-    assert not fresh["clear"] and fresh["rows"] == []
-    assert studio.histories.switch_user("eve", shown_for="fay")["clear"]
+    assert not fresh.clear and fresh.rows == []
+    assert studio.histories.switch_user("eve", shown_for="fay").clear
 
 
 def test_k_snaps_towards_the_direction_the_slider_moved(studio):
@@ -470,17 +471,17 @@ def test_builds_are_listed_per_task_and_choosing_a_task_switches_to_its_build(ti
         s.histories.save_history("ann", [Item(t) for t in TERSE], "tweets")
 
         same = s.served_builds.switch_task("tweets")
-        assert not same["switched"] and s.runtime.engine.artifacts_id == tweets_id
+        assert not same.switched and s.runtime.engine.artifacts_id == tweets_id
         missing = s.served_builds.switch_task("headlines")  # no build: says how to make one, and keeps serving the current one
-        assert not missing["switched"] and missing["build"] is None and s.runtime.engine.artifacts_id == tweets_id
-        assert "python -m personalize build --data" in missing["message"]
-        assert f"--out {root / 'headlines'}" in missing["message"]
+        assert not missing.switched and missing.build is None and s.runtime.engine.artifacts_id == tweets_id
+        assert "python -m personalize build --data" in missing.message
+        assert f"--out {root / 'headlines'}" in missing.message
         with pytest.raises(ValueError, match="unknown task"):
             s.served_builds.switch_task("poems")
 
         s.runtime.method("rag")  # a method made for the old engine must not survive the switch
         res = s.served_builds.switch_task("commit_subjects")
-        assert res["switched"] and res["build"].id == "commits-test" and "commits-test" in res["message"]
+        assert res.switched and res.build.id == "commits-test" and "commits-test" in res.message
         assert s.runtime.task.name == "commit_subjects" and s.runtime.engine.artifacts_id == "commits-test"
         assert s.runtime.method("rag").engine is s.runtime.engine and "commit_subjects" in page_text.header(s)
         st = s.histories.user_state("ann")  # placed in the new build on first use
@@ -488,7 +489,7 @@ def test_builds_are_listed_per_task_and_choosing_a_task_switches_to_its_build(ti
         assert "Saved" in page_text.save_message(s, s.histories.save_history("ann", [Item(t) for t in TERSE], "commit_subjects"))
 
         back = s.served_builds.switch_task("tweets")
-        assert back["switched"] and s.runtime.engine.artifacts_id == tweets_id and s.runtime.task.name == "tweets"
+        assert back.switched and s.runtime.engine.artifacts_id == tweets_id and s.runtime.task.name == "tweets"
         assert s.served_builds.builds()["commit_subjects"][0].id == "commits-test"
     finally:
         s.runtime.store.close()
