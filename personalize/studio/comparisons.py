@@ -39,6 +39,18 @@ class MethodOutput:
         return self.n_tokens / self.latency_s if self.latency_s > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class ComparePlan:
+    """What Compare runs, checked before anything decodes: the person, the prompt (resolve_prompt), their state at
+    K, which methods' first use does per-person work (EXACT's attribute search, OPPU's training) and the methods
+    in the order they run (slow first uses last)."""
+    name: str
+    prompt: str
+    state: UserState
+    first_use: dict[str, bool]
+    order: list[str]
+
+
 def _jsonable(trace) -> dict:
     """A method's trace, kept in the store only when it is plain JSON (CARD's tensors are not)."""
     if not trace:
@@ -257,15 +269,11 @@ class Decoding(Service):
                 "fitted": state.fitted, "cluster": state.cluster, "k": state.k}
 
     def compare_plan(self, name: str | None, text: str | None, templated: bool, item_id: float | None,
-                     methods: Sequence[str] | None, k: int | None = None) -> dict:
-        """What Compare runs, checked before anything decodes: {"name", "prompt" (resolve_prompt), "state" (at
-        K), "first_use" (method -> its first use for the user does per-user work: EXACT's attribute search,
-        OPPU's training), "order" (the chosen methods, slow first uses last)}."""
+                     methods: Sequence[str] | None, k: int | None = None) -> ComparePlan:
         name = self.rt.need_user(name)
         if not methods:
             raise ValueError("choose at least one method")
         prompt, _ = self.histories.resolve_prompt(text, templated, item_id, name)
         state = self.histories.user_state(name, k)
         first = {m: self.background_jobs.needs_indexing(name, m) for m in methods}
-        return {"name": name, "prompt": prompt, "state": state, "first_use": first,
-                "order": sorted(methods, key=first.get)}
+        return ComparePlan(name, prompt, state, first, sorted(methods, key=first.get))

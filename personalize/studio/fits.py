@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -116,6 +117,16 @@ def _percents(a: float, b: float) -> tuple[str, str]:
     return fa, fb
 
 
+@dataclass(frozen=True)
+class Refit:
+    """A style refitted on the history and the person's votes, stored as a new version."""
+    version: int
+    n_votes: int
+    seconds: float
+    diagnostics: dict
+    verdict: str  # the Fit page's words on it
+
+
 class Fits(Service):
     def __init__(self, rt, histories: Histories):
         super().__init__(rt)
@@ -197,10 +208,9 @@ class Fits(Service):
         data, n_hold = self._history[key]
         return data, len(items), n_hold
 
-    def refine(self, name: str, items: Sequence[Item] | None = None) -> dict:
+    def refine(self, name: str, items: Sequence[Item] | None = None) -> Refit:
         """Refits the user's style on their history and every vote they cast (fitting/votes.py) and stores it as a
-        new version; `items`: the history as the fit just prepared it (else read here). Returns {"version",
-        "n_votes", "seconds", "diagnostics", "verdict"}."""
+        new version; `items`: the history as the fit just prepared it (else read here)."""
         got = self.store.vector(name, self.engine.artifacts_id)
         if got is None:
             raise ValueError(f"fit {name!r}'s style first (Fit my style); their votes are kept and count from then on")
@@ -230,9 +240,9 @@ class Fits(Service):
         extras = r.style.extras_bytes() if objective not in PAIR_OBJECTIVES else None
         vid = self.store.save_vector(name, self.engine.artifacts_id, r.style.lam, self.engine.lm.model_id, keep,
                                      extras, source="vote", note=f"history + {r.n_votes} vote{'s' * (r.n_votes != 1)}")
-        return {"version": vid, "n_votes": r.n_votes, "seconds": round(r.seconds, 3), "diagnostics": r.diagnostics,
-                "verdict": fit_verdict(r.diagnostics, fallback=self.engine.cfg.style.fallback, n_votes=r.n_votes,
-                                       why_kept=kept_reason(self.engine.meta))}
+        return Refit(vid, r.n_votes, round(r.seconds, 3), r.diagnostics,
+                     fit_verdict(r.diagnostics, fallback=self.engine.cfg.style.fallback, n_votes=r.n_votes,
+                                 why_kept=kept_reason(self.engine.meta)))
 
     def versions(self, name: str) -> list[dict]:
         """The user's styles under this build, newest first: id, time, source, note, votes, helps, current."""

@@ -13,9 +13,19 @@ from personalize.humaneval.bradley_terry import LeaderboardConfig, leaderboard
 from personalize.methods.base import UserContext
 from personalize.store import StoreError
 from personalize.studio.comparisons import Decoding, MethodOutput
-from personalize.studio.fits import Fits
+from personalize.studio.fits import Fits, Refit
 from personalize.studio.histories import Histories, UserState
 from personalize.studio.service import Service
+
+
+@dataclass(frozen=True)
+class Thumb:
+    """A thumb's answer: the refit it made (None: the vote waits for the person's first fit), CARD's output for the
+    prompt before and after it, and what to tell the person."""
+    refit: Refit | None
+    before: str | None
+    after: str | None
+    message: str
 
 
 @dataclass(frozen=True)
@@ -111,7 +121,7 @@ class Votes(Service):
         return leaderboard(self.store.ratings(), cfg)
 
     def thumb(self, name: str, up: bool, s: DecodingSettings, k: int | None = None, *, method: str | None = None,
-              prompt: str | None = None, text: str | None = None, before: str | None = None) -> dict:
+              prompt: str | None = None, text: str | None = None, before: str | None = None) -> Thumb:
         """A thumbs up (this is like me) or down (this is not): stored, λ refitted at once, and CARD's output for the
         same prompt before and after. On a Compare column (`method`): that method's newest output for the person
         (the one shown), "before" CARD's output for the same prompt when Compare showed one; else on `text` for
@@ -129,14 +139,12 @@ class Votes(Service):
         try:
             r = self.fits.refine(state.name)
         except ValueError as e:  # not fitted: the vote waits for the fit
-            return {"version": None, "before": before, "after": None, "message": f"Vote kept. {e}."}
+            return Thumb(None, before, None, f"Vote kept. {e}.")
         out = self.decoding.run_method("card", self.histories.user_state(state.name, k), prompt, s)  # stored: the next vote's "before"
         if out.error:
             raise ValueError(f"card could not run after the refit: {out.error}")
-        after = out.text
-        return r | {"before": before, "after": after,
-                    "message": f"λ refitted on your history and {r['n_votes']} vote{'s' * (r['n_votes'] != 1)} in "
-                               f"{r['seconds']:.2f} s (version {r['version']}). {r['verdict']}"}
+        return Thumb(r, before, out.text, f"λ refitted on your history and {r.n_votes} vote{'s' * (r.n_votes != 1)} "
+                                          f"in {r.seconds:.2f} s (version {r.version}). {r.verdict}")
 
     def _shown(self, name: str, method: str, s: DecodingSettings) -> tuple[str, str, str | None]:
         """(prompt, output, CARD's output for that prompt or None): the column's newest output for the person."""

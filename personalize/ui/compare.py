@@ -32,11 +32,12 @@ def method_md(o) -> str:
             f"{md(o.text) if o.text else '*(empty output)*'}{extra}")
 
 
-def refine_md(res: dict, method: str, up: bool) -> str:
-    """After a thumb: what was refitted, and CARD's output for the same prompt before and after."""
-    return (f"{'👍' if up else '👎'} on **{md(method)}**: {md(res['message'])}\n\n"
-            f"**CARD before:** {md(res['before']) if res.get('before') else '*(not shown before)*'}\n\n"
-            f"**CARD after:** {md(res['after']) if res.get('after') else '*(empty output)*'}")
+def refine_md(res, method: str, up: bool) -> str:
+    """After a thumb (studio.voting.Thumb): what was refitted, and CARD's output for the same prompt before and
+    after."""
+    return (f"{'👍' if up else '👎'} on **{md(method)}**: {md(res.message)}\n\n"
+            f"**CARD before:** {md(res.before) if res.before else '*(not shown before)*'}\n\n"
+            f"**CARD after:** {md(res.after) if res.after else '*(empty output)*'}")
 
 
 def first_use_md(studio, method: str) -> str:
@@ -85,14 +86,14 @@ def compare(studio, name, text, templated, item, chosen, alpha, top_k, max_token
     except EXPECTED as e:
         yield (_err(e), *hidden.values())
         return
-    name, state, full = plan["name"], plan["state"], plan["prompt"]
+    name, state, full = plan.name, plan.state, plan.prompt
     note = "" if state.fitted else " (not fitted yet: CARD uses λ = 1, your cluster's shared head)"
     steered = any(CARD_ROWS.get(m) == "steered" for m in chosen)
     if steered and decodes_losing_style(studio.runtime.engine, state.lam, s.alpha):
         note += f" ({LOSING_STYLE_NOTE})"  # the Fit verdict's "does not beat", said beside the output too
     # each column's current Markdown; every yield sends fresh updates of all of them, since Gradio drops the value
     # of an update object yielded a second time (a finished column would keep its streamed text)
-    shown = {m: first_use_md(studio, m) if plan["first_use"][m] else f"**{m}**\n\n*waiting…*" for m in chosen}
+    shown = {m: first_use_md(studio, m) if plan.first_use[m] else f"**{m}**\n\n*waiting…*" for m in chosen}
 
     def updates():
         return [gr.update(value=shown[m], visible=True) if m in shown else gr.update(visible=False) for m in ALL_METHODS]
@@ -101,7 +102,7 @@ def compare(studio, name, text, templated, item, chosen, alpha, top_k, max_token
            *updates())
     done, last = set(), 0.0
     try:
-        for kind, m, value in studio.decoding.compare_stream(name, full, plan["order"], s, k):
+        for kind, m, value in studio.decoding.compare_stream(name, full, plan.order, s, k):
             if kind == "text":
                 shown[m] = streaming_md(m, value)
             elif kind == "progress":
@@ -124,8 +125,8 @@ def thumb(studio, method, up, name, alpha, top_k, max_tokens, k):
     """👍 / 👎 on a column: (status, the versions table when the style was refitted)."""
     res = studio.votes.thumb(studio.runtime.need_user(name), up, studio.runtime.settings(alpha, top_k, max_tokens), k,
                              method=method)
-    if res["version"] is None:
-        return md(res["message"]), gr.skip()
+    if res.refit is None:
+        return md(res.message), gr.skip()
     return refine_md(res, method, up), version_rows(studio, name)
 
 

@@ -79,7 +79,7 @@ def test_a_thumbs_up_refits_the_style_towards_the_text_as_a_new_version(studio, 
     # is what the tokens head ranks (the tiny random model's candidates rarely hold a hand-written text's tokens)
     LIKED = next(studio.decoding.compare("vic", studio.runtime.task.prompt("a parade"), ["cluster"], studio.runtime.settings(max_new_tokens=8))).text
     res = studio.votes.thumb("vic", True, s, prompt=prompt, text=LIKED)  # not fitted: the vote waits
-    assert res["version"] is None and "fit" in res["message"].lower()
+    assert res.refit is None and "fit" in res.message.lower()
     studio.fits.fit("vic")  # the fit takes the vote already cast into account
     versions = studio.fits.versions("vic")
     assert [v["source"] for v in versions] == ["vote", "history"] and versions[0]["current"]
@@ -88,8 +88,8 @@ def test_a_thumbs_up_refits_the_style_towards_the_text_as_a_new_version(studio, 
     old = UserStyle.from_stored(studio.runtime.store.version_style("vic", studio.runtime.engine.artifacts_id, first)[0])
 
     res = studio.votes.thumb("vic", True, s, prompt=prompt, text=LIKED)
-    assert res["version"] == studio.fits.versions("vic")[0]["version"] and res["n_votes"] == 2
-    assert res["before"] is not None and res["after"] is not None and "refitted" in res["message"]
+    assert res.refit.version == studio.fits.versions("vic")[0]["version"] and res.refit.n_votes == 2
+    assert res.before is not None and res.after is not None and "refitted" in res.message
     new = UserStyle.from_stored(studio.runtime.store.style("vic", studio.runtime.engine.artifacts_id))
     # the tiny head's U is ~0 after two epochs, so it is the token bias (fitted jointly with λ) that moves here
     changed = not np.allclose(new.lam, old.lam) or dict(zip(new.bias_ids.tolist(), new.bias.tolist())) != dict(
@@ -103,7 +103,7 @@ def test_a_thumbs_up_refits_the_style_towards_the_text_as_a_new_version(studio, 
     # a thumbs down lowers the text again
     down = studio.votes.thumb("vic", False, s, prompt=prompt, text=LIKED)
     lowered = UserStyle.from_stored(studio.runtime.store.style("vic", studio.runtime.engine.artifacts_id))
-    assert down["n_votes"] == 3 and _score(studio, "vic", LIKED, prompt, lowered) < _score(studio, "vic", LIKED, prompt, new)
+    assert down.refit.n_votes == 3 and _score(studio, "vic", LIKED, prompt, lowered) < _score(studio, "vic", LIKED, prompt, new)
 
     # any version can be restored; restoring adds no version, it moves "current"
     n = len(studio.fits.versions("vic"))
@@ -123,9 +123,9 @@ def test_before_and_after_are_cards_outputs_with_the_old_and_new_style(studio):
     shown = next(studio.decoding.compare("wen", prompt, ["card"], s)).text
     liked = next(studio.decoding.compare("wen", prompt, ["base"], s)).text
     res = studio.votes.thumb("wen", True, s, prompt=prompt, text=liked, before=shown)
-    assert res["before"] == shown
+    assert res.before == shown
     again = next(studio.decoding.compare("wen", prompt, ["card"], s)).text
-    assert res["after"] == again  # what Compare shows from now on
+    assert res.after == again  # what Compare shows from now on
 
 
 def test_a_rate_vote_on_a_users_pair_refines_their_style_in_the_background(studio):
@@ -200,7 +200,7 @@ def test_a_pair_heads_vote_is_a_pair_and_refits_lambda(pairs_studio):
     prompt = studio.runtime.task.prompt("the match")
     before = UserStyle.from_stored(studio.runtime.store.style("yun", studio.runtime.engine.artifacts_id))
     res = studio.votes.thumb("yun", True, s, prompt=prompt, text="ok so the match was fine i guess")
-    assert res["version"] is not None and res["n_votes"] == 1 and res["diagnostics"].get("unit") != "tokens"
+    assert res.refit is not None and res.refit.n_votes == 1 and res.refit.diagnostics.get("unit") != "tokens"
     after = UserStyle.from_stored(studio.runtime.store.style("yun", studio.runtime.engine.artifacts_id))
     assert after.helps is True and len(after.bias_ids) == 0  # a pair head has λ only
     if studio.runtime.engine.heads["pairs"].U.abs().sum() > 0:  # φ = 0 for an untrained U: no pair can move λ then

@@ -108,7 +108,7 @@ def test_history_choice_cluster_view_and_guards(studio):
     with pytest.raises(ValueError, match="choose at least one method"):
         studio.decoding.compare_plan("mo", "hi", True, None, [])
     plan = studio.decoding.compare_plan("mo", "hi", True, None, ["exact", "base"])
-    assert plan["order"] == ["base", "exact"] and plan["first_use"] == {"exact": True, "base": False}
+    assert plan.order == ["base", "exact"] and plan.first_use == {"exact": True, "base": False}
 
 
 # ---------------------------------------------------------------- handlers, no server
