@@ -10,6 +10,7 @@ browser. Every decode goes through one scheduler
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Callable
 
@@ -23,7 +24,7 @@ from personalize.studio.clusters import ClusterViews
 from personalize.studio.comparisons import Decoding
 from personalize.studio.explorer import Explorer
 from personalize.studio.fits import Fits
-from personalize.studio.histories import Histories
+from personalize.studio.histories import Histories, Saved
 from personalize.studio.jobs import FirstUseJobs
 from personalize.studio.own_data import OwnData
 from personalize.studio.population_jobs import Populations
@@ -70,7 +71,7 @@ class Studio:
 
     # ------------------------------------------------------------ use cases that span services
     def save_from(self, name: str | None, text: str | None, file: str | None, task: str,
-                  demo: str | None = None, replace: bool = True) -> dict:
+                  demo: str | None = None, replace: bool = True) -> Saved:
         """My writing's Save: the name checked, the history chosen (history_from), stored (save_history) under
         the task served (a history is placed, fitted and decoded in the served build's task). Without `replace`,
         a name that has a history is answered with ReplaceAsk (the page asks first)."""
@@ -84,7 +85,7 @@ class Studio:
             self.histories.ask_before_replacing(name, items)
         res = self.histories.save_history(name, items, task)
         if len(self.served_builds.build_choices()) > 1:  # another build here may be nearer the person's writing (nearest_build)
-            res["nearer"] = self.populations.nearest_build(res["name"], res["embedding"])["message"]
+            res = dataclasses.replace(res, nearer=self.populations.nearest_build(res.name, res.embedding)["message"])
         # the slow first uses (EXACT, OPPU) start after the person's Fit (after_fit) or at their first Compare, not
         # here: started at Save, EXACT's decode of the history held the model while the person's Fit waited
         return res

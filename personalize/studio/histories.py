@@ -42,6 +42,21 @@ class NameSwitch:
     message: str
 
 
+@dataclass(frozen=True)
+class Saved:
+    """A saved history: the name as stored, its items (after `duplicates` exact repeats were dropped), its cluster
+    at every K, the task, how close it is to its cluster (words), its embedding, and `nearer`: a line naming
+    another build here whose population is nearer (Studio.save_from; empty when none)."""
+    name: str
+    n_items: int
+    clusters: dict[int, int]
+    duplicates: int
+    task: str
+    closeness: str
+    embedding: np.ndarray = field(repr=False)
+    nearer: str = ""
+
+
 class ReplaceAsk(ValueError):
     """Save under a name that already has a history: the page asks before replacing it (a second Save does)."""
 
@@ -60,10 +75,10 @@ class Histories(Service):
             raise HistoryError("the history is empty: paste some texts you wrote (one per line), or upload a file")
         return parse_history(text, max_items=self.cfg.max_items, max_chars=self.cfg.max_history_chars)
 
-    def save_history(self, name: str, items: Sequence[Item], task: str, replace_existing: bool = True) -> dict:
+    def save_history(self, name: str, items: Sequence[Item], task: str, replace_existing: bool = True) -> Saved:
         """Stores the history under `name` (replacing theirs: vector and clusters go with it) and assigns
-        clusters at once (embedding only: seconds); the fit is a separate, explicit step. "duplicates" counts
-        the exact repeats that parsing dropped (`parse` returns a data.History that knows it)."""
+        clusters at once (embedding only: seconds); the fit is a separate, explicit step. The duplicates are the
+        exact repeats that parsing dropped (`parse` returns a data.History that knows them)."""
         if task not in TASKS:
             raise ValueError(f"unknown task {task!r}; choose from {sorted(TASKS)}")
         self.store.add_user(name, items, task, replace=replace_existing)
@@ -73,9 +88,8 @@ class Histories(Service):
         self.rewrites = self.rt.background.submit(self.prepare_rewrites, name)  # Fit then waits only for what is left
         k = self.engine.cfg.default_k
         a = self.store.assignment(name, self.engine.artifacts_id, k)
-        return {"name": name, "n_items": len(items), "clusters": clusters,
-                "duplicates": int(getattr(items, "duplicates", 0)), "task": task,
-                "closeness": self.closeness(k, a["distances"]) if a else "", "embedding": embedding}
+        return Saved(name, len(items), clusters, int(getattr(items, "duplicates", 0)), task,
+                     self.closeness(k, a["distances"]) if a else "", embedding)
 
     def ask_before_replacing(self, name: str, items: Sequence[Item]) -> None:
         """ReplaceAsk when `name` has a stored history: a Save never replaces one silently."""

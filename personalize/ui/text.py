@@ -8,7 +8,7 @@ from personalize.methods.card.head import opening_key
 from personalize.display import md
 from personalize.methods.engine import UserFit
 from personalize.studio.fits import fit_verdict, kept_reason
-from personalize.studio.histories import UserState
+from personalize.studio.histories import Saved, UserState
 
 
 def header(studio) -> str:
@@ -18,19 +18,19 @@ def header(studio) -> str:
             f"model {studio.runtime.engine.lm.model_id}, K ∈ {studio.runtime.ks}); choose another task in *My writing* to switch.")
 
 
-def save_message(studio, res: dict) -> str:
-    """The My writing status line after a save."""
+def save_message(studio, res: Saved, shown_name: str | None = None) -> str:
+    """The My writing status line after a save; `shown_name`: the name as the page shows it."""
     k = studio.runtime.engine.cfg.default_k
-    n, dup = res["n_items"], res.get("duplicates", 0)
+    n, dup = res.n_items, res.duplicates
     dropped = f" ({dup} duplicate item{'' if dup == 1 else 's'} dropped)" if dup else ""
-    task = res.get("task", studio.runtime.task.name)
+    task = res.task
     note = "" if task == studio.runtime.task.name else (
         f" No build for **{task}** is loaded: these artifacts were built for **{studio.runtime.task.name}**, so prompts "
         "use that task's template.")
-    near = f", {res['closeness']}" if res.get("closeness") else ""
-    nearer = f"\n\n{res['nearer']}" if res.get("nearer") else ""
-    return (f"Saved **{n}** item{'' if n == 1 else 's'} for **{res['name']}**{dropped}; cluster at K = {k}: "
-            f"**{res['clusters'][k]}**{near}. Next: *Fit my style*.{note}{nearer}")
+    near = f", {res.closeness}" if res.closeness else ""
+    nearer = f"\n\n{res.nearer}" if res.nearer else ""
+    return (f"Saved **{n}** item{'' if n == 1 else 's'} for **{shown_name or res.name}**{dropped}; cluster at K = "
+            f"{k}: **{res.clusters[k]}**{near}. Next: *Fit my style*.{note}{nearer}")
 
 
 def distance_table(state: UserState) -> str:

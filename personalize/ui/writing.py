@@ -65,9 +65,9 @@ def save(studio, name, text, file, task_name, demo, confirmed_for):
         res = studio.save_from(name, text, file, task_name, demo, replace=bool(typed) and confirmed_for == typed)
     except ReplaceAsk as ask:
         return (f"⚠️ {md_quoting(str(ask), typed)}", *[gr.skip()] * 5, typed)
-    return (page_text.save_message(studio, {**res, "name": md(res["name"])}), studio.histories.item_rows(res["name"]),
-            gr.update(choices=studio.histories.user_names()), item_choices(studio, res["name"]), res["name"],
-            replaced_choices(studio, res["name"]), None)
+    return (page_text.save_message(studio, res, shown_name=md(res.name)), studio.histories.item_rows(res.name),
+            gr.update(choices=studio.histories.user_names()), item_choices(studio, res.name), res.name,
+            replaced_choices(studio, res.name), None)
 
 
 @guarded(3)

@@ -133,7 +133,7 @@ def test_the_build_s_own_people_are_told_they_are_in_it(studio):
             assert "one of this build's own people" in studio.histories.closeness(k, np.linalg.norm(cents - e[None], axis=1))
     for user in c.users[:3]:
         res = studio.histories.save_history(user, studio.histories.demo_items(user), "tweets")
-        assert res["closeness"] and "far from every" not in res["closeness"], res["closeness"]
+        assert res.closeness and "far from every" not in res.closeness, res.closeness
 
 
 # ---------------------------------------------------------------- Compare

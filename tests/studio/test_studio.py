@@ -153,7 +153,7 @@ def test_neutral_rewrites_never_echo_the_instruction(studio):
 
 def test_history_is_saved_and_assigned_for_every_k(studio):
     res = studio.histories.save_history("ann", studio.histories.parse(text="\n".join(TERSE)), "tweets")
-    assert res["n_items"] == 8 and set(res["clusters"]) == {1, 2, 4}
+    assert res.n_items == 8 and set(res.clusters) == {1, 2, 4}
     st = studio.histories.user_state("ann", 3)  # a slider value between built Ks snaps to one
     assert st.k in (2, 4) and len(st.distances) == st.k and st.cluster == int(np.argmin(st.distances))
     assert not st.fitted
@@ -346,7 +346,7 @@ def test_dropped_duplicates_are_reported_on_save(studio):
     items = studio.histories.parse(text="\n".join(lines))
     assert len(items) == 5 and items.duplicates == 3
     res = studio.histories.save_history("dupe", items, "tweets")
-    assert res["n_items"] == 5 and res["duplicates"] == 3
+    assert res.n_items == 5 and res.duplicates == 3
     assert "3 duplicate items dropped" in page_text.save_message(studio, res)
     res = studio.histories.save_history("dupe", studio.histories.parse(text="\n".join(TERSE[:5])), "tweets")
     assert "duplicate" not in page_text.save_message(studio, res)
@@ -508,8 +508,8 @@ def test_how_near_a_cluster_is_said_in_plain_words(studio):
     words, further = closeness(c.embeddings, c.centroids[k], c.labels[k], float(own.max()) + 0.1)
     assert further == 0 and "far from every cluster of this build" in words
     res = studio.histories.save_history("nearme", [Item(t) for t in TERSE], "tweets")
-    assert res["closeness"] and res["closeness"] in page_text.save_message(studio, res)
-    assert res["closeness"] in page_text.cluster_summary(studio, studio.histories.user_state("nearme"))
+    assert res.closeness and res.closeness in page_text.save_message(studio, res)
+    assert res.closeness in page_text.cluster_summary(studio, studio.histories.user_state("nearme"))
 
 
 def test_fit_says_in_plain_words_when_the_build_keeps_card_at_the_cluster_model(studio, monkeypatch):

@@ -42,7 +42,7 @@ def test_items_are_changed_only_by_their_owner(studio):
     """Item numbers are each person's own (1, 2, … in their history), never the store's global row ids: the
     second person's items start at 1 too, and a number reaches only the person's own item."""
     res = studio.save_from(" ivy ", "\n".join(LINES), None, "tweets")
-    assert res["name"] == "ivy" and res["n_items"] == 8 and "ivy" in studio.histories.user_names()
+    assert res.name == "ivy" and res.n_items == 8 and "ivy" in studio.histories.user_names()
     studio.histories.save_history("jon", [Item(LINES[0]), Item(LINES[1])], "tweets")
     assert [r[0] for r in studio.histories.item_rows("ivy")] == list(range(1, 9))
     assert [r[0] for r in studio.histories.item_rows("jon")] == [1, 2]  # not 9, 10
