@@ -1,0 +1,71 @@
+"""Knobs of `card` a build chooses on population-like people, tried on people of sources kept for tuning (never the
+study's): the person's BM25-nearest past items in the prompt (StyleSettings.retrieval), the strength α and the
+token bias's pull (StyleSettings.rho_bias). Each setting decoded with the person's own style (and items) and with
+another person's of the same cluster, beside the cluster model; ROUGE-L, the share of outputs that are one of the
+person's past outputs word for word, and paired intervals.
+
+    python -m benchmarks.style_knobs --artifacts B --data G --sources pytest-dev/pytest,encode/django-rest-framework \
+        --limit 40 --cache fits.pt --retrieval --alphas 2,4 --rho-bias 0.001 --json style_knobs.json
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+
+from benchmarks.form_tune import onboarded, tuning_parser, tuning_people
+from personalize.eval.evaluate import decode_people, shuffled_partners
+from personalize.metrics import paired_interval, rouge_per_query
+
+
+def main(argv=None) -> None:
+    p = tuning_parser(__doc__)
+    p.add_argument("--retrieval", action="store_true", help="card with retrieval")
+    p.add_argument("--alphas", default="", help="card at these α (comma-separated)")
+    p.add_argument("--rho-bias", default="", help="card with the bias fitted at these pulls (comma-separated)")
+    a = p.parse_args(argv)
+    engine, queries = tuning_people(a)
+    profiles = [engine.prepare_items(q.profile[:24]) for q in queries]
+    fits = onboarded(engine, profiles, a.cache)
+    head, style, decoding = engine.heads["tokens"], engine.cfg.style, engine.cfg.decoding
+    prompts, golds = [q.input for q in queries], [q.gold for q in queries]
+    pasts = [{" ".join(it.y.split()).casefold() for it in q.profile} for q in queries]
+    partner = shuffled_partners([f.cluster for f in fits])
+
+    def decode(method, settings, styles, items, s=decoding):
+        engine.cfg = replace(engine.cfg, style=settings)
+        texts = decode_people(engine, method, prompts, fits, styles, items, settings=s)
+        copied = float(np.mean([" ".join(t.split()).casefold() in past for t, past in zip(texts, pasts)]))
+        return texts, np.asarray(rouge_per_query(texts, golds)), copied
+
+    def styles_at(settings):
+        engine.cfg = replace(engine.cfg, style=settings)
+        return [engine.fit_style(f.features, head, far=engine.is_far(f.k, f.distances))[0] for f in fits]
+
+    own = styles_at(style)
+    _, cluster, _ = decode("cluster", style, own, profiles)
+    settings = [("card", style, decoding)]
+    settings += [("card + retrieval", replace(style, retrieval=True), decoding)] if a.retrieval else []
+    settings += [(f"card α {x}", style, replace(decoding, alpha=float(x))) for x in a.alphas.split(",") if x]
+    settings += [(f"card ρ_bias {x}", replace(style, rho_bias=float(x)), decoding) for x in a.rho_bias.split(",") if x]
+    print(f"{len(fits)} people; cluster ROUGE-L {cluster.mean():.4f}", flush=True)
+    rows = []
+    for name, st, s in settings:
+        styles = own if st.rho_bias == style.rho_bias else styles_at(st)
+        texts, score, copied = decode("card", st, styles, profiles, s)
+        _, other, _ = decode("card", st, [styles[j] for j in partner], [profiles[j] for j in partner], s)
+        row = {"setting": name, "rougeL": float(score.mean()), "copied": copied, "outputs": texts,
+               "minus_cluster": paired_interval(score - cluster), "minus_shuffled": paired_interval(score - other)}
+        rows.append(row)
+        c, o = row["minus_cluster"], row["minus_shuffled"]
+        print(f"{name:22s} ROUGE-L {score.mean():.4f}  another's {other.mean():.4f}  copied {copied:.0%}  "
+              f"−cluster {c['mean']:+.4f} [{c['ci95'][0]:+.3f}, {c['ci95'][1]:+.3f}]  "
+              f"−shuffled {o['mean']:+.4f} [{o['ci95'][0]:+.3f}, {o['ci95'][1]:+.3f}]", flush=True)
+    if a.json:
+        json.dump({"people": len(fits), "cluster": float(cluster.mean()), "settings": rows}, open(a.json, "w"))
+
+
+if __name__ == "__main__":
+    main()
