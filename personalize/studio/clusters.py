@@ -3,8 +3,32 @@ and the population map."""
 
 from __future__ import annotations
 
-from personalize.studio.histories import Histories
+from dataclasses import dataclass
+
+from personalize.studio.histories import Histories, UserState
 from personalize.studio.service import Service
+
+
+@dataclass(frozen=True)
+class PopulationMap:
+    """The population's user embeddings in 2-D (PCA) with their clusters at K, the centroids, and the person's own
+    point (their name and xy) when one is named."""
+    users: list[str]
+    xy: list[list[float]]
+    labels: list[int]
+    centroids: list[list[float]]
+    k: int
+    user: tuple[str, list[float]] | None = None
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """My cluster: K as snapped to a built one, the map, the person's state at K (None: no name) and texts from their
+    cluster."""
+    k: int
+    map: PopulationMap
+    state: UserState | None
+    examples: list[tuple[str, str]]
 
 
 class ClusterViews(Service):
@@ -23,29 +47,26 @@ class ClusterViews(Service):
                 break
         return out
 
-    def population_map(self, name: str | None, k: int) -> dict:
+    def population_map(self, name: str | None, k: int) -> PopulationMap:
         """2-D PCA of the population's user embeddings (and the user's), with cluster labels at K."""
         from sklearn.decomposition import PCA
 
         emb = self.engine.clusters.embeddings
         pca = PCA(n_components=min(2, *emb.shape)).fit(emb)
         xy = pca.transform(emb)
-        out = {"users": list(self.engine.clusters.users), "xy": xy.tolist(),
-               "labels": [int(c) for c in self.engine.clusters.labels[k]],
-               "centroids": pca.transform(self.engine.clusters.centroids[k]).tolist(), "k": k}
-        if name:
-            mine = self.histories.embed_history(name)
-            out["user"] = {"name": name, "xy": pca.transform(mine[None])[0].tolist()}
-        return out
+        user = (name, pca.transform(self.histories.embed_history(name)[None])[0].tolist()) if name else None
+        return PopulationMap(list(self.engine.clusters.users), xy.tolist(),
+                             [int(c) for c in self.engine.clusters.labels[k]],
+                             pca.transform(self.engine.clusters.centroids[k]).tolist(), k, user)
 
-    def cluster_view(self, name: str | None, k: float | None, previous: int | None = None) -> dict:
+    def cluster_view(self, name: str | None, k: float | None, previous: int | None = None) -> ClusterView:
         """My cluster: K snapped to a built one (onwards in the slider's direction from `previous`), the
         population map (with the user's star), and for a named user their state at K and texts from their
-        cluster. Returns {"k", "map", "state": UserState | None (no name), "examples"}."""
+        cluster."""
         k = self.rt.snap_k(k, previous)
         name = (name or "").strip() or None
         m = self.population_map(name, k)
         if name is None:
-            return {"k": k, "map": m, "state": None, "examples": []}
+            return ClusterView(k, m, None, [])
         st = self.histories.user_state(name, k)
-        return {"k": k, "map": m, "state": st, "examples": self.cluster_examples(k, st.cluster)}
+        return ClusterView(k, m, st, self.cluster_examples(k, st.cluster))

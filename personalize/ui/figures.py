@@ -8,24 +8,25 @@ import plotly.graph_objects as go
 from personalize.display import plot_text
 
 
-def cluster_figure(m: dict) -> go.Figure:
-    """My cluster: the population's user embeddings (PCA), one colour per cluster, centroids, the user's star."""
+def cluster_figure(m) -> go.Figure:
+    """My cluster (a studio.clusters.PopulationMap): the population's user embeddings (PCA), one colour per cluster,
+    centroids, the user's star."""
     fig = go.Figure()
-    for c in sorted(set(m["labels"])):
-        idx = [i for i, lab in enumerate(m["labels"]) if lab == c]
-        fig.add_scatter(x=[m["xy"][i][0] for i in idx], y=[m["xy"][i][1] if len(m["xy"][i]) > 1 else 0 for i in idx],
-                        mode="markers", name=f"cluster {c}", text=[plot_text(m["users"][i]) for i in idx],
+    for c in sorted(set(m.labels)):
+        idx = [i for i, lab in enumerate(m.labels) if lab == c]
+        fig.add_scatter(x=[m.xy[i][0] for i in idx], y=[m.xy[i][1] if len(m.xy[i]) > 1 else 0 for i in idx],
+                        mode="markers", name=f"cluster {c}", text=[plot_text(m.users[i]) for i in idx],
                         marker={"size": 8})
-    cx = m["centroids"]
+    cx = m.centroids
     fig.add_scatter(x=[p[0] for p in cx], y=[p[1] if len(p) > 1 else 0 for p in cx], mode="markers+text",
                     name="centroids", text=[str(i) for i in range(len(cx))], textposition="top center",
                     marker={"symbol": "x", "size": 12, "color": "black"})
-    if "user" in m:
-        u = m["user"]
-        fig.add_scatter(x=[u["xy"][0]], y=[u["xy"][1] if len(u["xy"]) > 1 else 0], mode="markers+text",
-                        name=plot_text(u["name"]), text=[plot_text(u["name"])], textposition="bottom center",
+    if m.user is not None:
+        name, xy = m.user
+        fig.add_scatter(x=[xy[0]], y=[xy[1] if len(xy) > 1 else 0], mode="markers+text",
+                        name=plot_text(name), text=[plot_text(name)], textposition="bottom center",
                         marker={"symbol": "star", "size": 20, "color": "gold", "line": {"width": 1, "color": "black"}})
-    fig.update_layout(title=f"Population (PCA of user embeddings), K = {m['k']}", height=460,
+    fig.update_layout(title=f"Population (PCA of user embeddings), K = {m.k}", height=460,
                       margin={"l": 10, "r": 10, "t": 40, "b": 10})
     return fig
 

@@ -24,10 +24,10 @@ def cluster_examples_md(examples) -> str:
 def show_cluster(studio, name, k, previous=None):
     """(status, examples, map, K, K): the K snapped to a built one goes to the user's K and back to the slider."""
     view = studio.clusters.cluster_view(name, k, previous)
-    fig, k, st = cluster_figure(view["map"]), view["k"], view["state"]
+    fig, k, st = cluster_figure(view.map), view.k, view.state
     if st is None:
         return "Enter a user name and save a history to see where you fall.", "", fig, k, k
-    return page_text.cluster_summary(studio, replace(st, name=md(st.name))), cluster_examples_md(view["examples"]), fig, k, k
+    return page_text.cluster_summary(studio, replace(st, name=md(st.name))), cluster_examples_md(view.examples), fig, k, k
 
 
 def build(studio, shared: Shared) -> None:

@@ -160,7 +160,7 @@ def test_history_is_saved_and_assigned_for_every_k(studio):
     ex = studio.clusters.cluster_examples(st.k, st.cluster)
     assert ex and all(u in studio.runtime.engine.clusters.users for u, _ in ex)
     m = studio.clusters.population_map("ann", 4)
-    assert len(m["xy"]) == len(m["labels"]) == len(studio.runtime.engine.clusters.users) and m["user"]["name"] == "ann"
+    assert len(m.xy) == len(m.labels) == len(studio.runtime.engine.clusters.users) and m.user[0] == "ann"
 
 
 @pytest.mark.parametrize("text, msg", [("", "empty"), ("   \n  ", "empty"), ("x" * 2_000_001, "limit"),

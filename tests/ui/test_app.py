@@ -183,6 +183,7 @@ def test_plot_text_and_quoting_helpers():
 
 
 def test_app_markdown_of_outputs_examples_and_errors_is_text_only():
+    from personalize.studio.clusters import PopulationMap
     from personalize.studio.comparisons import MethodOutput
 
     o = MethodOutput("exact", XSS_IMG + " " + MD_ACTIVE, 0.5, 3, 1,
@@ -196,8 +197,7 @@ def test_app_markdown_of_outputs_examples_and_errors_is_text_only():
     assert XSS_IMG in _shown(_rendered(pieces[0])) and XSS_SCRIPT in _shown(_rendered(pieces[0]))
     assert XSS_NAME in _shown(_rendered(pieces[3])) and XSS_NAME in _shown(_rendered(pieces[4]))
     # plot labels: Plotly reads <b>, <br>, <a>: the figures get entities
-    m = {"labels": [0], "xy": [[0.0, 1.0]], "users": [XSS_NAME], "centroids": [[0.0, 0.0]], "k": 1,
-         "user": {"name": XSS_NAME, "xy": [1.0, 1.0]}}
+    m = PopulationMap([XSS_NAME], [[0.0, 1.0]], [0], [[0.0, 0.0]], 1, (XSS_NAME, [1.0, 1.0]))
     fig = figures.cluster_figure(m).to_plotly_json()
     assert "<img" not in str(fig) and "<b>eve" not in str(fig)
     step = {"candidates": [{"token": XSS_IMG, "before": 0.0, "after": 1.0}]}

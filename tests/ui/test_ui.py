@@ -96,10 +96,10 @@ def test_history_choice_cluster_view_and_guards(studio):
     assert studio.histories.history_from(text, None, demo) == studio.histories.demo_items(demo)  # the demo user's prompts come along
     assert [it.y for it in studio.histories.history_from(text + "\nmore", None, demo)][-1] == "more"  # edited: a paste
     view = studio.clusters.cluster_view("", 3, previous=2)
-    assert view["state"] is None and view["k"] == 4 and "user" not in view["map"]
+    assert view.state is None and view.k == 4 and view.map.user is None
     studio.histories.save_history("mo", [Item(t) for t in LINES], "tweets")
     view = studio.clusters.cluster_view(" mo ", None)
-    assert view["state"].name == "mo" and view["k"] == studio.runtime.snap_k(None) and view["map"]["user"]["name"] == "mo"
+    assert view.state.name == "mo" and view.k == studio.runtime.snap_k(None) and view.map.user[0] == "mo"
     with pytest.raises(ValueError, match="version to restore"):
         studio.fits.restore("mo", None)
     with pytest.raises(ValueError, match="tick the box"):
