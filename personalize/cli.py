@@ -190,11 +190,10 @@ def cmd_forget(a) -> None:
         res = forget_user(store, a.user, Path(a.db).parent / "oppu", Path(a.export_dir))
     finally:
         store.close()
-    kept = ("files", "ratings_anonymised", "campaign_items_anonymised")
-    removed = ", ".join(f"{v} {k}" for k, v in res.items() if k not in kept and v)
-    print(f"forgot {a.user}: {removed or 'no rows'} deleted; {res['ratings_anonymised']} rating(s) and "
-          f"{res.get('campaign_items_anonymised', 0)} campaign item(s) anonymised; "
-          f"{len(res['files'])} file(s) removed; database vacuumed")
+    removed = ", ".join(f"{v} {k}" for k, v in res.deleted.items() if v)
+    print(f"forgot {a.user}: {removed or 'no rows'} deleted; {res.ratings_anonymised} rating(s) and "
+          f"{res.campaign_items_anonymised} campaign item(s) anonymised; {len(res.files)} file(s) removed; "
+          f"database vacuumed")
 
 
 def cmd_campaign(a) -> None:

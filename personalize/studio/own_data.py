@@ -115,13 +115,28 @@ def import_keys(store: Store, build: BuildInfo, text: str, name: str | None = No
     return ImportedKeys(user, vids, sum(k.trimmed for k in keys))
 
 
-def forget_user(store: Store, name: str, oppu_root: Path, export_dir: Path, page_files: Path | None = None) -> dict:
+@dataclass(frozen=True)
+class Forgotten:
+    """What "forget me" took: rows deleted per table, ratings and campaign items kept without texts or name, files
+    removed, and the exports rewritten with how many of the person's records left each."""
+    deleted: dict[str, int]
+    ratings_anonymised: int
+    campaign_items_anonymised: int
+    files: list[str]
+    exports: dict[str, int]
+
+    @property
+    def rows_deleted(self) -> int:
+        return sum(self.deleted.values())
+
+
+def forget_user(store: Store, name: str, oppu_root: Path, export_dir: Path, page_files: Path | None = None
+                ) -> Forgotten:
     """Deletes the user from the store (store.forget: one transaction, ratings anonymised, file vacuumed) and
     what of them is in the files beside it: their OPPU adapters (every build, partial saves included), their
     records in exports (the other people's records stay; a file of no known format that quotes them goes whole;
     LaMP predictions lose the rows of their generations), and every file of the page's cache (`page_files`:
-    their uploads, and the copies of exports the page handed out) that holds any of it, so its link answers 404.
-    Returns what went: "files" removed, "exports" rewritten with the records dropped from each."""
+    their uploads, and the copies of exports the page handed out) that holds any of it, so its link answers 404."""
     name = store.user(name)["name"]
     texts = [s.y for s in store.items(name)]
     texts += [i["y"] for r in store.query("SELECT items FROM replaced WHERE user = ?", [name])
@@ -151,7 +166,9 @@ def forget_user(store: Store, name: str, oppu_root: Path, export_dir: Path, page
             removed.append(f)
             if f.parent != Path(page_files) and not any(f.parent.iterdir()):
                 f.parent.rmdir()
-    return out | {"files": [str(f) for f in removed], "exports": rewritten}
+    anonymised = {k: out.pop(k, 0) for k in ("ratings_anonymised", "campaign_items_anonymised")}
+    return Forgotten(out, anonymised["ratings_anonymised"], anonymised["campaign_items_anonymised"],
+                     [str(f) for f in removed], rewritten)
 
 
 def _quotes(f: Path, needles) -> bool:
@@ -240,7 +257,7 @@ class OwnData(Service):
     def import_style_key(self, text: str, name: str | None = None) -> ImportedKeys:
         return import_keys(self.store, BuildInfo.of_engine(self.engine), text, name)
 
-    def forget(self, name: str | None, confirmed: bool) -> dict:
+    def forget(self, name: str | None, confirmed: bool) -> Forgotten:
         """"Forget me", only with the box that confirms it ticked: the person's rows and files (forget_user), and
         the copies this process holds (methods' caches, fit features, jobs, the feedback log)."""
         name = self.rt.need_user(name)

@@ -108,12 +108,10 @@ def open_user(studio, name):
 def forget(studio, name, ok):
     """Forget me: the status line, and the page no longer holds the person (name, history box, items)."""
     res = studio.own_data.forget(name, ok)
-    kept = ("ratings_anonymised", "campaign_items_anonymised")
-    gone = sum(v for k, v in res.items() if isinstance(v, int) and k not in kept)
-    return (f"Forgot **{md(name.strip())}**: {gone} stored rows deleted, {res['ratings_anonymised']} rating(s) and "
-            f"{res.get('campaign_items_anonymised', 0)} campaign item(s) kept without texts or name, "
-            f"{sum(res.get('exports', {}).values())} of their record(s) taken out of {len(res.get('exports', {}))} "
-            f"export(s), {len(res['files'])} file(s) removed, database compacted.",
+    return (f"Forgot **{md(name.strip())}**: {res.rows_deleted} stored rows deleted, {res.ratings_anonymised} rating(s) "
+            f"and {res.campaign_items_anonymised} campaign item(s) kept without texts or name, "
+            f"{sum(res.exports.values())} of their record(s) taken out of {len(res.exports)} export(s), "
+            f"{len(res.files)} file(s) removed, database compacted.",
             False, [], gr.update(choices=studio.histories.user_names(), value=None), "", "", None)
 
 

@@ -157,8 +157,8 @@ def test_forget_me_leaves_nothing_of_the_user(studio):
     assert marker.encode() in _bytes_under(db.parent)
 
     res = studio.own_data.forget(marker, True)
-    assert res["items"] == len(items) and res["ratings_anonymised"] == 1 and res["feedback"] == 1
-    assert res["versions"] >= 2 and res["generations"] >= 2 and res["blobs"] >= 1
+    assert res.deleted["items"] == len(items) and res.ratings_anonymised == 1 and res.deleted["feedback"] == 1
+    assert res.deleted["versions"] >= 2 and res.deleted["generations"] >= 2 and res.deleted["blobs"] >= 1
     assert marker.encode() not in _bytes_under(db.parent)  # the database, its WAL, adapters, exports
     assert (exports / "unrelated.csv").exists() and not oppu.exists()
     # exports keep every other person's records: only the forgotten person's rows went (issue 24)
@@ -166,13 +166,13 @@ def test_forget_me_leaves_nothing_of_the_user(studio):
         {"user": "someone", "output": "kept"}]
     assert (exports / "votes.csv").read_text().splitlines() == ["user,output", "someone,hello"]
     assert json.loads((exports / "predictions_card.json").read_text())["golds"] == [{"id": "-1", "output": "o"}]
-    assert res["exports"][str(exports / "generations.jsonl")] == 1 and res["exports"][str(exports / "votes.csv")] == 2
+    assert res.exports[str(exports / "generations.jsonl")] == 1 and res.exports[str(exports / "votes.csv")] == 2
     ratings = studio.runtime.store.ratings()
     assert len(ratings) == n_ratings  # the verdict stays for the leaderboard, without texts or the user
     anon = [r for r in ratings if r["rater"] == "rater-q"]
     assert anon[0]["winner"] == "tie" and anon[0]["user"] is None and anon[0]["output_a"] == ""
     assert studio.runtime.arena.pending(pending.id) is None
-    assert res["campaign_items_anonymised"] == 1  # the campaign keeps the verdict, not the person's texts
+    assert res.campaign_items_anonymised == 1  # the campaign keeps the verdict, not the person's texts
     kept = studio.runtime.campaigns.judgments("forget-campaign")
     assert [r["verdict"] for r in kept] == ["a"] and kept[0]["prompt"] == "" and marker not in kept[0]["user"]
     with sqlite3.connect(db) as conn:
