@@ -60,6 +60,11 @@ def copy_share(rows, method: str, pasts: dict[str, set[str]]) -> float:
     return float(np.mean([_norm(r[method]) in pasts.get(r["id"], set()) for r in rows]))
 
 
+def copied_share(texts, queries) -> float:
+    """The share of texts (one a query) that repeat one of that query's person's past outputs (their profile)."""
+    return float(np.mean([_norm(t) in {_norm(it.y) for it in q.profile} for t, q in zip(texts, queries)]))
+
+
 def near_copy_share(rows, method: str, pasts: dict[str, set[str]], bar: float = 0.8) -> float:
     """The share of `method`'s outputs within ROUGE-L `bar` of one of the person's past outputs (a copy with a word
     or two changed or added counts)."""

@@ -39,11 +39,13 @@ def tuning_parser(doc: str) -> argparse.ArgumentParser:
     return p
 
 
-def tuning_people(a) -> tuple[Engine, list]:
-    """The build loaded, and the first --limit people of --sources with a gold output and a profile."""
+def tuning_people(a) -> tuple[Engine, list, list]:
+    """The build loaded, the first --limit people of --sources with a gold output and a profile, and each one's
+    profile prepared as onboarding takes it (its first 24 items)."""
     _, queries = read_lamp(a.data, "dev")
-    return Engine.load(a.artifacts), [q for q in select_sources(queries, a.sources.split(",")) if q.gold and q.profile
-                                      ][: a.limit]
+    engine = Engine.load(a.artifacts)
+    queries = [q for q in select_sources(queries, a.sources.split(",")) if q.gold and q.profile][: a.limit]
+    return engine, queries, [engine.prepare_items(q.profile[:24]) for q in queries]
 
 
 def onboarded(engine: Engine, profiles, cache: str | None) -> list:
@@ -55,6 +57,13 @@ def onboarded(engine: Engine, profiles, cache: str | None) -> list:
     if cache:
         torch.save(fits, cache)
     return fits
+
+
+def own_styles(engine: Engine, fits) -> list:
+    """Each person's style refitted from their onboarding pass under the engine's settings now (a cached fit may
+    hold another setting's)."""
+    head = engine.heads["tokens"]
+    return [engine.fit_style(f.features, head, far=engine.is_far(f.k, f.distances))[0] for f in fits]
 
 
 def closeness(engine: Engine, fit) -> float:
@@ -70,8 +79,7 @@ def main(argv=None) -> None:
     p.add_argument("--positions", default="1,3")
     p.add_argument("--centers", default="0,closeness", help="λ's prior centres to try (numbers, or closeness)")
     a = p.parse_args(argv)
-    engine, queries = tuning_people(a)
-    profiles = [engine.prepare_items(q.profile[:24]) for q in queries]
+    engine, queries, profiles = tuning_people(a)
     fits = onboarded(engine, profiles, a.cache)
     prompts, golds = [q.input for q in queries], [q.gold for q in queries]
     base_style = engine.cfg.style

@@ -41,12 +41,11 @@ def main(argv=None) -> None:
     p = tuning_parser(__doc__)
     p.add_argument("--scales", default="0,0.5,1")
     a = p.parse_args(argv)
-    engine, queries = tuning_people(a)
+    engine, queries, profiles = tuning_people(a)
     head = engine.heads["tokens"]
     scales = [float(x) for x in a.scales.split(",")]
     out = {m: [] for m in ("cluster", "card", "cluster_scaled", "card_scaled")}
     chosen, extra_s = [], []
-    profiles = [engine.prepare_items(q.profile[:24]) for q in queries]
     for q, items, fit in zip(queries, profiles, onboarded(engine, profiles, a.cache)):
         name = adapter_name(fit.k, fit.cluster) if fit.k > 1 else BASE_ADAPTER
         engine.use_adapter(name)

@@ -17,6 +17,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from benchmarks.form_study import copied_share
 from benchmarks.form_tune import closeness, onboarded, tuning_parser, tuning_people
 from personalize.methods.card.style import memory_keys
 from personalize.eval.evaluate import decode_people, shuffled_partners
@@ -43,17 +44,15 @@ def main(argv=None) -> None:
     p.add_argument("--weights", default="0.3,0.5")
     p.add_argument("--copy-stop", action="store_true", help="also each setting with StyleSettings.copy_stop")
     a = p.parse_args(argv)
-    engine, queries = tuning_people(a)
+    engine, queries, profiles = tuning_people(a)
     base_style = engine.cfg.style
     engine.cfg = replace(engine.cfg, style=replace(base_style, far_share=1.0))  # everyone's memory kept
-    profiles = [engine.prepare_items(q.profile[:24]) for q in queries]
     fits = onboarded(engine, profiles, a.cache)
     close = np.array([closeness(engine, f) for f in fits])
     far = close < base_style.far_share
     print(f"{len(fits)} people, {far.sum()} beyond the clusters; match quantiles 10-90 %: "
           f"{match_quantiles(engine, fits)}", flush=True)
     prompts, golds = [q.input for q in queries], [q.gold for q in queries]
-    pasts = [{" ".join(it.y.split()).casefold() for it in q.profile} for q in queries]
     partner = shuffled_partners([f.cluster for f in fits])
     engine.cfg = replace(engine.cfg, style=base_style)
     cluster = np.array(rouge_per_query(decode_people(engine, "cluster", prompts, fits, [f.style for f in fits],
@@ -67,7 +66,7 @@ def main(argv=None) -> None:
                                                        profiles), golds))
         texts = decode_people(engine, "card", prompts, fits, styles, profiles)
         own = np.array(rouge_per_query(texts, golds))
-        copied = float(np.mean([" ".join(t.split()).casefold() in past for t, past in zip(texts, pasts)]))
+        copied = copied_share(texts, queries)
         row = {"setting": name, "rougeL": float(own.mean()), "per_query": own.tolist(), "copied": copied,
                "shuffled_per_query": other.tolist()}
         for part, sel in (("all", np.ones(len(own), bool)), ("far", far), ("others", ~far)):

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmarks.form_tune import onboarded, tuning_parser, tuning_people
+from benchmarks.form_study import copied_share
+from benchmarks.form_tune import onboarded, own_styles, tuning_parser, tuning_people
 from personalize.eval.evaluate import decode_people, shuffled_partners
 from personalize.lm.features import decoder_layers
 from personalize.methods.card.adapters import BASE_ADAPTER, adapter_name, sft_batch
@@ -109,15 +110,12 @@ def main(argv=None) -> None:
     p.add_argument("--alpha", type=float, default=1.0, help="scale of the LoRA term")
     a = p.parse_args(argv)
     torch.manual_seed(0)
-    engine, queries = tuning_people(a)
+    engine, queries, profiles = tuning_people(a)
     for prm in engine.model.parameters():
         prm.requires_grad_(False)
-    profiles = [engine.prepare_items(q.profile[:24]) for q in queries]
     fits = onboarded(engine, profiles, a.cache)
-    head = engine.heads["tokens"]
-    styles = [engine.fit_style(f.features, head, far=engine.is_far(f.k, f.distances))[0] for f in fits]
+    styles = own_styles(engine, fits)
     prompts, golds = [q.input for q in queries], [q.gold for q in queries]
-    pasts = [{" ".join(it.y.split()).casefold() for it in q.profile} for q in queries]
     partner = shuffled_partners([f.cluster for f in fits])
 
     def one(method, i, lora):
@@ -125,7 +123,7 @@ def main(argv=None) -> None:
             return decode_people(engine, method, [prompts[i]], [fits[i]], [styles[i]], [profiles[i]])[0]
 
     def copied(texts):
-        return float(np.mean([" ".join(t.split()).casefold() in past for t, past in zip(texts, pasts)]))
+        return copied_share(texts, queries)
 
     base_out = {"cluster": decode_people(engine, "cluster", prompts, fits, styles, profiles),
                 "card": decode_people(engine, "card", prompts, fits, styles, profiles)}

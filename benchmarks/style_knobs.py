@@ -15,7 +15,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from benchmarks.form_tune import onboarded, tuning_parser, tuning_people
+from benchmarks.form_study import copied_share
+from benchmarks.form_tune import onboarded, own_styles, tuning_parser, tuning_people
 from personalize.eval.evaluate import decode_people, shuffled_partners
 from personalize.metrics import paired_interval, rouge_per_query
 
@@ -26,23 +27,20 @@ def main(argv=None) -> None:
     p.add_argument("--alphas", default="", help="card at these α (comma-separated)")
     p.add_argument("--rho-bias", default="", help="card with the bias fitted at these pulls (comma-separated)")
     a = p.parse_args(argv)
-    engine, queries = tuning_people(a)
-    profiles = [engine.prepare_items(q.profile[:24]) for q in queries]
+    engine, queries, profiles = tuning_people(a)
     fits = onboarded(engine, profiles, a.cache)
-    head, style, decoding = engine.heads["tokens"], engine.cfg.style, engine.cfg.decoding
+    style, decoding = engine.cfg.style, engine.cfg.decoding
     prompts, golds = [q.input for q in queries], [q.gold for q in queries]
-    pasts = [{" ".join(it.y.split()).casefold() for it in q.profile} for q in queries]
     partner = shuffled_partners([f.cluster for f in fits])
 
     def decode(method, settings, styles, items, s=decoding):
         engine.cfg = replace(engine.cfg, style=settings)
         texts = decode_people(engine, method, prompts, fits, styles, items, settings=s)
-        copied = float(np.mean([" ".join(t.split()).casefold() in past for t, past in zip(texts, pasts)]))
-        return texts, np.asarray(rouge_per_query(texts, golds)), copied
+        return texts, np.asarray(rouge_per_query(texts, golds)), copied_share(texts, queries)
 
     def styles_at(settings):
         engine.cfg = replace(engine.cfg, style=settings)
-        return [engine.fit_style(f.features, head, far=engine.is_far(f.k, f.distances))[0] for f in fits]
+        return own_styles(engine, fits)
 
     own = styles_at(style)
     _, cluster, _ = decode("cluster", style, own, profiles)

@@ -20,8 +20,7 @@ from personalize.serving import generation
 
 def main(argv=None) -> None:
     a = tuning_parser(__doc__).parse_args(argv)
-    engine, queries = tuning_people(a)
-    profiles = [engine.prepare_items(q.profile[:24]) for q in queries]
+    engine, queries, profiles = tuning_people(a)
     fits = onboarded(engine, profiles, a.cache)
     golds, k = [q.gold for q in queries], engine.cfg.default_k
     names = [BASE_ADAPTER] + [adapter_name(k, c) for c in range(k)]
