@@ -200,6 +200,14 @@ class PeopleTables:
             return False
         return True
 
+    def taken(self, name: str) -> bool:
+        """Whether `name` belongs to a person the current login may not reach (a Save under it is refused, so the
+        page says so before the Save; nothing else of the person is told)."""
+        name = _name(name)
+        with self._lock:
+            row = self.db.execute("SELECT owner FROM users WHERE name = ?", [name]).fetchone()
+        return row is not None and not self.access.may_reach(row[0], name.startswith(CAMPAIGN_PREFIX))
+
     def _claim(self, db, name: str) -> bool:
         """Whether `name` is stored already, for a write under it; a name another login holds is refused (it is
         taken, and nothing of its person is shown)."""

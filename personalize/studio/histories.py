@@ -147,9 +147,17 @@ class Histories(Service):
             msg = ""
         elif rows:
             msg = f"**{name}** has {len(rows)} stored items (table below); paste new writing to replace them."
+        elif self._taken(name):
+            msg = f"The name **{name}** is taken: choose another user name."
         else:
             msg = f"New user **{name}**: paste your writing (or upload a file) and save it."
         return NameSwitch(clear, None if clear else shown_for, rows, msg)
+
+    def _taken(self, name: str) -> bool:
+        try:
+            return self.store.taken(name)
+        except StoreError:  # not a valid name: Save says why
+            return False
 
     def demo_history(self, user: str) -> str:
         """The demo person's texts as a paste: one a line, or blocks separated by a blank line when a text has

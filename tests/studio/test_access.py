@@ -54,6 +54,9 @@ def test_a_login_reaches_only_the_people_it_made(studio):
             with pytest.raises(StoreError, match="unknown user"):  # ...nor reached: to ben she is not there
                 reach()
         assert studio.histories.item_rows("ana-notes") == [] and studio.histories.replaced_choices("ana-notes") == []
+        typed = studio.histories.switch_user("ana-notes", None)  # the page says what Save will, not "New user"
+        assert typed.rows == [] and "is taken" in typed.message and "New user" not in typed.message
+        assert "New user" in studio.histories.switch_user("nobody-yet", None).message
         with pytest.raises(StoreError, match="taken"):  # a Save under her name is refused, whatever ben confirms
             studio.save_from("ana-notes", "\n".join(BEN), None, task, replace=True)
         assert not any("ana" in json.dumps(r) for r in studio.runtime.store.generations())
