@@ -12,6 +12,17 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class CardRows:
+    """What one of CARD's own methods decodes with."""
+
+    cluster_lora: bool  # the person's cluster LoRA (else the frozen LM)
+    steered: bool  # the person's style re-ranks the LoRA's tokens
+
+
+_FROZEN, _CLUSTER, _STEERED = CardRows(False, False), CardRows(True, False), CardRows(True, True)
+
+
+@dataclass(frozen=True)
 class MethodInfo:
     """One method and its metadata."""
 
@@ -25,17 +36,17 @@ class MethodInfo:
     bench: int | None = None  # its place in `bench`'s efficiency table (paper Table 5)
     serving_bench: bool = False  # one of the rows of bench's "serving" figures (a Compare's mixed batch)
     style: dict = field(default_factory=dict)  # a CARD variant: its StyleSettings changes from the build's style
-    # CARD's own rows: "base" (the frozen LM), "cluster" (the person's cluster LoRA), "steered" (the cluster LoRA
-    # with the person's style re-ranking its tokens); "" for the compared methods
-    rows: str = ""
+    # CARD's own rows (CardRows): the frozen LM, the person's cluster LoRA, or that LoRA with the person's style
+    # re-ranking its tokens; None for the compared methods
+    rows: CardRows | None = None
 
 
 CATALOG: tuple[MethodInfo, ...] = (
-    MethodInfo("base", "card", "the frozen LM", column=0, default=True, serving_bench=True, rows="base"),
+    MethodInfo("base", "card", "the frozen LM", column=0, default=True, serving_bench=True, rows=_FROZEN),
     MethodInfo("cluster", "card", "the person's cluster LoRA", column=1, default=True, serving_bench=True,
-               rows="cluster"),
+               rows=_CLUSTER),
     MethodInfo("card", "card", "the cluster LoRA with the person's style re-ranking its tokens", column=2,
-               default=True, bench=3, serving_bench=True, rows="steered"),
+               default=True, bench=3, serving_bench=True, rows=_STEERED),
     MethodInfo("rag", "compared", "BM25 top-4 of the history before the prompt", column=4, default=True, bench=0),
     MethodInfo("pag", "compared", "RAG plus a stored profile summary", column=5),
     MethodInfo("exact", "compared", "42 attributes, greedy k = 3, memory in the store", column=3, default=True,
@@ -46,16 +57,16 @@ CATALOG: tuple[MethodInfo, ...] = (
     MethodInfo("p2p", "compared", "a hypernetwork's LoRA from the person's profile", column=8, needs="p2p",
                bench=2, serving_bench=True),
     # CARD's variants compared on dev (METHOD §1.10): the paper's CARD is λ alone; `card` is CardConfig.style
-    MethodInfo("card_paper", "variant", "λ alone (the paper's CARD)", rows="steered",
+    MethodInfo("card_paper", "variant", "λ alone (the paper's CARD)", rows=_STEERED,
                style=dict(bias=False, memory=False, retrieval=False, fallback=False, form=False, far_knn_weight=0.0)),
-    MethodInfo("card_bias", "variant", "λ and the token bias", rows="steered",
+    MethodInfo("card_bias", "variant", "λ and the token bias", rows=_STEERED,
                style=dict(bias=True, memory=False, retrieval=False, fallback=False, form=False, far_knn_weight=0.0)),
-    MethodInfo("card_knn", "variant", "λ and the kNN memory", rows="steered",
+    MethodInfo("card_knn", "variant", "λ and the kNN memory", rows=_STEERED,
                style=dict(bias=False, memory=True, retrieval=False, fallback=False, form=False, far_knn_weight=0.0)),
-    MethodInfo("card_rag", "variant", "λ with the person's nearest items in the prompt", rows="steered",
+    MethodInfo("card_rag", "variant", "λ with the person's nearest items in the prompt", rows=_STEERED,
                style=dict(bias=False, memory=False, retrieval=True, fallback=False, form=False, far_knn_weight=0.0)),
     # `card` without the person's form (their openings' bias): what the form adds at decoding
-    MethodInfo("card_no_form", "variant", "the build's style without the bias on the person's openings", rows="steered",
+    MethodInfo("card_no_form", "variant", "the build's style without the bias on the person's openings", rows=_STEERED,
                style=dict(form=False)),
 )
 BY_NAME: dict[str, MethodInfo] = {m.name: m for m in CATALOG}
@@ -67,8 +78,8 @@ DEFAULT_METHODS = tuple(m for m in ALL_METHODS if BY_NAME[m].default)
 CORE_METHODS = tuple(m.name for m in CATALOG if m.family == "card")  # base, cluster, card
 COMPARED = tuple(m.name for m in CATALOG if m.family == "compared")  # the methods CARD is compared with
 VARIANTS: dict[str, dict] = {m.name: m.style for m in CATALOG if m.family == "variant"}
-CARD_ROWS: dict[str, str] = {m.name: m.rows for m in CATALOG if m.rows}  # CARD's own methods and variants
-STEERED: dict[str, dict] = {m.name: m.style for m in CATALOG if m.rows == "steered"}  # card and its variants
+CARD_ROWS: dict[str, CardRows] = {m.name: m.rows for m in CATALOG if m.rows}  # CARD's own methods and variants
+STEERED: dict[str, dict] = {m.name: m.style for m in CATALOG if m.rows and m.rows.steered}  # card and its variants
 CARD_METHODS = tuple(STEERED)  # the default CARD and its variants
 SLOW_FIRST_USE = tuple(m.name for m in CATALOG if m.slow_first_use)
 BENCH_METHODS = tuple(m.name for m in sorted((m for m in CATALOG if m.bench is not None), key=lambda m: m.bench))

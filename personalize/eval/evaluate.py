@@ -192,7 +192,7 @@ def decode_people(engine: Engine, method: str, prompts: Sequence[str], fits: Seq
     out = [""] * len(prompts)
     alone = decodes_alone(engine, method)
     for b in tqdm(decode_batches(engine, method, fits, batch), desc=desc, mininterval=2.0, disable=desc is None):
-        c = -1 if card_decode.rows_kind(method) == "base" else fits[b[0]].cluster
+        c = -1 if not card_decode.rows_kind(method).cluster_lora else fits[b[0]].cluster
         gens = card_decode.generate(engine, [prompts[i] for i in b], method, max(c, 0), [styles[i] for i in b],
                                     k=fits[b[0]].k, settings=settings, items=items[b[0]] if alone else None)
         for i, g in zip(b, gens):
@@ -206,7 +206,7 @@ def decode_batches(engine: Engine, method: str, fits: Sequence[UserFit], batch: 
     one run does."""
     groups: dict[int, list[int]] = {}
     for i, f in enumerate(fits):
-        groups.setdefault(-1 if card_decode.rows_kind(method) == "base" else f.cluster, []).append(i)
+        groups.setdefault(-1 if not card_decode.rows_kind(method).cluster_lora else f.cluster, []).append(i)
     size = 1 if decodes_alone(engine, method) else batch
     return [idx[j: j + size] for idx in groups.values() for j in range(0, len(idx), size)]
 

@@ -71,7 +71,7 @@ class Decoder:
 
     def key(self, method: str):
         cfg = self.engine.cfg
-        if card_decode.rows_kind(method) == "cluster":  # α does not change its output
+        if not card_decode.rows_kind(method).steered:  # α does not change its output
             return method, replace(cfg.decoding, alpha=0.0)
         return method, cfg.decoding, cfg.style
 

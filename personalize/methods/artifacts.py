@@ -29,13 +29,17 @@ def artifacts_meta(folder: Path) -> dict:
         raise ArtifactsError(f"unreadable artifacts config {Path(folder) / 'config.json'}: {e}") from None
 
 
+# Each optional part of a build (catalog's `needs`): its files, and what its absence is told as
+PARTS = {"p2p": ((f"{P2P_DIR}/{P2P_CONFIG}", f"{P2P_DIR}/{P2P_WEIGHTS}"),
+                 "no P2P hypernetwork in the artifacts at {folder} (built with --skip-p2p or by an older build): "
+                 "run `python -m personalize build` again without --skip-p2p")}
+
+
 def require_parts(folder: Path, methods) -> None:
     """Refuses a method whose part of the build (catalog's `needs`) is missing, before any model loads: a build
     made with --skip-p2p, or by an older version, has no P2P hypernetwork."""
     artifacts_meta(folder)  # no build at all is told as such
-    p2p = Path(folder) / P2P_DIR
     for m in methods:
-        if m in BY_NAME and BY_NAME[m].needs == "p2p" and not (
-                (p2p / P2P_CONFIG).exists() and (p2p / P2P_WEIGHTS).exists()):
-            raise ArtifactsError(f"no P2P hypernetwork in the artifacts at {folder} (built with --skip-p2p or by an "
-                                 "older build): run `python -m personalize build` again without --skip-p2p")
+        need = BY_NAME[m].needs if m in BY_NAME else None
+        if need and not all((Path(folder) / f).exists() for f in PARTS[need][0]):
+            raise ArtifactsError(PARTS[need][1].format(folder=folder))

@@ -8,7 +8,7 @@ import time
 import gradio as gr
 
 from personalize.display import md
-from personalize.catalog import ALL_METHODS, CARD_ROWS, DEFAULT_METHODS
+from personalize.catalog import ALL_METHODS, DEFAULT_METHODS, STEERED
 from personalize.methods.registry import REGISTRY
 from personalize.ui.common import DECODE_SESSIONS, EXPECTED, Markdown, _err, bind, guarded, version_rows
 from personalize.studio.fits import LOSING_STYLE_NOTE, decodes_losing_style
@@ -88,7 +88,7 @@ def compare(studio, name, text, templated, item, chosen, alpha, top_k, max_token
         return
     name, state, full = plan.name, plan.state, plan.prompt
     note = "" if state.fitted else " (not fitted yet: CARD uses λ = 1, your cluster's shared head)"
-    steered = any(CARD_ROWS.get(m) == "steered" for m in chosen)
+    steered = any(m in STEERED for m in chosen)
     if steered and decodes_losing_style(studio.runtime.engine, state.lam, s.alpha):
         note += f" ({LOSING_STYLE_NOTE})"  # the Fit verdict's "does not beat", said beside the output too
     # each column's current Markdown; every yield sends fresh updates of all of them, since Gradio drops the value

@@ -13,7 +13,7 @@ from personalize.methods.card.adapters import BASE_ADAPTER, adapter_name
 from personalize.serving import generation
 from personalize.serving.generation import Generation
 from personalize.serving.settings import DecodingSettings
-from personalize.catalog import CARD_ROWS
+from personalize.catalog import CARD_ROWS, CardRows
 from personalize.data import Item
 from personalize.methods.card.steer import CardSteer, card_parts
 from personalize.methods.scaffold import scaffold_lines
@@ -23,11 +23,18 @@ FALLBACK_NOTE = ("your style did not beat your cluster's model on your own held-
                  "so this is the cluster model's output")
 
 
-def rows_kind(method: str) -> str:
-    """What a CARD method decodes with (catalog.CARD_ROWS): "base", "cluster" or "steered"."""
+def rows_kind(method: str) -> CardRows:
+    """What a CARD method decodes with (catalog.CARD_ROWS): the frozen LM, the cluster LoRA, or it steered."""
     if method not in CARD_ROWS:
         raise ValueError(f"unknown method {method!r}; choose from {list(CARD_ROWS)}")
     return CARD_ROWS[method]
+
+
+def _adapter(kind: CardRows, k: int, cluster: int | None) -> str | None:
+    """The adapter the rows run: None for the frozen LM, else the person's cluster LoRA (K = 1's for k = 1)."""
+    if not kind.cluster_lora:
+        return None
+    return adapter_name(k, cluster or 0) if k > 1 else BASE_ADAPTER
 
 
 def generate(engine, prompts: Sequence[str], method: str, cluster: int | None = None, lam=None,
@@ -45,11 +52,8 @@ def generate(engine, prompts: Sequence[str], method: str, cluster: int | None = 
     k = k or engine.cfg.default_k
     budget = budget or engine.cfg.budget
     kind = rows_kind(method)
-    if kind == "base":
-        engine.use_adapter(None)
-        return generation.generate(engine.model, engine.tok, list(prompts), budget, s)
-    engine.use_adapter(adapter_name(k, cluster or 0) if k > 1 else BASE_ADAPTER)
-    if kind == "cluster":
+    engine.use_adapter(_adapter(kind, k, cluster))
+    if not kind.steered:
         return generation.generate(engine.model, engine.tok, list(prompts), budget, s)
     head, style, styles, s = card_parts(engine, method, lam, len(prompts), s, objective)
     back = [i for i, st in enumerate(styles) if style.fallback and st.helps is False]
@@ -79,10 +83,8 @@ def rows(engine, prompts: Sequence[str], method: str, cluster: int | None = None
     k = k or engine.cfg.default_k
     budget = budget or engine.cfg.budget
     kind = rows_kind(method)
-    if kind == "base":
-        return [DecodeRow(p, budget, s) for p in prompts]
-    ada = adapter_name(k, cluster or 0) if k > 1 else BASE_ADAPTER
-    if kind == "cluster":
+    ada = _adapter(kind, k, cluster)
+    if not kind.steered:
         return [DecodeRow(p, budget, s, ada) for p in prompts]
     head, style, styles, s = card_parts(engine, method, lam, len(prompts), s, objective)
     out: list[DecodeRow] = []
