@@ -13,8 +13,8 @@ stages' budgets add up to --budget, 480 s by default, and a stage gets no more t
 2. per variant (the bundled shape, the 8B shape in bf16, the 8B shape in NF4 through bitsandbytes):
    `python -m personalize build`, `bench --json` and (not for NF4) a short `eval --json`;
 3. one table (build time, onboarding a person, Fit right after Save / after the rewrites, batch-1 decode ms/token of
-   cluster and card, a Compare of the studio's methods against card alone, 8 people at once against one at a time,
-   OPPU / EXACT first use, the eval), then each stage's budget and time. Written to $OUT/gpu_check.md (and every
+   cluster and card, and of the cluster model with a static cache (compiled into CUDA graphs), a Compare of the
+   studio's methods against card alone, 8 people at once against one at a time, OPPU / EXACT first use, the eval), then each stage's budget and time. Written to $OUT/gpu_check.md (and every
    figure to $OUT/gpu_check.json) when $OUT is set, else under the work folder.
 
 --tiny: tiny shapes of the same architectures and small budgets (the whole run in well under a minute on a CPU);
@@ -85,7 +85,8 @@ TINY_BUDGETS = {"install": 30, "models": 40, "build 0": 90, "bench 0": 150, "eva
 TINY_BUDGET_S = 900.0
 
 ROWS = ("build", "onboarding a person (assign + pass + fit)", "Fit my style right after Save / after the rewrites",
-        "decode, batch 1: cluster / card (ms/token)", "Compare of the studio's methods vs card alone",
+        "decode, batch 1: cluster / card / cluster with a static cache (ms/token)",
+        "Compare of the studio's methods vs card alone",
         "8 people at once vs one at a time", "OPPU / EXACT first use", "eval (base, cluster, card)")
 
 
@@ -433,7 +434,9 @@ def _cell(res: dict, row: str) -> str:
         return f"{f['median_right_after_save_s']:.2f} s / {f['median_after_rewrites_s']:.2f} s" if f else "—"
     if row == ROWS[3]:
         d = b["decode_ms_per_token"]
-        return f"{d['cluster']:.1f} / {d['card']:.1f} (card {b['decode_overhead_ratio']:.3f}x)"
+        static = "" if d.get("cluster_static") is None else \
+            f" / {d['cluster_static']:.1f} (its first decode {b['static_first_decode_s']:.1f} s)"
+        return f"{d['cluster']:.1f} / {d['card']:.1f}{static} (card {b['decode_overhead_ratio']:.3f}x)"
     if row == ROWS[4]:
         if "compare_s" not in sv:
             return "—"

@@ -18,6 +18,7 @@ from personalize.methods.card.adapters import adapter_name
 from personalize.catalog import BENCH_METHODS, CARD_ROWS
 from personalize.data import Item
 from personalize.eval.loops import Person, format_loops, loop_shares
+from personalize.lm.models import static_cache, uses_static_cache
 from personalize.methods.base import UserContext
 from personalize.methods.card import card_decode
 from personalize.methods.engine import Engine, UserFit
@@ -77,6 +78,15 @@ def run_bench(engine: Engine, users: dict[str, list[Item]], prompt: str, repeats
             b = card_decode.generate(engine, [prompt], "card", f0.cluster, f0.style, settings=s)[0]
             t_cluster.append(a.latency_s / a.n_tokens), t_card.append(b.latency_s / b.n_tokens)
             ratios.append(t_card[-1] / t_cluster[-1])
+        # the same cluster decode with a static cache (ModelConfig.static_cache; on a GPU, compiled into CUDA
+        # graphs): its first decode pays the compile
+        t_static, first_static = [], None
+        if not uses_static_cache(engine.model):
+            with static_cache(engine.model):
+                first_static = card_decode.generate(engine, [prompt], "cluster", f0.cluster, settings=s)[0].latency_s
+                for _ in range(repeats):
+                    a = card_decode.generate(engine, [prompt], "cluster", f0.cluster, settings=s)[0]
+                    t_static.append(a.latency_s / a.n_tokens)
 
         # user switch: read λ and the assignment from the store, activate the user's adapter
         def switch(name):
@@ -119,7 +129,9 @@ def run_bench(engine: Engine, users: dict[str, list[Item]], prompt: str, repeats
         "serving": served, "loops": loops,
         "onboarding_s": onboarding, "fit_ms": round(_median(fit_ms), 3),
         "decode_overhead_ratio": round(_median(ratios), 4),
-        "decode_ms_per_token": {"cluster": round(_median(t_cluster) * 1000, 2), "card": round(_median(t_card) * 1000, 2)},
+        "decode_ms_per_token": {"cluster": round(_median(t_cluster) * 1000, 2), "card": round(_median(t_card) * 1000, 2),
+                                "cluster_static": round(_median(t_static) * 1000, 2) if t_static else None},
+        "static_first_decode_s": None if first_static is None else round(first_static, 2),
         "switch_ms": {"same_cluster": round(_median(same), 4), "cross_cluster": round(_median(cross), 4) if cross else None},
         "bytes_per_user": int(bytes_per_user),
         "history_items": int(_median([len(v) for v in users.values()])),
@@ -224,6 +236,9 @@ def format_bench(b: dict) -> str:
     rows += [("λ fit (ms)", b["fit_ms"]), ("CARD decode overhead (x cluster)", b["decode_overhead_ratio"]),
              ("  cluster ms/token", b["decode_ms_per_token"]["cluster"]),
              ("  card ms/token", b["decode_ms_per_token"]["card"]),
+             *([("  cluster ms/token, static cache", b["decode_ms_per_token"]["cluster_static"]),
+                ("  static cache's first decode (s: a GPU compiles it)", b["static_first_decode_s"])]
+               if b["decode_ms_per_token"].get("cluster_static") is not None else []),
              ("switch, same cluster (ms)", b["switch_ms"]["same_cluster"]),
              ("switch, across clusters (ms)", b["switch_ms"]["cross_cluster"]),
              ("bytes stored per user", b["bytes_per_user"]), ("history items per user", b["history_items"])]

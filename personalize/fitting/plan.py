@@ -43,6 +43,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="auto | cpu | cuda | cuda:N")
     p.add_argument("--dtype", default=None, help="auto | float32 | bfloat16 | float16")
     p.add_argument("--load-in-4bit", action="store_true", help="4-bit weights via bitsandbytes (CUDA only)")
+    p.add_argument("--static-cache", action="store_true",
+                   help="decode with a fixed-size KV cache (on a GPU, compiled into CUDA graphs)")
 
 
 def model_config(a, base=None):
@@ -50,8 +52,7 @@ def model_config(a, base=None):
 
     base = base or ModelConfig()
     changes = {k: v for k, v in {"name_or_path": a.model, "device": a.device, "dtype": a.dtype}.items() if v}
-    if a.load_in_4bit:
-        changes["load_in_4bit"] = True
+    changes |= {k: True for k in ("load_in_4bit", "static_cache") if getattr(a, k, False)}
     return replace(base, **changes) if changes else None
 
 

@@ -13,6 +13,7 @@ from typing import Sequence
 
 import torch
 
+from personalize.lm.models import compile_switch
 from personalize.lm.onednn import onednn_linears
 from personalize.lm.tokens import TokenBudget, decode, left_pad, prompt_ids, target_ids
 
@@ -142,6 +143,7 @@ def generate_with_states(
                 input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=sample,
                 pad_token_id=tok.pad_token_id, output_logits=True, return_dict_in_generate=True,
                 top_k=top_k if sample else None, top_p=None, temperature=temperature if sample else None,
+                **compile_switch(model),
             )
         new = gen.sequences[:, ids.shape[1]:]
         states = torch.stack(cap.steps[: new.shape[1]], dim=1)  # [B, T, nH]

@@ -19,6 +19,9 @@ class ModelConfig:
     device: str = "auto"  # auto: CUDA when present, else CPU
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
     load_in_4bit: bool = False  # bitsandbytes NF4; CUDA only
+    # decode with a fixed-size KV cache (transformers' static cache), which on a GPU lets transformers compile the
+    # decode step into CUDA graphs: fewer kernel launches a token; the same tokens (tests/lm/test_static_cache.py)
+    static_cache: bool = False
     cache_dir: str = str(Path(__file__).resolve().parents[2] / "data" / "models")  # bundled GGUF converted once
 
     def __post_init__(self):

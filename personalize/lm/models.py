@@ -187,10 +187,39 @@ def load_lm(cfg: ModelConfig = ModelConfig()) -> LM:
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
+    if cfg.static_cache:  # every generate then sizes a StaticCache (and, on CUDA, compiles the decode step)
+        model.generation_config.cache_implementation = "static"
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return LM(model=model, tokenizer=tok, model_id=cfg.model_id, device=device)
+
+
+def uses_static_cache(model) -> bool:
+    """Whether generate sizes a fixed-size cache for this model (ModelConfig.static_cache)."""
+    return getattr(getattr(model, "generation_config", None), "cache_implementation", None) == "static"
+
+
+@contextmanager
+def static_cache(model) -> Iterator[None]:
+    """ModelConfig.static_cache while the block runs (bench times the cluster model's decode both ways)."""
+    config = model.generation_config
+    was = config.cache_implementation
+    config.cache_implementation = "static"
+    try:
+        yield
+    finally:
+        config.cache_implementation = was
+
+
+def compile_switch(model) -> dict:
+    """generate's keyword that keeps a hooked forward eager: with ModelConfig.static_cache on a GPU, transformers
+    compiles the decode step, and torch.compile does not guard on module hooks (dynamo's
+    skip_nnmodule_hook_guards): a step compiled before CARD's hidden-state capture or a mixed batch's row LoRAs
+    were hooked in runs without them, and one compiled with them keeps running the first batch's (seen on the
+    CPU with dynamo's eager backend). So a forward with any hook is not compiled; a plain decode is."""
+    hooked = any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    return {"disable_compile": True} if hooked else {}
 
 
 def load_encoder(cfg: EncoderConfig = EncoderConfig()):

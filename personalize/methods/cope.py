@@ -157,7 +157,8 @@ class CopeMethod:
                                                                          e.tok)]),
             max_new_tokens=settings.max_new_tokens, min_new_tokens=settings.min_new_tokens or None,
             repetition_penalty=None, pad_token_id=e.tok.pad_token_id,
-            do_sample=False, temperature=None, top_k=None, top_p=None)
+            do_sample=False, temperature=None, top_k=None, top_p=None,
+            disable_compile=True)  # per-row adapters: each pair of them would compile a graph of its own
         dt = time.perf_counter() - t0
         new = out[:, ids.shape[1]:]
         if not torch.equal(new[:n], new[n:]):  # the invariant the design rests on

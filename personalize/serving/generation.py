@@ -19,6 +19,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, MinNewTokensLengthLogitsProcessor, \
     NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor
 
+from personalize.lm.models import compile_switch
 from personalize.lm.tokens import TokenBudget, decode, left_pad, prompt_ids
 from personalize.lm.utf8 import utf8_guard
 from personalize.serving.settings import DecodingSettings
@@ -204,7 +205,7 @@ def generate(model, tok, prompts: list[str], budget: TokenBudget, s: DecodingSet
     else:
         kwargs |= {"temperature": None, "top_k": None}
     t0 = time.perf_counter()
-    out = model.generate(**kwargs, logits_processor=LogitsProcessorList([*([utf8] if utf8 else []), *processors,
+    out = model.generate(**kwargs, **compile_switch(model), logits_processor=LogitsProcessorList([*([utf8] if utf8 else []), *processors,
                                                                          *repeats]))
     dt = time.perf_counter() - t0
     if after is not None:

@@ -31,6 +31,7 @@ from personalize.serving.generation import EchoStop, Generation, MinNewTokens, r
 from personalize.serving.settings import DecodingSettings
 from personalize.lm.utf8 import utf8_guard
 from personalize.lm.features import HiddenCapture, position_ids
+from personalize.lm.models import compile_switch, uses_static_cache
 from personalize.lm.onednn import onednn_linears
 from personalize.lm.tokens import decode, left_pad, prompt_ids
 from personalize.serving.row_lora import NO_ADAPTER, gathered, hooked, supported
@@ -154,7 +155,8 @@ def _decode_group(model, tok, rows: Sequence[DecodeRow], on_step, fast: bool) ->
         if fast:
             weights = gathered(model, adapters, generated)
             stack.enter_context(onednn_linears(model))
-            prefix = shared_prefill(model, input_ids, mask, adapters, generated, weights)
+            if not uses_static_cache(model):  # generate sizes its own static cache
+                prefix = shared_prefill(model, input_ids, mask, adapters, generated, weights)
             stack.enter_context(hooked(model, weights))
         elif generated:
             for kind in dict.fromkeys(type(rows[i].steer) for i in generated):
@@ -199,7 +201,7 @@ def _decode_group(model, tok, rows: Sequence[DecodeRow], on_step, fast: bool) ->
             kwargs["streamer"] = RowStreamer(lambda toks: [on_step(j, t) for j, t in enumerate(toks[:n])])
         if prefix is not None:
             kwargs["past_key_values"] = prefix
-        generated = model.generate(**kwargs)
+        generated = model.generate(**kwargs, **compile_switch(model))
         dt = time.perf_counter() - t0
     new = generated[:, length:]
     eos, results = tok.eos_token_id, []

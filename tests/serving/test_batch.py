@@ -165,3 +165,28 @@ def test_identical_plain_rows_decode_once_and_keep_their_own_note(studio, monkey
     assert sizes == [2]  # the two identical rows ran as one
     assert out[0].text == out[1].text and out[0].note is None and out[1].note == "fell back"
     assert out[1].trace == [{"x": 1}] and steps[0] == steps[1]
+
+
+def test_a_static_cache_decodes_the_same_tokens(studio):
+    """ModelConfig.static_cache: generate sizes a StaticCache (compiled into CUDA graphs on a GPU); every method's
+    rows of a mixed batch, and CARD alone, give the tokens they give with the dynamic cache."""
+    e = studio.runtime.engine
+    s = e.cfg.decoding
+    ctx = contexts(studio)
+    plan = [(m, st, u, p) for st, u in ctx for m in METHODS for p in PROMPTS[:1]]
+    rows = [r for m, st, u, p in plan for r in rows_of(studio, m, st, u, p, s)]
+    state = ctx[0][0]
+    dynamic = [g.text for g in e.decode_rows(rows)]
+    card = card_decode.generate(e, PROMPTS, "card", state.cluster, state.lam, k=state.k, settings=s)
+    config = e.model.generation_config
+    config.cache_implementation = "static"
+    try:
+        from personalize.lm.models import uses_static_cache
+
+        assert uses_static_cache(e.model)
+        assert [g.text for g in e.decode_rows(rows)] == dynamic
+        assert getattr(e.model.get_base_model(), "_previous_max_cache_length", 0) > 0  # generate made a StaticCache
+        again = card_decode.generate(e, PROMPTS, "card", state.cluster, state.lam, k=state.k, settings=s)
+        assert [g.text for g in again] == [g.text for g in card]
+    finally:
+        config.cache_implementation = None
