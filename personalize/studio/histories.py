@@ -61,6 +61,21 @@ class ReplaceAsk(ValueError):
     """Save under a name that already has a history: the page asks before replacing it (a second Save does)."""
 
 
+
+def item_number(value: str | float | None) -> int | None:
+    """An item's number as typed in My writing's box ("" or None: none typed); a fraction or a word is refused."""
+    text = str(value if value is not None else "").strip()
+    if not text:
+        return None
+    try:
+        number = float(text)
+    except ValueError:
+        number = None
+    if number is None or not number.is_integer():
+        raise ValueError(f"an item number is a whole number from the table's first column, such as 3 (got {text!r})")
+    return int(number)
+
+
 class Histories(Service):
     def __init__(self, rt):
         super().__init__(rt)
@@ -249,27 +264,29 @@ class Histories(Service):
         """The user's items as Compare's prompt choices: ("id: the first 80 characters", id)."""
         return [(f"{r[0]}: {r[1][:80]}", r[0]) for r in self.item_rows(name)]
 
-    def update_item(self, name: str | None, item_id: float | None, text: str) -> str:
+    def update_item(self, name: str | None, item_id: str | float | None, text: str) -> str:
         """Edits one of the user's own items, by its number in their history; returns the status line."""
         name = self.rt.need_user(name)
-        if item_id is None:
+        number = item_number(item_id)
+        if number is None:
             raise ValueError("enter the number of the item to change (first column of the table)")
-        st = self.own_item(name, item_id)
+        st = self.own_item(name, number)
         if st is None:
-            raise ValueError(f"{name} has no item {int(item_id)}")
+            raise ValueError(f"{name} has no item {number}")
         self.store.update_item(st.id, text)
-        return f"Item {int(item_id)} updated. Refit to use it."
+        return f"Item {number} updated. Refit to use it."
 
-    def delete_item(self, name: str | None, item_id: float | None) -> str:
+    def delete_item(self, name: str | None, item_id: str | float | None) -> str:
         """Deletes one of the user's own items (by number), never their last one; returns the status line."""
         name = self.rt.need_user(name)
-        st = self.own_item(name, item_id)
+        number = item_number(item_id)
+        st = self.own_item(name, number)
         if st is None:
             raise ValueError("enter the number of one of this user's items (first column of the table)")
         if len(self.store.items(name)) <= 1:
             raise ValueError("this is the user's last item: a user needs at least one")
         self.store.delete_item(st.id)
-        return f"Item {int(item_id)} deleted. Refit to forget it."
+        return f"Item {number} deleted. Refit to forget it."
 
     def item_reference(self, name: str | None, item_id: float | None) -> str | None:
         """The text of the person's history item picked as Compare's prompt (what its outputs are read against)."""

@@ -130,7 +130,8 @@ def build(studio, shared: Shared) -> None:
         items = gr.Dataframe(headers=["#", "text", "neutral rewrite"], interactive=False, label="Stored items",
                              elem_id="items")
         with gr.Row():
-            item_id = gr.Number(None, label="Item number", precision=0, elem_id="item-id")
+            item_id = gr.Textbox(label="Item number", placeholder="the # of an item above", max_lines=1,
+                                 elem_id="item-id")  # a Number box would show 0 before anything is typed
             item_text = gr.Textbox(label="New text", elem_id="item-text", scale=3)
             edit_btn = gr.Button("Update item", elem_id="update-item")
             delete_btn = gr.Button("Delete item", variant="stop", elem_id="delete-item")

@@ -49,6 +49,7 @@ def test_items_are_changed_only_by_their_owner(studio):
     assert studio.histories.item_choices("jon")[0] == (f"1: {LINES[0]}", 1)
     assert studio.histories.update_item("ivy", 1, "edited") == "Item 1 updated. Refit to use it."
     assert studio.runtime.store.items("ivy")[0].y == "edited" and studio.runtime.store.items("jon")[0].y == LINES[0]
+    assert studio.histories.update_item("ivy", " 2 ", "typed") == "Item 2 updated. Refit to use it."  # the page's box
     with pytest.raises(ValueError, match="ivy has no item 9"):
         studio.histories.update_item("ivy", 9, "not mine")
     with pytest.raises(ValueError, match="enter the number"):
@@ -188,3 +189,12 @@ def test_rate_handlers_serve_units_and_clear_the_rubric_scores(studio):
     assert after[rate.STATUS].startswith("Judgment #") and after[0] != first[0]
     assert after[-3:] == (None, None, None) and after[1].startswith("**1 of 4 done**")
     assert rate.next_unit(studio, "ui-rubric", "")[rate.STATUS].startswith("⚠️")  # no rater id
+
+
+def test_an_item_number_is_read_as_typed():
+    from personalize.studio.histories import item_number
+
+    assert [item_number(v) for v in (None, "", "  ", "3", " 3 ", 3, 3.0, "3.0")] == [None, None, None, 3, 3, 3, 3, 3]
+    for bad in ("three", "1.5", 2.5):
+        with pytest.raises(ValueError, match="whole number"):
+            item_number(bad)
