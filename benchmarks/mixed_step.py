@@ -29,6 +29,10 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--ops", action="store_true",
+                    help="count the operators a step runs (a GPU launches a kernel for each: where a small model's "
+                         "decode is launch-bound, the ratio of these counts is the ratio of times), in the model and "
+                         "in the rows' logits processors")
     ap.add_argument("--kernels", action="store_true",
                     help="also the fast path with torch's F.linear instead of oneDNN (PERSONALIZE_ONEDNN=0)")
     a = ap.parse_args(argv)
@@ -76,6 +80,14 @@ def main(argv=None) -> None:
     if a.kernels:
         print(f"fast path, F.linear / oneDNN: compare {med[('compare', 'fast, F.linear')] / med[('compare', 'fast')]:.2f}x, "
               f"card alone {med[('card alone', 'fast, F.linear')] / med[('card alone', 'fast')]:.2f}x")
+    if a.ops:
+        for k in sets:
+            n, counts = op_counts(lambda: decode(k, "fast"))
+            per = {part: round(c / n, 1) for part, c in counts.items()}
+            print(f"ops per step, {k} ({n} steps): " + ", ".join(f"{part} {v}" for part, v in per.items()))
+            n, calls = sync_counts(lambda: decode(k, "fast"))
+            print(f"  host syncs on a GPU per step (calls that copy a device value to the host): "
+                  + ", ".join(f"{m} {c / n:.1f}" for m, c in calls.items()))
     if a.profile:
         from torch.profiler import ProfilerActivity, profile
 
@@ -83,6 +95,82 @@ def main(argv=None) -> None:
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 decode(k, p)
             print(f"--- {k}, {p}\n" + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+
+
+VIEWS = {"aten::view", "aten::reshape", "aten::slice", "aten::select", "aten::unsqueeze", "aten::squeeze",
+         "aten::expand", "aten::as_strided", "aten::t", "aten::transpose", "aten::permute", "aten::alias",
+         "aten::detach", "aten::empty", "aten::empty_like", "aten::_reshape_alias", "aten::unbind", "aten::split",
+         "aten::narrow", "aten::contiguous", "aten::lift_fresh", "aten::resolve_conj", "aten::resolve_neg",
+         "aten::empty_strided", "aten::result_type", "aten::is_nonzero", "aten::_unsafe_view", "aten::numpy_T"}
+
+
+def op_counts(run) -> tuple[int, dict[str, int]]:
+    """(decode steps, {part: leaf operators}) of one decode: operators with no operator inside them, views aside,
+    split into those under the rows' logits processors and the rest (the model, its hooks, generate's own)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from personalize.serving import runner
+
+    steps = [0]
+    was = runner.RowProcessors.__call__
+
+    def labelled(self, input_ids, scores):
+        steps[0] += 1
+        with record_function("row processors"):
+            return was(self, input_ids, scores)
+
+    runner.RowProcessors.__call__ = labelled
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            run()
+    finally:
+        runner.RowProcessors.__call__ = was
+    counts = {"processors": 0, "model and the rest": 0}
+    for ev in prof.events():
+        if not ev.name.startswith("aten::") or ev.name in VIEWS or any(c.name.startswith("aten::") for c in ev.cpu_children):
+            continue
+        up, inside = ev.cpu_parent, False
+        while up is not None and not inside:
+            inside, up = up.name == "row processors", up.cpu_parent
+        counts["processors" if inside else "model and the rest"] += 1
+    return max(steps[0], 1), counts
+
+
+SYNCS = ("tolist", "item", "cpu", "__bool__", "__int__", "__float__", "__index__", "numpy")
+
+
+def sync_counts(run) -> tuple[int, dict[str, int]]:
+    """(decode steps, {Tensor method: calls}) of one decode, for the methods that wait for a GPU's queue when the
+    tensor is on the GPU (on the CPU they are free: counted here all the same)."""
+    import torch
+
+    from personalize.serving import runner
+
+    calls = dict.fromkeys(SYNCS, 0)
+    steps = [0]
+    saved = {m: getattr(torch.Tensor, m) for m in SYNCS}
+    was = runner.RowProcessors.__call__
+
+    def counted(m):
+        def f(self, *args, **kwargs):
+            calls[m] += 1
+            return saved[m](self, *args, **kwargs)
+        return f
+
+    def stepped(self, input_ids, scores):
+        steps[0] += 1
+        return was(self, input_ids, scores)
+
+    runner.RowProcessors.__call__ = stepped
+    for m in SYNCS:
+        setattr(torch.Tensor, m, counted(m))
+    try:
+        run()
+    finally:
+        for m, f in saved.items():
+            setattr(torch.Tensor, m, f)
+        runner.RowProcessors.__call__ = was
+    return max(steps[0], 1), calls
 
 
 if __name__ == "__main__":
