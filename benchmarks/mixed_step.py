@@ -3,6 +3,7 @@ against card alone, with each row's LoRA from peft's `adapter_names` (the refere
 (gathered LoRAs, shared prefill, oneDNN linears), and whether both give the same outputs.
 
     .venv/bin/python benchmarks/mixed_step.py [--artifacts data/artifacts/demo] [--repeats 5] [--tokens 32] [--kernels]
+        [--scaling] [--ops]
 
 The decodes run in a worker thread as the scheduler runs them; the conditions alternate in one process, so
 a noisy minute hits all of them. Prints medians and the ratios; --profile adds torch's op table per path.
@@ -29,6 +30,9 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--scaling", action="store_true",
+                    help="also plain rows (the frozen LM, distinct prompts) in batches of 1, 2, 4 and 8: what a row "
+                         "adds to a step")
     ap.add_argument("--ops", action="store_true",
                     help="count the operators a step runs (a GPU launches a kernel for each: where a small model's "
                          "decode is launch-bound, the ratio of these counts is the ratio of times), in the model and "
@@ -80,6 +84,20 @@ def main(argv=None) -> None:
     if a.kernels:
         print(f"fast path, F.linear / oneDNN: compare {med[('compare', 'fast, F.linear')] / med[('compare', 'fast')]:.2f}x, "
               f"card alone {med[('card alone', 'fast, F.linear')] / med[('card alone', 'fast')]:.2f}x")
+    if a.scaling:
+        import dataclasses
+
+        plain = [dataclasses.replace(compare[0], prompt=f"{compare[0].prompt} {i}") for i in range(8)]
+        sizes = (1, 2, 4, 8)
+        for n in sizes:  # warm-up
+            decode_rows(e.model, e.tok, plain[:n])
+        took = {n: [] for n in sizes}
+        for _ in range(a.repeats):
+            for n in sizes:
+                took[n].append(in_thread(lambda: decode_rows(e.model, e.tok, plain[:n])))
+        one = statistics.median(took[1])
+        print("plain rows: " + ", ".join(f"{n} {statistics.median(v):.2f} s ({statistics.median(v) / one:.2f}x)"
+                                         for n, v in took.items()))
     if a.ops:
         for k in sets:
             n, counts = op_counts(lambda: decode(k, "fast"))
