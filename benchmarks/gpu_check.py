@@ -78,10 +78,11 @@ TINY_EVAL_ARGS = ["--methods", "base,cluster,card", "--limit", "2"]
 BUDGETS = {"install": 15, "models": 60,
            "build 0": 70, "bench 0": 60, "eval 0": 20,
            "build 1": 75, "bench 1": 65, "eval 1": 25,
-           "build 2": 45, "bench 2": 45}
+           "build 2": 45, "bench 2": 45, "compare profile 0": 60, "compare profile 1": 90}
 # --tiny: on a busy 2-core CPU most of a stage is its process's start (torch, transformers, the build's load)
 TINY_BUDGETS = {"install": 30, "models": 40, "build 0": 90, "bench 0": 150, "eval 0": 90,
-                "build 1": 90, "bench 1": 150, "eval 1": 90, "build 2": 90, "bench 2": 150}
+                "build 1": 90, "bench 1": 150, "eval 1": 90, "build 2": 90, "bench 2": 150,
+                "compare profile 0": 150, "compare profile 1": 150}
 TINY_BUDGET_S = 900.0
 
 ROWS = ("build", "onboarding a person (assign + pass + fit)", "Fit my style right after Save / after the rewrites",
@@ -321,6 +322,21 @@ def tail(path: Path, n: int) -> str:
     return "\n".join(lines[-n:])
 
 
+def profile_summary(log: Path, stage: str, rows: int = 12) -> str:
+    """mixed_step's figures from a stage's part of the log: its timing and count lines, and the first rows of each
+    profile table (by the GPU's kernel time on a GPU)."""
+    text = log.read_text(errors="replace").split(f"===== {stage}:")[-1]
+    out, left = [], 0
+    for line in text.splitlines():
+        if line.startswith(("fast", "reference", "compare reference", "ops per step", "  host syncs", "--- ")):
+            out.append(line)
+            left = rows + 3 if line.startswith("--- ") else 0  # the table's header lines, then its top rows
+        elif left > 0 and line.strip() and "USDT" not in line:
+            out.append(line)
+            left -= 1
+    return "\n".join(out)
+
+
 def run_check(a) -> dict:
     t_start = time.monotonic() - a.setup_s
     work = Path(a.work).resolve()
@@ -374,6 +390,13 @@ def run_check(a) -> dict:
                                                  str(bench_json), *(TINY_BENCH_ARGS if a.tiny else BENCH_ARGS), *more])
         if bench_json.exists():
             res["bench_json"] = json.loads(bench_json.read_text())
+        if a.compare_profile and i == columns[0]:  # where a Compare's time goes (RESULTS: 5.8x card alone once)
+            prof = stages.run(f"compare profile {i}", [sys.executable, str(ROOT / "benchmarks" / "mixed_step.py"),
+                                                        "--artifacts", str(art), "--demo-data", str(demo),
+                                                        "--repeats", "2", "--tokens", "16", "--ops", "--profile"])
+            if prof["status"] == "ok":
+                prof["tail"] = profile_summary(log, f"compare profile {i}")
+            res["compare_profile"] = prof
         if f"eval {i}" in BUDGETS:
             eval_json = work / f"eval{i}.json"
             alpha = json.loads((art / "config.json").read_text())["settings"]["decoding"]["alpha"]
@@ -483,6 +506,10 @@ def format_report(r: dict) -> str:
         lines.append(f"| {s['stage']} | {s['budget_s']:.0f} | {s['took_s']:.1f} | {s['status']} |")
     over = r["total_s"] > r["budget_s"]
     lines.append(f"| total | {r['budget_s']:.0f} | {r['total_s']:.1f} | {'OVER BUDGET' if over else 'ok'} |")
+    for v in cols:
+        if v.get("compare_profile", {}).get("tail"):
+            lines += ["", f"### A Compare against card alone, profiled ({v['column']})", "", "```",
+                      v["compare_profile"]["tail"], "```"]
     return "\n".join(lines)
 
 
@@ -501,6 +528,9 @@ def main(argv=None) -> int:
     p.add_argument("--setup-s", type=float, default=0.0, help="seconds the wheels' install took (the shell script)")
     p.add_argument("--columns", default=None, help="run only these columns (comma-separated indices: 0 the bundled "
                                                     "shape, 1 the 8B shape in bf16, 2 in NF4; default all)")
+    p.add_argument("--compare-profile", action="store_true",
+                   help="after the first column's bench, profile a Compare against card alone (benchmarks/mixed_step.py "
+                        "--ops --profile: operators, host syncs and the GPU's kernel times; give --budget 60 s more)")
     p.add_argument("--make-models", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--tokenizers-ready", action="store_true", help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else argv

@@ -109,10 +109,12 @@ def main(argv=None) -> None:
     if a.profile:
         from torch.profiler import ProfilerActivity, profile
 
+        gpu = torch.cuda.is_available() and e.model.device.type == "cuda"
         for (k, p) in times:
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
+            with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if gpu else [])]) as prof:
                 decode(k, p)
-            print(f"--- {k}, {p}\n" + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+            order = "self_cuda_time_total" if gpu else "self_cpu_time_total"
+            print(f"--- {k}, {p}\n" + prof.key_averages().table(sort_by=order, row_limit=25))
 
 
 VIEWS = {"aten::view", "aten::reshape", "aten::slice", "aten::select", "aten::unsqueeze", "aten::squeeze",
