@@ -104,7 +104,7 @@ def main(argv=None) -> None:
             per = {part: round(c / n, 1) for part, c in counts.items()}
             print(f"ops per step, {k} ({n} steps): " + ", ".join(f"{part} {v}" for part, v in per.items()))
             n, calls = sync_counts(lambda: decode(k, "fast"))
-            print(f"  host syncs on a GPU per step (calls that copy a device value to the host): "
+            print("  host syncs on a GPU per step (calls that copy a device value to the host): "
                   + ", ".join(f"{m} {c / n:.1f}" for m, c in calls.items()))
     if a.profile:
         from torch.profiler import ProfilerActivity, profile
