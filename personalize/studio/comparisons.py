@@ -51,6 +51,18 @@ class ComparePlan:
     order: list[str]
 
 
+@dataclass(frozen=True)
+class Explanation:
+    """Why's answer: CARD's output token by token, and the person's place in the build it was decoded at."""
+    text: str
+    steps: list[dict]  # per token: the chosen one, the cluster model's, the candidates on one scale (step_figure)
+    pieces: list[tuple[str, bool]]  # the text in displayed pieces, each marked changed or kept (text_pieces)
+    alpha: float
+    fitted: bool
+    cluster: int
+    k: int
+
+
 def _jsonable(trace) -> dict:
     """A method's trace, kept in the store only when it is plain JSON (CARD's tensors are not)."""
     if not trace:
@@ -242,7 +254,7 @@ class Decoding(Service):
                     yield "progress", m, job_line(job)
 
     def why(self, name: str | None, text: str | None, s: DecodingSettings, k: int | None = None,
-            templated: bool = False, item_id: float | None = None) -> dict:
+            templated: bool = False, item_id: float | None = None) -> Explanation:
         """CARD's decoding step by step on Compare's prompt (histories.resolve_prompt: the typed text, in the task
         template when `templated`, or a picked history item's): the token chosen, the cluster model's choice, and
         for the chosen token and its top rivals the log-probability among the step's candidates before (the
@@ -265,8 +277,7 @@ class Decoding(Service):
                           "candidates": [{"token": tok.decode([int(cand[j])]), "chosen": int(cand[j]) == chosen,
                                           "before": float(before[j]), "correction": float(after[j] - before[j]),
                                           "after": float(after[j])} for j in shown]})
-        return {"text": g.text, "steps": steps, "pieces": text_pieces(tok, steps), "alpha": s.alpha,
-                "fitted": state.fitted, "cluster": state.cluster, "k": state.k}
+        return Explanation(g.text, steps, text_pieces(tok, steps), s.alpha, state.fitted, state.cluster, state.k)
 
     def compare_plan(self, name: str | None, text: str | None, templated: bool, item_id: float | None,
                      methods: Sequence[str] | None, k: int | None = None) -> ComparePlan:

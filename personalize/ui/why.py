@@ -17,20 +17,20 @@ def why(studio, name, text, templated, item, alpha, top_k, max_tokens, k):
         res = studio.decoding.why(name, text, studio.runtime.settings(alpha, top_k, max_tokens), k, templated, item)
     except EXPECTED as e:
         return _err(e), gr.skip(), gr.skip(), gr.skip(), gr.skip()
-    steps = res["steps"]
+    steps = res.steps
     changed = sum(st["changed"] for st in steps)
-    tokens = [(piece, "changed" if changed_ else "kept") for piece, changed_ in res["pieces"]]
-    status = (f"α = {res['alpha']}, cluster {res['cluster']} of K = {res['k']}"
-              f"{'' if res['fitted'] else ', λ = 1 (not fitted)'}: the user vector changed **{changed}** of "
-              f"{len(steps)} tokens. Output: {md(res['text'])}")
+    tokens = [(piece, "changed" if changed_ else "kept") for piece, changed_ in res.pieces]
+    status = (f"α = {res.alpha}, cluster {res.cluster} of K = {res.k}"
+              f"{'' if res.fitted else ', λ = 1 (not fitted)'}: the user vector changed **{changed}** of "
+              f"{len(steps)} tokens. Output: {md(res.text)}")
     first = next((i for i, st in enumerate(steps) if st["changed"]), 0)
     return (status, tokens, gr.update(maximum=max(len(steps) - 1, 1), value=first),
             step_figure(steps[first]) if steps else None, res)
 
 
 def why_step(i, res):
-    """The plot of step i of the trace shown."""
-    steps = (res or {}).get("steps") or []
+    """The plot of step i of the trace shown (res: the Explanation kept in the page's state, or None)."""
+    steps = res.steps if res is not None else []
     if not steps:
         return gr.skip()
     return step_figure(steps[min(int(i), len(steps) - 1)])
@@ -46,9 +46,9 @@ def build(studio, shared: Shared) -> None:
                                     show_legend=True, elem_id="why-tokens")
         step = gr.Slider(0, 1, value=0, step=1, label="Step", elem_id="why-step")
         plot = gr.Plot(elem_id="why-plot")
-        trace = gr.State({})
+        trace = gr.State(None)
 
-    shared.of_person((status, ""), (tokens, None), (plot, None), (trace, {}))
+    shared.of_person((status, ""), (tokens, None), (plot, None), (trace, None))
     why_btn.click(bind(why, studio), [shared.user, *shared.prompt.inputs, *shared.decoding.inputs],
                   [status, tokens, step, plot, trace], concurrency_id="decode", concurrency_limit=DECODE_SESSIONS)
     step.release(why_step, [step, trace], [plot])

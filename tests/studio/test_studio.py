@@ -228,19 +228,19 @@ def test_fit_compare_why_and_refit_keeps_vector_on_failure(studio, monkeypatch):
         list(studio.decoding.compare("bo", prompt, ["nope"], s))
 
     why = studio.decoding.why("bo", prompt, studio.runtime.settings(alpha=3.0, max_new_tokens=5))
-    assert why["steps"] and all(10 <= len(st["candidates"]) <= 12 for st in why["steps"])
-    for st in why["steps"]:  # one scale: log-probabilities among the candidates, before + correction = after
+    assert why.steps and all(10 <= len(st["candidates"]) <= 12 for st in why.steps)
+    for st in why.steps:  # one scale: log-probabilities among the candidates, before + correction = after
         chosen = [c for c in st["candidates"] if c["chosen"]]
         assert len(chosen) == 1 and chosen[0]["token"] == st["token"] and math.isfinite(chosen[0]["before"])
         assert any(c["token"] == st["cluster_token"] for c in st["candidates"])
         for c in st["candidates"]:
             assert c["before"] <= 1e-6 and c["after"] <= 1e-6
             assert c["before"] + c["correction"] == pytest.approx(c["after"], abs=1e-5)
-    st0 = why["steps"][0]
+    st0 = why.steps[0]
     assert st0["candidates"][0]["after"] == max(c["after"] for c in st0["candidates"])
     assert st0["changed"] == (st0["token"] != st0["cluster_token"])
-    assert "".join(t for t, _ in why["pieces"]).strip() == why["text"]
-    assert any(c for _, c in why["pieces"]) == any(st["changed"] for st in why["steps"])
+    assert "".join(t for t, _ in why.pieces).strip() == why.text
+    assert any(c for _, c in why.pieces) == any(st["changed"] for st in why.steps)
 
 
 def test_oppu_trains_on_first_use_and_again_after_an_edit(studio):

@@ -660,9 +660,9 @@ def test_browser_text_from_people_and_models_is_shown_never_executed(server, tmp
 
     def why_with_markup(*args, **kwargs):
         res = why(*args, **kwargs)
-        for st in res["steps"]:
+        for st in res.steps:
             st["candidates"][0]["token"] = XSS_IMG
-        return {**res, "text": f"{XSS_IMG} {res['text']}", "pieces": [(XSS_IMG, True), *res["pieces"]]}
+        return replace(res, text=f"{XSS_IMG} {res.text}", pieces=[(XSS_IMG, True), *res.pieces])
 
     monkeypatch.setattr(studio.decoding, "why", why_with_markup)
 

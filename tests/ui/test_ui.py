@@ -142,8 +142,10 @@ def test_model_handlers_without_a_server(studio):
     assert "choose at least one method" in first[0] and len(first) == 1 + len(compare.ALL_METHODS)
     steps = list(compare.compare(studio, "oz", "the bus", True, None, ["base"], 1.0, 50, 4, None))
     assert steps[-1][0].startswith("Done: 1 method for **oz**") and "tok/s" in steps[-1][1]["value"]
-    status, tokens, *_ = why.why(studio, "oz", "the bus", True, None, 1.0, 50, 4, None)
+    status, tokens, _, _, res = why.why(studio, "oz", "the bus", True, None, 1.0, 50, 4, None)
     assert "the user vector changed" in status and isinstance(tokens, list)
+    assert res.steps and why.why_step(len(res.steps) + 5, res) != gr.skip()  # past the end: the last step
+    assert why.why_step(0, None) == gr.skip()  # nothing explained yet: the plot is left as it is
 
     status, a, b, pid = quick_pair.draw_pair(studio, "oz", "rae", "the tea", ["base", "cluster"], "", True, 1.0, 50,
                                              4, None)
