@@ -111,13 +111,6 @@ class StyleSettings:
     # form that is not theirs, and their own past words are what carries them (0: off)
     far_knn_weight: float = 0.15
     far_share: float = 0.1
-    # the memory's weight follows how well the context matches the person's past (the nearest entry's cosine
-    # similarity s): w·clip((s − m) / (1 − m), 0, 1), so an unfamiliar context keeps the cluster model's words and
-    # a familiar one takes theirs (0: off, w whatever the match)
-    knn_match: float = 0.0
-    # no output may end as one of the person's past outputs, whole (their memory's texts): with a heavy memory the
-    # text becomes a past subject of theirs word for word (docs/RESULTS.md); off by default
-    copy_stop: bool = False
 
     def __post_init__(self):
         if not 0 <= self.knn_weight <= 1 or self.knn_neighbours < 1 or self.knn_temperature <= 0:
@@ -128,8 +121,6 @@ class StyleSettings:
             raise ValueError("form_positions >= 0, form_prior > 0 and form_cap > 0")
         if not 0 <= self.far_knn_weight <= 1 or not 0 <= self.far_share <= 1:
             raise ValueError("far_knn_weight and far_share in [0, 1]")
-        if not 0 <= self.knn_match < 1:
-            raise ValueError("knn_match in [0, 1)")
         if self.key not in KEYS:
             raise ValueError(f"key must be one of {KEYS}, got {self.key!r}")
 

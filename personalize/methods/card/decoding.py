@@ -47,14 +47,8 @@ class CardLogitsProcessor(LogitsProcessor):
     rows, so the top-k is kept here at α = 0 too (the cluster row's sampling set)."""
 
     def __init__(self, head: PersonalizationHead, styles: StyleTensors, style: StyleSettings, capture: HiddenCapture,
-                 alpha: float, top_k: int, standardize: bool = False, sampled: bool = False,
-                 eos_id: int | None = None):
+                 alpha: float, top_k: int, standardize: bool = False, sampled: bool = False):
         self.head, self.styles, self.style, self.capture = head, styles, style, capture
-        # StyleSettings.copy_stop: each row's past outputs (its memory's texts), on which it may not end
-        self.eos_id = eos_id
-        self.pasts = [past_outputs(m[1].tolist(), eos_id) if m is not None and style.copy_stop and eos_id is not None
-                      else set() for m in styles.memory]
-        self.generated: list[list[int]] | None = None  # each row's answer so far, kept only for the copy stop
         self.alpha, self.top_k, self.standardize, self.sampled = alpha, top_k, standardize, sampled
         self.trace: list[dict] | None = None  # set to [] to record each step (the app's "Why" view)
         self.plain = alpha == 0  # style_scores: α scales everything of the person's
@@ -69,9 +63,6 @@ class CardLogitsProcessor(LogitsProcessor):
             return torch.full_like(scores, float("-inf")).scatter(-1, cand, vals) if self.sampled else scores
         # generate calls once a step: the first call sees the prompt alone, each later one the last token chosen
         last = input_ids[:, -1].tolist()
-        if any(self.pasts):
-            self.generated = ([[] for _ in last] if self.generated is None
-                              else [g + [t] for g, t in zip(self.generated, last)])
         self.openings = ([opening_key(())] * len(last) if self.openings is None
                          else [next_opening(k, t) for k, t in zip(self.openings, last)])
         ids, new = style_scores(self.head, self.styles, self.style, self.capture.last().cpu(), cand.cpu(),
@@ -82,23 +73,7 @@ class CardLogitsProcessor(LogitsProcessor):
         valid = ids >= 0
         rows = torch.arange(len(ids))[:, None].expand_as(ids)
         out[rows[valid], ids[valid].to(out.device)] = new[valid].to(out.dtype).to(out.device)
-        for r, past in enumerate(self.pasts):
-            if past and tuple(self.generated[r]) in past:  # ending here would hand back a past output whole
-                out[r, self.eos_id] = float("-inf")
         return out
-
-
-def past_outputs(values: list[int], eos_id: int) -> set[tuple[int, ...]]:
-    """The texts a memory's values hold (each past output's tokens, ended by end-of-sequence)."""
-    out, cur = set(), []
-    for t in values:
-        if t == eos_id:
-            if cur:
-                out.add(tuple(cur))
-            cur = []
-        else:
-            cur.append(t)
-    return out
 
 
 @torch.no_grad()
@@ -111,7 +86,7 @@ def card_generate(model, tok, prompts: list[str], budget: TokenBudget, s: Decodi
         raise ValueError("CARD needs one style per prompt")
     with HiddenCapture(model, n_layers) as cap:
         card = CardLogitsProcessor(head, StyleTensors.of(styles, style), style, cap, s.alpha, s.top_k,
-                                   s.standardize, s.do_sample, eos_id=tok.eos_token_id)
+                                   s.standardize, s.do_sample)
         card.trace = [] if trace else None
 
         def chosen(out: torch.Tensor, start: int) -> None:

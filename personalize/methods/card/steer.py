@@ -26,7 +26,6 @@ class CardSteer(Steer):
     style: UserStyle
     settings: StyleSettings
     n_layers: int
-    eos_id: int | None = None  # StyleSettings.copy_stop's end-of-sequence
     restricts_top_k = True  # CARD keeps the top-k candidates itself
 
     @property
@@ -39,8 +38,7 @@ class CardSteer(Steer):
 
     def processors(self, settings, first, repeats, hidden, trace):
         proc = CardLogitsProcessor(self.head, StyleTensors.of([self.style], self.settings), self.settings, hidden,
-                                   settings.alpha, settings.top_k, settings.standardize, settings.do_sample,
-                                   eos_id=self.eos_id)
+                                   settings.alpha, settings.top_k, settings.standardize, settings.do_sample)
         if trace:
             proc.trace = []
         return [*first, proc, *repeats], (proc if trace else None)

@@ -254,8 +254,8 @@ def style_scores(head: PersonalizationHead, st: StyleTensors, s: StyleSettings, 
     centred and scaled to the logits' spread first, for heads whose Δ has no logit scale; b_o, the form bias
     after each row's opening, `openings` [B] of opening_key); then, with a memory,
     log((1 − w')·softmax(ℓ̃_T) + w'·p_kNN) over the candidates and the neighbours' tokens, w' = min(1, α·w), w
-    the row's own (UserStyle.memory_weight), scaled by the context's match with `knn_match`:
-    α scales everything of the person's, so α = 0 is the cluster model exactly."""
+    the row's own (UserStyle.memory_weight): α scales everything of the person's, so α = 0 is the cluster model
+    exactly."""
     h, base = h.float(), base.float()
     if alpha == 0:
         return cand, base
@@ -284,8 +284,6 @@ def style_scores(head: PersonalizationHead, st: StyleTensors, s: StyleSettings, 
         top = sims.topk(min(n, len(sims)))
         w = torch.softmax(top.values / s.knn_temperature, -1)
         weight = min(1.0, alpha * st.knn_weights[r])
-        if s.knn_match > 0:  # the context's match to the person's past
-            weight *= float(((top.values[0] - s.knn_match) / (1 - s.knn_match)).clamp(0, 1))
         p = (1 - weight) * torch.softmax(scores[r], -1)
         nb = vals[top.indices]
         hit = nb[:, None] == cand[r][None, :]  # [n, k]: neighbour tokens already among the candidates
