@@ -175,13 +175,6 @@ class Store(PeopleTables, RecordTables):
             rows = self.db["items"].rows_where("user = ?", [name], order_by="position")
             return [StoredItem(**row) for row in rows]
 
-    def items_by_id(self, item_ids: Sequence[int]) -> list[StoredItem]:
-        """The items with these row ids (any user), in id order; unknown ids are skipped."""
-        with self._lock:
-            marks = ", ".join("?" * len(item_ids))
-            rows = self.db["items"].rows_where(f"id IN ({marks})", list(item_ids), order_by="id") if item_ids else []
-            return [StoredItem(**row) for row in rows if self.may_reach(row["user"])]
-
     def add_items(self, name: str, items: Sequence[Item]) -> None:
         with self._write() as db:
             name = self._require(name)

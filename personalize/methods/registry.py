@@ -17,7 +17,6 @@ from personalize.methods.rag import RagMethod
 
 _CLASSES = (BaseMethod, ClusterMethod, CardMethod, RagMethod, PagMethod, ExactMethod, CopeMethod, OppuMethod, P2PMethod)
 REGISTRY: dict[str, type] = {cls.name: cls for cls in _CLASSES}  # every method the studio serves
-CORE: dict[str, type] = {name: REGISTRY[name] for name in CORE_METHODS}
 METHODS: dict[str, type] = {name: REGISTRY[name] for name in COMPARED}  # the compared methods
 assert set(REGISTRY) == {*CORE_METHODS, *COMPARED}, "catalog.py and the method classes disagree"
 

@@ -127,7 +127,7 @@ class TokenData:
                    None if weight is None else torch.full((len(target),), float(weight)), torch.cat(opening))
 
     @classmethod
-    def empty(cls, like=None) -> "TokenData":
+    def empty(cls) -> "TokenData":
         return cls(torch.zeros(0, 0), torch.zeros(0, 0, dtype=torch.long), torch.zeros(0, 0),
                    torch.zeros(0, dtype=torch.long))
 
@@ -311,7 +311,7 @@ def fit_user(head: PersonalizationHead, data, s: HeadSettings) -> tuple[torch.Te
         return lam.detach(), []
     with torch.no_grad():  # P and U are frozen: precompute what λ multiplies
         if isinstance(data, TokenData):
-            f, base, target = head.token_features(data.h, data.cand), data.base, data.target
+            f, base = head.token_features(data.h, data.cand), data.base
         else:
             dphi = torch.stack([head.phi(c) - head.phi(r) for c, r in zip(data.chosen, data.rejected)])
             offset = pair_logits(head, data, torch.zeros(head.d), s, dphi)  # γ·Δlogp, fixed
