@@ -217,7 +217,10 @@ def compile_switch(model) -> dict:
     compiles the decode step, and torch.compile does not guard on module hooks (dynamo's
     skip_nnmodule_hook_guards): a step compiled before CARD's hidden-state capture or a mixed batch's row LoRAs
     were hooked in runs without them, and one compiled with them keeps running the first batch's (seen on the
-    CPU with dynamo's eager backend). So a forward with any hook is not compiled; a plain decode is."""
+    CPU with dynamo's eager backend). So a forward with any hook is not compiled; a plain decode is. Without a
+    static cache nothing is compiled, and the model's thousands of modules are not walked."""
+    if not uses_static_cache(model):
+        return {}
     hooked = any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
     return {"disable_compile": True} if hooked else {}
 
