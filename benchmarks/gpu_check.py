@@ -385,6 +385,7 @@ def run_check(a) -> dict:
         res["alpha"] = steer(art)
         bench_json = work / f"bench{i}.json"
         more = [] if a.tiny else (["--methods", "card,oppu", "--oppu-steps", "10"] if i == 0 else ["--methods", "card"])
+        more += ["--static-cache"] if a.static_cache else []  # its compile on a GPU: beyond the stages' budgets
         res["bench"] = stages.run(f"bench {i}", [sys.executable, "-m", "personalize", "bench", "--no-loops",
                                                  "--artifacts", str(art), "--json",
                                                  str(bench_json), *(TINY_BENCH_ARGS if a.tiny else BENCH_ARGS), *more])
@@ -531,6 +532,9 @@ def main(argv=None) -> int:
     p.add_argument("--compare-profile", action="store_true",
                    help="after the first column's bench, profile a Compare against card alone (benchmarks/mixed_step.py "
                         "--ops --profile: operators, host syncs and the GPU's kernel times; give --budget 60 s more)")
+    p.add_argument("--static-cache", action="store_true",
+                   help="bench also times the cluster model with a static cache (its first decode compiles it into "
+                        "CUDA graphs: give --budget a minute or more)")
     p.add_argument("--make-models", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--tokenizers-ready", action="store_true", help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else argv

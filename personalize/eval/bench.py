@@ -33,7 +33,7 @@ def _median(xs):
 def run_bench(engine: Engine, users: dict[str, list[Item]], prompt: str, repeats: int = 5,
               n_tokens: int = 24, methods: Sequence[str] = BENCH_METHODS,
               method_configs: dict[str, dict] | None = None, prompts: Sequence[str] | None = None,
-              serving: dict | None = None, loops: bool = True) -> dict:
+              serving: dict | None = None, loops: bool = True, static: bool = False) -> dict:
     """Onboarding by stage, λ fit, CARD decode overhead, user switch, bytes per user; then `methods` side by side
     (bench_methods; method_configs: config fields per method, e.g. {"oppu": {"max_steps": 8}}); with `loops`, the
     share of each studio method's outputs that loop or echo (eval/loops.py: each person's own prompt, at the build's
@@ -78,10 +78,10 @@ def run_bench(engine: Engine, users: dict[str, list[Item]], prompt: str, repeats
             b = card_decode.generate(engine, [prompt], "card", f0.cluster, f0.style, settings=s)[0]
             t_cluster.append(a.latency_s / a.n_tokens), t_card.append(b.latency_s / b.n_tokens)
             ratios.append(t_card[-1] / t_cluster[-1])
-        # the same cluster decode with a static cache (ModelConfig.static_cache; on a GPU, compiled into CUDA
-        # graphs): its first decode pays the compile
+        # with `static`, the same cluster decode with a static cache (ModelConfig.static_cache; on a GPU,
+        # compiled into CUDA graphs): its first decode pays the compile
         t_static, first_static = [], None
-        if not uses_static_cache(engine.model):
+        if static and not uses_static_cache(engine.model):
             with static_cache(engine.model):
                 first_static = card_decode.generate(engine, [prompt], "cluster", f0.cluster, settings=s)[0].latency_s
                 for _ in range(repeats):

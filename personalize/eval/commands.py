@@ -140,7 +140,7 @@ def cmd_bench(a) -> None:
     methods = comma_names(a.methods)
     t0 = time.perf_counter()
     b = run_bench(engine, users, queries[0].input, repeats=a.repeats, methods=methods, method_configs=configs,
-                  prompts=[q.input for q in queries], loops=not a.no_loops,
+                  prompts=[q.input for q in queries], loops=not a.no_loops, static=a.static_cache,
                   serving={"n_people": a.serving_people, "exact_pairs": a.exact_pairs, "start_repeats": a.start_repeats})
     b["settings"]["wall_s"] = round(time.perf_counter() - t0, 1)
     print(format_bench(b))
@@ -225,6 +225,9 @@ def add_bench(sub) -> None:
                    help="Table 5 rows measured side by side: any of rag, oppu, p2p, card, exact ('' = none)")
     n.add_argument("--no-loops", action="store_true",
                    help="leave out the loop / echo table (every studio method decoded again for every person)")
+    n.add_argument("--static-cache", action="store_true",
+                   help="also time the cluster model's decode with a static KV cache (on a GPU its first decode "
+                        "compiles it into CUDA graphs, which takes a while)")
     _add_method_budgets(n)
     n.add_argument("--json", default=None)
     n.set_defaults(fn=cmd_bench)

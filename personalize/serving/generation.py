@@ -205,8 +205,8 @@ def generate(model, tok, prompts: list[str], budget: TokenBudget, s: DecodingSet
     else:
         kwargs |= {"temperature": None, "top_k": None}
     t0 = time.perf_counter()
-    out = model.generate(**kwargs, **compile_switch(model), logits_processor=LogitsProcessorList([*([utf8] if utf8 else []), *processors,
-                                                                         *repeats]))
+    chain = LogitsProcessorList([*([utf8] if utf8 else []), *processors, *repeats])
+    out = model.generate(**kwargs, **compile_switch(model), logits_processor=chain)
     dt = time.perf_counter() - t0
     if after is not None:
         after(out, ids.shape[1])

@@ -61,7 +61,6 @@ class ReplaceAsk(ValueError):
     """Save under a name that already has a history: the page asks before replacing it (a second Save does)."""
 
 
-
 def item_number(value: str | float | None) -> int | None:
     """An item's number as typed in My writing's box ("" or None: none typed); a fraction or a word is refused."""
     text = str(value if value is not None else "").strip()
