@@ -51,8 +51,8 @@ def tuning_people(a) -> tuple[Engine, list, list]:
 def onboarded(engine: Engine, profiles, cache: str | None) -> list:
     """Each person's fit (their onboarding pass included), read from `cache` when it holds them, else made and saved
     there: settings that refit from the same pass need not redo it."""
-    if cache and Path(cache).exists():
-        return torch.load(cache, weights_only=False)
+    if cache and Path(cache).exists() and len(fits := torch.load(cache, weights_only=False)) >= len(profiles):
+        return fits[: len(profiles)]  # the first people of a larger run's cache are these people
     fits = [engine.fit(items) for items in profiles]
     if cache:
         torch.save(fits, cache)
