@@ -130,13 +130,8 @@ class RagMethod:
     def _rows(self, user, built, extra: int, settings, info: dict | None = None) -> list[DecodeRow]:
         budget = widened(self.engine.cfg.budget, extra)
         scaffold = scaffold_lines(self.engine.task)  # its header and instruction: never the answer
-        return [DecodeRow(b, budget, settings, None, trace=self._trace(user, hits, info), scaffold=scaffold)
+        return [DecodeRow(b, budget, settings, None, trace=retrieved_trace(user, hits, info), scaffold=scaffold)
                 for b, hits in built]
-
-    @staticmethod
-    def _trace(user, hits, info):
-        return [{"retrieved": [user.items[i].id or str(i) for i, _ in hits], "scores": [round(s, 4) for _, s in hits],
-                 **(info or {})}]
 
     def _decode(self, user, built, extra: int, settings, info: dict | None = None) -> list[Generation]:
         if not built:
@@ -145,5 +140,11 @@ class RagMethod:
         outs = generate(self.engine.model, self.engine.tok, [b for b, _ in built],
                         widened(self.engine.cfg.budget, extra), settings, scaffold=scaffold_lines(self.engine.task))
         for g, (_, hits) in zip(outs, built):
-            g.trace = self._trace(user, hits, info)
+            g.trace = retrieved_trace(user, hits, info)
         return outs
+
+
+def retrieved_trace(user: UserContext, hits, info: dict | None = None) -> list[dict]:
+    """Generation.trace of an output whose prompt carries the user's items: which (their ids) and their BM25."""
+    return [{"retrieved": [user.items[i].id or str(i) for i, _ in hits], "scores": [round(s, 4) for _, s in hits],
+             **(info or {})}]

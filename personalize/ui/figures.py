@@ -26,8 +26,11 @@ def cluster_figure(m) -> go.Figure:
         fig.add_scatter(x=[xy[0]], y=[xy[1] if len(xy) > 1 else 0], mode="markers+text",
                         name=plot_text(name), text=[plot_text(name)], textposition="bottom center",
                         marker={"symbol": "star", "size": 20, "color": "gold", "line": {"width": 1, "color": "black"}})
-    fig.update_layout(title=f"Population (PCA of user embeddings), K = {m.k}", height=460,
-                      margin={"l": 10, "r": 10, "t": 40, "b": 10})
+    fig.update_layout(title={"text": f"Population (PCA of user embeddings), K = {m.k}",
+                             "subtitle": {"text": "two directions of the embedding's many: a person at a cluster's "
+                                                  "edge can look near its centre here; the table's distances are the "
+                                                  "real ones"}}, height=460,
+                      margin={"l": 10, "r": 10, "t": 60, "b": 10})
     return fig
 
 

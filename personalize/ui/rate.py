@@ -65,7 +65,8 @@ def next_unit(studio: Studio, campaign: str | None, typed: str | None, request: 
     """The rater's pending unit, or the next one."""
     rater = rater_id(typed, logged_in(request))
     if not campaign:
-        raise ValueError("choose a campaign first")
+        raise ValueError("choose a campaign first" if studio.runtime.campaigns.names() else
+                         "no campaign yet: make one in the Campaigns tab, then choose it here")
     a = studio.campaign_desk.next_judgment(campaign, rater)
     return _view(a, "" if a else _done(studio, campaign, rater))
 

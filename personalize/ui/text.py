@@ -109,12 +109,25 @@ def form_note(studio, fit: UserFit) -> str:
         lines.append(f"Because you are this far out, your own past texts are mixed in as it writes: where a "
                      f"context like one of yours comes up, the word you wrote next gets a share ({w:g} at α = 1) "
                      "of the choice, so your words come back rather than the population's.")
-    if studio.runtime.engine.cfg.decoding.alpha == 0:  # the build's guard kept card at the cluster model (guard_note)
+    if studio.runtime.engine.cfg.style.retrieval:
+        lines.append("Your past texts nearest the prompt are also placed before it, as RAG places them (Compare "
+                     "lists which under card's output); the model may repeat one of them.")
+    alpha = studio.runtime.engine.cfg.decoding.alpha
+    if alpha == 0:  # the build's guard kept card at the cluster model (guard_note)
         lines[-1] = lines[-1].replace("What you get", "What α above 0 gives you", 1)
         lines[-1] += " At this build's α = 0, card writes as your cluster's model."
     lines.append("The **α** slider in *Compare* scales all of your style: 0 is the cluster model exactly, 1 your "
-                 "style as fitted, above 1 pushes it harder (and can overshoot into words out of place).")
+                 "style as fitted, above 1 pushes it harder (and can overshoot into words out of place)"
+                 + (f"; it starts at this build's α = {alpha:g}" + (", the strength its validation people were "
+                    "decoded best with." if tuned_alpha(studio.runtime.engine.meta) == alpha else ".")
+                    if alpha not in (0, 1) else "."))
     return " ".join(lines)
+
+
+def tuned_alpha(meta: dict) -> float | None:
+    """The α the build's decoding choice (tune) kept on its validation people, if it chose one."""
+    chosen = meta.get("report", {}).get("tune", {}).get("alpha", {}).get("chosen")
+    return float(chosen) if chosen is not None else None
 
 
 def guard_note(studio) -> str | None:

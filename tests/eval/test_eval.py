@@ -161,10 +161,13 @@ def test_card_falls_back_with_a_note_and_retrieves_only_for_its_own_rows(engine,
         assert back.note and back.text == cluster.text and seen == []  # no retrieval for a fallback row
         kept = card_decode.generate(engine, [prompt], "card", fit.cluster, replace(lost, helps=True), items=items)[0]
         assert kept.note is None and seen == [[prompt]]
-        built, _ = real(engine, items, [prompt], engine.cfg.budget)
+        built, _, chosen = real(engine, items, [prompt], engine.cfg.budget)
+        assert kept.trace == chosen[0] and chosen[0][0]["retrieved"]  # which items: Compare shows them
         assert built[0].endswith(prompt) and any(it.y in built[0] for it in items)
         paper = card_decode.generate(engine, [prompt], "card_paper", fit.cluster, lost, items=items)[0]
         assert paper.note is None and len(seen) == 1  # card_paper: λ alone, no fallback, no retrieval
+        row, = card_decode.rows(engine, [prompt], "card", fit.cluster, replace(lost, helps=True), items=items)
+        assert row.trace == chosen[0] and row.prompt == built[0]  # the mixed batch's row: the same items, said
         assert isinstance(lost, UserStyle)
     finally:
         engine.cfg = cfg

@@ -322,3 +322,11 @@ def test_the_fit_page_says_how_far_the_person_is_what_they_get_and_what_alpha_do
                                                                                                   alpha=0.0)))
     kept = page_text.fit_message(studio, "vera", fitted, 1.0)
     assert "At this build's α = 0, card writes as your cluster's model" in kept and "What you get" not in kept
+    # a build that places the person's nearest past texts before the prompt and decodes at α = 2: both said
+    assert "placed before it" not in near and "starts at this build's α" not in near
+    monkeypatch.setattr(studio.runtime.engine, "cfg", dataclasses.replace(
+        cfg, style=dataclasses.replace(cfg.style, retrieval=True), decoding=dataclasses.replace(cfg.decoding, alpha=2.0)))
+    monkeypatch.setitem(studio.runtime.engine.meta, "report", {"tune": {"alpha": {"chosen": "2.0"}}})
+    two = page_text.fit_message(studio, "vera", fitted, 1.0)
+    assert "Your past texts nearest the prompt are also placed before it" in two
+    assert "it starts at this build's α = 2, the strength its validation people were decoded best with" in two

@@ -200,6 +200,7 @@ def test_app_markdown_of_outputs_examples_and_errors_is_text_only():
     m = PopulationMap([XSS_NAME], [[0.0, 1.0]], [0], [[0.0, 0.0]], 1, (XSS_NAME, [1.0, 1.0]))
     fig = figures.cluster_figure(m).to_plotly_json()
     assert "<img" not in str(fig) and "<b>eve" not in str(fig)
+    assert "the table's distances are the real ones" in fig["layout"]["title"]["subtitle"]["text"]  # PCA hides distance
     step = {"candidates": [{"token": XSS_IMG, "before": 0.0, "after": 1.0}]}
     assert "<img" not in str(figures.step_figure(step).to_plotly_json())
 

@@ -191,6 +191,14 @@ def test_rate_handlers_serve_units_and_clear_the_rubric_scores(studio):
     assert after[rate.STATUS].startswith("Judgment #") and after[0] != first[0]
     assert after[-3:] == (None, None, None) and after[1].startswith("**1 of 4 done**")
     assert rate.next_unit(studio, "ui-rubric", "")[rate.STATUS].startswith("⚠️")  # no rater id
+    assert "choose a campaign first" in rate.next_unit(studio, None, "r1")[rate.STATUS]
+
+
+def test_rate_says_where_campaigns_come_from_when_there_is_none(studio, monkeypatch):
+    from personalize.ui import rate
+
+    monkeypatch.setattr(studio.runtime.campaigns, "names", lambda: [])  # a fresh studio: no campaign made yet
+    assert "make one in the Campaigns tab" in rate.next_unit(studio, None, "r1")[rate.STATUS]
 
 
 def test_an_item_number_is_read_as_typed():

@@ -6,6 +6,7 @@ person whose style lost to it on their held-out items. method.py's classes are t
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 from personalize.methods.card.decoding import card_generate
@@ -63,15 +64,15 @@ def generate(engine, prompts: Sequence[str], method: str, cluster: int | None = 
             g.note, out[i] = FALLBACK_NOTE, g
     rest = [i for i in range(len(prompts)) if out[i] is None]
     if rest:
-        card_prompts, card_budget, scaffold = [prompts[i] for i in rest], budget, ()
+        card_prompts, card_budget, scaffold, chosen = [prompts[i] for i in rest], budget, (), [None] * len(rest)
         if style.retrieval and items and s.alpha > 0:  # α scales the style's every part: at 0, no items either
-            card_prompts, card_budget = retrieval_prompts(engine, items, card_prompts, budget)
+            card_prompts, card_budget, chosen = retrieval_prompts(engine, items, card_prompts, budget)
             scaffold = scaffold_lines(engine.task)
         gens = card_generate(engine.model, engine.tok, card_prompts, card_budget, s, head,
                              styles=[styles[i] for i in rest], style=style, n_layers=engine.cfg.head.n_layers,
                              trace=trace, scaffold=scaffold)
-        for i, g in zip(rest, gens):
-            out[i] = g
+        for i, g, c in zip(rest, gens, chosen):
+            out[i] = g if trace or c is None else replace(g, trace=c)
     return out
 
 
@@ -92,20 +93,24 @@ def rows(engine, prompts: Sequence[str], method: str, cluster: int | None = None
         if style.fallback and st.helps is False:
             out.append(DecodeRow(p, budget, s, ada, note=FALLBACK_NOTE))
             continue
-        card_prompt, card_budget, scaffold = p, budget, ()
+        card_prompt, card_budget, scaffold, chosen = p, budget, (), None
         if style.retrieval and items and s.alpha > 0:
-            (card_prompt,), card_budget = retrieval_prompts(engine, items, [p], budget)
+            (card_prompt,), card_budget, (chosen,) = retrieval_prompts(engine, items, [p], budget)
             scaffold = scaffold_lines(engine.task)  # the items' header: never the answer
         steer = CardSteer(head, st, style, engine.cfg.head.n_layers)
-        out.append(DecodeRow(card_prompt, card_budget, s, ada, steer, want_trace=trace, scaffold=scaffold))
+        out.append(DecodeRow(card_prompt, card_budget, s, ada, steer, trace=chosen, want_trace=trace,
+                             scaffold=scaffold))
     return out
 
 
 def retrieval_prompts(engine, items: Sequence[Item], prompts: Sequence[str], budget):
-    """Each prompt with the person's BM25-nearest history items before it, and the budget widened to fit."""
+    """Each prompt with the person's BM25-nearest history items before it, the budget widened to fit, and each
+    prompt's trace (which items: Compare shows them, as it does RAG's)."""
     from personalize.methods.base import UserContext, widened
-    from personalize.methods.rag import RagMethod
+    from personalize.methods.rag import RagMethod, retrieved_trace
 
     rag = RagMethod(engine)
     user = UserContext("_", list(items), templated=frozenset(i for i, it in enumerate(items) if not it.x))
-    return [rag.build_prompt(user, p)[0] for p in prompts], widened(budget, rag.extra_tokens)
+    built = [rag.build_prompt(user, p) for p in prompts]
+    return ([b for b, _ in built], widened(budget, rag.extra_tokens),
+            [retrieved_trace(user, hits) for _, hits in built])
