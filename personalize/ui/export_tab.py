@@ -22,8 +22,17 @@ def export_predictions(studio, method):
     return f"Exported {md(method)}'s generations as LaMP predictions to `{path}`.", str(path)
 
 
+def export_scope(logins: bool) -> str:
+    """Whose records an export holds (humaneval.table_export.rows), said before anyone clicks."""
+    if logins:
+        return ("Your records only: the generations of the people your login made, and the votes you cast or that "
+                "are about your people.")
+    return "Everything this studio stored: it runs without logins, so every person's generations and every vote."
+
+
 def build(studio, shared: Shared) -> None:
     with gr.Tab("Export", id="export"):
+        Markdown(export_scope(studio.campaign_desk.cfg.logins))
         with gr.Row():
             buttons = {(t, f): gr.Button(f"{t} as {f.upper()}", elem_id=f"export-{t}-{f}")
                        for t in ("votes", "generations") for f in ("jsonl", "csv")}

@@ -208,3 +208,10 @@ def test_an_item_number_is_read_as_typed():
     for bad in ("three", "1.5", 2.5):
         with pytest.raises(ValueError, match="whole number"):
             item_number(bad)
+
+
+def test_export_says_whose_records_it_holds():
+    """With logins an export holds the login's own records (table_export.rows); without, every one: said on the tab."""
+    from personalize.ui.export_tab import export_scope
+
+    assert export_scope(True).startswith("Your records only") and "every vote" in export_scope(False)
