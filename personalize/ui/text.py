@@ -70,7 +70,8 @@ def fit_message(studio, name: str, fit: UserFit, total_s: float, shown_name: str
                          + (f", likelihood rule {d['acc_logprob_rule']:.3f}" if "acc_logprob_rule" in d else "")
                          + (f", γ·Δlogp alone {d['acc_covariate_only']:.3f}" if "acc_covariate_only" in d
                             else "")
-                         + (f"; user-specificity gap {d['specificity_gap']:+.4f}" if "specificity_gap" in d
+                         + (f"; your held-out words are {d['specificity_gap']:+.2f} nats a token likelier under "
+                            "your style than under other people's (the user-specificity gap)" if "specificity_gap" in d
                             else ""))
     if not fit.cold_start and (note := guard_note(studio)):
         lines.insert(2, note)

@@ -312,6 +312,7 @@ def test_the_fit_page_says_how_far_the_person_is_what_they_get_and_what_alpha_do
     assert "How you write against this build's writers" in near and "close to its centre" in near
     assert "0 is the cluster model exactly" in near and studio.runtime.engine.tok.decode([int(first)]).strip() in near
     assert "which is not yours" not in near
+    assert "nats a token likelier under your style than under other people's" in near  # the gap, in words
     assert "your own past texts are mixed in" not in near  # a near person's style has no memory of their own
     monkeypatch.setattr(studio.histories, "closeness", lambda k, d: "far from every cluster of this build: further out")
     assert "which is not yours" in page_text.fit_message(studio, "vera", fitted, 1.0)
