@@ -1,0 +1,77 @@
+"""The person's own strength: α chosen per person by decoding their own held-out items (Explore's sweep, made at
+onboarding). The fallback (cluster model or style, by teacher-forced accuracy on the held-out items) lowered card;
+this asks the decoded text itself. Per person: the style fitted without their newest items (the fit's held-out
+split) decodes those items' prompts at each α; the α with the best ROUGE-L against what they really wrote (ties: the
+build's α) decodes their query with the style fitted on everything. card_shuffled: another person's style at the α
+chosen on that person's own items. People of sources kept for tuning (never the study's); paired intervals.
+
+    python -m benchmarks.own_alpha --artifacts B --data G --sources pytest-dev/pytest,encode/django-rest-framework \
+        --limit 40 --cache fits.pt --alphas 0,1,2
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import replace
+
+import numpy as np
+
+from benchmarks.form_study import copied_share
+from benchmarks.form_tune import onboarded, own_styles, tuning_parser, tuning_people
+from personalize.eval.evaluate import decode_people, shuffled_partners
+from personalize.methods.card import card_decode
+from personalize.metrics import paired_interval, rouge_per_query
+
+
+def main(argv=None) -> None:
+    p = tuning_parser(__doc__)
+    p.add_argument("--alphas", default="0,1,2")
+    a = p.parse_args(argv)
+    engine, queries, profiles = tuning_people(a)
+    fits = onboarded(engine, profiles, a.cache)
+    prompts, golds = [q.input for q in queries], [q.gold for q in queries]
+    partner = shuffled_partners([f.cluster for f in fits])
+    styles = own_styles(engine, fits)
+    cluster = np.asarray(rouge_per_query(decode_people(engine, "cluster", prompts, fits, styles, profiles), golds))
+    card = np.asarray(rouge_per_query(decode_people(engine, "card", prompts, fits, styles, profiles), golds))
+    print(f"{len(fits)} people; cluster {cluster.mean():.4f}, card {card.mean():.4f}", flush=True)
+    alphas, build_alpha = [float(x) for x in a.alphas.split(",")], engine.cfg.decoding.alpha
+
+    def held_score(f, items, alpha: float) -> float:
+        held = items[: f.n_hold]
+        outs = card_decode.generate(engine, [it.x for it in held], "card", f.cluster, [f.held_style] * len(held),
+                                    k=f.k, settings=replace(engine.cfg.decoding, alpha=alpha))
+        return float(np.mean(rouge_per_query([g.text for g in outs], [it.y for it in held])))
+
+    chosen = []
+    for f, items in zip(fits, profiles):
+        if not f.n_hold or f.held_style is None:
+            chosen.append(build_alpha)
+            continue
+        scores = {al: held_score(f, items, al) for al in alphas}
+        best = max(scores.values())
+        chosen.append(build_alpha if scores.get(build_alpha) == best else max(scores, key=scores.get))
+    print("chosen α:", dict(Counter(chosen)), flush=True)
+
+    def decode(i: int, j: int) -> str:  # person i's query with person j's style at j's α
+        f = fits[j]
+        s = replace(engine.cfg.decoding, alpha=chosen[j])
+        return card_decode.generate(engine, [prompts[i]], "card", f.cluster, [styles[j]], k=f.k, settings=s)[0].text
+
+    texts = [decode(i, i) for i in range(len(fits))]
+    own = np.asarray(rouge_per_query(texts, golds))
+    other = np.asarray(rouge_per_query([decode(i, partner[i]) for i in range(len(fits))], golds))
+    fmt = lambda d: f"{d['mean']:+.4f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"  # noqa: E731
+    res = {"people": len(fits), "cluster": float(cluster.mean()), "card": float(card.mean()), "alphas": alphas,
+           "chosen": chosen, "own_alpha": float(own.mean()), "minus_cluster": paired_interval(own - cluster),
+           "minus_card": paired_interval(own - card), "minus_shuffled": paired_interval(own - other),
+           "copied": copied_share(texts, queries), "outputs": texts}
+    print(f"own α: ROUGE-L {own.mean():.4f}  −cluster {fmt(res['minus_cluster'])}  −card {fmt(res['minus_card'])}  "
+          f"−shuffled {fmt(res['minus_shuffled'])}  copied {res['copied']:.0%}", flush=True)
+    if a.json:
+        json.dump(res, open(a.json, "w"))
+
+
+if __name__ == "__main__":
+    main()
