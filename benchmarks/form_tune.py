@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +22,7 @@ from personalize.methods.card.cluster import member_distances
 from personalize.methods.card.head import TokenData
 from personalize.methods.card.style import fit_form, fit_lambda_bias
 from personalize.data import read_lamp, select_sources
-from personalize.eval.evaluate import decode_people
+from personalize.eval.evaluate import decode_people, shuffled_partners
 from personalize.methods.engine import Engine
 from personalize.metrics import rouge_per_query
 
@@ -64,6 +64,43 @@ def own_styles(engine: Engine, fits) -> list:
     hold another setting's)."""
     head = engine.heads["tokens"]
     return [engine.fit_style(f.features, head, far=engine.is_far(f.k, f.distances))[0] for f in fits]
+
+
+@dataclass
+class Baseline:
+    """The tuning people as every later candidate starts: onboarded, their styles under the build's settings, a
+    partner of the same cluster each (card_shuffled), and the cluster model's and card's ROUGE-L of their queries."""
+    engine: Engine
+    queries: list
+    profiles: list
+    fits: list
+    styles: list
+    partner: list[int]
+    cluster: np.ndarray
+    card: np.ndarray
+
+    @property
+    def prompts(self) -> list[str]:
+        return [q.input for q in self.queries]
+
+    @property
+    def golds(self) -> list[str]:
+        return [q.gold for q in self.queries]
+
+
+def baseline(a) -> Baseline:
+    engine, queries, profiles = tuning_people(a)
+    fits = onboarded(engine, profiles, a.cache)
+    styles = own_styles(engine, fits)
+    prompts, golds = [q.input for q in queries], [q.gold for q in queries]
+    cluster, card = (np.asarray(rouge_per_query(decode_people(engine, m, prompts, fits, styles, profiles), golds))
+                     for m in ("cluster", "card"))
+    print(f"{len(fits)} people; cluster {cluster.mean():.4f}, card {card.mean():.4f}", flush=True)
+    return Baseline(engine, queries, profiles, fits, styles, shuffled_partners([f.cluster for f in fits]), cluster, card)
+
+
+def interval_text(d: dict) -> str:
+    return f"{d['mean']:+.4f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"
 
 
 def closeness(engine: Engine, fit) -> float:

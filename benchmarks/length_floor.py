@@ -16,8 +16,7 @@ from dataclasses import replace
 import numpy as np
 
 from benchmarks.form_study import copied_share
-from benchmarks.form_tune import onboarded, own_styles, tuning_parser, tuning_people
-from personalize.eval.evaluate import decode_people, shuffled_partners
+from benchmarks.form_tune import baseline, tuning_parser
 from personalize.methods.card import card_decode
 from personalize.metrics import paired_interval, rouge_per_query
 
@@ -32,14 +31,9 @@ def main(argv=None) -> None:
     p = tuning_parser(__doc__)
     p.add_argument("--quantiles", default="0.25,0.5")
     a = p.parse_args(argv)
-    engine, queries, profiles = tuning_people(a)
-    fits = onboarded(engine, profiles, a.cache)
-    prompts, golds = [q.input for q in queries], [q.gold for q in queries]
-    partner = shuffled_partners([f.cluster for f in fits])
-    styles = own_styles(engine, fits)  # the build's style settings (a cache's fits may carry others')
-    cluster = np.asarray(rouge_per_query(decode_people(engine, "cluster", prompts, fits, styles, profiles), golds))
-    card = np.asarray(rouge_per_query(decode_people(engine, "card", prompts, fits, styles, profiles), golds))
-    print(f"{len(fits)} people; cluster {cluster.mean():.4f}, card {card.mean():.4f}", flush=True)
+    b = baseline(a)
+    engine, queries, profiles, fits, styles, partner = b.engine, b.queries, b.profiles, b.fits, b.styles, b.partner
+    prompts, golds, cluster, card = b.prompts, b.golds, b.cluster, b.card
     rows = []
     for q in map(float, a.quantiles.split(",")):
         floor = floors(engine, profiles, q)

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from benchmarks.form_study import copied_share
-from benchmarks.form_tune import onboarded, own_styles, tuning_parser, tuning_people
-from personalize.eval.evaluate import decode_people, shuffled_partners
+from benchmarks.form_tune import baseline, interval_text, tuning_parser
+from personalize.eval.evaluate import decode_people
 from personalize.methods.card import card_decode
 from personalize.metrics import paired_interval, rouge_per_query
 
@@ -43,16 +43,11 @@ def main(argv=None) -> None:
     p.add_argument("--temperatures", default="0.7,1.0")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
-    engine, queries, profiles = tuning_people(a)
-    fits = onboarded(engine, profiles, a.cache)
-    prompts, golds = [q.input for q in queries], [q.gold for q in queries]
-    partner = shuffled_partners([f.cluster for f in fits])
-    styles = own_styles(engine, fits)
-    cluster_g = decode_people(engine, "cluster", prompts, fits, styles, profiles)
+    b = baseline(a)
+    engine, queries, profiles, fits, styles, partner = b.engine, b.queries, b.profiles, b.fits, b.styles, b.partner
+    prompts, golds, cluster, card = b.prompts, b.golds, b.cluster, b.card
+    cluster_g = decode_people(engine, "cluster", prompts, fits, styles, profiles)  # the greedy texts join the pools
     card_g = decode_people(engine, "card", prompts, fits, styles, profiles)
-    cluster = np.asarray(rouge_per_query(cluster_g, golds))
-    card = np.asarray(rouge_per_query(card_g, golds))
-    print(f"{len(fits)} people; cluster {cluster.mean():.4f}, card {card.mean():.4f}", flush=True)
     rows = []
     for t in map(float, a.temperatures.split(",")):
         s = replace(engine.cfg.decoding, do_sample=True, temperature=t)
@@ -81,10 +76,9 @@ def main(argv=None) -> None:
                "card_mbr-cluster_mbr": paired_interval(own - res["cluster_mbr"][0]),
                "copied": copied_share(res["card_mbr"][1], queries), "outputs": res["card_mbr"][1]}
         rows.append(row)
-        fmt = lambda d: f"{d['mean']:+.4f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"  # noqa: E731
         print(f"T {t:g}: card_mbr {row['card_mbr']:.4f} cluster_mbr {row['cluster_mbr']:.4f} shuffled_mbr "
-              f"{row['shuffled_mbr']:.4f} | −cluster {fmt(row['card_mbr-cluster'])} −card {fmt(row['card_mbr-card'])} "
-              f"−shuffled_mbr {fmt(row['card_mbr-shuffled_mbr'])} −cluster_mbr {fmt(row['card_mbr-cluster_mbr'])} "
+              f"{row['shuffled_mbr']:.4f} | −cluster {interval_text(row['card_mbr-cluster'])} −card {interval_text(row['card_mbr-card'])} "
+              f"−shuffled_mbr {interval_text(row['card_mbr-shuffled_mbr'])} −cluster_mbr {interval_text(row['card_mbr-cluster_mbr'])} "
               f"copied {row['copied']:.0%}", flush=True)
     if a.json:
         json.dump({"people": len(fits), "cluster": float(cluster.mean()), "card": float(card.mean()), "rows": rows},

@@ -18,8 +18,7 @@ from dataclasses import replace
 import numpy as np
 
 from benchmarks.form_study import copied_share
-from benchmarks.form_tune import onboarded, own_styles, tuning_parser, tuning_people
-from personalize.eval.evaluate import decode_people, shuffled_partners
+from benchmarks.form_tune import baseline, interval_text, tuning_parser
 from personalize.methods.card import card_decode
 from personalize.metrics import paired_interval, rouge_per_query
 
@@ -28,14 +27,9 @@ def main(argv=None) -> None:
     p = tuning_parser(__doc__)
     p.add_argument("--alphas", default="0,1,2")
     a = p.parse_args(argv)
-    engine, queries, profiles = tuning_people(a)
-    fits = onboarded(engine, profiles, a.cache)
-    prompts, golds = [q.input for q in queries], [q.gold for q in queries]
-    partner = shuffled_partners([f.cluster for f in fits])
-    styles = own_styles(engine, fits)
-    cluster = np.asarray(rouge_per_query(decode_people(engine, "cluster", prompts, fits, styles, profiles), golds))
-    card = np.asarray(rouge_per_query(decode_people(engine, "card", prompts, fits, styles, profiles), golds))
-    print(f"{len(fits)} people; cluster {cluster.mean():.4f}, card {card.mean():.4f}", flush=True)
+    b = baseline(a)
+    engine, queries, profiles, fits, styles, partner = b.engine, b.queries, b.profiles, b.fits, b.styles, b.partner
+    prompts, golds, cluster, card = b.prompts, b.golds, b.cluster, b.card
     alphas, build_alpha = [float(x) for x in a.alphas.split(",")], engine.cfg.decoding.alpha
 
     def held_score(f, items, alpha: float) -> float:
@@ -62,13 +56,12 @@ def main(argv=None) -> None:
     texts = [decode(i, i) for i in range(len(fits))]
     own = np.asarray(rouge_per_query(texts, golds))
     other = np.asarray(rouge_per_query([decode(i, partner[i]) for i in range(len(fits))], golds))
-    fmt = lambda d: f"{d['mean']:+.4f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"  # noqa: E731
     res = {"people": len(fits), "cluster": float(cluster.mean()), "card": float(card.mean()), "alphas": alphas,
            "chosen": chosen, "own_alpha": float(own.mean()), "minus_cluster": paired_interval(own - cluster),
            "minus_card": paired_interval(own - card), "minus_shuffled": paired_interval(own - other),
            "copied": copied_share(texts, queries), "outputs": texts}
-    print(f"own α: ROUGE-L {own.mean():.4f}  −cluster {fmt(res['minus_cluster'])}  −card {fmt(res['minus_card'])}  "
-          f"−shuffled {fmt(res['minus_shuffled'])}  copied {res['copied']:.0%}", flush=True)
+    print(f"own α: ROUGE-L {own.mean():.4f}  −cluster {interval_text(res['minus_cluster'])}  −card {interval_text(res['minus_card'])}  "
+          f"−shuffled {interval_text(res['minus_shuffled'])}  copied {res['copied']:.0%}", flush=True)
     if a.json:
         json.dump(res, open(a.json, "w"))
 
