@@ -114,9 +114,9 @@ def form_note(studio, fit: UserFit) -> str:
         lines.append("Your past texts nearest the prompt are also placed before it, as RAG places them (Compare "
                      "lists which under card's output); the model may repeat one of them.")
     alpha = studio.runtime.engine.cfg.decoding.alpha
-    if alpha == 0:  # the build's guard kept card at the cluster model (guard_note)
-        lines[-1] = lines[-1].replace("What you get", "What α above 0 gives you", 1)
-        lines[-1] += " At this build's α = 0, card writes as your cluster's model."
+    if alpha == 0:  # the build's guard kept card at the cluster model (guard_note): all of the above waits for α > 0
+        lines[1] = lines[1].replace("What you get", "What α above 0 gives you", 1)
+        lines.append("At this build's α = 0, card writes as your cluster's model.")
     lines.append("The **α** slider in *Compare* scales all of your style: 0 is the cluster model exactly, 1 your "
                  "style as fitted, above 1 pushes it harder (and can overshoot into words out of place)"
                  + (f"; it starts at this build's α = {alpha:g}" + (", the strength its validation people were "

@@ -323,6 +323,9 @@ def test_the_fit_page_says_how_far_the_person_is_what_they_get_and_what_alpha_do
                                                                                                   alpha=0.0)))
     kept = page_text.fit_message(studio, "vera", fitted, 1.0)
     assert "At this build's α = 0, card writes as your cluster's model" in kept and "What you get" not in kept
+    memory_and_items = page_text.fit_message(studio, "vera", far, 1.0)  # at α = 0 too: every part waits for α > 0
+    assert "your own past texts are mixed in" in memory_and_items and "What you get" not in memory_and_items
+    assert memory_and_items.index("What α above 0 gives you") < memory_and_items.index("At this build's α = 0")
     # a build that places the person's nearest past texts before the prompt and decodes at α = 2: both said
     assert "placed before it" not in near and "starts at this build's α" not in near
     monkeypatch.setattr(studio.runtime.engine, "cfg", dataclasses.replace(
