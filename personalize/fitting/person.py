@@ -34,7 +34,8 @@ def stored_with_rewrites(engine: Engine, store: Store, name: str,
 def prepared_items(engine: Engine, store: Store, name: str, progress=None) -> list[Item]:
     """The user's items with every prompt filled (stored_with_rewrites)."""
     stored, neutral = stored_with_rewrites(engine, store, name, progress)
-    return engine.prepare_items([Item(y=s.y, x=s.x, id=str(s.id)) for s in stored], neutral=neutral)
+    # the item's number in the person's own history (as My writing and UserContext.of_stored number it)
+    return engine.prepare_items([Item(y=s.y, x=s.x, id=str(s.position + 1)) for s in stored], neutral=neutral)
 
 
 def store_assignments(engine: Engine, store: Store, name: str, embedding: np.ndarray) -> dict[int, int]:

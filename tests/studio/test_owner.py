@@ -179,3 +179,16 @@ def test_forget_me_leaves_nothing_of_the_user(studio):
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     with pytest.raises(ValueError, match="unknown user"):
         studio.histories.user_state(marker)
+
+
+def test_a_second_persons_items_carry_their_own_numbers(studio):
+    """What a method reports of the items it used (RAG's and card's retrieved items) is the number My writing shows,
+    not the store's row id, which counts every person's items before theirs."""
+    from personalize.fitting.person import prepared_items
+
+    studio.histories.save_history("nia", [Item(y=t) for t in TERSE], "tweets")
+    studio.histories.save_history("oli", [Item(y=t + " really") for t in TERSE[:5]], "tweets")
+    shown = [str(row[0]) for row in studio.histories.item_rows("oli")]
+    assert [it.id for it in prepared_items(studio.runtime.engine, studio.runtime.store, "oli")] == shown
+    assert shown == ["1", "2", "3", "4", "5"]
+
