@@ -210,8 +210,20 @@ def test_an_item_number_is_read_as_typed():
             item_number(bad)
 
 
-def test_export_says_whose_records_it_holds():
-    """With logins an export holds the login's own records (table_export.rows); without, every one: said on the tab."""
+def test_export_says_whose_records_it_holds(studio, monkeypatch):
+    """With logins an export holds the login's own records (table_export.rows); without, every one: said on the tab
+    of the page as built for the studio's setting."""
+    import dataclasses
+
+    import app as studio_app
     from personalize.ui.export_tab import export_scope
 
     assert export_scope(True).startswith("Your records only") and "every vote" in export_scope(False)
+
+    def shown(page):
+        return [b.value for b in page.blocks.values() if isinstance(b, gr.Markdown) and b.value in
+                (export_scope(True), export_scope(False))]
+
+    assert shown(studio_app.build_app(studio)) == [export_scope(False)]  # this studio runs without logins
+    monkeypatch.setattr(studio.runtime, "cfg", dataclasses.replace(studio.runtime.cfg, logins=True))
+    assert shown(studio_app.build_app(studio)) == [export_scope(True)]
