@@ -17,14 +17,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.form_study import prefix_share
+from benchmarks.form_study import copied_share, prefix_share
 from personalize.methods.card.cluster import member_distances
 from personalize.methods.card.head import TokenData
 from personalize.methods.card.style import fit_form, fit_lambda_bias
 from personalize.data import read_lamp, select_sources
 from personalize.eval.evaluate import decode_people, shuffled_partners
 from personalize.methods.engine import Engine
-from personalize.metrics import rouge_per_query
+from personalize.metrics import paired_interval, rouge_per_query
 
 
 def tuning_parser(doc: str) -> argparse.ArgumentParser:
@@ -86,6 +86,22 @@ class Baseline:
     @property
     def golds(self) -> list[str]:
         return [q.gold for q in self.queries]
+
+    def judge(self, decode) -> dict:
+        """A candidate's outputs, `decode(i, j)` giving person i's query with person j's style (and settings), against
+        the cluster model, card and another person's (their partner's) style: ROUGE-L, paired intervals, copies."""
+        n = len(self.fits)
+        texts = [decode(i, i) for i in range(n)]
+        own = np.asarray(rouge_per_query(texts, self.golds))
+        other = np.asarray(rouge_per_query([decode(i, self.partner[i]) for i in range(n)], self.golds))
+        return {"rougeL": float(own.mean()), "minus_cluster": paired_interval(own - self.cluster),
+                "minus_card": paired_interval(own - self.card), "minus_shuffled": paired_interval(own - other),
+                "copied": copied_share(texts, self.queries), "outputs": texts}
+
+
+def judged_line(r: dict) -> str:
+    return (f"ROUGE-L {r['rougeL']:.4f}  −cluster {interval_text(r['minus_cluster'])}  −card "
+            f"{interval_text(r['minus_card'])}  −shuffled {interval_text(r['minus_shuffled'])}  copied {r['copied']:.0%}")
 
 
 def baseline(a) -> Baseline:

@@ -15,10 +15,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from benchmarks.form_study import copied_share
-from benchmarks.form_tune import baseline, tuning_parser
+from benchmarks.form_tune import baseline, judged_line, tuning_parser
 from personalize.methods.card import card_decode
-from personalize.metrics import paired_interval, rouge_per_query
 
 
 def floors(engine, profiles, q: float) -> list[int]:
@@ -32,28 +30,20 @@ def main(argv=None) -> None:
     p.add_argument("--quantiles", default="0.25,0.5")
     a = p.parse_args(argv)
     b = baseline(a)
-    engine, queries, profiles, fits, styles, partner = b.engine, b.queries, b.profiles, b.fits, b.styles, b.partner
-    prompts, golds, cluster, card = b.prompts, b.golds, b.cluster, b.card
+    engine, fits, styles, prompts = b.engine, b.fits, b.styles, b.prompts
     rows = []
     for q in map(float, a.quantiles.split(",")):
-        floor = floors(engine, profiles, q)
+        floor = floors(engine, b.profiles, q)
 
         def decode(i: int, j: int) -> str:  # person i's query, with person j's style and floor
             s = replace(engine.cfg.decoding, min_new_tokens=max(1, min(floor[j], engine.cfg.decoding.max_new_tokens)))
             f = fits[j]
             return card_decode.generate(engine, [prompts[i]], "card", f.cluster, [styles[j]], k=f.k, settings=s)[0].text
 
-        texts = [decode(i, i) for i in range(len(fits))]
-        own = np.asarray(rouge_per_query(texts, golds))
-        other = np.asarray(rouge_per_query([decode(i, partner[i]) for i in range(len(fits))], golds))
-        c, o = paired_interval(own - cluster), paired_interval(own - other)
-        rows.append({"quantile": q, "rougeL": float(own.mean()), "minus_cluster": c, "minus_shuffled": o,
-                     "minus_card": paired_interval(own - card), "copied": copied_share(texts, queries), "outputs": texts})
-        print(f"floor q {q:g}: ROUGE-L {own.mean():.4f}  −cluster {c['mean']:+.4f} [{c['ci95'][0]:+.3f}, "
-              f"{c['ci95'][1]:+.3f}]  −card {rows[-1]['minus_card']['mean']:+.4f}  −shuffled {o['mean']:+.4f} "
-              f"[{o['ci95'][0]:+.3f}, {o['ci95'][1]:+.3f}]  copied {rows[-1]['copied']:.0%}", flush=True)
+        rows.append({"quantile": q, **b.judge(decode)})
+        print(f"floor q {q:g}: {judged_line(rows[-1])}", flush=True)
     if a.json:
-        json.dump({"people": len(fits), "cluster": float(cluster.mean()), "card": float(card.mean()), "rows": rows},
+        json.dump({"people": len(fits), "cluster": float(b.cluster.mean()), "card": float(b.card.mean()), "rows": rows},
                   open(a.json, "w"))
 
 

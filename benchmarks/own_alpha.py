@@ -17,10 +17,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from benchmarks.form_study import copied_share
-from benchmarks.form_tune import baseline, interval_text, tuning_parser
+from benchmarks.form_tune import baseline, judged_line, tuning_parser
 from personalize.methods.card import card_decode
-from personalize.metrics import paired_interval, rouge_per_query
+from personalize.metrics import rouge_per_query
 
 
 def main(argv=None) -> None:
@@ -28,8 +27,7 @@ def main(argv=None) -> None:
     p.add_argument("--alphas", default="0,1,2")
     a = p.parse_args(argv)
     b = baseline(a)
-    engine, queries, profiles, fits, styles, partner = b.engine, b.queries, b.profiles, b.fits, b.styles, b.partner
-    prompts, golds, cluster, card = b.prompts, b.golds, b.cluster, b.card
+    engine, profiles, fits, styles, prompts = b.engine, b.profiles, b.fits, b.styles, b.prompts
     alphas, build_alpha = [float(x) for x in a.alphas.split(",")], engine.cfg.decoding.alpha
 
     def held_score(f, items, alpha: float) -> float:
@@ -53,15 +51,9 @@ def main(argv=None) -> None:
         s = replace(engine.cfg.decoding, alpha=chosen[j])
         return card_decode.generate(engine, [prompts[i]], "card", f.cluster, [styles[j]], k=f.k, settings=s)[0].text
 
-    texts = [decode(i, i) for i in range(len(fits))]
-    own = np.asarray(rouge_per_query(texts, golds))
-    other = np.asarray(rouge_per_query([decode(i, partner[i]) for i in range(len(fits))], golds))
-    res = {"people": len(fits), "cluster": float(cluster.mean()), "card": float(card.mean()), "alphas": alphas,
-           "chosen": chosen, "own_alpha": float(own.mean()), "minus_cluster": paired_interval(own - cluster),
-           "minus_card": paired_interval(own - card), "minus_shuffled": paired_interval(own - other),
-           "copied": copied_share(texts, queries), "outputs": texts}
-    print(f"own α: ROUGE-L {own.mean():.4f}  −cluster {interval_text(res['minus_cluster'])}  −card {interval_text(res['minus_card'])}  "
-          f"−shuffled {interval_text(res['minus_shuffled'])}  copied {res['copied']:.0%}", flush=True)
+    res = {"people": len(fits), "cluster": float(b.cluster.mean()), "card": float(b.card.mean()), "alphas": alphas,
+           "chosen": chosen, **b.judge(decode)}
+    print(f"own α: {judged_line(res)}", flush=True)
     if a.json:
         json.dump(res, open(a.json, "w"))
 
