@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 from personalize.data import Item
+from personalize.methods.card.own import owner_key
 from personalize.methods.engine import Engine, UserFit
 from personalize.store import Store, StoredItem
 
@@ -55,7 +56,8 @@ def fit_person(engine: Engine, store: Store, name: str, k: int | None = None, ob
     t0 = time.perf_counter()
     items = prepared_items(engine, store, name, progress)
     rewrite_s = time.perf_counter() - t0
-    fit = engine.fit(items, k=k, objective=objective, progress=progress, kept_pass=kept_pass)
+    own = owner_key(name) if engine.own.is_current(name, items) else None  # a cluster of one: their own adapter
+    fit = engine.fit(items, k=k, objective=objective, progress=progress, kept_pass=kept_pass, own=own)
     if rewrite_s > 0.01:
         fit.stages_s = {"neutral rewrites": round(rewrite_s, 4), **fit.stages_s}
     emb = engine.embed(items)

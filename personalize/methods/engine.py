@@ -35,6 +35,7 @@ from personalize.methods.card.style import UserStyle, fit_form, fit_lambda_bias,
 from personalize.lm.models import LM, load_encoder, load_lm
 from personalize.lm.model_config import EncoderConfig, ModelConfig
 from personalize.methods.card.neutral import neutral
+from personalize.methods.card.own import OwnAdapters
 
 NEUTRAL_TEMPLATE = "Rewrite the following text in plain, neutral English: {text}"
 
@@ -79,7 +80,8 @@ class UserFit:
     def stats(self) -> dict:
         return {"cluster": self.cluster, "k": self.k, "objective": self.objective, "n_items": self.n_items,
                 "stages_s": self.stages_s, "diagnostics": self.diagnostics, "loss_curve": self.loss_curve,
-                "cold_start": self.cold_start, "far": self.far}
+                "cold_start": self.cold_start, "far": self.far,
+                "own_adapter": bool(self.style is not None and self.style.own)}
 
 
 class Engine:
@@ -95,6 +97,8 @@ class Engine:
         self.folder: Path | None = None  # the artifacts folder, set by load (methods find their files there)
         self._pending_adapters: list[str] = []  # cluster adapters load(adapters_later=True) left for later
         self._adapters_lock = threading.Lock()
+        # the people's own adapters (a cluster of one); the studio keeps them beside its database
+        self.own = OwnAdapters(self, Path("data") / "oppu" / str(self.artifacts_id))
 
     # ------------------------------------------------------------ loading
     @classmethod
@@ -163,6 +167,10 @@ class Engine:
         if self._pending_adapters:
             self.load_pending_adapters()
         return set(self.model.peft_config)
+
+    @property
+    def active_adapter(self) -> str | None:
+        return self._active
 
     def use_adapter(self, name: str | None) -> None:
         """Switch the active cluster adapter in memory; None = the base model."""
@@ -249,10 +257,12 @@ class Engine:
                         covariate=objective == "hard_pairs")
 
     def fit(self, items: Sequence[Item], k: int | None = None, objective: str | None = None,
-            progress=None, kept_pass: Callable[[int, int, Sequence[Item]], list | None] | None = None) -> UserFit:
+            progress=None, kept_pass: Callable[[int, int, Sequence[Item]], list | None] | None = None,
+            own: str | None = None) -> UserFit:
         """Onboard a user from their items: cluster, then λ (with held-out diagnostics). `kept_pass(k, cluster,
         items)`: the teacher-forced pass over these items under that cluster's model when one was made already
-        (the studio reads ahead after Save), else None; the pass is most of a fit's time."""
+        (the studio reads ahead after Save), else None; the pass is most of a fit's time. `own`: the key of the
+        person's own adapter (a cluster of one, own.py): the style is fitted over it instead of the cluster's."""
         k = k or self.cfg.default_k
         objective = objective or self.cfg.objectives[0]
         if objective not in self.heads:
@@ -274,11 +284,14 @@ class Engine:
         ones = np.ones(head.d, dtype=np.float32)
         if len(items) < self.cfg.min_fit_items:
             return UserFit(cluster, distances, k, ones, objective, len(items), stages, cold_start=True)
-        self.use_adapter(adapter_name(k, cluster))
+        base = self.own.activate(own) if own else None
+        self.use_adapter(base or adapter_name(k, cluster))
         n_hold = self.n_held_out(len(items))
         if objective == "tokens":
-            kept = kept_pass(k, cluster, items) if kept_pass is not None else None
-            return self._fit_tokens(items, head, cluster, distances, k, n_hold, stage, stages, kept)
+            kept = kept_pass(k, cluster, items) if kept_pass is not None and base is None else None
+            fit = self._fit_tokens(items, head, cluster, distances, k, n_hold, stage, stages, kept)
+            fit.style.own = own if base else None
+            return fit
         if objective in PAIR_OBJECTIVES:
             negs = stage("negatives", lambda: self.negatives(items, objective))
             data = stage("features", lambda: self.user_data(items, objective, negatives=negs))

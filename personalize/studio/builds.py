@@ -138,6 +138,7 @@ class Builds(Service):
                 raise ArtifactsError(f"the build at {folder} cannot be read ({e!r}): rebuild it") from None
             old, self.rt.engine = self.rt.engine, engine
             self.rt.scheduler.engine = engine  # the next batch decodes with the new build
+            self.rt.keep_own_adapters(engine)
             self.rt.methods = {}  # methods hold the engine they were made with
             self.rt.jobs = {}
             self.rt.population = population_texts(engine)

@@ -12,7 +12,7 @@ from typing import Callable, Iterator, Sequence
 
 from personalize.serving.generation import Generation
 from personalize.serving.settings import DecodingSettings
-from personalize.catalog import ALL_METHODS, CORE_METHODS
+from personalize.catalog import ALL_METHODS, CARD_ROWS, CORE_METHODS
 from personalize.methods.registry import METHODS
 from personalize.fitting.person import stored_with_rewrites
 from personalize.lm.tokens import decode as decode_text
@@ -20,7 +20,7 @@ from personalize.methods.base import UserContext
 from personalize.store import StoreError
 from personalize.serving.scheduler import DecodeScheduler
 from personalize.studio.histories import Histories, UserState
-from personalize.studio.jobs import FirstUseJobs, job_line
+from personalize.studio.jobs import FirstUseJobs, job_line, own_line
 from personalize.studio.service import Service
 
 
@@ -128,7 +128,9 @@ class Decoding(Service):
         if method in CORE_METHODS:  # their person needs no stored rewrites (card's own items when it retrieves them)
             m = self.rt.method(method)
             user = UserContext(state.name, person().items if m.needs_items else [], state.cluster, state.k, state.lam)
-            return m.rows(user, [prompt], s, trace=trace)
+            rows = m.rows(user, [prompt], s, trace=trace)
+            training = own_line(self.background_jobs.own_job(state.name)) if CARD_ROWS[method].steered else ""
+            return [replace(r, note="; ".join(filter(None, (r.note, training)))) if training else r for r in rows]
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose from {ALL_METHODS}")
         user = person()

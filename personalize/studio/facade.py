@@ -46,6 +46,9 @@ class Studio:
         self.background_jobs = FirstUseJobs(rt)
         self.decoding = Decoding(rt, self.histories, self.background_jobs)
         self.fits = Fits(rt, self.histories)
+        # a cluster of one: after Save's rewrites, a far person's own adapter trains; ready, their style is refitted
+        self.histories.after_rewrites.insert(0, self.background_jobs.own_after_save)
+        self.background_jobs.after_own.append(self.fits.refit_over_own)
         self.votes = Votes(rt, self.histories, self.decoding, self.fits)
         self.campaign_desk = CampaignDesk(rt)
         self.own_data = OwnData(rt, self.fits)

@@ -184,8 +184,15 @@ class Fits(Service):
     def _history_key(self, name: str, k: int, cluster: int, objective: str, items: Sequence[Item]) -> tuple:
         return (self.engine.artifacts_id, name, k, cluster, objective, fingerprint([f"{s.x}\n{s.y}" for s in items]))
 
+    def refit_over_own(self, name: str) -> None:
+        """The person's own adapter is ready: a style fitted over their cluster's is fitted again over it (a new
+        version); a person who has not fitted yet gets it at their first Fit."""
+        if self.store.vector(name, self.engine.artifacts_id) is not None:
+            self.fit(name)
+
     def forget_user(self, name: str) -> None:
-        """Drops what this process keeps of the person's fits (forget me)."""
+        """Drops what this process keeps of the person's fits (forget me), their own adapter included."""
+        self.engine.own.forget(name)
         self._history = {k: v for k, v in self._history.items() if k[1] != name}
         if self._vote_features is not None:
             self._vote_features.clear()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 
 from personalize.catalog import SLOW_FIRST_USE
+from personalize.data import Item
+from personalize.methods.card.adapters import BASE_ADAPTER, adapter_name
 from personalize.fitting.person import prepared_items
 from personalize.lm.cpu_threads import trim_memory
 from personalize.methods.base import UserContext
@@ -13,18 +15,37 @@ from personalize.store import StoreError
 from personalize.studio.service import Service
 
 
+OWN = "own adapter"  # the job of a person's own adapter (a cluster of one), beside the methods' first uses
+
+
 def job_line(job: dict) -> str:
     """A first-use job's progress as the Compare column shows it."""
-    what = {"exact": "searching your attributes", "oppu": "training your own LoRA"}.get(job["method"], "preparing")
+    what = {"exact": "searching your attributes", "oppu": "training your own LoRA",
+            OWN: "training your own adapter"}.get(job["method"], "preparing")
     if job["state"] == "queued":
         return f"first use: {what} (queued behind other first-use work)…"
     part = f" {job['done']}/{job['total']}" if job["total"] else ""
     return f"first use: {what}{part}, {time.time() - job['started']:.0f} s so far; the other columns do not wait…"
 
 
+def own_line(job: dict | None) -> str:
+    """What card decodes over while a person's own adapter trains (Compare's card column and Fit say it)."""
+    if job is None or job["state"] == "done":
+        return ""
+    if job["state"] == "error":
+        return f"your own adapter could not be trained ({job['error']}): card decodes over your nearest cluster's"
+    left = ""
+    if job["done"] and job["total"]:
+        spent = time.time() - job["started"]
+        left = f", about {spent / job['done'] * (job['total'] - job['done']):.0f} s left"
+    return (f"your own adapter is training ({job['done']}/{job['total'] or '?'} steps{left}); until it is ready, "
+            "card decodes over your nearest cluster's adapter")
+
+
 class FirstUseJobs(Service):
     def __init__(self, rt):
         super().__init__(rt)
+        self.after_own: list = []  # f(name), run when a person's own adapter is ready (Fits refits the style over it)
 
     def needs_indexing(self, name: str, method: str) -> bool:
         """True when a method's first use for this user will do minutes of per-user work (SLOW_FIRST_USE:
@@ -84,3 +105,72 @@ class FirstUseJobs(Service):
         while job["state"] in ("queued", "running"):
             time.sleep(poll_s)
         return job
+
+    # ------------------------------------------------------------ a cluster of one (methods/card/own.py)
+    def wants_own(self, name: str) -> bool:
+        """Whether the person gets an adapter of their own: beyond the build's clusters (OwnSettings.far, the
+        far test Save's placement makes) and without a current one."""
+        k = self.engine.cfg.default_k
+        placed = self.store.assignment(name, self.engine.artifacts_id, k)
+        return (self.engine.cfg.own.far and placed is not None and self.engine.is_far(k, placed["distances"])
+                and not self.has_own(name))
+
+    def has_own(self, name: str) -> bool:
+        try:
+            return self.engine.own.is_current(name, [Item(y=s.y) for s in self.store.items(name)])
+        except StoreError:
+            return False
+
+    def own_after_save(self, name: str) -> None:
+        """Save's background work, after the rewrites: the person's own adapter when they are far."""
+        if self.wants_own(name):
+            self.start_own(name)
+
+    def start_own(self, name: str) -> dict:
+        """Trains the person's own adapter in the background (one first-use job at a time), warm-started from
+        their nearest cluster's at the build's K; a job dict shows its progress. Fit's switch starts it for anyone."""
+        key = (name, OWN)
+        job = self.rt.jobs.get(key)
+        if job is not None and job["state"] in ("queued", "running"):
+            return job
+        job = self.rt.jobs[key] = {"user": name, "method": OWN, "state": "queued", "done": 0, "total": 0,
+                                   "error": None, "started": time.time()}
+
+        def progress(done: int, total: int) -> None:
+            job["done"], job["total"] = done, total
+
+        def work() -> None:
+            job["state"] = "running"
+            try:
+                with self.model_lock.background:
+                    items = prepared_items(self.engine, self.store, name)
+                k = self.engine.cfg.default_k
+                cluster = int(self.store.assignment(name, self.engine.artifacts_id, k)["cluster"])
+                source = adapter_name(k, cluster) if k > 1 else BASE_ADAPTER
+                trained = self.engine.own.train(name, items, source, progress=progress)
+                job["trained"] = trained
+                for then in self.after_own:  # the style refitted over it: "done" means card decodes over it
+                    then(name)
+                job["state"] = "done"
+            except Exception as e:  # a deleted user or a failed step: card stays over the cluster, the page says why
+                job["state"], job["error"] = "error", str(e)
+            finally:
+                trim_memory()
+            job["seconds"] = round(time.time() - job["started"], 1)
+
+        self.rt.first_use.submit(work)
+        return job
+
+    def own_job(self, name: str) -> dict | None:
+        return self.rt.jobs.get((name, OWN))
+
+    def base_words(self, name: str, own: bool) -> str:
+        """What card decodes over for this person, in words (Fit says it; Compare's card column notes it)."""
+        if own:
+            return ("CARD decodes over **your own adapter**: no cluster of this build fits you, so you are a cluster "
+                    "of one (an adapter trained on your history from your nearest cluster's), your style on top.")
+        training = own_line(self.own_job(name))
+        if training:
+            return training[0].upper() + training[1:] + "; your style is fitted again over it when it is."
+        return ("CARD decodes over your cluster's adapter. *Train my own adapter* trains one on your history "
+                "(about a minute; for people no cluster fits it starts by itself at Save).")

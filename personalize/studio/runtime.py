@@ -77,6 +77,7 @@ class Runtime:
         self.model_lock = ModelLock()  # a person's request first: work nobody waits on takes .background
         self.scheduler = make_decoder(engine, self.model_lock, cfg.scheduler, cfg.decode)
         self.methods: dict[str, object] = {}
+        self.keep_own_adapters(engine)
         # first-use work (EXACT's attribute search, OPPU's training): one at a time, beside the decodes
         self.first_use = ReleasingExecutor(max_workers=1, thread_name_prefix="studio-first-use")
         self.jobs: dict[tuple[str, str], dict] = {}  # (user, method) -> {"state", "done", "total", "error", ...}
@@ -84,6 +85,12 @@ class Runtime:
         self.background = ReleasingExecutor(max_workers=1, thread_name_prefix="studio-background")
         self.feedback_log: list[dict] = []
         release_team()  # the thread that loaded the engine and made the studio (the main one) keeps no team
+
+    def keep_own_adapters(self, engine: Engine) -> None:
+        """The people's own adapters (a cluster of one) beside their OPPU adapters, where Forget me looks; their
+        training takes the model lock per step as background work."""
+        engine.own.folder = Path(self.cfg.db).parent / "oppu" / str(engine.artifacts_id)
+        engine.own.lock = self.model_lock.background
 
     def method(self, name: str):
         """The method `name` on the served build (methods.registry), made once."""

@@ -51,6 +51,16 @@ def _truthy(value) -> bool:
     return str(value).strip().lower() in ("true", "1", "yes")
 
 
+@guarded(1)
+def own_adapter(studio, name):
+    """Fit's switch: the person's own adapter, trained in the background (a cluster of one)."""
+    name = studio.runtime.need_user(name)
+    if studio.background_jobs.has_own(name):
+        return md("Your own adapter is trained on your present history already; card decodes over it once fitted.")
+    studio.background_jobs.start_own(name)
+    return md(studio.background_jobs.base_words(name, False))
+
+
 @guarded(2)
 def restore(studio, name, version):
     return md(studio.fits.restore(name, version)), version_rows(studio, name)
@@ -73,7 +83,9 @@ def key_import(studio, name, text):
 def build(studio, shared: Shared) -> None:
     with gr.Tab("Fit my style", id="fit"):
         Markdown(INTRO)
-        fit_btn = gr.Button("Fit my style", variant="primary", elem_id="fit-button")
+        with gr.Row():
+            fit_btn = gr.Button("Fit my style", variant="primary", elem_id="fit-button")
+            own_btn = gr.Button("Train my own adapter", elem_id="own-adapter")
         status = Markdown(elem_id="fit-status")
         plot = gr.Plot(elem_id="fit-plot")
         Markdown("**Versions of your style.** Every fit and every vote (👍 / 👎 in *Compare*, votes on your "
@@ -96,6 +108,7 @@ def build(studio, shared: Shared) -> None:
     shared.of_person((status, ""), (plot, None), (style_key, ""), (owner_status, ""))
     fit_btn.click(bind(fit, studio), [user, shared.decoding.k], [status, plot], concurrency_id="model",
                   api_name="fit").then(rows, [user], [versions])
+    own_btn.click(bind(own_adapter, studio), [user], [status])
     restore_btn.click(bind(restore, studio), [user, version_id], [owner_status, versions])
     refresh_btn.click(rows, [user], [versions])
     versions.change(version_to_restore, [versions], [version_id], queue=False, show_progress="hidden")

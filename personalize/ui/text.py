@@ -77,6 +77,7 @@ def fit_message(studio, name: str, fit: UserFit, total_s: float, shown_name: str
         lines.insert(2, note)
     if not fit.cold_start and fit.style is not None:
         lines.append("\n" + form_note(studio, fit))
+        lines.append("\n" + studio.background_jobs.base_words(name, bool(fit.style.own)))
     lines.append(f"\nStored: {studio.runtime.store.vector_bytes(name, studio.runtime.engine.artifacts_id)} bytes.")
     return "\n".join(lines)
 

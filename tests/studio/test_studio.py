@@ -10,6 +10,7 @@ import io
 import json
 import random
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -564,3 +565,36 @@ def test_rewrites_decode_in_one_batch_each_as_it_decodes_alone(studio):
         alone = generate(eng.model, eng.tok, [NEUTRAL_TEMPLATE.format(text=t)], eng.cfg.budget,
                          DecodingSettings(max_new_tokens=min(cap, int(1.5 * n) + 6)))[0]
         assert got == alone.text, t
+
+
+def test_a_cluster_of_one_trains_in_the_background_refits_the_style_over_it_and_is_forgotten(studio, monkeypatch):
+    """A person beyond the build's clusters (the far test) gets their own adapter after Save, in the background;
+    until it is ready Compare's card says it decodes over the nearest cluster, then their style is fitted again
+    over it, card decodes over it (cluster stays the cluster's) and Fit says so; Forget me deletes it."""
+    from personalize.methods.card.own import owner_key
+
+    jobs, eng = studio.background_jobs, studio.runtime.engine
+    monkeypatch.setattr(type(eng), "is_far", lambda self, k, d: True)  # everyone is far: the switch Save reads
+    text = "\n".join(it.y for it in studio.histories.demo_items("formal_01"))
+    studio.save_from("solo", text, None, "tweets")
+    studio.histories.rewrites.result()
+    studio.fits.fit("solo")  # fitted before the adapter is ready: over the cluster's
+    job = jobs.own_job("solo")
+    assert job is not None and job["method"] == "own adapter"
+    s, prompt = studio.runtime.settings(max_new_tokens=4), studio.runtime.task.prompt("the tea was cold")
+    while job["state"] in ("queued", "running"):
+        time.sleep(0.2)
+    assert job["state"] == "done", job
+    assert jobs.has_own("solo") and not jobs.wants_own("solo")
+    path = eng.own.path(owner_key("solo"))
+    assert path.exists() and path.parent.parent == studio.runtime.store.path.parent / "oppu"
+    state = studio.histories.user_state("solo")
+    assert state.lam.own == owner_key("solo") and state.fit_stats["own_adapter"]  # refitted over it
+    outs = {o.method: o for o in studio.decoding.compare("solo", prompt, ["cluster", "card"], s)}
+    assert "own adapter" in outs["card"].info["note"] and "note" not in outs["cluster"].info
+    card_row = studio.decoding.rows("card", state, prompt, s)[0]
+    assert card_row.adapter == eng.own.peft_name(owner_key("solo"))
+    assert studio.decoding.rows("cluster", state, prompt, s)[0].adapter != card_row.adapter
+    assert "your own adapter" in jobs.base_words("solo", True)
+    studio.own_data.forget("solo", True)
+    assert not path.exists() and eng.own.peft_name(owner_key("solo")) not in eng.model.peft_config

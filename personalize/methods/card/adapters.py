@@ -46,13 +46,16 @@ def peft_config(s: LoraSettings) -> LoraConfig:
                       task_type="CAUSAL_LM")
 
 
-def answer_loss(model, ids, mask, labels, reduction: str = "mean") -> torch.Tensor:
+def answer_loss(model, ids, mask, labels, reduction: str = "mean", inputs_embeds=None) -> torch.Tensor:
     """Cross-entropy on the answer tokens, with the LM head run only over the answer columns
-    (left padding puts every answer at the right edge; the prompt's logits are never needed)."""
-    answer_cols = int((labels != -100).any(0).nonzero().min()) if (labels != -100).any() else ids.shape[1] - 1
-    keep = ids.shape[1] - answer_cols + 1
-    logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=keep).logits[:, :-1].float()
-    target = labels[:, ids.shape[1] - keep + 1:]
+    (left padding puts every answer at the right edge; the prompt's logits are never needed). `inputs_embeds`
+    instead of `ids`: states to start from (own.py's upper blocks run on their lower blocks' states)."""
+    width = labels.shape[1]
+    answer_cols = int((labels != -100).any(0).nonzero().min()) if (labels != -100).any() else width - 1
+    keep = width - answer_cols + 1
+    logits = model(input_ids=ids, inputs_embeds=inputs_embeds, attention_mask=mask, logits_to_keep=keep,
+                   use_cache=False).logits[:, :-1].float()
+    target = labels[:, width - keep + 1:]
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100,
                            reduction=reduction)
 
@@ -92,19 +95,23 @@ def train_adapter(
     settings: LoraSettings, budget: TokenBudget, held_out: Sequence[tuple[str, str]] = (),
     progress: Callable[[int, int, float], None] | None = None,
     step_context: Callable[[], ContextManager] | None = None,
+    layers_from: int = 0, batch_loss: Callable[[list], tuple[Callable[[], torch.Tensor], int]] | None = None,
 ) -> dict:
-    """SFT of one adapter; returns its report (tokens trained, seconds, loss curve). `step_context`: entered
+    """SFT of one adapter; returns its report (tokens trained, seconds, loss curves). `step_context`: entered
     around each step (the studio's model lock, so decodes run between the steps of a background training);
-    the step puts the model in training mode and back, so a decode between steps sees it in eval mode."""
+    the step puts the model in training mode and back, so a decode between steps sees it in eval mode.
+    `layers_from`: only the adapter's blocks from this one on are trained; `batch_loss(batch)`: (the batch's loss
+    when called, its tokens) where the examples are not (prompt, text) pairs (own.py's states)."""
     model.set_adapter(name)
-    params = [p for n, p in model.named_parameters() if f".{name}." in n and "lora_" in n]
+    params = [p for n, p in model.named_parameters() if f".{name}." in n and "lora_" in n
+              and (not layers_from or int(n.split(".layers.")[1].split(".")[0]) >= layers_from)]
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.0)
     sched = get_cosine_schedule_with_warmup(opt, max(1, steps // 10), max(steps, 1))
     rng = random.Random(settings.seed)
     order: list[int] = []
-    curve, tokens, t0 = [], 0, time.perf_counter()
+    curve, losses, tokens, t0 = [], [], 0, time.perf_counter()
     held = list(held_out)[:32]
     if held:
         curve.append((0, sft_loss(model, tok, held, budget)))
@@ -114,17 +121,22 @@ def train_adapter(
             rng.shuffle(more)
             order += more
         batch = [examples[order.pop()] for _ in range(min(settings.batch_size, len(examples)))]
-        ids, mask, labels = sft_batch(tok, batch, budget, model.device)
+        if batch_loss is None:
+            ids, mask, labels = sft_batch(tok, batch, budget, model.device)
+            run, n_tokens = (lambda: answer_loss(model, ids, mask, labels)), int(mask.sum())
+        else:
+            run, n_tokens = batch_loss(batch)
         with step_context() if step_context else nullcontext():
             for p in params:  # a switch of adapters between steps (inference mode) froze them
                 p.requires_grad_(True)
             model.train()
-            loss = answer_loss(model, ids, mask, labels)
+            loss = run()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step(), sched.step(), opt.zero_grad(set_to_none=True)
             model.eval()
-        tokens += int(mask.sum())
+        tokens += n_tokens
+        losses.append(loss.item())
         if progress:
             progress(step, steps, loss.item())
         if held and (step % settings.eval_every == 0 or step == steps):
@@ -134,7 +146,7 @@ def train_adapter(
     for p in params:
         p.requires_grad_(False)
     return {"adapter": name, "steps": steps, "examples": len(examples), "tokens": tokens,
-            "seconds": round(time.perf_counter() - t0, 2), "held_out_loss": curve}
+            "seconds": round(time.perf_counter() - t0, 2), "held_out_loss": curve, "loss": losses}
 
 
 def new_peft_model(base_model, settings: LoraSettings) -> PeftModel:

@@ -22,6 +22,9 @@ from personalize.serving.rows import DecodeRow
 
 FALLBACK_NOTE = ("your style did not beat your cluster's model on your own held-out items, "
                  "so this is the cluster model's output")
+OWN_NOTE = "over your own adapter (no cluster fits you: a cluster of one), with your style fitted on top of it"
+OWN_FALLBACK_NOTE = ("your style did not beat your own adapter on your held-out items, so this is your own "
+                     "adapter's output")
 
 
 def rows_kind(method: str) -> CardRows:
@@ -36,6 +39,18 @@ def _adapter(kind: CardRows, k: int, cluster: int | None) -> str | None:
     if not kind.cluster_lora:
         return None
     return adapter_name(k, cluster or 0) if k > 1 else BASE_ADAPTER
+
+
+def base_adapter(engine, kind: CardRows, k: int, cluster: int | None, style) -> str | None:
+    """What a steered row decodes over: the style's person's own adapter where they have one (a cluster of one,
+    own.py; their whole style, so card_shuffled takes their partner's), else the cluster's. Call under the
+    model lock: it may load the adapter."""
+    own = getattr(style, "own", None) if kind.steered else None
+    if own:
+        ada = engine.own.activate(own)
+        if ada is not None:
+            return ada
+    return _adapter(kind, k, cluster)
 
 
 def generate(engine, prompts: Sequence[str], method: str, cluster: int | None = None, lam=None,
@@ -53,10 +68,14 @@ def generate(engine, prompts: Sequence[str], method: str, cluster: int | None = 
     k = k or engine.cfg.default_k
     budget = budget or engine.cfg.budget
     kind = rows_kind(method)
-    engine.use_adapter(_adapter(kind, k, cluster))
     if not kind.steered:
+        engine.use_adapter(_adapter(kind, k, cluster))
         return generation.generate(engine.model, engine.tok, list(prompts), budget, s)
     head, style, styles, s = card_parts(engine, method, lam, len(prompts), s, objective)
+    bases = {base_adapter(engine, kind, k, cluster, st) for st in styles}
+    if len(bases) > 1:
+        raise ValueError("one call decodes over one adapter: people with adapters of their own decode alone")
+    engine.use_adapter(bases.pop())
     back = [i for i, st in enumerate(styles) if style.fallback and st.helps is False]
     out: list[Generation | None] = [None] * len(prompts)
     if back:  # the cluster model's own output: its prompt, no retrieved items
@@ -84,14 +103,15 @@ def rows(engine, prompts: Sequence[str], method: str, cluster: int | None = None
     k = k or engine.cfg.default_k
     budget = budget or engine.cfg.budget
     kind = rows_kind(method)
-    ada = _adapter(kind, k, cluster)
     if not kind.steered:
-        return [DecodeRow(p, budget, s, ada) for p in prompts]
+        return [DecodeRow(p, budget, s, _adapter(kind, k, cluster)) for p in prompts]
     head, style, styles, s = card_parts(engine, method, lam, len(prompts), s, objective)
     out: list[DecodeRow] = []
     for p, st in zip(prompts, styles):
+        ada = base_adapter(engine, kind, k, cluster, st)
+        own = ada != _adapter(kind, k, cluster)
         if style.fallback and st.helps is False:
-            out.append(DecodeRow(p, budget, s, ada, note=FALLBACK_NOTE))
+            out.append(DecodeRow(p, budget, s, ada, note=OWN_FALLBACK_NOTE if own else FALLBACK_NOTE))
             continue
         card_prompt, card_budget, scaffold, chosen = p, budget, (), None
         if style.retrieval and items and s.alpha > 0:
@@ -99,7 +119,7 @@ def rows(engine, prompts: Sequence[str], method: str, cluster: int | None = None
             scaffold = scaffold_lines(engine.task)  # the items' header: never the answer
         steer = CardSteer(head, st, style, engine.cfg.head.n_layers)
         out.append(DecodeRow(card_prompt, card_budget, s, ada, steer, trace=chosen, want_trace=trace,
-                             scaffold=scaffold))
+                             scaffold=scaffold, note=OWN_NOTE if own else None))
     return out
 
 

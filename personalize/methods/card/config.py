@@ -126,6 +126,22 @@ class StyleSettings:
 
 
 @dataclass(frozen=True)
+class OwnSettings:
+    """A cluster of one (methods/card/own.py): who gets an adapter of their own, and what it costs to train."""
+
+    far: bool = setting(True, "a person beyond the build's clusters (StyleSettings.far_share) gets their own adapter")
+    layers: int = setting(6, "upper blocks of the nearest cluster's adapter trained on the person's items (the lower "
+                             "blocks' states are computed once); 6 of SmolLM2's 30 keep the file under 1 MB")
+    steps: int = setting(16, "optimiser steps from the cluster's weights (OPPU: up to 40 from the K = 1 adapter's)")
+    lr: float = 2e-3
+    batch_size: int = 8
+
+    def __post_init__(self):
+        if self.layers < 1 or self.steps < 1 or self.lr <= 0 or self.batch_size < 1:
+            raise ValueError("own adapter: layers, steps and batch_size >= 1, lr > 0")
+
+
+@dataclass(frozen=True)
 class CardConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
@@ -134,6 +150,7 @@ class CardConfig:
     head: HeadSettings = field(default_factory=HeadSettings)
     decoding: DecodingSettings = field(default_factory=DecodingSettings)
     style: StyleSettings = field(default_factory=StyleSettings)  # what `card` decodes with beside λ (METHOD §1.10)
+    own: OwnSettings = field(default_factory=OwnSettings)  # a cluster of one (METHOD §1.11)
     ks: tuple[int, ...] = setting((1, 2, 4, 8), "cluster counts to build (must include 1)")
     default_k: int = 4  # the cluster count the head is trained on and methods use unless told
     objectives: tuple[str, ...] = setting(("tokens",), "head objectives to train, the first CARD's default: any of "

@@ -66,6 +66,7 @@ class UserStyle:
     form_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [f] token
     form_bias: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # [f] b_o(v) > 0
     knn_weight: float | None = None  # the memory's weight for this person (far from every cluster); None: the build's
+    own: str | None = None  # fitted over its person's own adapter (own.py's key for it); None: over their cluster's
 
     @classmethod
     def of(cls, lam) -> "UserStyle":
@@ -80,7 +81,8 @@ class UserStyle:
                         "keys": self.keys.astype(np.float16), "values": self.values.astype(np.int32),
                         "form_keys": self.form_keys.astype(np.int64), "form_ids": self.form_ids.astype(np.int32),
                         "form_bias": self.form_bias.astype(np.float16),
-                        "knn_weight": np.asarray([np.nan if self.knn_weight is None else self.knn_weight], np.float32)})
+                        "knn_weight": np.asarray([np.nan if self.knn_weight is None else self.knn_weight], np.float32),
+                        "own": np.frombuffer((self.own or "").encode(), np.uint8)})
 
     @classmethod
     def from_stored(cls, stored) -> "UserStyle | None":
@@ -100,6 +102,8 @@ class UserStyle:
             style.form_bias = t["form_bias"].astype(np.float32)
         if "knn_weight" in t and not np.isnan(t["knn_weight"][0]):
             style.knn_weight = float(t["knn_weight"][0])
+        if "own" in t and len(t["own"]):
+            style.own = bytes(t["own"]).decode()
         return style
 
     def memory_weight(self, s: StyleSettings) -> float | None:
