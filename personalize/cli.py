@@ -143,13 +143,14 @@ def cmd_tune(a) -> None:
     t0 = time.perf_counter()
     try:
         report = tune(engine, a.data, a.split, a.users, write=not a.dry_run, steps=comma_list(a.steps) or STEPS,
-                      shards=shards)
+                      shards=shards, far_data=a.far_data, far_sources=comma_list(a.far_sources))
     finally:
         if shards is not None:
             shards.close()
     print(json.dumps({k: report[k] for k in ("chosen_decoding", "chosen_style", "users", "helps_share")}, indent=1))
-    if "guard" in report:
-        print(report["guard"]["why"])
+    for part in ("guard", "own"):
+        if part in report:
+            print(report[part]["why"])
     print(f"tuned in {time.perf_counter() - t0:.0f} s" + ("" if a.dry_run else f"; written to {a.artifacts}/config.json"))
 
 
@@ -362,6 +363,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--steps", default="", help="re-run only these steps (comma-separated: repetition, style, alpha, "
                                                "knn_weight, fallback); the others keep the build's "
                                                "settings")
+    t.add_argument("--far-data", default=None, help="a LaMP folder of people unlike the build's (default: --data)")
+    t.add_argument("--far-sources", default="", help="sources of --far-data held out for the far people's guard: "
+                                                     "those of their people beyond the build's clusters judge the own "
+                                                     "adapters (a cluster of one), never the near people's settings")
     commands.add_ray_args(t)
     t.set_defaults(fn=cmd_tune)
 

@@ -21,6 +21,7 @@ from personalize.eval.loops import Person, format_loops, loop_shares
 from personalize.lm.models import static_cache, uses_static_cache
 from personalize.methods.base import UserContext
 from personalize.methods.card import card_decode
+from personalize.methods.card.own import owner_key
 from personalize.methods.engine import Engine, UserFit
 from personalize.methods.card.head import fit_user
 from personalize.methods.registry import METHODS, REGISTRY, local_config
@@ -207,6 +208,8 @@ def bench_methods(engine: Engine, users: dict[str, UserContext], prompt: str, se
                     rows[m] |= method.bench_figures(infos)
                 runners[m] = lambda u, method=method: method.generate(u, [prompt], settings)
             rows[m]["stored"] = REGISTRY[m].stored
+        if "card" in methods and "oppu" in methods and folder is not None:  # a cluster of one beside OPPU (issue 48)
+            rows[OWN_ROW], runners[OWN_ROW] = _own_row(engine, users, fits, prompt, settings, folder / "own")
 
         for run in runners.values():  # warm-up: first-call costs are not per-query latency
             run(users[names[0]])
@@ -223,6 +226,30 @@ def bench_methods(engine: Engine, users: dict[str, UserContext], prompt: str, se
         for method in released:
             method.release()  # the users' adapters leave the engine's model
     return rows
+
+
+OWN_ROW = "card, own adapter"
+
+
+def _own_row(engine: Engine, users: dict[str, UserContext], fits: dict[str, UserFit], prompt: str, settings,
+             folder: Path) -> tuple[dict, object]:
+    """Each person as a cluster of one (methods/card/own.py): their own adapter trained from their cluster's and
+    their style fitted over it, what the studio does after Save for a far person; its latency is card's over it."""
+    engine.own.folder = folder
+    seconds, trained, sizes, over = [], [], [], {}
+    for n, u in tqdm(users.items(), desc="onboarding (own adapter)", mininterval=2.0):
+        f = fits[n]
+        t0 = time.perf_counter()
+        got = engine.own.train(n, u.items, engine.cluster_adapter(f.k, f.cluster))
+        over[n] = engine.fit(u.items, k=f.k, own=owner_key(n))
+        seconds.append(time.perf_counter() - t0)
+        trained.append(got.train_s)
+        sizes.append(got.bytes)
+    row = {"onboarding_s": round(_median(seconds), 4), "training_s": round(_median(trained), 4),
+           "bytes_per_user": int(_median(sizes)),
+           "stored": "the upper blocks of the person's own LoRA (the style's bytes are card's row)"}
+    return row, lambda u: card_decode.generate(engine, [prompt], "card", over[u.name].cluster, over[u.name].style,
+                                               k=over[u.name].k, settings=settings)
 
 
 def _fit_s(fit: UserFit) -> float:
@@ -277,5 +304,10 @@ def format_methods(table: dict) -> str:
             lines.append(f"| {m} | skipped: {r['skipped']} | | | |")
             continue
         onb = f"{r['onboarding_s']:.4f}" + (f" (indexing {r['indexing_s']:.4f})" if "indexing_s" in r else "")
+        onb += f" (training {r['training_s']:.4f})" if "training_s" in r else ""
         lines.append(f"| {m} | {onb} | {r['latency_s_per_query']:.4f} | {r['bytes_per_user']:,} | {r['stored']} |")
+    if OWN_ROW in table and "onboarding_s" in table.get("oppu", {}):
+        lines.append(f"\n{OWN_ROW}: {table[OWN_ROW]['onboarding_s'] / table['oppu']['onboarding_s']:.2f} of OPPU's "
+                     f"onboarding time, {table[OWN_ROW]['bytes_per_user'] / max(table['oppu']['bytes_per_user'], 1):.2f} "
+                     "of its bytes")
     return "\n".join(lines)

@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from personalize.data import Item, read_lamp, select_sources
 from personalize.catalog import CARD_METHODS, CORE_METHODS, VARIANTS
+from personalize.fitting.person import fit_with_own
 from personalize.methods.engine import Engine, UserFit
 from personalize.methods.registry import METHODS, get_method, local_config
 from personalize.methods.base import UserContext
@@ -72,9 +73,11 @@ def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence
     t0 = time.perf_counter()
     if shards is not None:
         profiles, fits = shards.onboard(queries, max_items, n_methods=len(methods))
+    own_folder = tempfile.TemporaryDirectory()  # the far people's own adapters (a cluster of one) are scratch
+    engine.own.folder = Path(own_folder.name)
     for q in tqdm(queries if shards is None else [], desc="onboarding", mininterval=2.0):
         profiles.append(engine.prepare_items(q.profile[:max_items]))
-        fits.append(engine.fit(profiles[-1]))
+        fits.append(fit_with_own(engine, q.user or q.id, profiles[-1]))
     onboard_s = time.perf_counter() - t0
     partner = shuffled_partners([f.cluster for f in fits], seed)
     preds: dict[str, list[str]] = {}
@@ -191,7 +194,8 @@ def decode_people(engine: Engine, method: str, prompts: Sequence[str], fits: Seq
     a CARD that retrieves the person's own items into the prompt decodes each person alone."""
     out = [""] * len(prompts)
     alone = decodes_alone(engine, method)
-    for b in tqdm(decode_batches(engine, method, fits, batch), desc=desc, mininterval=2.0, disable=desc is None):
+    for b in tqdm(decode_batches(engine, method, fits, batch, styles), desc=desc, mininterval=2.0,
+                  disable=desc is None):
         c = -1 if not card_decode.rows_kind(method).cluster_lora else fits[b[0]].cluster
         gens = card_decode.generate(engine, [prompts[i] for i in b], method, max(c, 0), [styles[i] for i in b],
                                     k=fits[b[0]].k, settings=settings, items=items[b[0]] if alone else None)
@@ -200,13 +204,16 @@ def decode_people(engine: Engine, method: str, prompts: Sequence[str], fits: Seq
     return out
 
 
-def decode_batches(engine: Engine, method: str, fits: Sequence[UserFit], batch: int = 8) -> list[list[int]]:
+def decode_batches(engine: Engine, method: str, fits: Sequence[UserFit], batch: int = 8,
+                   styles: Sequence | None = None) -> list[list[int]]:
     """decode_people's batches (people's indices): a cluster's people in order, `batch` at a time (all people
-    together for base; one at a time for a CARD that retrieves). Shards made of whole batches decode exactly as
-    one run does."""
-    groups: dict[int, list[int]] = {}
+    together for base; one at a time for a CARD that retrieves; a steered style over its person's own adapter with
+    the others over it). Shards made of whole batches decode exactly as one run does."""
+    kind = card_decode.rows_kind(method)
+    groups: dict[tuple, list[int]] = {}
     for i, f in enumerate(fits):
-        groups.setdefault(-1 if not card_decode.rows_kind(method).cluster_lora else f.cluster, []).append(i)
+        own = getattr(styles[i], "own", None) if styles is not None and kind.steered else None
+        groups.setdefault((-1, None) if not kind.cluster_lora else (f.cluster, own), []).append(i)
     size = 1 if decodes_alone(engine, method) else batch
     return [idx[j: j + size] for idx in groups.values() for j in range(0, len(idx), size)]
 

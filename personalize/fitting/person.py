@@ -39,6 +39,18 @@ def prepared_items(engine: Engine, store: Store, name: str, progress=None) -> li
     return engine.prepare_items([Item(y=s.y, x=s.x, id=str(s.position + 1)) for s in stored], neutral=neutral)
 
 
+def fit_with_own(engine: Engine, name: str, items: list[Item], fit: UserFit | None = None) -> UserFit:
+    """A person's fit as the build decodes them (eval's onboarding): a person beyond its clusters (OwnSettings.far)
+    gets their own adapter, trained on these items from their nearest cluster's, and the style fitted over it
+    (a cluster of one); a near person keeps the fit over their cluster. `fit`: the one made already."""
+    fit = fit or engine.fit(items)
+    if not (engine.cfg.own.far and fit.far) or fit.cold_start:
+        return fit
+    if not engine.own.is_current(name, items):
+        engine.own.train(name, items, engine.cluster_adapter(fit.k, fit.cluster))
+    return engine.fit(items, k=fit.k, own=owner_key(name))
+
+
 def store_assignments(engine: Engine, store: Store, name: str, embedding: np.ndarray) -> dict[int, int]:
     """The user's nearest centroid for every built K, stored; returns K -> cluster."""
     out = {}

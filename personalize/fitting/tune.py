@@ -30,7 +30,7 @@ import numpy as np
 from tqdm import tqdm
 
 from personalize.methods.card.config import FORMAT_VERSION
-from personalize.data import Item, read_lamp
+from personalize.data import Item, read_lamp, select_sources
 from personalize.serving.settings import DecodingSettings
 from personalize.methods.engine import Engine, UserFit
 from personalize.metrics import looping, rouge_per_query, rouge_scores
@@ -105,6 +105,12 @@ def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str]
     if unknown:
         raise ValueError(f"unknown tune steps {unknown}; choose from {STEPS}")
     report: dict = {"users": len(prompts)}
+    far = [i for i, f in enumerate(fits) if f.far and not f.cold_start] if engine.cfg.own.far and not decoder else []
+    if far and len(far) < len(fits):  # each kind judged on its own kind: the steps and the guard on the near people
+        near = [i for i in range(len(fits)) if i not in far]
+        kinds = [[xs[i] for i in idx] for idx in (near, far) for xs in (prompts, golds, fits, items)]
+        (prompts, golds, fits, items), far_people = kinds[:4], kinds[4:]
+        report |= {"users": len(prompts), "far_users": len(far)}
     dec = decoder or Decoder(engine, prompts, golds, fits, items)
 
     def pick(name, options, apply, method="card"):
@@ -142,6 +148,10 @@ def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str]
         engine, report["guard"] = harm_guard(engine, prompts, golds, fits, items, decoder=dec)
         if progress:
             progress(f"guard: {report['guard']['why']}")
+        if "far_users" in report:  # the far people's default, on them
+            engine, report["own"] = own_guard(engine, *far_people)
+            if progress:
+                progress(f"own adapters: {report['own']['why']}")
     report["chosen_decoding"] = {k: v for k, v in asdict(engine.cfg.decoding).items()
                                  if k in ("alpha", "repetition_penalty", "no_repeat_ngram")}
     report["chosen_style"] = asdict(engine.cfg.style)  # (report["style"] is the style step's sweep)
@@ -160,6 +170,44 @@ def harm_guard(engine: Engine, prompts: Sequence[str], golds: Sequence[str], fit
     if not verdict["kept"]:
         engine.cfg = replace(engine.cfg, decoding=replace(s, alpha=0.0))
     return engine, verdict
+
+
+FAR_MIN_PEOPLE = 10  # far validation people the own adapters' guard wants before it judges them
+
+
+def own_guard(engine: Engine, prompts: Sequence[str], golds: Sequence[str], fits: Sequence[UserFit],
+              items: Sequence[Sequence[Item]], n_boot: int = 2000) -> tuple[Engine, dict]:
+    """Far people's default judged on far validation people (a cluster of one, methods/card/own.py): each gets their
+    own adapter and their style over it, card over it is decoded at the chosen α against the cluster model; the own
+    adapters stay on unless that loses (the interval below 0). OPPU-class training for people no cluster fits is the
+    product's decision; this guard only keeps it from harming. Too few far people to judge: the default stands."""
+    import tempfile
+
+    from personalize.fitting.person import fit_with_own
+    from personalize.metrics import paired_interval
+
+    if len(fits) < FAR_MIN_PEOPLE:
+        return engine, {"kept": True, "people": len(fits),
+                        "why": f"own adapters kept for far people: {len(fits)} far validation people, fewer than the "
+                               f"{FAR_MIN_PEOPLE} this guard judges on (a build can hold out whole sources for them)"}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder, engine.own.folder = engine.own.folder, Path(tmp)
+        try:
+            own = [fit_with_own(engine, f"validation {i}", it, f) for i, (f, it) in enumerate(zip(fits, items))]
+            card, cluster = (rouge_per_query(decode_each(engine, m, prompts, own, items, engine.cfg.decoding), golds)
+                             for m in ("card", "cluster"))
+        finally:
+            for i in range(len(fits)):
+                engine.own.forget(f"validation {i}")
+            engine.own.folder = folder
+    gain = paired_interval(np.asarray(card, float) - np.asarray(cluster, float), n_boot)
+    kept = gain["ci95"][1] >= 0
+    why = (f"own adapters {'kept' if kept else 'off'} for far people: card over them − cluster ROUGE-L "
+           f"{gain['mean']:+.4f} {gain['ci95']} on {len(fits)} far validation people"
+           + ("" if kept else ", an interval below 0"))
+    if not kept:
+        engine.cfg = replace(engine.cfg, own=replace(engine.cfg.own, far=False))
+    return engine, {"kept": kept, "people": len(fits), "card_minus_cluster": gain, "why": why}
 
 
 def guard_verdict(card: Sequence[float], cluster: Sequence[float], alpha: float, n_boot: int = 2000) -> dict:
@@ -194,13 +242,19 @@ def validation_people(engine: Engine, data_dir: str | Path, split: str, n_users:
 
 
 def tune(engine: Engine, data_dir: str | Path | None = None, split: str | None = None, n_users: int = MIN_PEOPLE,
-         write: bool = True, steps: Sequence[str] = STEPS, shards=None) -> dict:
+         write: bool = True, steps: Sequence[str] = STEPS, shards=None, far_data: str | Path | None = None,
+         far_sources: Sequence[str] = ()) -> dict:
     """Choose the decoding settings on validation people and (with `write`) save them in the artifacts.
     `shards` (distributed.people.PeopleShards, `tune --ray`): the people onboarded and every setting's decode
-    run there in shards, with the same choice."""
+    run there in shards, with the same choice. `far_sources` (of `far_data`): whole sources held out for the far
+    people's guard; those of their people beyond the build's clusters judge the own adapters (own_guard)."""
     data_dir = data_dir or engine.meta.get("data")
     split = split or engine.meta.get("split", "dev")
     people = validation_people(engine, data_dir, split, n_users)
+    if far_sources:
+        _, extra = read_lamp(far_data or data_dir, split)
+        people += [(q.input, q.gold, list(q.profile[:24])) for q in select_sources(extra, far_sources)
+                   if q.gold is not None and len(q.profile) >= 3][:n_users]
     prompts, golds = [p for p, _, _ in people], [g for _, g, _ in people]
     if shards is not None:
         items, fits = shards.onboard([profile for _, _, profile in people])
@@ -225,6 +279,7 @@ def save_choice(folder: Path, engine: Engine, report: dict) -> None:
     meta = json.loads(path.read_text())
     meta["settings"]["decoding"] = asdict(engine.cfg.decoding)
     meta["settings"]["style"] = asdict(engine.cfg.style)
+    meta["settings"]["own"] = asdict(engine.cfg.own)
     obj = engine.cfg.objectives[0]
     meta["report"].setdefault("alpha_by_objective", {})[obj] = {"alpha": engine.cfg.decoding.alpha,
                                                                 "sweep": report.get("alpha", {}).get("sweep")}

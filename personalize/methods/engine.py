@@ -168,6 +168,11 @@ class Engine:
             self.load_pending_adapters()
         return set(self.model.peft_config)
 
+    @staticmethod
+    def cluster_adapter(k: int, cluster: int) -> str:
+        """The LoRA of cluster `cluster` at K = k (K = 1's is the build's base adapter)."""
+        return adapter_name(k, cluster) if k > 1 else BASE_ADAPTER
+
     @property
     def active_adapter(self) -> str | None:
         return self._active

@@ -85,3 +85,39 @@ def test_each_setting_is_decoded_once_and_the_choice_is_the_same(tiny_artifacts)
         runs[name] = (report, engine.cfg, dec.decodes)
     assert runs["once"][0] == runs["afresh"][0] and runs["once"][1] == runs["afresh"][1]
     assert runs["once"][2] < runs["afresh"][2], (runs["once"][2], runs["afresh"][2])
+
+
+def test_each_kind_is_judged_on_its_own_kind(tiny_artifacts, monkeypatch):
+    """Validation people beyond the build's clusters never choose the near people's settings or trip their guard;
+    they judge the own adapters (a cluster of one), each trained for them and decoded over, and a loss switches
+    those off for far people alone."""
+    import personalize.fitting.tune as tune
+
+    engine = Engine.load(tiny_artifacts["artifacts"])
+    engine.cfg = replace(engine.cfg, decoding=replace(engine.cfg.decoding, max_new_tokens=4),
+                         own=replace(engine.cfg.own, steps=1))
+    _, queries = read_lamp(tiny_artifacts["demo"], "dev")
+    people = [q for q in queries if q.gold and len(q.profile) >= 3][:6]
+    items = [engine.prepare_items(list(q.profile)) for q in people]
+    fits = [engine.fit(it) for it in items]
+    for f in fits[:3]:
+        f.far = True
+    prompts, golds = [q.input for q in people], [q.gold for q in people]
+    seen = []
+    real_guard = tune.harm_guard
+    monkeypatch.setattr(tune, "harm_guard", lambda e, p, *rest, **kw: (seen.append(list(p)), real_guard(e, p, *rest, **kw))[1])
+    monkeypatch.setattr(tune, "FAR_MIN_PEOPLE", 2)
+    trained = []
+    real_train = engine.own.train
+    monkeypatch.setattr(engine.own, "train", lambda name, *a, **kw: (trained.append(name), real_train(name, *a, **kw))[1])
+    engine, report = tune.choose_decoding(engine, prompts, golds, fits, items, steps=("fallback",))
+    assert seen == [prompts[3:]] and report["users"] == 3 and report["far_users"] == 3
+    assert trained == ["validation 0", "validation 1", "validation 2"]
+    own = report["own"]
+    assert own["people"] == 3 and own["why"].startswith("own adapters")
+    assert engine.cfg.own.far == own["kept"] == (own["card_minus_cluster"]["ci95"][1] >= 0)
+    assert not list(engine.own.folder.glob("*.own.safetensors"))  # the validation people's adapters are scratch
+    monkeypatch.setattr(tune, "FAR_MIN_PEOPLE", 10)  # too few to judge: the product's default stands, no training
+    trained.clear()
+    _, few = tune.own_guard(engine, prompts[:3], golds[:3], fits[:3], items[:3])
+    assert few["kept"] and "fewer than the 10" in few["why"] and not trained
