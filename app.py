@@ -28,10 +28,11 @@ import gradio as gr
 from personalize.studio.decoder import DecodeTarget
 from personalize.studio.facade import Studio, StudioConfig
 from personalize.ui import campaigns, compare, explore, export_tab, fit, leaderboard_tab, my_cluster, populations, quick_pair, rate, \
-    why, writing
+    waiting, why, writing
 from personalize.ui.common import CSS, EXPECTED, run_as_login
 from personalize.ui.controls import forget_previous_person, page_top
-from personalize.ui.login import AUTH_HELP, Login, parse_admins, parse_auth
+from personalize.ui.downloads import OwnDownloads, empty
+from personalize.ui.login import AUTH_HELP, Login, LoginNotice, parse_admins, parse_auth
 
 # The tabs in page order: each lays itself out and wires its events, reading the shared components.
 TABS = (
@@ -98,6 +99,27 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def first_start(a, auth) -> None:
+    """The demo built once: meanwhile the address serves the first start's page (ui/waiting.py: the build's progress,
+    what each tab waits for), which reloads into the studio when it answers there."""
+    from personalize.fitting.plan import demo_ready
+
+    demo, art = Path(a.demo_data), Path(a.artifacts)
+    if demo_ready(demo, art):
+        return
+    job = waiting.FirstStart(demo, art).start()
+    page = waiting.waiting_page(job)
+    page.launch(server_name=a.host, server_port=a.port, auth=Login.of(auth), share=False, show_error=False,
+                prevent_thread_lock=True, quiet=True, js=waiting.RELOAD_JS)
+    print(f"first start: the page answers at http://{a.host}:{a.port} while the demo builds", flush=True)
+    try:
+        job.done.wait()
+    finally:
+        page.close()
+    if job.error:
+        raise ValueError(f"the demo build failed: {job.error}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="The personalization studio (Gradio).")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
@@ -131,7 +153,7 @@ def main(argv=None) -> int:
 
             check_reachable(target.address)  # before a first start's build and the model's load, not after
         if Path(a.artifacts).resolve() == Path(DEMO_ARTIFACTS).resolve():
-            ensure_demo(Path(a.demo_data), Path(a.artifacts))
+            first_start(a, auth)
         studio = Studio.load(StudioConfig(artifacts=a.artifacts, db=a.db, demo_data=a.demo_data, decode=target,
                                           logins=auth is not None, admins=admins), adapters_later=True)
     except (*EXPECTED, ConnectionError) as e:  # ConnectionError: --decode names a Ray that cannot be reached

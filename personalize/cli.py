@@ -142,7 +142,8 @@ def cmd_tune(a) -> None:
     shards = commands.on_ray(a, on_ray)
     t0 = time.perf_counter()
     try:
-        report = tune(engine, a.data, a.split, a.users, write=not a.dry_run, steps=comma_list(a.steps) or STEPS,
+        steps = tuple(x for x in comma_list(a.steps) if x != "none") if a.steps else STEPS  # none: the guards alone
+        report = tune(engine, a.data, a.split, a.users, write=not a.dry_run, steps=steps,
                       shards=shards, far_data=a.far_data, far_sources=comma_list(a.far_sources))
     finally:
         if shards is not None:
@@ -361,8 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--users", type=int, default=30, help="validation people (the harm guard wants 30)")
     t.add_argument("--dry-run", action="store_true", help="print the choice, do not write it")
     t.add_argument("--steps", default="", help="re-run only these steps (comma-separated: repetition, style, alpha, "
-                                               "knn_weight, fallback); the others keep the build's "
-                                               "settings")
+                                               "knn_weight, fallback; 'none': the harm guards alone); the others keep "
+                                               "the build's settings")
     t.add_argument("--far-data", default=None, help="a LaMP folder of people unlike the build's (default: --data)")
     t.add_argument("--far-sources", default="", help="sources of --far-data held out for the far people's guard: "
                                                      "those of their people beyond the build's clusters judge the own "

@@ -84,7 +84,8 @@ def build(data_dir: str | Path, split: str, out: str | Path, cfg: CardConfig = C
           limit_users: int | None = None, seed: int = 0,
           p2p: P2PConfig | None = P2PConfig(steps=P2P_STEPS), sources: Sequence[str] = (),
           exclude_sources: Sequence[str] = (), progress: Callable[[str, float], None] | None = None,
-          cancel: threading.Event | None = None, cluster_trainer: ClusterTrainer | None = None) -> Path:
+          cancel: threading.Event | None = None, cluster_trainer: ClusterTrainer | None = None,
+          tune_steps: Sequence[str] | None = None) -> Path:
     """Run the whole offline stage and write the artifacts folder (replaced only on success).
     p2p: the hypernetwork's training settings (budget and base adapter: the build's); None skips it.
     sources / exclude_sources: keep only (or leave out) users whose query comes from these sources
@@ -93,6 +94,8 @@ def build(data_dir: str | Path, split: str, out: str | Path, cfg: CardConfig = C
     step, and once more before the finished folder is renamed in: set, the build raises BuildCancelled and
     leaves no artifacts folder behind (the app's Populations tab builds in a thread with both).
     cluster_trainer: trains the cluster adapters elsewhere (`build --ray`), with the same weights; None: here.
+    tune_steps: the decoding choice's steps to run (tune.STEPS; None: all); the others keep `cfg`'s settings, and the
+    harm guards run whatever they are (the first start's demo starts from the measured best: fitting/plan.py).
 
     Two processes building the same `out` at once (two first starts) take turns under a lock on
     `<out>.lock`; one that waited and finds `out` freshly written by the other returns it as it is."""
@@ -227,7 +230,7 @@ def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, 
                                    + [q.user or q.id for q in chosen_on[: len(outside)]])
     if val and any(a > 0 for a in cfg.alphas):
         with timed("decoding choice"):  # tune's whole choice, then the harm guard (tune.py)
-            cfg, report["tune"] = _choose_decoding(engine, val, cfg, step)
+            cfg, report["tune"] = _choose_decoding(engine, val, cfg, step, tune_steps)
             report["alpha_sweep"] = report["tune"].get("alpha", {}).get("sweep")
             report["alpha_by_objective"] = {cfg.objectives[0]: {"alpha": cfg.decoding.alpha,
                                                                 "sweep": report["alpha_sweep"]}}
@@ -372,10 +375,10 @@ def _population_diagnostics(head, held: dict, lams: dict, cfg: CardConfig) -> di
 
 
 def _choose_decoding(engine: Engine, val: list[tuple[str, str, list[Item]]], cfg: CardConfig,
-                     step: _Steps = _NO_HOOKS) -> tuple[CardConfig, dict]:
+                     step: _Steps = _NO_HOOKS, steps: Sequence[str] | None = None) -> tuple[CardConfig, dict]:
     """Repetition, the style's parts, α, the memory weight and the fallback chosen on the validation people (never
     on queries that eval scores, §1.9.2), then the harm guard: card stays the cluster model unless it beats it."""
-    from personalize.fitting.tune import choose_decoding
+    from personalize.fitting.tune import STEPS, choose_decoding
 
     prompts, golds, items, fits = [], [], [], []
     for i, (prompt, gold, profile) in enumerate(tqdm(val, desc="validation people", mininterval=2.0)):
@@ -385,7 +388,7 @@ def _choose_decoding(engine: Engine, val: list[tuple[str, str, list[Item]]], cfg
     engine.cfg = cfg
     engine, report = choose_decoding(engine, prompts, golds, fits, items,
                                      progress=lambda m: (step("decoding choice", 0.5), _log(f"  {m}")),
-                                     alphas=[a for a in cfg.alphas if a > 0])
+                                     alphas=[a for a in cfg.alphas if a > 0], steps=STEPS if steps is None else steps)
     return engine.cfg, report
 
 

@@ -113,6 +113,9 @@ def add_build_args(p: argparse.ArgumentParser) -> None:
                    help="Profile-to-PEFT hypernetwork training steps (default 20, a CPU budget; 0 = untrained)")
     p.add_argument("--skip-p2p", action="store_true",
                    help="do not train the P2P hypernetwork (the p2p method is then unavailable with these artifacts)")
+    p.add_argument("--tune-steps", default=None,
+                   help="the decoding choice's steps to run, comma-separated (repetition, style, alpha, knn_weight, "
+                        "fallback; 'none': the harm guards alone, on the settings as given); default: all")
     add_model_args(p)
 
 
@@ -146,8 +149,9 @@ def build_plan(a) -> tuple[Path, Path, CardConfig, dict]:
         raise UsageError("--p2p-steps has no effect with --skip-p2p: give one of them")
     p2p = None if a.skip_p2p else P2PConfig(steps=P2P_STEPS if a.p2p_steps is None else a.p2p_steps)
     out = Path(a.out or f"data/artifacts/{data.name}")
+    steps = None if a.tune_steps is None else tuple(x for x in comma_list(a.tune_steps) if x != "none")
     return data, out, cfg, {"limit_users": a.limit_users, "p2p": p2p, "sources": comma_list(a.sources),
-                            "exclude_sources": comma_list(a.exclude_sources)}
+                            "exclude_sources": comma_list(a.exclude_sources), "tune_steps": steps}
 
 
 def run_build(a, **more) -> None:
@@ -211,19 +215,31 @@ def demo_people_args(demo: Path) -> list[str]:
     return ["--limit-users", str(min(DEMO_POPULATION, len(queries)))]
 
 
-def ensure_demo(demo: Path, art: Path) -> None:
-    """The first-run path of `demo` and the app: write the demo population and build it, once."""
-    if not (demo / "dev_questions.json").exists():
-        print(f"first start: the demo's people are {write_demo_people(demo)}", flush=True)
-    from personalize.methods.card.config import FORMAT_VERSION
+def _outdated(art: Path) -> bool:
+    """Whether the artifacts in `art` were built by an older version of this code (or cannot be read)."""
     from personalize.methods.artifacts import ArtifactsError, artifacts_meta
+    from personalize.methods.card.config import FORMAT_VERSION
 
     try:
-        old = (art / "config.json").exists() and artifacts_meta(art).get("format_version", 0) < FORMAT_VERSION
+        return (art / "config.json").exists() and artifacts_meta(art).get("format_version", 0) < FORMAT_VERSION
     except ArtifactsError:
-        old = True  # unreadable: build anew
+        return True  # unreadable: build anew
+
+
+def demo_ready(demo: Path, art: Path) -> bool:
+    """Whether the first start has nothing to build (ensure_demo would return at once)."""
+    return (demo / "dev_questions.json").exists() and (art / "config.json").exists() and not _outdated(art)
+
+
+def ensure_demo(demo: Path, art: Path, progress=None) -> None:
+    """The first-run path of `demo` and the app: write the demo population and build it, once. `progress`: build's
+    hook, (stage, fraction of the build) (the app's first-start page shows it)."""
+    if not (demo / "dev_questions.json").exists():
+        print(f"first start: the demo's people are {write_demo_people(demo)}", flush=True)
+    old = _outdated(art)
     if old:
         print(f"the demo artifacts in {art} were built by an older version: rebuilding them", flush=True)
     if old or not (art / "config.json").exists():
         print(f"first start: building the demo artifacts in {art} (a few minutes, once) ...", flush=True)
-        run_build(build_args(["--data", str(demo), "--out", str(art), *DEMO_BUILD_ARGS, *demo_people_args(demo)]))
+        run_build(build_args(["--data", str(demo), "--out", str(art), *DEMO_BUILD_ARGS, *demo_people_args(demo)]),
+                  progress=progress)

@@ -251,11 +251,11 @@ def tune(engine: Engine, data_dir: str | Path | None = None, split: str | None =
     data_dir = data_dir or engine.meta.get("data")
     split = split or engine.meta.get("split", "dev")
     people = validation_people(engine, data_dir, split, n_users)
+    n_own = len(people)
     if far_sources:
         _, extra = read_lamp(far_data or data_dir, split)
         people += [(q.input, q.gold, list(q.profile[:24])) for q in select_sources(extra, far_sources)
                    if q.gold is not None and len(q.profile) >= 3][:n_users]
-    prompts, golds = [p for p, _, _ in people], [g for _, g, _ in people]
     if shards is not None:
         items, fits = shards.onboard([profile for _, _, profile in people])
     else:
@@ -263,7 +263,11 @@ def tune(engine: Engine, data_dir: str | Path | None = None, split: str | None =
         for _, _, profile in tqdm(people, desc="onboarding", mininterval=2.0):
             items.append(engine.prepare_items(profile))
             fits.append(engine.fit(items[-1]))
-    decoder = Decoder(engine, prompts, golds, fits, items, decode=shards.decode_each if shards is not None else None)
+    keep = [i for i in range(len(people)) if i < n_own or fits[i].far]  # of the held-out sources, the far alone
+    people, items, fits = [people[i] for i in keep], [items[i] for i in keep], [fits[i] for i in keep]
+    prompts, golds = [p for p, _, _ in people], [g for _, g, _ in people]
+    # on Ray, the people's decodes run in shards (and both kinds are judged together: own adapters stay local)
+    decoder = Decoder(engine, prompts, golds, fits, items, decode=shards.decode_each) if shards is not None else None
     engine, report = choose_decoding(engine, prompts, golds, fits, items,
                                      progress=lambda m: print(f"  {m}", flush=True), steps=steps, decoder=decoder)
     report |= {"data": str(data_dir), "split": split,

@@ -1,5 +1,5 @@
 """The online stage: one loaded LM with every cluster adapter, the encoder and the heads (what the methods decode
-with; CARD's own decoding is methods/card/decode.py).
+with; CARD's own decoding is methods/card/decoding.py and card_decode.py).
 
 Loaded once (CLI command, app, eval, bench); a user is then a cluster id and a
 λ vector, so switching users costs a dictionary look-up and, across clusters,
@@ -334,7 +334,7 @@ class Engine:
                   far: bool = False) -> tuple[UserStyle, list[float]]:
         """λ (with the token bias when the style uses one) and the kNN memory from one pass's features; `far`: the
         person is beyond the build's clusters, so their memory is kept at StyleSettings.far_knn_weight.
-        `votes`: rows of the texts the person preferred (or rejected), weighted (fitting/votes.py); they join the
+        `votes`: rows of the texts the person preferred (or rejected), weighted (fitting/feedback.py); they join the
         fit of λ and the bias, not the memory (the memory keeps the person's own text)."""
         st, hs = self.cfg.style, self.cfg.head
         data = TokenData.from_features(feats)

@@ -7,7 +7,7 @@ A steer can give its row
   (COPE's π_base);
 - hidden states: the batch's last n layers captured for its processors (CARD);
 - a generated LoRA on its row alone (Profile-to-PEFT), with the hooks that apply it on the libraries' own path.
-The steers are implemented beside their methods (methods/card/steer.py, methods/cope.py, methods/p2p/steer.py).
+The steers are implemented beside their methods (methods/card/steer.py, methods/cope.py, methods/p2p/p2p_steer.py).
 """
 
 from __future__ import annotations

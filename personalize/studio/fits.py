@@ -1,5 +1,5 @@
 """Fit my style and its versions: the fit (with the verdict in plain words), the refit on the history plus every vote
-(votes.py's), the versions of a style and restoring one."""
+(fitting/feedback.py's), the versions of a style and restoring one."""
 
 from __future__ import annotations
 
@@ -216,7 +216,7 @@ class Fits(Service):
         return data, len(items), n_hold
 
     def refine(self, name: str, items: Sequence[Item] | None = None) -> Refit:
-        """Refits the user's style on their history and every vote they cast (fitting/votes.py) and stores it as a
+        """Refits the user's style on their history and every vote they cast (fitting/feedback.py) and stores it as a
         new version; `items`: the history as the fit just prepared it (else read here)."""
         got = self.store.vector(name, self.engine.artifacts_id)
         if got is None:

@@ -47,7 +47,7 @@ class StudioConfig:
     first_use_in_background: bool = True
     feedback: FeedbackSettings = FeedbackSettings()  # how much a vote counts against the history when λ is refitted
     decode: DecodeTarget = DecodeTarget()  # where decodes run: in-process, or a Ray Serve deployment (studio/decoder)
-    # who may reach whose people (studio/access.py): with logins, a login sees only the people it made; admins all
+    # who may reach whose people (personalize/access.py): with logins, a login sees only the people it made; admins all
     logins: bool = False
     admins: tuple[str, ...] = ()
     # where the page's files live (Gradio's cache: uploads and downloads); Forget me clears the person from it

@@ -1,0 +1,100 @@
+"""The page while the first start's demo build runs (issue 49): it answers seconds after `make run` instead of after
+the whole build, with the build's stage, a progress bar, the time left, and what each tab waits for. When the build
+ends, app.py stops it and starts the studio on the same address; the page reloads itself once the studio answers
+(its title is the studio's again)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gradio as gr
+
+from personalize.display import md
+
+TITLE = "Personalization studio · building the demo"
+# what each tab waits for: the build's parts, in the order the build makes them (fitting/build.py's stages)
+WAITS = (
+    ("My writing", "the clusters: Save places your history among the build's people"),
+    ("My cluster", "the clusters and their people"),
+    ("Fit my style", "the cluster adapters and the head: your style is fitted over your cluster's model"),
+    ("Compare", "the cluster adapters, the head and the decoding choice (card's strength, chosen on 30 people)"),
+    ("Why", "the head and the decoding choice"),
+    ("Rate", "the whole build (campaigns rate its outputs)"),
+    ("Quick pair", "the cluster adapters and the head"),
+    ("Leaderboard", "the whole build"),
+    ("Campaigns", "the whole build"),
+    ("Export", "the whole build"),
+    ("Explore", "the head and the decoding choice"),
+    ("Populations", "the whole build (a second build waits for the first)"),
+)
+# reloads the page when the address answers with another title: the studio replaced this page
+RELOAD_JS = f"""() => {{
+  setInterval(async () => {{
+    try {{
+      const c = await (await fetch('config', {{cache: 'no-store'}})).json();
+      if (c.title && c.title !== {TITLE!r}) location.reload();
+    }} catch (e) {{}}
+  }}, 3000);
+}}"""
+
+
+@dataclass
+class FirstStart:
+    """The first start's demo build (fitting.plan.ensure_demo) in a thread, with build's progress as it reports it."""
+
+    demo: Path
+    artifacts: Path
+    stage: str = "writing the demo's people"
+    fraction: float = 0.0
+    error: str | None = None
+    started: float = field(default_factory=time.time)
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> "FirstStart":
+        threading.Thread(target=self._run, name="first-start-build", daemon=True).start()
+        return self
+
+    def _run(self) -> None:
+        from personalize.fitting.plan import ensure_demo
+
+        try:
+            ensure_demo(self.demo, self.artifacts, progress=self._progress)
+        except Exception as e:  # the page and the terminal say why; app.py exits with it
+            self.error = f"{type(e).__name__}: {e}"
+        finally:
+            self.done.set()
+
+    def _progress(self, stage: str, fraction: float) -> None:
+        self.stage, self.fraction = stage, fraction
+
+    def line(self, now: float | None = None) -> str:
+        """Where the build stands, in words: its stage, its share, the time so far and an estimate of the time left
+        (from the share done so far, once there is enough of it to say)."""
+        spent = (now or time.time()) - self.started
+        if self.error:
+            return f"The demo build failed after {spent:.0f} s: {md(self.error)}"
+        if self.done.is_set():
+            return f"The demo build is done ({spent:.0f} s); the studio starts now and this page reloads by itself."
+        left = (f", about {spent * (1 - self.fraction) / self.fraction / 60:.0f} min left"
+                if self.fraction >= 0.05 else "")
+        return (f"Building the demo once (later starts take seconds): **{self.stage}**, {self.fraction:.0%} "
+                f"after {spent / 60:.1f} min{left}.")  # the stage is the build's own word, never a person's
+
+
+def waiting_page(job: FirstStart) -> gr.Blocks:
+    """The page the first start serves while `job` builds: the progress, then each tab with what it waits for."""
+    with gr.Blocks(title=TITLE, analytics_enabled=False) as page:
+        gr.Markdown("# Personalization studio\nThe first start builds the demo the studio serves. Every tab opens "
+                    "when the build is done; this page follows it and reloads itself then.")
+        bar = gr.Slider(0, 100, value=0, label="demo build (%)", interactive=False, elem_id="first-start-bar")
+        status = gr.Markdown(job.line(), elem_id="first-start-status")
+        with gr.Tabs():
+            for tab, what in WAITS:
+                with gr.Tab(tab):
+                    gr.Markdown(f"**{tab}** waits for {what}.")
+        gr.Timer(2.0).tick(lambda: (round(100 * job.fraction, 1), job.line()), outputs=[bar, status],
+                           show_progress="hidden")
+    return page
