@@ -194,7 +194,8 @@ def cmd_forget(a) -> None:
         store.close()
     removed = ", ".join(f"{v} {k}" for k, v in res.deleted.items() if v)
     print(f"forgot {a.user}: {removed or 'no rows'} deleted; {res.ratings_anonymised} rating(s) and "
-          f"{res.campaign_items_anonymised} campaign item(s) anonymised; {len(res.files)} file(s) removed; "
+          f"{res.campaign_items_anonymised} campaign item(s) anonymised; {res.rater_ids_anonymised} vote(s) cast under "
+          f"the name kept under an anonymous rater id; {len(res.files)} file(s) removed; "
           f"database vacuumed")
 
 

@@ -96,10 +96,12 @@ class StoreError(ValueError):
 class Tables:
     """Tables a higher package keeps in the store (it owns their DDL; the store must not import it): created by the
     migration step (CREATE ... IF NOT EXISTS, so an existing file keeps its rows), and cleared of a forgotten person
-    by `forget(db, name)` in Store.forget's transaction, which returns what it changed ({key: rows})."""
+    by `forget(db, name)` in Store.forget's transaction, which returns what it changed ({key: rows}); in the columns
+    `ids` ("table.column": a rater's id) the person's name becomes the anonymous id Store.forget gives them."""
     name: str
     ddl: str
     forget: Callable[[sqlite_utils.Database, str], dict[str, int]] | None = None
+    ids: tuple[str, ...] = ()
 
 
 def now() -> str:

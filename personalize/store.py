@@ -10,6 +10,7 @@ raters); a per-Store lock serialises use of its single connection across threads
 from __future__ import annotations
 
 import json
+import secrets
 import sqlite3
 import threading
 from contextlib import contextmanager
@@ -213,10 +214,12 @@ class Store(PeopleTables, RecordTables):
 
     def forget(self, name: str) -> dict:
         """"Forget me": deletes everything of the user in one transaction and anonymises their ratings (the
-        verdicts and methods stay for the leaderboard; prompt, outputs and user name go), then rewrites the
-        file (VACUUM) and empties the write-ahead log, so no free page or WAL frame keeps their texts.
-        Returns what was removed: {table: rows}, "ratings_anonymised", and what each attached part's forget
-        changed (the campaigns': "campaign_items_anonymised")."""
+        verdicts and methods stay for the leaderboard; prompt, outputs and user name go); where their name is a
+        rater's id (typed as the rater id), it becomes one new anonymous id, the same in every table, so their
+        votes still count once per pair and as one rater's. Then rewrites the file (VACUUM) and empties the
+        write-ahead log, so no free page or WAL frame keeps their texts. Returns what was removed: {table: rows},
+        "ratings_anonymised", "rater_ids_anonymised", and what each attached part's forget changed (the
+        campaigns': "campaign_items_anonymised")."""
         with self._write() as db:
             name = self._require(name)
             out = {t: db[t].count_where("user = ?", [name]) for t in USER_TABLES}
@@ -225,6 +228,11 @@ class Store(PeopleTables, RecordTables):
             out["ratings_anonymised"] = db["ratings"].count_where("user = ?", [name])
             db.execute("UPDATE ratings SET user = NULL, prompt = '', output_a = '', output_b = '' WHERE user = ?",
                        [name])
+            anonymous = f"forgotten-{secrets.token_hex(6)}"
+            ids = ["ratings.rater", *(c for part in self.parts.values() for c in part.ids)]
+            out["rater_ids_anonymised"] = sum(
+                db.execute(f"UPDATE {t} SET {c} = ? WHERE {c} = ?", [anonymous, name]).rowcount
+                for t, c in (i.split(".") for i in ids))
             for part in self.parts.values():
                 if part.forget is not None:
                     out |= part.forget(db, name)

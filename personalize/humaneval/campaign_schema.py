@@ -65,7 +65,7 @@ def _forget(db: sqlite_utils.Database, name: str) -> dict[str, int]:
     return {"campaign_items_anonymised": n}
 
 
-TABLES = Tables("campaigns", _DDL, _forget)
+TABLES = Tables("campaigns", _DDL, _forget, ids=("campaign_assignments.rater", "campaign_judgments.rater"))
 
 
 class CampaignError(StoreError):

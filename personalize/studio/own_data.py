@@ -118,12 +118,14 @@ def import_keys(store: Store, build: BuildInfo, text: str, name: str | None = No
 @dataclass(frozen=True)
 class Forgotten:
     """What "forget me" took: rows deleted per table, ratings and campaign items kept without texts or name, files
-    removed, and the exports rewritten with how many of the person's records left each."""
+    removed, the exports rewritten with how many of the person's records left each, and the rows where their name
+    was a rater's id (now an anonymous one)."""
     deleted: dict[str, int]
     ratings_anonymised: int
     campaign_items_anonymised: int
     files: list[str]
     exports: dict[str, int]
+    rater_ids_anonymised: int = 0
 
     @property
     def rows_deleted(self) -> int:
@@ -166,9 +168,10 @@ def forget_user(store: Store, name: str, oppu_root: Path, export_dir: Path, page
             removed.append(f)
             if f.parent != Path(page_files) and not any(f.parent.iterdir()):
                 f.parent.rmdir()
-    anonymised = {k: out.pop(k, 0) for k in ("ratings_anonymised", "campaign_items_anonymised")}
+    anonymised = {k: out.pop(k, 0) for k in ("ratings_anonymised", "campaign_items_anonymised",
+                                             "rater_ids_anonymised")}
     return Forgotten(out, anonymised["ratings_anonymised"], anonymised["campaign_items_anonymised"],
-                     [str(f) for f in removed], rewritten)
+                     [str(f) for f in removed], rewritten, anonymised["rater_ids_anonymised"])
 
 
 def _quotes(f: Path, needles) -> bool:

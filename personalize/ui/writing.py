@@ -14,7 +14,7 @@ from personalize.ui import text as page_text
 
 FORGET_NOTE = ("Deletes everything the studio keeps of this user: history, styles and their versions, votes, "
                "generated outputs, EXACT memory, OPPU adapter and exports that hold them. Ratings keep only their "
-               "verdict (no texts, no name).")
+               "verdict (no texts, no name: where the name was typed as a rater id, an anonymous id replaces it).")
 
 
 def item_choices(studio, name: str | None):
@@ -108,8 +108,10 @@ def open_user(studio, name):
 def forget(studio, name, ok):
     """Forget me: the status line, and the page no longer holds the person (name, history box, items)."""
     res = studio.own_data.forget(name, ok)
+    ids = (f"{res.rater_ids_anonymised} vote(s) cast with the name as rater id kept under an anonymous id, "
+           if res.rater_ids_anonymised else "")
     return (f"Forgot **{md(name.strip())}**: {res.rows_deleted} stored rows deleted, {res.ratings_anonymised} rating(s) "
-            f"and {res.campaign_items_anonymised} campaign item(s) kept without texts or name, "
+            f"and {res.campaign_items_anonymised} campaign item(s) kept without texts or name, {ids}"
             f"{sum(res.exports.values())} of their record(s) taken out of {len(res.exports)} export(s), "
             f"{len(res.files)} file(s) removed, database compacted.",
             False, [], gr.update(choices=studio.histories.user_names(), value=None), "", "", None)

@@ -192,3 +192,40 @@ def test_a_second_persons_items_carry_their_own_numbers(studio):
     assert [it.id for it in prepared_items(studio.runtime.engine, studio.runtime.store, "oli")] == shown
     assert shown == ["1", "2", "3", "4", "5"]
 
+
+
+def test_forget_me_replaces_the_name_typed_as_a_rater_id_with_one_anonymous_id(studio):
+    """Issue 49: a person who typed their own name as the rater id (no logins) left it in `ratings.rater` and the
+    campaigns' rater columns after Forget me. Now one new anonymous id takes its place in every one of them, so
+    the votes still count once per pair and as one rater's, and no byte of the name is left in the files."""
+    marker = "noor-quillfeather"
+    db = Path(studio.runtime.cfg.db)
+    studio.histories.save_history(marker, [Item(y=f"{t} said noor") for t in TERSE], "tweets")
+    studio.histories.save_history("pat", [Item(y=f"{t}, wrote pat") for t in TERSE], "tweets")
+    s = studio.runtime.settings(max_new_tokens=3)
+    pairs = [studio.votes.new_pair(person, studio.runtime.task.prompt(f"a day of {person}"), ["base", "cluster"],
+                                   s).pair for person in ("pat", marker)]
+    for pair in pairs:
+        studio.votes.vote(pair.id, "a", marker)  # the rater id she typed is her name
+    studio.votes.wait_feedback()
+    from personalize.humaneval.campaign_schema import CampaignConfig, CampaignItem
+
+    studio.runtime.campaigns.create("rater-ids", [CampaignItem("pat", "a prompt", ("pat's text",), "gold")],
+                                    CampaignConfig(("base", "cluster"), reference=True))
+    for item, m in studio.runtime.campaigns.missing("rater-ids"):
+        studio.runtime.campaigns.add_output(item["id"], m, f"{m} output", 0.1)
+    unit = studio.runtime.campaigns.next("rater-ids", marker)
+    studio.runtime.campaigns.submit(unit.id, marker, "b")
+
+    res = studio.own_data.forget(marker, True)
+    store = studio.runtime.store
+    columns = ("ratings.rater", "campaign_assignments.rater", "campaign_judgments.rater")
+    ids = {c: {r["rater"] for r in store.query(f"SELECT {c.split('.')[1]} AS rater FROM {c.split('.')[0]}")}
+           for c in columns}
+    assert not any(marker in v for c in columns for v in ids[c]), ids
+    ratings = [r for r in store.ratings() if r["gen_a"] in {g for p in pairs for g in p.gen_ids}]
+    (anonymous,) = {r["rater"] for r in ratings}  # one id for both of her votes...
+    assert anonymous.startswith("forgotten-") and anonymous in ids["campaign_judgments.rater"]  # ...and her judgment
+    assert res.rater_ids_anonymised == 4  # two votes, one campaign assignment, one judgment
+    assert store.has_rating(anonymous, *pairs[0].gen_ids)  # her vote still counts once for that pair
+    assert marker.encode() not in _bytes_under(db.parent)
