@@ -121,6 +121,11 @@ def _name(name: str) -> str:
     return stripped
 
 
+def _taken(name: str) -> StoreError:
+    """What a login is told of a name another login holds, whatever it asked (PeopleTables)."""
+    return StoreError(f"the name '{name}' is taken: choose another user name")
+
+
 def _check_text(y: object, x: object, what: str) -> None:
     """Empty texts are useless history; rejecting them early keeps writes all-or-nothing."""
     if not isinstance(y, str) or not y.strip() or not isinstance(x, str):
@@ -182,13 +187,15 @@ class PeopleTables:
     connection (`db`), lock (`_lock`), write transaction (`_write`) and rule (`access`)."""
 
     def _require(self, name: str) -> str:
-        """The stored person's name; "unknown" when there is none, or the current login may not reach them
-        (to another login a person is not there: access.py)."""
+        """The stored person's name; "unknown" when there is none, "taken" when the current login may not reach
+        them (the one wording for a name another login holds, on every tab: nothing else of the person is told)."""
         name = _name(name)
         with self._lock:
             row = self.db.execute("SELECT owner FROM users WHERE name = ?", [name]).fetchone()
-        if row is None or not self.access.may_reach(row[0], name.startswith(CAMPAIGN_PREFIX)):
+        if row is None:
             raise StoreError(f"unknown user '{name}'")
+        if not self.access.may_reach(row[0], name.startswith(CAMPAIGN_PREFIX)):
+            raise _taken(name)
         return name
 
     def may_reach(self, name: str | None) -> bool:
@@ -215,7 +222,7 @@ class PeopleTables:
         taken, and nothing of its person is shown)."""
         row = db.execute("SELECT owner FROM users WHERE name = ?", [name]).fetchone()
         if row is not None and not self.access.may_reach(row[0], name.startswith(CAMPAIGN_PREFIX)):
-            raise StoreError(f"the name '{name}' is taken: choose another user name")
+            raise _taken(name)
         return row is not None
 
     @staticmethod

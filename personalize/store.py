@@ -164,7 +164,7 @@ class Store(PeopleTables, RecordTables):
             return [r for r in rows if self.access.may_reach(r["owner"], r["name"].startswith(CAMPAIGN_PREFIX))]
 
     def user(self, name: str) -> dict:
-        name = _name(name)
+        name = self._require(name)
         for u in self.users(campaign=True):
             if u["name"] == name:
                 return u

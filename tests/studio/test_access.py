@@ -51,7 +51,7 @@ def test_a_login_reaches_only_the_people_it_made(studio):
                       lambda: studio.histories.update_item("ana-notes", 1, "mine now"),
                       lambda: studio.own_data.forget("ana-notes", True), lambda: studio.own_data.style_key("ana-notes"),
                       lambda: next(iter(studio.decoding.compare("ana-notes", "p", ["base"], studio.runtime.settings())))):
-            with pytest.raises(StoreError, match="unknown user"):  # ...nor reached: to ben she is not there
+            with pytest.raises(StoreError, match="is taken"):  # ...nor reached: to ben her name is taken
                 reach()
         assert studio.histories.item_rows("ana-notes") == [] and studio.histories.replaced_choices("ana-notes") == []
         typed = studio.histories.switch_user("ana-notes", None)  # the page says what Save will, not "New user"
@@ -167,7 +167,7 @@ def test_two_logins_over_http(two_logins):
     msg2 = ben.predict("harbour", "\n".join(BEN), None, task, None, api_name="/save_history")[0]  # "confirmed"
     assert "taken" in msg and "taken" in msg2, (msg, msg2)
     assert [s.y for s in studio.runtime.store.items("harbour")] == ANA
-    assert "unknown user" in ben.predict("harbour", True, api_name="/forget")[0]
+    assert "taken" in ben.predict("harbour", True, api_name="/forget")[0]
     ben_cookies = httpx.post(f"{url}login", data={"username": "ben", "password": "pb"}).cookies
     assert "harbour" not in httpx.get(f"{url}config", cookies=ben_cookies).text  # the page itself names no one
 
@@ -193,3 +193,28 @@ def test_two_logins_over_http(two_logins):
     with acting_as("ben"):
         assert [s.y for s in studio.runtime.store.items("ben-log")] == BEN
         assert any("meter prompt of ben" in g["prompt"] for g in studio.runtime.store.generations())
+
+
+def test_a_name_another_login_holds_is_taken_on_every_tab(two_logins):
+    """Issue 49: to ben, ana's person was "taken" on My writing and "unknown user" on the other tabs; one wording
+    now, on every tab that acts for a person."""
+    from gradio_client import Client
+
+    studio, url = two_logins["studio"], two_logins["url"]
+    with acting_as("ana"):
+        studio.save_from("ana-sketches", "\n".join(ANA), None, studio.runtime.task.name)
+    ben = Client(url, verbose=False, auth=("ben", "pb"))
+    said = {
+        "save_history": ben.predict("ana-sketches", "\n".join(BEN), None, studio.runtime.task.name, None,
+                                    api_name="/save_history")[0],
+        "cluster": ben.predict("ana-sketches", 2, api_name="/cluster")[0],
+        "fit": ben.predict("ana-sketches", api_name="/fit")[0],
+        "compare": ben.predict("ana-sketches", "a prompt", True, None, ["base"], 1.0, 50, 4, api_name="/compare")[0],
+        "new_pair": ben.predict("ana-sketches", "ben", "a prompt", ["base", "cluster"], "", True, 1.0, 50, 4,
+                                api_name="/new_pair")[0],
+        "forget": ben.predict("ana-sketches", True, api_name="/forget")[0],
+    }
+    for tab, line in said.items():
+        assert "is taken" in line and "unknown" not in line, (tab, line)
+    with acting_as("ana"):
+        assert [s.y for s in studio.runtime.store.items("ana-sketches")] == ANA
