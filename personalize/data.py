@@ -324,6 +324,12 @@ def parse_history(text: str, max_items: int = 500, max_chars: int = 2_000_000) -
     return _blocks(text, max_items, "history")
 
 
+def history_text(texts: Sequence[str]) -> str:
+    """Texts as a paste that parse_history reads back: one a line, or blocks separated by a blank line when a text
+    has several lines."""
+    return ("\n\n" if any("\n" in t for t in texts) else "\n").join(texts)
+
+
 def _blocks(text: str, max_items: int, source: str) -> list[Item]:
     """Plain text as items; source names the paste or the file in errors."""
     text = text.replace("\r\n", "\n").replace("\r", "\n").strip()

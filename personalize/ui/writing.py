@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from personalize.data import TASKS
+from personalize.data import TASKS, history_text
 from personalize.display import md, md_quoting
 from personalize.studio.histories import ReplaceAsk
 from personalize.ui.common import Markdown, _err, bind, guarded
@@ -70,11 +70,13 @@ def save(studio, name, text, file, task_name, demo, confirmed_for):
             replaced_choices(studio, res.name), None)
 
 
-@guarded(3)
+@guarded(5)
 def restore_history(studio, name, replaced_id):
+    """The restored history in the table and in the text box (which held the one it replaced)."""
     msg = studio.histories.restore_history(name, replaced_id)
     typed = name.strip()
-    return md_quoting(msg, typed), studio.histories.item_rows(typed), replaced_choices(studio, typed)
+    return (md_quoting(msg, typed), studio.histories.item_rows(typed), replaced_choices(studio, typed),
+            history_text([s.y for s in studio.runtime.store.items(typed)]), typed)
 
 
 @guarded(3)
@@ -164,7 +166,7 @@ def build(studio, shared: Shared) -> None:
     shared.saved = save_btn.click(bind(save, studio), [user, history, upload, task, demo_user, confirm_for],
                                   [status, items, stored, pick, shown_for, earlier, confirm_for],
                                   api_name="save_history")
-    restore_btn.click(bind(restore_history, studio), [user, earlier], [status, items, earlier])
+    restore_btn.click(bind(restore_history, studio), [user, earlier], [status, items, earlier, history, shown_for])
     edit_btn.click(bind(update_item, studio), [user, item_id, item_text], [status, items, pick])
     delete_btn.click(bind(delete_item, studio), [user, item_id], [status, items, pick])
     stored.change(bind(open_user, studio), [stored], [status, user, items, pick, earlier, history, shown_for,

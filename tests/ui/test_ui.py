@@ -124,8 +124,9 @@ def test_writing_handlers_answer_in_the_status_line(studio):
     assert len(studio.runtime.store.items("nia")) == 8
     out = writing.save(studio, "nia", "\n".join(LINES[:3]), None, "tweets", None, "nia")
     assert "Saved **3** items" in out[0] and len(out[5]["choices"]) == 1  # the 8 kept under Earlier histories
-    msg, rows, earlier = writing.restore_history(studio, "nia", out[5]["choices"][0][1])
+    msg, rows, earlier, box, shown = writing.restore_history(studio, "nia", out[5]["choices"][0][1])
     assert "Restored 8 items" in msg and len(rows) == 8
+    assert box == "\n".join(LINES) and shown == "nia"  # the text box shows the restored history, not the replaced one
     out = writing.update_item(studio, "nia", 10**9, "x")  # expected errors: the status line, the rest kept
     assert out[0].startswith("⚠️") and "nia has no item" in out[0]
     assert all(isinstance(o, type(gr.skip())) for o in out[1:])
