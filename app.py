@@ -80,8 +80,9 @@ def build_app(studio: Studio) -> gr.Blocks:
     page_files(studio)
     with gr.Blocks(title="Personalization studio", analytics_enabled=False, delete_cache=DELETE_CACHE) as app:
         shared = page_top(studio, app)
-        for build in TABS:
-            build(studio, shared)
+        with gr.Tabs():  # one row of tabs (each tab's build keeps its components inside its own tab)
+            for build in TABS:
+                build(studio, shared)
         forget_previous_person(studio, shared)  # no tab keeps the previous person's results after a switch
         run_as_login(app)  # every event runs as its login: the store lets it reach only that login's people
     app.queue(default_concurrency_limit=1)

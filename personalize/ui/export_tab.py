@@ -41,11 +41,12 @@ def build(studio, shared: Shared) -> None:
             pred_btn = gr.Button("Generations as LaMP predictions", elem_id="export-predictions")
         status = Markdown(elem_id="export-status")
         file = gr.File(label="Download", elem_id="export-file", interactive=False)
-
-    # the page's API for scripts, /export_table(table, fmt) -> (status, file): made first, so it holds the name
-    api_table, api_fmt = gr.Textbox(visible=False), gr.Textbox(visible=False)
-    gr.Button(visible=False).click(bind(export_table, studio), [api_table, api_fmt], [status, file],
-                                   concurrency_limit=None, api_name="export_table")
+        # the page's API for scripts, /export_table(table, fmt) -> (status, file): made first, so it holds the
+        # name; inside the tab, so that the tabs after it stay in the page's one row of tabs
+        api_table, api_fmt = gr.Textbox(visible=False), gr.Textbox(visible=False)
+        api_button = gr.Button(visible=False)
+    api_button.click(bind(export_table, studio), [api_table, api_fmt], [status, file], concurrency_limit=None,
+                     api_name="export_table")
     for (t, f), btn in buttons.items():
         btn.click(bind(export_table, studio, t, f), None, [status, file], concurrency_limit=None)
     pred_btn.click(bind(export_predictions, studio), [method], [status, file], concurrency_limit=None)

@@ -211,6 +211,19 @@ def test_an_item_number_is_read_as_typed():
             item_number(bad)
 
 
+def test_every_tab_sits_in_the_one_row_of_tabs(studio):
+    """Issue 49: Explore and Populations sat under every tab as a second row of tabs (the Export tab's hidden API
+    components, made outside its tab, ended Gradio's implicit row); all twelve are now in one Tabs."""
+    import app as studio_app
+
+    page = studio_app.build_app(studio)
+    tabs = [b for b in page.blocks.values() if isinstance(b, gr.Tab)]
+    assert len(tabs) == 12 and len({id(t.parent) for t in tabs}) == 1 and isinstance(tabs[0].parent, gr.Tabs)
+    ids = [t._id for t in tabs]  # the layout the page is sent: one node holds the twelve tabs, in order
+    rows = [c for c in page.config["layout"]["children"] if any(g["id"] in ids for g in c.get("children", []))]
+    assert len(rows) == 1 and [g["id"] for g in rows[0]["children"] if g["id"] in ids] == ids, rows
+
+
 def test_export_says_whose_records_it_holds(studio, monkeypatch):
     """With logins an export holds the login's own records (table_export.rows); without, every one: said on the tab
     of the page as built for the studio's setting."""
