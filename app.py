@@ -70,10 +70,15 @@ def page_files(studio: Studio) -> Path:
 def launch_options(studio: Studio) -> dict:
     """launch()'s limits for this studio: an upload larger than a history may be (at 4 bytes a character, UTF-8's
     widest) is refused by the upload route itself (HTTP 413) before it is written; the database files are never
-    served, whatever the cache folder is set to."""
+    served, whatever the cache folder is set to; a download is served to the login it was handed to only
+    (ui/downloads.py); the login page says why a login is refused and for how long (ui/login.py)."""
+    from starlette.middleware import Middleware
+
     db = Path(studio.runtime.cfg.db).resolve()
     return {"max_file_size": 4 * studio.runtime.cfg.max_history_chars,
-            "blocked_paths": [str(db), f"{db}-wal", f"{db}-shm", f"{db}-journal"]}
+            "blocked_paths": [str(db), f"{db}-wal", f"{db}-shm", f"{db}-journal"],
+            "app_kwargs": {"middleware": [Middleware(OwnDownloads, page_files=studio.runtime.cfg.page_files),
+                                          Middleware(LoginNotice)]}}
 
 
 def build_app(studio: Studio) -> gr.Blocks:

@@ -25,11 +25,12 @@ def free_port() -> int:
 
 @contextmanager
 def served(studio, **launch):
-    """The studio's app on a free port of this machine (as `app.py` serves it); yields its URL."""
+    """The studio's app on a free port of this machine (as `app.py` serves it, with its launch_options); yields its
+    URL."""
     app = studio_app.build_app(studio)
     port = free_port()
     app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, css=studio_app.CSS,
-               **launch)
+               **{**studio_app.launch_options(studio), **launch})
     try:
         yield f"http://127.0.0.1:{port}/"
     finally:

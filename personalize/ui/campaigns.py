@@ -20,6 +20,7 @@ from personalize.display import md, plot_text
 from personalize.catalog import ALL_METHODS
 from personalize.studio.facade import Studio
 from personalize.ui.common import EXPECTED, _err, bind, guarded
+from personalize.ui.downloads import hand_out
 
 
 def _pct(v) -> str:
@@ -137,7 +138,7 @@ def set_status(studio: Studio, status: str, name: str | None) -> str:
 @guarded(2)
 def export(studio: Studio, name: str | None, fmt: str) -> tuple:
     path, summary, n = studio.campaign_desk.export_campaign(name or "", fmt)
-    return f"Exported {n} judgment(s).", [str(path), str(summary)]
+    return f"Exported {n} judgment(s).", hand_out(studio.runtime.cfg.page_files, path, summary)
 
 
 @guarded(1)

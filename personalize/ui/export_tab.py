@@ -8,18 +8,20 @@ from personalize.display import md
 from personalize.catalog import ALL_METHODS
 from personalize.ui.common import Markdown, bind, guarded
 from personalize.ui.controls import Shared
+from personalize.ui.downloads import hand_out
 
 
 @guarded(2)
 def export_table(studio, table, fmt):
     path, n = studio.campaign_desk.export_table(table, fmt)
-    return f"Exported {table} ({n} rows) to `{path}`.", str(path)
+    return f"Exported {table} ({n} rows) to `{path}`.", hand_out(studio.runtime.cfg.page_files, path)[0]
 
 
 @guarded(2)
 def export_predictions(studio, method):
     path = studio.campaign_desk.export_predictions(method)
-    return f"Exported {md(method)}'s generations as LaMP predictions to `{path}`.", str(path)
+    return (f"Exported {md(method)}'s generations as LaMP predictions to `{path}`.",
+            hand_out(studio.runtime.cfg.page_files, path)[0])
 
 
 def export_scope(logins: bool) -> str:

@@ -12,7 +12,9 @@ failed attempts, because Gradio's own list check lets a script try passwords as 
   login is refused until the oldest of them leaves the window.
 
 A refusal answers at once with HTTP 429 and the seconds to wait: Gradio calls a plain callable on its event loop, so
-sleeping there would stall every page, not just the guesser. The throttle lives in memory (a restart clears it) and
+sleeping there would stall every page, not just the guesser. Gradio's login page says nothing for a 429, so
+`LoginNotice`, a middleware of the server (app.launch_options), adds a script to that page that shows the refusal
+(why, and how long to wait) under its title. The throttle lives in memory (a restart clears it) and
 counts per name, not per address (Gradio does not pass the request): someone who fails a name on purpose can keep its
 owner out for the delay, which SECURITY.md states.
 """
@@ -166,3 +168,59 @@ class Login:
                 entry.failures.popleft()
             if not entry.failures and entry.locked_until <= now - self.window:
                 del self._names[user]  # quiet for a whole window after its lock: it starts afresh
+
+
+# Shown by the login page on a refused login: the 429's text (why, and the wait) under the page's title.
+_NOTICE = b"""<script>(() => {
+  const fetch0 = window.fetch;
+  window.fetch = async (...args) => {
+    const r = await fetch0(...args);
+    const url = new URL(String(args[0] && args[0].url || args[0]), location.href);
+    if (!/\\/login\\/?$/.test(url.pathname)) return r;
+    let p = document.getElementById("login-refused");
+    if (r.status !== 429) { if (p) p.remove(); return r; }
+    const said = await r.clone().json().then(j => j.detail, () => "too many failed logins: try again later");
+    if (!p) {
+      p = document.createElement("p");
+      p.id = "login-refused";
+      p.setAttribute("role", "alert");
+      p.style.cssText = "color: var(--error-text-color, #b91c1c); font-weight: 600; margin: 0.5em 0";
+      const title = document.querySelector("gradio-app h2");
+      title ? title.after(p) : document.body.prepend(p);
+    }
+    p.textContent = `Login refused: ${said}.`;
+    return r;
+  };
+})();</script>"""
+
+
+class LoginNotice:
+    """ASGI middleware: Gradio's login page (HTML whose config says `auth_required`) gets _NOTICE."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "GET":
+            return await self.app(scope, receive, send)
+        page: dict = {}
+
+        async def send_page(message):
+            if message["type"] == "http.response.start":
+                headers = dict(message.get("headers", []))
+                if headers.get(b"content-type", b"").startswith(b"text/html") and b"content-encoding" not in headers:
+                    page.update(start=message, body=b"")
+                    return
+            if "start" not in page:
+                return await send(message)
+            page["body"] += message.get("body", b"")
+            if message.get("more_body"):
+                return
+            body = page["body"]
+            if b'"auth_required":true' in body:
+                body = body.replace(b"</head>", _NOTICE + b"</head>", 1)
+            headers = [(k, v) for k, v in page["start"]["headers"] if k.lower() != b"content-length"]
+            await send({**page["start"], "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+
+        await self.app(scope, receive, send_page)

@@ -195,6 +195,36 @@ def test_two_logins_over_http(two_logins):
         assert any("meter prompt of ben" in g["prompt"] for g in studio.runtime.store.generations())
 
 
+def _cookies(url: str, user: str, password: str):
+    import httpx
+
+    return httpx.post(f"{url}login", data={"username": user, "password": password}).cookies
+
+
+def test_a_download_link_serves_only_the_login_it_was_handed_to(two_logins):
+    """Issue 49: the link of ana's export, fetched with ben's own session cookie, answered 200 with her rows (the
+    file route checked that someone was logged in, not who). Now it answers ben 403 and still serves ana."""
+    import httpx
+    from gradio_client import Client
+
+    studio, url = two_logins["studio"], two_logins["url"]
+    with acting_as("ana"):
+        studio.save_from("ana-diary", "\n".join(ANA), None, studio.runtime.task.name)
+        next(iter(studio.decoding.compare("ana-diary", "the diary prompt of ana", ["base"],
+                                          studio.runtime.settings(max_new_tokens=3))))
+    ana = Client(url, verbose=False, auth=("ana", "pa"))
+    _, got = ana.predict("generations", "jsonl", api_name="/export_table")
+    assert "diary prompt of ana" in Path(got).read_text()  # her client fetched it through the file route
+    (handed,) = [f for f in studio.runtime.cfg.page_files.rglob("generations.jsonl")
+                 if "diary prompt of ana" in f.read_text()]
+    link = f"{url}gradio_api/file={handed}"
+    assert httpx.get(link, cookies=_cookies(url, "ana", "pa")).status_code == 200
+    for path in (link, f"{url}gradio_api/file={handed.parent}/../{handed.parent.name}/{handed.name}",
+                 f"{url}gradio_api/file/{str(handed).lstrip('/')}"):
+        theirs = httpx.get(path, cookies=_cookies(url, "ben", "pb"))
+        assert theirs.status_code == 403 and b"diary" not in theirs.content, (path, theirs.status_code)
+
+
 def test_a_name_another_login_holds_is_taken_on_every_tab(two_logins):
     """Issue 49: to ben, ana's person was "taken" on My writing and "unknown user" on the other tabs; one wording
     now, on every tab that acts for a person."""

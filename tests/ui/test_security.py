@@ -159,6 +159,33 @@ def test_the_login_route_throttles_without_stalling_the_server(server):
     server["login"]._names.clear()
 
 
+def test_a_locked_login_sees_why_and_for_how_long_on_the_login_page(server, tmp_path):
+    """Issue 49: after 5 failed logins the 429's text showed over HTTP only; Gradio's login page said nothing. In
+    Chromium, the refused person now reads why and how long to wait under the page's title."""
+    from selenium.webdriver.common.by import By
+
+    from browser import Page, chromium
+
+    url, login = server["auth_url"], server["login"]
+    login._names.clear()
+    for i in range(5):
+        assert httpx.post(f"{url}login", data={"username": "ana", "password": f"guess{i}"}).status_code == 400
+    driver = chromium(tmp_path)
+    try:
+        page = Page(driver, tmp_path / "shots")
+        driver.get(url)
+        page.el("input[type=password]")
+        name, password = [e for e in driver.find_elements(By.CSS_SELECTOR, "input") if e.is_displayed()][:2]
+        name.send_keys("ana")
+        password.send_keys("pw-ana")  # the right password: refused all the same while the name is locked
+        next(b for b in driver.find_elements(By.TAG_NAME, "button") if "login" in b.text.lower()).click()
+        shown = page.wait.until(lambda d: page.el("#login-refused").text)
+        assert re.search(r"too many failed logins: this user name may try again in (30|[12]\d) s", shown), shown
+    finally:
+        driver.quit()
+        login._names.clear()
+
+
 def test_the_file_route_serves_the_page_folder_only(server, studio):
     url, folder = server["url"], server["folder"]
     cache = studio.runtime.cfg.page_files.resolve()
@@ -239,6 +266,12 @@ def test_names_that_become_paths_stay_in_their_folder(studio, tmp_path):
     path, summary, _ = studio.campaign_desk.export_campaign(name, "jsonl")
     export_dir = Path(studio.runtime.cfg.export_dir).resolve()
     assert path.resolve().parent == export_dir and summary.resolve().parent == export_dir, path
+    from personalize.ui import campaigns
+
+    _, handed = campaigns.export(studio, name, "jsonl")  # the page's copies: in the page folder's downloads
+    downloads = studio.runtime.cfg.page_files.resolve() / "downloads"
+    assert [Path(f).read_bytes() for f in handed] == [path.read_bytes(), summary.read_bytes()]
+    assert all(Path(f).is_relative_to(downloads) and Path(f).name == p.name for f, p in zip(handed, (path, summary)))
 
 
 # ---------------------------------------------------------------- text is shown as text, over HTTP
