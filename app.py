@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -167,10 +168,14 @@ def main(argv=None) -> int:
         return 2
     app = build_app(studio)
     print(f"ready in {time.perf_counter() - t0:.1f} s: http://{a.host}:{a.port}", flush=True)
-    app.launch(server_name=a.host, server_port=a.port, auth=Login.of(auth), share=False, css=CSS, show_error=False,
-               prevent_thread_lock=True, **launch_options(studio))
-    studio.load_pending()  # the page answers already; the other cluster adapters load now (~1 s)
-    app.block_thread()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a stop closes the server as Ctrl-C does
+    try:
+        app.launch(server_name=a.host, server_port=a.port, auth=Login.of(auth), share=False, css=CSS,
+                   show_error=False, prevent_thread_lock=True, **launch_options(studio))
+        studio.load_pending()  # the page answers already; the other cluster adapters load now (~1 s)
+        app.block_thread()
+    finally:
+        empty(studio.runtime.cfg.page_files)  # no upload or download outlives the server
     return 0
 
 

@@ -189,7 +189,8 @@ def cmd_forget(a) -> None:
 
     store = Store(a.db)
     try:
-        res = forget_user(store, a.user, Path(a.db).parent / "oppu", Path(a.export_dir))
+        root = Path(a.db).parent  # every file of a studio lives beside its database
+        res = forget_user(store, a.user, root / "oppu", Path(a.export_dir or root / "exports"), root / "cache")
     finally:
         store.close()
     removed = ", ".join(f"{v} {k}" for k, v in res.deleted.items() if v)
@@ -397,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "The database file is vacuumed afterwards.")
     fg.add_argument("--user", required=True)
     fg.add_argument("--db", default=DEFAULT_DB)
-    fg.add_argument("--export-dir", default="data/exports")
+    fg.add_argument("--export-dir", default=None, help="the studio's exports (default: exports beside --db)")
     fg.set_defaults(fn=cmd_forget)
 
     cp = sub.add_parser("campaign", help="human-eval campaigns: create, generate, status, export, import, judge, close",

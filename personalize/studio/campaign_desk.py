@@ -54,7 +54,7 @@ class CampaignDesk(Service):
         if fmt not in ("jsonl", "csv"):
             raise ValueError("export format is jsonl or csv")
         safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name.strip()) or "campaign"
-        path = Path(self.cfg.export_dir) / f"campaign-{safe}.{fmt}"
+        path = self.cfg.exports / f"campaign-{safe}.{fmt}"
         return campaign_files.export_judgments(self.rt.campaigns, name, path)
 
     def campaign_results(self, name: str) -> dict:
@@ -72,7 +72,7 @@ class CampaignDesk(Service):
         return self.rt.campaigns.results(name)
 
     def export_table(self, table: str, fmt: str) -> tuple[Path, int]:
-        """Export: a table (votes, generations) as JSONL or CSV in a new time-stamped folder under export_dir."""
+        """Export: a table (votes, generations) as JSONL or CSV in a new time-stamped folder under the exports."""
         from personalize.humaneval.table_export import export_table
 
         return export_table(self.store, table, fmt, self._export_folder())
@@ -87,5 +87,5 @@ class CampaignDesk(Service):
         """A new folder per export, under the login's own folder when there are logins (two logins exporting in
         the same second never write over each other's file)."""
         login = current_login() if self.cfg.logins else None
-        mine = Path(self.cfg.export_dir) / (re.sub(r"[^\w.-]", "_", login) if login else "")
+        mine = self.cfg.exports / (re.sub(r"[^\w.-]", "_", login) if login else "")
         return mine / time.strftime("%Y%m%d-%H%M%S")

@@ -276,6 +276,6 @@ class OwnData(Service):
             for key in [k for k in self.rt.jobs if k[0] == name]:  # first-use jobs' states and errors
                 del self.rt.jobs[key]
             self.rt.feedback_log[:] = [e for e in self.rt.feedback_log if e.get("user") != name]
-            return forget_user(self.store, name, Path(self.cfg.db).parent / "oppu", Path(self.cfg.export_dir),
+            return forget_user(self.store, name, Path(self.cfg.db).parent / "oppu", self.cfg.exports,
                                self.cfg.page_files)
 

@@ -35,7 +35,7 @@ class StudioConfig:
     artifacts_root: str | None = None
     db: str = "data/studio.db"
     demo_data: str = "data/demo"  # LaMP folder whose users the "demo user" picker offers
-    export_dir: str = "data/exports"
+    export_dir: str | None = None  # None: "exports" beside the database (every file of a studio under its --db folder)
     max_history_chars: int = 2_000_000  # a paste or upload larger than this is refused, not truncated
     max_items: int = 500
     max_prompt_chars: int = 20_000
@@ -56,6 +56,10 @@ class StudioConfig:
     @property
     def page_files(self) -> Path:
         return Path(self.cache_dir) if self.cache_dir else Path(self.db).parent / "cache"
+
+    @property
+    def exports(self) -> Path:
+        return Path(self.export_dir) if self.export_dir else Path(self.db).parent / "exports"
 
     def __post_init__(self):
         if min(self.max_history_chars, self.max_items, self.max_prompt_chars, self.exact_pairs) < 1:

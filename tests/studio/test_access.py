@@ -183,7 +183,7 @@ def test_two_logins_over_http(two_logins):
 
     assert "Forgot" in ana.predict("harbour", True, api_name="/forget")[0]
     needles = [t.encode() for t in ANA] + [b"harbour prompt of ana", b"harbour"]
-    for f in [folder / "studio.db", folder / "studio.db-wal", *Path(studio.runtime.cfg.export_dir).rglob("*"),
+    for f in [folder / "studio.db", folder / "studio.db-wal", *studio.runtime.cfg.exports.rglob("*"),
               *studio.runtime.cfg.page_files.rglob("*")]:
         if f.is_file():
             data = f.read_bytes()

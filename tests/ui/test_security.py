@@ -264,7 +264,7 @@ def test_names_that_become_paths_stay_in_their_folder(studio, tmp_path):
     name = "../../" + XSS[1]
     studio.campaign_desk.create_campaign(name, studio.runtime.cfg.demo_data, limit=1)
     path, summary, _ = studio.campaign_desk.export_campaign(name, "jsonl")
-    export_dir = Path(studio.runtime.cfg.export_dir).resolve()
+    export_dir = studio.runtime.cfg.exports.resolve()
     assert path.resolve().parent == export_dir and summary.resolve().parent == export_dir, path
     from personalize.ui import campaigns
 
