@@ -111,7 +111,7 @@ def build(data_dir: str | Path, split: str, out: str | Path, cfg: CardConfig = C
         with torch.random.fork_rng():  # the same build from the same seed (LoRA init, dropout), caller's stream kept
             torch.manual_seed(seed)
             return _build(data_dir, split, out, cfg, limit_users, seed, p2p, sources, exclude_sources,
-                          _Steps(progress, cancel), cluster_trainer)
+                          _Steps(progress, cancel), cluster_trainer, tune_steps)
 
 
 def _signature(path: Path) -> tuple[int, int] | None:
@@ -124,7 +124,8 @@ def _signature(path: Path) -> tuple[int, int] | None:
 
 
 def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, sources, exclude_sources,
-           step: _Steps = _NO_HOOKS, cluster_trainer: ClusterTrainer | None = None) -> Path:
+           step: _Steps = _NO_HOOKS, cluster_trainer: ClusterTrainer | None = None,
+           tune_steps: Sequence[str] | None = None) -> Path:
     t_all = time.perf_counter()
     report: dict = {"stages_s": {}}
 

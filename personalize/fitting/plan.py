@@ -169,6 +169,14 @@ DEMO_BUILD_ARGS = ["--ks", "1,2,4", "--default-k", "4", "--base-steps", "20", "-
                    "--items-per-user", "12", "--max-prompt-tokens", "64", "--max-target-tokens", "32"]
 
 
+# The first start's decoding starts from the best its own choice measured on the Debian demo (docs/RESULTS.md, the
+# demo build of 2026-11-27: repetition 1.2 / no-repeat 4, retrieval + bias + memory, w 0.5, the fallback, α 1) and
+# runs the harm guards alone on it (--tune-steps none: minutes less); `python -m personalize tune --artifacts
+# data/artifacts/demo` runs the whole choice again when asked.
+DEMO_DECODING = {"repetition_penalty": 1.2, "no_repeat_ngram": 4, "alpha": 1.0}
+DEMO_STYLE = {"bias": True, "memory": True, "retrieval": True, "knn_weight": 0.5, "fallback": True}
+
+
 DEMO_MIN_PEOPLE = 40  # real people the first start wants before it builds on them instead of the synthetic writers
 DEMO_POPULATION = 48  # of them in the build; the others choose its decoding (30) or are new people to try
 
@@ -241,5 +249,9 @@ def ensure_demo(demo: Path, art: Path, progress=None) -> None:
         print(f"the demo artifacts in {art} were built by an older version: rebuilding them", flush=True)
     if old or not (art / "config.json").exists():
         print(f"first start: building the demo artifacts in {art} (a few minutes, once) ...", flush=True)
-        run_build(build_args(["--data", str(demo), "--out", str(art), *DEMO_BUILD_ARGS, *demo_people_args(demo)]),
-                  progress=progress)
+        from personalize.fitting.build import build
+
+        data, out, cfg, kwargs = build_plan(build_args(["--data", str(demo), "--out", str(art), *DEMO_BUILD_ARGS,
+                                                        "--tune-steps", "none", *demo_people_args(demo)]))
+        cfg = replace(cfg, decoding=replace(cfg.decoding, **DEMO_DECODING), style=replace(cfg.style, **DEMO_STYLE))
+        build(data, "dev", out, cfg, **kwargs, progress=progress)

@@ -145,7 +145,8 @@ def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str]
     pick("fallback", [("off", False), ("on", True)],
          lambda v: replace(engine.cfg, style=replace(engine.cfg.style, fallback=v)))
     if guard:
-        engine, report["guard"] = harm_guard(engine, prompts, golds, fits, items, decoder=dec)
+        engine, report["guard"] = harm_guard(engine, prompts, golds, fits, items, decoder=dec,
+                                             apart=report.get("far_users", 0))
         if progress:
             progress(f"guard: {report['guard']['why']}")
         if "far_users" in report:  # the far people's default, on them
@@ -160,13 +161,13 @@ def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str]
 
 def harm_guard(engine: Engine, prompts: Sequence[str], golds: Sequence[str], fits: Sequence[UserFit],
                items: Sequence[Sequence[Item]], n_boot: int = 2000,
-               decoder: Decoder | None = None) -> tuple[Engine, dict]:
+               decoder: Decoder | None = None, apart: int = 0) -> tuple[Engine, dict]:
     """`card` as chosen, or the cluster model (α = 0) unless the paired bootstrap 95 % interval of card −
     cluster (ROUGE-L per person) lies above 0 on the validation people. Never a default that harms."""
     s = engine.cfg.decoding
     dec = decoder or Decoder(engine, prompts, golds, fits, items)
     card, cluster = dec.per_person("card"), dec.per_person("cluster")
-    verdict = guard_verdict(card, cluster, s.alpha, n_boot)
+    verdict = guard_verdict(card, cluster, s.alpha, n_boot, apart)
     if not verdict["kept"]:
         engine.cfg = replace(engine.cfg, decoding=replace(s, alpha=0.0))
     return engine, verdict
@@ -210,14 +211,16 @@ def own_guard(engine: Engine, prompts: Sequence[str], golds: Sequence[str], fits
     return engine, {"kept": kept, "people": len(fits), "card_minus_cluster": gain, "why": why}
 
 
-def guard_verdict(card: Sequence[float], cluster: Sequence[float], alpha: float, n_boot: int = 2000) -> dict:
+def guard_verdict(card: Sequence[float], cluster: Sequence[float], alpha: float, n_boot: int = 2000,
+                  apart: int = 0) -> dict:
     """The harm guard's rule on per-person scores: keep α only when the paired bootstrap 95 % interval of
-    card − cluster lies above 0; in plain words, why."""
+    card − cluster lies above 0; in plain words, why. `apart`: validation people beyond the clusters, judged apart."""
     from personalize.metrics import paired_interval
 
     gain = paired_interval(np.asarray(card, float) - np.asarray(cluster, float), n_boot)
     kept = alpha > 0 and gain["ci95"][0] > 0
     where = f"on {len(card)} validation people" + (
+        f" near the clusters ({apart} beyond them judged apart, on their own adapters)" if apart else
         f" (fewer than the {MIN_PEOPLE} wanted: the data has no more)" if len(card) < MIN_PEOPLE else "")
     if kept:
         why = f"card kept (α = {alpha}): card − cluster {gain['mean']:+.4f} {gain['ci95']} {where}"

@@ -141,3 +141,22 @@ def test_build_skips_only_a_folder_built_while_it_waited(tmp_path: Path, monkeyp
         (out / "config.json").write_text('{"new": 1}')  # ... and writes a fresh folder meanwhile
     t.join(10)
     assert not t.is_alive() and len(calls) == 2
+
+
+def test_the_first_start_builds_from_the_measured_best_and_runs_the_guards_alone(tmp_path: Path, monkeypatch) -> None:
+    """The demo's decoding choice re-tried settings RESULTS had ranked (370 s of a first start): the first start
+    now builds with the best measured and only the harm guards judge it; its progress reaches the caller."""
+    import personalize.fitting.build as build_module
+    from personalize.demo import write_demo
+    from personalize.fitting import plan
+
+    write_demo(tmp_path / "demo", n_users_per_style=2, n_items=4)
+    seen = {}
+    monkeypatch.setattr(build_module, "build", lambda data, split, out, cfg, **kw: seen.update(cfg=cfg, **kw))
+    hook = lambda stage, fraction: None  # noqa: E731
+    plan.ensure_demo(tmp_path / "demo", tmp_path / "art", progress=hook)
+    assert seen["tune_steps"] == () and seen["progress"] is hook
+    cfg = seen["cfg"]
+    assert all(getattr(cfg.decoding, k) == v for k, v in plan.DEMO_DECODING.items())
+    assert all(getattr(cfg.style, k) == v for k, v in plan.DEMO_STYLE.items())
+    assert not plan.demo_ready(tmp_path / "demo", tmp_path / "art")  # nothing written by the stand-in build
