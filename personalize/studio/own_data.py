@@ -76,7 +76,7 @@ def export_keys(store: Store, build: BuildInfo, name: str, all_versions: bool = 
         style = UserStyle.from_stored(stored)
         keys.append(stylekey.encode(stylekey.StyleKey(
             name, build.artifacts, task, build.model_id, style.lam, style.bias_ids, style.bias, style.helps,
-            clusters, r["source"], r["note"], r["created"])))
+            clusters, r["source"], r["note"], r["created"], own=bool(style.own))))
     return "\n".join(keys)
 
 
@@ -87,6 +87,14 @@ class ImportedKeys:
     user: str
     versions: list[int]
     trimmed: int
+    own: bool = False  # the key's style was fitted over its person's own adapter, which an import retrains
+
+    @property
+    def own_line(self) -> str:
+        """What the page says of a key made over an own adapter: how that adapter comes back."""
+        return (" This style was fitted over its person's own adapter, which a key cannot carry: until you save your "
+                "history here (or press *Train my own adapter*), card decodes it over your nearest cluster's; then "
+                "the adapter is retrained from your history and your style fitted over it.") if self.own else ""
 
 
 def import_keys(store: Store, build: BuildInfo, text: str, name: str | None = None) -> ImportedKeys:
@@ -112,7 +120,7 @@ def import_keys(store: Store, build: BuildInfo, text: str, name: str | None = No
                               note=f"{key.source} version of {key.created[:19].replace('T', ' ')}",
                               assignments=clusters if key is last else None)
             for key in keys]
-    return ImportedKeys(user, vids, sum(k.trimmed for k in keys))
+    return ImportedKeys(user, vids, sum(k.trimmed for k in keys), last.own)
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,7 @@ def key_import(studio, name, text):
     res = studio.own_data.import_style_key(text, (name or "").strip() or None)
     return (f"Imported the key's style for **{md(res.user)}** as version {res.versions[-1]}"
             + (f" ({res.trimmed} smallest word-bias entries were left out of the key)." if res.trimmed
-               else ".")), version_rows(studio, res.user)
+               else ".") + res.own_line), version_rows(studio, res.user)
 
 
 def build(studio, shared: Shared) -> None:

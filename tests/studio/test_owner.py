@@ -3,6 +3,8 @@ user left in the database file or beside it), through the studio and the CLI."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import sqlite3
 from dataclasses import replace
@@ -39,6 +41,7 @@ def test_a_full_style_fits_in_a_key_and_decodes_exactly():
     order = np.argsort(-np.abs(k.bias), kind="stable")[:kept]
     got = dict(zip(back.bias_ids.tolist(), back.bias.tolist()))
     assert got == dict(zip(k.bias_ids[order].tolist(), k.bias[order].tolist()))
+    assert back.own is False and decode(encode(dataclasses.replace(k, own=True))).own is True  # how it is restored
     for bad, msg in [("hello", "not a style key"), (text[:-40], "damaged"), (text[:20] + "!!" + text[22:], "damaged"),
                      ("card-style-1:" + "A" * MAX_KEY, "at most")]:
         with pytest.raises(StyleKeyError, match=msg):

@@ -2,7 +2,10 @@
 
 It holds the parameters CARD decodes with (λ, the token bias, whether the style
 beat the cluster model), the person's cluster for every K and the artifacts id it
-belongs to: nothing of the history itself. The kNN memory and the openings' form bias
+belongs to: nothing of the history itself. A style fitted over the person's own adapter
+(a cluster of one, own.py) says so (`own`), but the adapter stays out: it is up to a
+megabyte and trained on their writing; an import decodes over their cluster until a Save
+of their history (or Fit's *Train my own adapter*) retrains it. The kNN memory and the openings' form bias
 are left out on purpose: the memory's keys are states of the person's own sentences and
 its values their words, and the form bias lists the first words of their texts, i.e. data
 derived from the history (a fit from the history rebuilds both).
@@ -50,6 +53,9 @@ class StyleKey:
     note: str = ""
     created: str = ""
     trimmed: int = 0  # bias entries left out to fit MAX_KEY (the smallest |b|)
+    # the style was fitted over its person's own adapter (a cluster of one): a key cannot carry the adapter (up to a
+    # megabyte, and made of their writing), so an import retrains it from the history saved with it
+    own: bool = False
 
     @property
     def style(self) -> UserStyle:
@@ -63,7 +69,7 @@ def _pack(k: StyleKey, n_bias: int) -> str:
     dtype = np.uint16 if (len(ids) == 0 or ids.max() < 2 ** 16) else np.uint32
     header = {"user": k.user, "artifacts": k.artifacts, "task": k.task, "model_id": k.model_id, "helps": k.helps,
               "clusters": {str(c): v for c, v in k.clusters.items()}, "source": k.source, "note": k.note,
-              "created": k.created, "trimmed": k.trimmed + len(k.bias) - len(ids)}
+              "created": k.created, "trimmed": k.trimmed + len(k.bias) - len(ids), "own": k.own}
     raw = np_save({"lam": np.asarray(k.lam, "<f4"), "bias_ids": ids.astype(dtype), "bias": vals.astype(np.float16)},
                   metadata={"key": json.dumps(header, separators=(",", ":"))})
     return PREFIX + base64.urlsafe_b64encode(zlib.compress(raw, 9)).decode().rstrip("=")
@@ -97,7 +103,7 @@ def decode(text: str) -> StyleKey:
         return StyleKey(str(header["user"]), str(header["artifacts"]), str(header["task"]), str(header["model_id"]),
                         t["lam"].astype(np.float32), t["bias_ids"].astype(np.int64), t["bias"].astype(np.float32),
                         header.get("helps"), clusters, str(header.get("source", "import")), str(header.get("note", "")),
-                        str(header.get("created", "")), int(header.get("trimmed", 0)))
+                        str(header.get("created", "")), int(header.get("trimmed", 0)), bool(header.get("own", False)))
     except (binascii.Error, zlib.error, SafetensorError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise StyleKeyError(f"this style key is damaged ({type(e).__name__}): copy it again, whole") from None
 
