@@ -93,9 +93,15 @@ def form_note(studio, fit: UserFit) -> str:
     words = ", ".join(f"“{md(studio.runtime.engine.tok.decode([t]).strip() or studio.runtime.engine.tok.decode([t]))}”"
                       for _, t in first)
     far = near.startswith(("far", "at its edge"))
+    own = bool(st.own)
+    base = "your own adapter" if own else "your cluster's model"
     lines = [f"**How you write against this build's writers.** Against your cluster ({fit.cluster} of K = {fit.k}), "
              f"you are {near}."]
-    if far:
+    if own:
+        lines.append("No cluster fits you, so you are a cluster of one: what you get is your own adapter (trained "
+                     "on your history from your nearest cluster's), with your style re-ranking its next words "
+                     "towards the words you use")
+    elif far:
         lines.append("Its model writes the way that population writes (how a line opens, its prefixes and "
                      "words), which is not yours. What you get here: the cluster model, with your style re-ranking "
                      "its next words towards the words you use")
@@ -117,8 +123,9 @@ def form_note(studio, fit: UserFit) -> str:
     alpha = studio.runtime.engine.cfg.decoding.alpha
     if alpha == 0:  # the build's guard kept card at the cluster model (guard_note): all of the above waits for α > 0
         lines[1] = lines[1].replace("What you get", "What α above 0 gives you", 1)
-        lines.append("At this build's α = 0, card writes as your cluster's model.")
-    lines.append("The **α** slider in *Compare* scales all of your style: 0 is the cluster model exactly, 1 your "
+        lines.append(f"At this build's α = 0, card writes as {base}.")
+    lines.append(f"The **α** slider in *Compare* scales all of your style: 0 is "
+                 f"{'your own adapter' if own else 'the cluster model'} exactly, 1 your "
                  "style as fitted, above 1 pushes it harder (and can overshoot into words out of place)"
                  + (f"; it starts at this build's α = {alpha:g}" + (", the strength its validation people were "
                     "decoded best with." if tuned_alpha(studio.runtime.engine.meta) == alpha else ".")
