@@ -21,6 +21,8 @@ from personalize.fitting.person import prepared_items
 from personalize.metrics import rouge_scores
 from personalize.studio.service import Service
 from personalize.methods.card import card_decode
+from personalize.methods.card.own import owner_key
+from personalize.methods.card.style import UserStyle
 
 
 def _same(text: str) -> str:
@@ -97,7 +99,8 @@ class Explorer(Service):
                                  f"{len(items)}" + (f", {set_aside} of them repeating a held-out one"
                                                     if set_aside else ""))
             prompts, golds = [it.x for it in held], [it.y for it in held]
-            total, done = len(alphas) + 2 * len(self.ks) + 1, 0
+            own = self._own_without_held_out(name)
+            total, done = len(alphas) + 2 * len(self.ks) + 1 + bool(own), 0
 
             def tick(what):
                 nonlocal done
@@ -105,27 +108,46 @@ class Explorer(Service):
                 if progress:
                     progress(done / total, what)
 
-            fit = self.engine.fit(rest)
-            tick("fit the style on the other items")
-            emb = self.engine.embed(rest)
+            if own:  # a cluster of one: card decodes over their own adapter, so the sweep does too
+                placed = self.engine.fit(rest)
+                self.engine.own.train(own, rest, self.engine.cluster_adapter(placed.k, placed.cluster))
+                tick("your own adapter, trained without the held-out items")
+            try:
+                return self._sweep(rest, prompts, golds, alphas, s, set_aside, own, tick)
+            finally:
+                if own:
+                    self.engine.own.forget(own)  # the sweep's adapter: never the person's
 
-            def point(method, k, cluster, alpha) -> SweepPoint:
-                outs = card_decode.generate(self.engine, prompts, method, cluster, fit.style, k=k, settings=replace(s, alpha=alpha),
-                                            items=rest)
-                texts = [g.text for g in outs]
-                return SweepPoint(method, alpha, k, cluster, round(rouge_scores(texts, golds)["rougeL"], 4),
-                                  round(float(np.mean([len(t.split()) for t in texts])), 2), texts)
+    def _own_without_held_out(self, name: str) -> str | None:
+        """For a person card decodes over their own adapter: the name of a sweep's own adapter trained on `rest`
+        alone (the person's saw the held-out items); None for everyone else."""
+        state = self.store.style(name, self.engine.artifacts_id)
+        style = UserStyle.from_stored(state) if state is not None else None
+        return f"{name} · explore" if style is not None and style.own else None
 
-            alpha_rows = []
-            for a in alphas:
-                alpha_rows.append(point("card", fit.k, fit.cluster, a))
-                tick(f"α = {a}")
-            k_rows = []
-            for k in self.ks:
-                c, _ = self.engine.assign(emb, k)
-                for m in ("cluster", "card"):
-                    k_rows.append(point(m, k, c, s.alpha))
-                    tick(f"K = {k} ({m})")
+    def _sweep(self, rest, prompts, golds, alphas, s, set_aside, own, tick) -> Sweep:
+        """The α and K points on the held-out prompts, the style fitted on `rest` (over `own`'s adapter if any)."""
+        fit = self.engine.fit(rest, own=owner_key(own) if own else None)
+        tick("fit the style on the other items")
+        emb = self.engine.embed(rest)
+
+        def point(method, k, cluster, alpha) -> SweepPoint:
+            outs = card_decode.generate(self.engine, prompts, method, cluster, fit.style, k=k, settings=replace(s, alpha=alpha),
+                                        items=rest)
+            texts = [g.text for g in outs]
+            return SweepPoint(method, alpha, k, cluster, round(rouge_scores(texts, golds)["rougeL"], 4),
+                              round(float(np.mean([len(t.split()) for t in texts])), 2), texts)
+
+        alpha_rows = []
+        for a in alphas:
+            alpha_rows.append(point("card", fit.k, fit.cluster, a))
+            tick(f"α = {a}")
+        k_rows = []
+        for k in self.ks:
+            c, _ = self.engine.assign(emb, k)
+            for m in ("cluster", "card"):
+                k_rows.append(point(m, k, c, s.alpha))
+                tick(f"K = {k} ({m})")
         return Sweep(alpha_rows, k_rows, golds, prompts, len(rest), set_aside, s.alpha)
 
     def parse_alphas(self, text: str | None, most: int = 12) -> list[float]:

@@ -596,5 +596,13 @@ def test_a_cluster_of_one_trains_in_the_background_refits_the_style_over_it_and_
     assert card_row.adapter == eng.own.peft_name(owner_key("solo"))
     assert studio.decoding.rows("cluster", state, prompt, s)[0].adapter != card_row.adapter
     assert "your own adapter" in jobs.base_words("solo", True)
+    # Explore decodes as Compare does, over an adapter of their own, but one that never saw the held-out items
+    trained, real_train = [], eng.own.train
+    monkeypatch.setattr(eng.own, "train", lambda n, items, *a, **kw: (trained.append((n, [i.y for i in items])),
+                                                                     real_train(n, items, *a, **kw))[1])
+    sweep = studio.explorer.explore("solo", [0.0, 1.0], n_holdout=2, s=s)
+    (sweep_name, seen), = trained
+    assert not set(sweep.golds) & set(seen) and sweep_name != "solo"
+    assert not eng.own.path(owner_key(sweep_name)).exists() and path.exists()  # the sweep's adapter is gone
     studio.own_data.forget("solo", True)
     assert not path.exists() and eng.own.peft_name(owner_key("solo")) not in eng.model.peft_config
