@@ -131,9 +131,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="The personalization studio (Gradio).")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
     p.add_argument("--port", type=int, default=7860)
-    p.add_argument("--db", default="data/studio.db")
-    p.add_argument("--artifacts", default="data/artifacts/demo", help="CARD artifacts (the demo is built if missing)")
-    p.add_argument("--demo-data", default="data/demo")
+    p.add_argument("--db", default=StudioConfig.db, help="the database; its folder holds every file the studio writes")
+    p.add_argument("--artifacts", default=StudioConfig.artifacts, help="CARD artifacts (the demo is built if missing)")
+    p.add_argument("--demo-data", default=StudioConfig.demo_data)
     p.add_argument("--auth", default=os.environ.get("STUDIO_AUTH"), metavar="USER:PASSWORD[,...] | @FILE",
                    help=AUTH_HELP)
     p.add_argument("--decode", default=None, metavar="auto | ray://HOST:10001",

@@ -15,10 +15,9 @@ import time
 from pathlib import Path
 
 from personalize.eval import commands
-from personalize.fitting.plan import (DEMO_ARTIFACTS, UsageError, add_build_args, comma_list, comma_names,
+from personalize.fitting.plan import (DEFAULT_DB, DEMO_ARTIFACTS, DEMO_DATA, UsageError, add_build_args, comma_list, comma_names,
                                       decoding, decoding_args, ensure_demo, load_engine, run_build)
 
-DEFAULT_DB = "data/studio.db"
 
 
 # ---------------------------------------------------------------- commands
@@ -465,7 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
         x.set_defaults(fn=cmd_population)
 
     d = sub.add_parser("demo", help="build the demo once, then print methods side by side", description="The demo pipeline.")
-    d.add_argument("--data", default="data/demo")
+    d.add_argument("--data", default=DEMO_DATA)
     d.add_argument("--artifacts", default=DEMO_ARTIFACTS)
     d.add_argument("--users", type=int, default=6)
     d.set_defaults(fn=cmd_demo)

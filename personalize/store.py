@@ -57,7 +57,7 @@ class StoredStyle:
 class Store(PeopleTables, RecordTables):
     """All studio state in one SQLite file; methods are thread-safe and each write is atomic."""
 
-    def __init__(self, path: str | Path = "data/studio.db", parts: Sequence[Tables] = ()):
+    def __init__(self, path: str | Path, parts: Sequence[Tables] = ()):
         self.path = Path(path)
         self.parts: dict[str, Tables] = {p.name: p for p in parts}  # the higher packages' tables kept here
         self.access = Access()  # whose people the current login reaches (the studio sets its logins' rule)

@@ -16,7 +16,9 @@ from personalize.flags import add_flags, add_overrides, flag_values, override_va
 if TYPE_CHECKING:
     from personalize.methods.card.config import CardConfig
 
-DEMO_ARTIFACTS = "data/artifacts/demo"
+DEMO_ARTIFACTS = "data/artifacts/demo"  # the build the studio serves first (built at the first start)
+DEMO_DATA = "data/demo"  # the first start's people (a LaMP folder)
+DEFAULT_DB = "data/studio.db"  # the studio's database; its folder is the data root of everything a studio writes
 
 
 class UsageError(ValueError):

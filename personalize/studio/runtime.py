@@ -17,6 +17,7 @@ from personalize.access import Access
 from personalize.serving.settings import DecodingSettings
 from personalize.data import Item
 from personalize.fitting.feedback import FeedbackSettings
+from personalize.fitting.plan import DEFAULT_DB, DEMO_ARTIFACTS, DEMO_DATA
 from personalize.humaneval.arena import Arena
 from personalize.humaneval.campaign import Campaigns
 from personalize.lm.cpu_threads import ReleasingExecutor, release_team
@@ -30,11 +31,11 @@ from personalize.studio.decoder import DecodeTarget, make_decoder
 
 @dataclass(frozen=True)
 class StudioConfig:
-    artifacts: str = "data/artifacts/demo"  # the build served first
+    artifacts: str = DEMO_ARTIFACTS  # the build served first
     # every sub-folder with a build's config.json is offered, one task at a time; None: the parent of `artifacts`
     artifacts_root: str | None = None
-    db: str = "data/studio.db"
-    demo_data: str = "data/demo"  # LaMP folder whose users the "demo user" picker offers
+    db: str = DEFAULT_DB
+    demo_data: str = DEMO_DATA  # LaMP folder whose users the "demo user" picker offers
     export_dir: str | None = None  # None: "exports" beside the database (every file of a studio under its --db folder)
     max_history_chars: int = 2_000_000  # a paste or upload larger than this is refused, not truncated
     max_items: int = 500
