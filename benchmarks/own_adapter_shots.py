@@ -1,0 +1,68 @@
+"""A person no cluster fits, through the page in headless Chromium on the demo build (issue 48): their history saved,
+their own adapter trained in the background (the page polled until Fit says card decodes over it), Fit my style,
+Compare (cluster, card) and Explore; a screenshot of each step, and what each page said in OUT/walk.json.
+
+    python -m benchmarks.own_adapter_shots OUT subjects.txt NAME "a prompt"   # one text a line (git log --format=%s)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from personalize.studio.facade import Studio, StudioConfig
+from tools.browser import Page, chromium, served
+
+
+def main() -> None:
+    out, subjects, name, prompt = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+    out.mkdir(parents=True, exist_ok=True)
+    db = Path(tempfile.mkdtemp())
+    studio = Studio.load(StudioConfig(artifacts="data/artifacts/demo", db=str(db / "studio.db"), demo_data="data/demo"))
+    studio.load_pending()
+    text = "\n".join(line.strip() for line in open(subjects) if line.strip())
+    said, t0 = {}, time.perf_counter()
+    with served(studio) as url:
+        d = chromium(db)
+        p = Page(d, out)
+        d.get(url)
+        p.type("user-name", name)
+        p.type("history", text)
+        p.click("save-history")
+        said["saved"] = p.until_text("writing-status", "Saved", "⚠️")
+        p.shot("1-saved")
+        said["save_s"] = round(time.perf_counter() - t0, 1)
+        said["fit_while_training"] = p.fit(name)
+        p.shot("2-fit-while-training")
+        while (job := studio.background_jobs.own_job(name)) is None or job["state"] in ("queued", "running"):
+            if time.perf_counter() - t0 > 900:
+                break
+            time.sleep(1)
+        said["own_job"] = {k: v for k, v in (job or {}).items() if k in ("state", "error", "seconds", "done", "total")}
+        said["own_ready_s_after_save"] = round(time.perf_counter() - t0 - said["save_s"], 1)
+        said["fit"] = p.fit(name)
+        p.shot("3-fit-over-own")
+        p.tab("Compare")
+        p.type("prompt", prompt)
+        p.choose_methods(["cluster", "card"])
+        p.click("compare-button")
+        said["compare"] = p.until_text("compare-status", "Done:", "⚠️")
+        time.sleep(2)
+        said["outputs"] = {m: p.text(f"out-{m}") for m in ("cluster", "card")}
+        p.shot("4-compare")
+        p.tab("Explore")
+        p.click("explore-button")
+        said["explore"] = p.until_text("explore-status", "held-out", "⚠️", "ROUGE")
+        time.sleep(2)
+        said["explore_table"] = p.text("explore-table")
+        p.shot("5-explore")
+        d.quit()
+    (out / "walk.json").write_text(json.dumps(said, indent=1, ensure_ascii=False))
+    print(json.dumps(said, indent=1, ensure_ascii=False))
+
+
+if __name__ == "__main__":
+    main()
