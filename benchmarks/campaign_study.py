@@ -1,4 +1,5 @@
-"""A small human-eval campaign run end to end, with SIMULATED raters and an LLM judge (issue 10, docs/RESULTS.md).
+"""A small human-eval campaign run end to end, with SIMULATED raters and an LLM judge (issue 10,
+docs/results/2026-11-23-issue-10.md).
 
 The raters here are not people: they are three rules, stated below, so that the campaign machinery (assignment,
 agreement, position bias, the judge–rater rank correlation) can be shown on real outputs. A real study replaces

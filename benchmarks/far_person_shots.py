@@ -5,9 +5,9 @@ worktree each, this script copied in) it shows whether a change moved any output
     python benchmarks/far_person_shots.py OUT subjects.txt [base,cluster,card]   # one text a line (git log --format=%s)
 """
 import json, sys, tempfile, time
-sys.path.insert(0, "tests")
+sys.path.insert(0, ".")  # the tree it runs in (a worktree of the commit under test)
 from pathlib import Path
-from browser import Page, chromium, served
+from tools.browser import Page, chromium, served
 from personalize.studio.facade import Studio, StudioConfig
 
 out = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)

@@ -17,14 +17,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.form_study import copied_share, prefix_share
-from personalize.methods.card.cluster import member_distances
+from benchmarks.form_study import prefix_share
 from personalize.methods.card.head import TokenData
 from personalize.methods.card.style import fit_form, fit_lambda_bias
 from personalize.data import read_lamp, select_sources
 from personalize.eval.evaluate import decode_people, shuffled_partners
 from personalize.methods.engine import Engine
-from personalize.metrics import paired_interval, rouge_per_query
+from personalize.metrics import rouge_per_query
 
 
 def tuning_parser(doc: str) -> argparse.ArgumentParser:
@@ -87,17 +86,6 @@ class Baseline:
     def golds(self) -> list[str]:
         return [q.gold for q in self.queries]
 
-    def judge(self, decode) -> dict:
-        """A candidate's outputs, `decode(i, j)` giving person i's query with person j's style (and settings), against
-        the cluster model, card and another person's (their partner's) style: ROUGE-L, paired intervals, copies."""
-        n = len(self.fits)
-        texts = [decode(i, i) for i in range(n)]
-        own = np.asarray(rouge_per_query(texts, self.golds))
-        other = np.asarray(rouge_per_query([decode(i, self.partner[i]) for i in range(n)], self.golds))
-        return {"rougeL": float(own.mean()), "minus_cluster": paired_interval(own - self.cluster),
-                "minus_card": paired_interval(own - self.card), "minus_shuffled": paired_interval(own - other),
-                "copied": copied_share(texts, self.queries), "outputs": texts}
-
 
 def judged_line(r: dict) -> str:
     return (f"ROUGE-L {r['rougeL']:.4f}  −cluster {interval_text(r['minus_cluster'])}  −card "
@@ -119,18 +107,11 @@ def interval_text(d: dict) -> str:
     return f"{d['mean']:+.4f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"
 
 
-def closeness(engine: Engine, fit) -> float:
-    """The share of the build's people further from their cluster's centre than this person is from theirs (each
-    measured as if left out of the build): 1 at the heart of a cluster, 0 beyond every member."""
-    own = member_distances(engine.clusters.embeddings, engine.clusters.centroids[fit.k], engine.clusters.labels[fit.k])
-    return float((own > min(fit.distances)).mean()) if len(own) else 1.0
-
-
 def main(argv=None) -> None:
     p = tuning_parser(__doc__)
     p.add_argument("--priors", default="0.5,2,8")
     p.add_argument("--positions", default="1,3")
-    p.add_argument("--centers", default="0,closeness", help="λ's prior centres to try (numbers, or closeness)")
+    p.add_argument("--centers", default="0", help="λ's prior centres to try")
     a = p.parse_args(argv)
     engine, queries, profiles = tuning_people(a)
     fits = onboarded(engine, profiles, a.cache)
@@ -161,10 +142,10 @@ def main(argv=None) -> None:
     form = replace(base_style, form=True, form_prior=prior, form_positions=positions)
     for center in a.centers.split(","):
         styles = []
-        for f in fits:  # λ's prior centre: a number, or the person's closeness (1 at the heart, 0 beyond every member)
-            c = closeness(engine, f) if center == "closeness" else float(center)
+        for f in fits:  # λ's prior centre
             lam, ids, vals, _ = fit_lambda_bias(head, TokenData.from_features(f.features or []), hs.rho,
-                                                form.rho_bias, form.max_bias_tokens, hs.fit_iters, center=c)
+                                                form.rho_bias, form.max_bias_tokens, hs.fit_iters,
+                                                center=float(center))
             st = replace(f.style, lam=lam.numpy(), bias_ids=ids.numpy(), bias=vals.numpy())
             st.form_keys, st.form_ids, st.form_bias = fit_form(f.features or [], positions, prior, form.form_cap)
             styles.append(st)

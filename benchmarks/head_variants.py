@@ -5,7 +5,8 @@
 
 Reads the build's own population, training users, clusters and held-out split (build.head_data), so the
 features are computed once and each variant costs only its training. Prints one JSON line per variant with
-the held-out diagnostics the build reports (docs/RESULTS.md, "Head objectives ... and regularisation").
+the held-out diagnostics the build reports (docs/results/2026-11-22-first-builds.md, "Head objectives ... and
+regularisation").
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Two real people, one prompt: what each method writes for each of them (docs/RESULTS.md's side-by-side).
+"""Two real people, one prompt: what each method writes for each of them (docs/results/2026-11-23-issue-13.md, "Two
+real people, one prompt").
 
 Each person is onboarded from their own history (a LaMP query's profile, or a text file of their writing);
 both get the same prompt (by default the first person's query), so what differs between their columns is

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
+sys.path.insert(0, str(ROOT))
 
-from browser import Page, chromium, free_port  # noqa: E402
+from tools.browser import Page, chromium, free_port  # noqa: E402
 
 
 def entries(changelog: Path, n: int = 14) -> list[str]:

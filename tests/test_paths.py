@@ -3,6 +3,8 @@
 A path is a name with a folder and an extension (methods/card/own.py, docs/RESULTS.md); it may be written from the
 repository's root or from personalize/, tests/ or docs/, or from the naming file's folder. What is no file of this
 repository is listed below with its reason, and a file that left the package is named with the commit that holds it.
+The rounds kept in docs/results/ are history: each names at its top the commit it was measured at, and the files it
+names are that commit's, so its pages are not checked against today's tree (their first line is).
 """
 
 from __future__ import annotations
@@ -19,14 +21,17 @@ NOT_OURS = {  # a path named as what it stands for, not as a file here
     "src/": "another repository's files (a fetched repository's commit, a test's diff)",
     "adapters/": "inside a build's artifacts folder",
 }
+HISTORY = ROOT / "docs" / "results"  # past rounds: the files they name are those of the commit named at their top
 
 
 def named_paths():
     files = [ROOT / "app.py", ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-    for folder in ("personalize", "tests", "benchmarks"):
+    for folder in ("personalize", "tests", "benchmarks", "tools"):
         files += sorted((ROOT / folder).rglob("*.py"))
     for f in files:
         if f == Path(__file__).resolve():  # its own check names a missing path on purpose
+            continue
+        if HISTORY in f.parents:  # a past round: the commit at its top holds what it names (checked below)
             continue
         for i, line in enumerate(f.read_text().splitlines(), 1):
             for m in PATH.finditer(line):
@@ -41,6 +46,14 @@ def test_every_named_path_exists():
         if not any((base / name).exists() for base in (*BASES, f.parent)):
             missing.append(f"{f.relative_to(ROOT)}:{i}: {name}")
     assert not missing, "\n".join(missing)
+
+
+def test_every_history_page_names_its_commit_at_its_top():
+    pages = sorted(HISTORY.glob("*.md"))
+    assert pages, "docs/results/ holds the earlier rounds"
+    for page in pages:
+        first = page.read_text().splitlines()[0]
+        assert COMMIT.search(first), f"{page.relative_to(ROOT)} does not name its commit on its first line"
 
 
 def test_the_check_finds_a_missing_path(tmp_path):

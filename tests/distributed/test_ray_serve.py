@@ -18,7 +18,7 @@ import pytest
 from personalize.studio.decoder import DecodeTarget
 from personalize.studio.facade import Studio, StudioConfig
 
-from browser import Page, chromium, served
+from tools.browser import Page, chromium, served
 from conftest import tiny_studio
 
 pytestmark = pytest.mark.ray

@@ -566,33 +566,3 @@ def test_repetition_processors_see_the_generated_tokens_only():
     scores = torch.full((1, 10), 4.0)
     out = penalty(ids, scores.clone())[0]
     assert out[5] == out[6] == 2.0 and out[1] == out[2] == out[3] == 4.0
-
-
-
-def test_the_copy_stop_experiment_refuses_to_end_on_a_past_output(tokenizer):
-    """benchmarks/memory_match.py's copy stop (a candidate that lost, kept as an experiment): a row whose answer so
-    far is one of the person's past outputs (their memory's texts) may not end there; without it, it may."""
-    from benchmarks.memory_match import matched
-
-    head = PersonalizationHead(64, len(tokenizer), 8).requires_grad_(False)
-    eos, word = tokenizer.eos_token_id, 42
-    keys = np.full((2, 64), 1 / 8, np.float16)
-    style = UserStyle(np.ones(8, np.float32), keys=keys, values=np.asarray([word, eos]), knn_weight=0.5)
-
-    class Capture:
-        def last(self):
-            return torch.zeros(1, 64)
-
-    scores = torch.zeros(1, len(tokenizer))
-    scores[0, eos] = 5.0  # the cluster model would end
-    s = StyleSettings(bias=False, memory=True, fallback=False, form=False, key="state")
-
-    def step():
-        proc = CardLogitsProcessor(head, StyleTensors.of([style], s), s, Capture(), 1.0, 5)
-        proc(torch.tensor([[1, 2]]), scores.clone())  # the first step sees the prompt alone
-        return proc(torch.tensor([[1, 2, word]]), scores.clone())  # the answer so far: the past output, whole
-
-    assert torch.isfinite(step()[0, eos])
-    with matched(0.0, True, eos):
-        assert step()[0, eos] == float("-inf")
-    assert torch.isfinite(step()[0, eos])  # the library's processor again once the block ends

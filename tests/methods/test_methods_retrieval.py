@@ -103,7 +103,8 @@ def test_rag_free_form_items_show_only_their_output(engine):
 
 def test_rag_lines_of_full_prompt_tasks_leave_out_their_instruction(engine):
     """Commit prompts are whole prompts that all open with one instruction: repeated in every retrieved line it
-    matched every item and was what card_cad's amplified context copied (16 of 40 outputs, docs/RESULTS.md)."""
+    matched every item and was what card_cad's amplified context copied (16 of 40 outputs,
+    docs/results/2026-11-25-issue-23.md)."""
     from personalize.fitting.population import COMMIT_PROMPT
 
     task = TASKS["commit_subjects"]

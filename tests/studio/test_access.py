@@ -139,7 +139,7 @@ def test_an_older_database_gets_owners(tmp_path):
 
 @pytest.fixture(scope="module")
 def two_logins(tiny_artifacts, tmp_path_factory):
-    from browser import served
+    from tools.browser import served
 
     folder = tmp_path_factory.mktemp("two-logins")
     s = logins_studio(tiny_artifacts, folder, admins=())

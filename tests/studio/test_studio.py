@@ -187,7 +187,8 @@ def test_the_pass_read_ahead_after_save_is_the_one_fit_makes(studio):
 
 def test_save_starts_no_first_use_and_the_fit_does(studio):
     """EXACT's and OPPU's first uses start after the person's Fit, not at Save: started at Save, EXACT's decode of
-    the history held the model while the Fit waited for it (docs/RESULTS.md, the browser walk)."""
+    the history held the model while the Fit waited for it (docs/results/2026-11-25-issues-24-23.md, the
+    browser walk)."""
     text = "\n".join(it.y for it in studio.histories.demo_items("hype_01"))
     studio.save_from("later", text, None, "tweets")
     assert not [key for key in studio.runtime.jobs if key[0] == "later"]

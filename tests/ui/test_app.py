@@ -23,7 +23,7 @@ import app as studio_app  # noqa: E402
 from personalize.ui import my_cluster as cluster, common, compare, figures, quick_pair  # noqa: E402
 from personalize.studio.facade import Studio, StudioConfig  # noqa: E402
 
-from browser import Page, chromium, served  # noqa: E402
+from tools.browser import Page, chromium, served  # noqa: E402
 
 HISTORY = "\n".join(f"omg the {w} was SO good today!!! 🔥🔥" for w in
                     ["coffee", "train", "concert", "pizza", "run", "book", "match", "movie", "beach", "show"])

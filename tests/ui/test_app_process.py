@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from browser import free_port
+from tools.browser import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -15,10 +15,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
 
 from campaign_serving import load_campaign, run_raters  # noqa: E402
-from browser import Page, chromium  # noqa: E402
+from tools.browser import Page, chromium  # noqa: E402
 from test_app import auth_server, server  # noqa: E402,F401  (real servers over the tiny artifacts)
 
 

@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 import app as studio_app  # noqa: E402
 from personalize.ui.login import Login, TooManyAttempts, parse_admins  # noqa: E402
 
-from browser import served  # noqa: E402
+from tools.browser import served  # noqa: E402
 from conftest import tiny_studio  # noqa: E402
 
 SECRET = "zebra-okapi-secret-phrase"  # in files outside the page's folder: no answer may ever hold it
@@ -164,7 +164,7 @@ def test_a_locked_login_sees_why_and_for_how_long_on_the_login_page(server, tmp_
     Chromium, the refused person now reads why and how long to wait under the page's title."""
     from selenium.webdriver.common.by import By
 
-    from browser import Page, chromium
+    from tools.browser import Page, chromium
 
     url, login = server["auth_url"], server["login"]
     login._names.clear()

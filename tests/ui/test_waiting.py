@@ -4,16 +4,13 @@ each tab waits for, and hands over to the studio, whose different title makes it
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import urllib.request
 from pathlib import Path
 
 import personalize.fitting.plan as plan
 from personalize.ui import waiting
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from browser import free_port  # noqa: E402
+from tools.browser import free_port
 
 
 def test_the_line_says_the_stage_the_share_and_the_time_left():

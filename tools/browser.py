@@ -1,5 +1,5 @@
-"""What the browser tests share: the studio's Gradio app served on 127.0.0.1, a headless Chromium, and Page (the
-elements a test reads and drives, by their elem_id)."""
+"""What the browser tests and the browser benchmarks share: the studio's Gradio app served on 127.0.0.1, a headless
+Chromium, and Page (the elements a test reads and drives, by their elem_id)."""
 
 from __future__ import annotations
 
