@@ -22,6 +22,7 @@ import numpy as np
 from benchmarks.form_tune import tuning_parser, tuning_people
 from personalize.methods.base import UserContext
 from personalize.methods.card import card_decode
+from personalize.methods.card.adapters import cluster_adapter
 from personalize.methods.card.own import owner_key
 from personalize.methods.oppu import OppuConfig, OppuMethod
 from personalize.metrics import paired_interval, rouge_per_query
@@ -57,7 +58,7 @@ def main() -> None:
         for i in far:
             name = f"{queries[i].user}@{setting}"
             t0 = time.perf_counter()
-            got = engine.own.train(name, profiles[i], engine.cluster_adapter(fits[i].k, fits[i].cluster))
+            got = engine.own.train(name, profiles[i], cluster_adapter(fits[i].k, fits[i].cluster))
             seconds.append(time.perf_counter() - t0)
             sizes.append(got.bytes)
             own = engine.fit(profiles[i], k=fits[i].k, own=owner_key(name))

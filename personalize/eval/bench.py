@@ -14,7 +14,7 @@ from typing import Sequence
 
 from tqdm import tqdm
 
-from personalize.methods.card.adapters import adapter_name
+from personalize.methods.card.adapters import adapter_name, cluster_adapter
 from personalize.catalog import BENCH_METHODS, CARD_ROWS
 from personalize.data import Item
 from personalize.eval.loops import Person, format_loops, loop_shares
@@ -240,7 +240,7 @@ def _own_row(engine: Engine, users: dict[str, UserContext], fits: dict[str, User
     for n, u in tqdm(users.items(), desc="onboarding (own adapter)", mininterval=2.0):
         f = fits[n]
         t0 = time.perf_counter()
-        got = engine.own.train(n, u.items, engine.cluster_adapter(f.k, f.cluster))
+        got = engine.own.train(n, u.items, cluster_adapter(f.k, f.cluster))
         over[n] = engine.fit(u.items, k=f.k, own=owner_key(n))
         seconds.append(time.perf_counter() - t0)
         trained.append(got.train_s)

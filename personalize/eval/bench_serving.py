@@ -185,7 +185,7 @@ def fit_tflop(studio, name: str, shared_prefix: bool = False) -> float:
 
     from personalize.methods.card.neutral import plain
     from personalize.lm.tokens import prompt_ids, target_ids
-    from personalize.methods.engine import NEUTRAL_TEMPLATE
+    from personalize.methods.card.neutral import NEUTRAL_TEMPLATE
 
     e = studio.runtime.engine
     tok, budget = e.tok, e.cfg.budget

@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 from personalize.data import Item
+from personalize.methods.card.adapters import cluster_adapter
 from personalize.methods.card.own import owner_key
 from personalize.methods.engine import Engine, UserFit
 from personalize.store import Store, StoredItem
@@ -47,7 +48,7 @@ def fit_with_own(engine: Engine, name: str, items: list[Item], fit: UserFit | No
     if not (engine.cfg.own.far and fit.far) or fit.cold_start:
         return fit
     if not engine.own.is_current(name, items):
-        engine.own.train(name, items, engine.cluster_adapter(fit.k, fit.cluster))
+        engine.own.train(name, items, cluster_adapter(fit.k, fit.cluster))
     return engine.fit(items, k=fit.k, own=owner_key(name))
 
 

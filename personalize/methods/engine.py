@@ -26,7 +26,6 @@ from personalize.methods.card.cluster import assign, closeness, user_embeddings
 from personalize.methods.card.config import FORMAT_VERSION, CardConfig
 from personalize.data import Item, Task, TASKS
 from personalize.serving.generation import Generation
-from personalize.serving.settings import DecodingSettings
 from personalize.lm.features import generate_with_states, teacher_forced
 from personalize.methods.card.head import PairData, PersonalizationHead, TokenData, diagnostics, fit_user
 from personalize.methods.card.config import PAIR_OBJECTIVES
@@ -34,11 +33,8 @@ from personalize.lm.cpu_threads import hands_back_team, release_team
 from personalize.methods.card.style import UserStyle, fit_form, fit_lambda_bias, memory_from_features, style_diagnostics
 from personalize.lm.models import LM, load_encoder, load_lm
 from personalize.lm.model_config import EncoderConfig, ModelConfig
-from personalize.methods.card.neutral import neutral
+from personalize.methods.card.neutral import neutral, raw_rewrites
 from personalize.methods.card.own import OwnAdapters
-
-NEUTRAL_TEMPLATE = "Rewrite the following text in plain, neutral English: {text}"
-
 
 @dataclass
 class Clusters:
@@ -168,11 +164,6 @@ class Engine:
             self.load_pending_adapters()
         return set(self.model.peft_config)
 
-    @staticmethod
-    def cluster_adapter(k: int, cluster: int) -> str:
-        """The LoRA of cluster `cluster` at K = k (K = 1's is the build's base adapter)."""
-        return adapter_name(k, cluster) if k > 1 else BASE_ADAPTER
-
     @property
     def active_adapter(self) -> str | None:
         return self._active
@@ -195,26 +186,7 @@ class Engine:
     def neutral_rewrites(self, texts: Sequence[str]) -> list[str]:
         """The base model's plain rewrite of each text (§1.8); a rule-based plain version where the model's
         rewrite echoes the instruction or loses the content (neutral.py)."""
-        return [neutral(t, r) for t, r in zip(texts, self.raw_rewrites(texts))]
-
-    def raw_rewrites(self, texts: Sequence[str], batch_size: int = 32) -> list[str]:
-        """The base model's rewrites as decoded, all in one mixed batch (batch.decode_rows, the frozen LM) per
-        `batch_size` texts of similar length, each row stopped at its own budget: 1.5x its text plus a little
-        (the cost is the decoding steps; a 6-token subject line does not wait for a 40-token entry). Each is
-        what the text decodes alone. Why one batch: Fit right after Save waited for the rewrites."""
-        if not texts:
-            return []
-        lengths = [len(self.tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
-        order = sorted(range(len(texts)), key=lambda i: lengths[i])
-        cap = self.cfg.budget.max_target_tokens + 8
-        out: list[str] = [""] * len(texts)
-        for j in range(0, len(order), batch_size):
-            idx = order[j: j + batch_size]
-            rows = [DecodeRow(NEUTRAL_TEMPLATE.format(text=texts[i]), self.cfg.budget,
-                              DecodingSettings(max_new_tokens=min(cap, int(1.5 * lengths[i]) + 6))) for i in idx]
-            for i, g in zip(idx, self.decode_rows(rows)):
-                out[i] = g.text
-        return out
+        return [neutral(t, r) for t, r in zip(texts, raw_rewrites(self, texts))]
 
     def prepare_items(self, items: Sequence[Item], neutral: dict[int, str] | None = None) -> list[Item]:
         """Every item with a prompt: free-form items get the task template of a neutral rewrite."""

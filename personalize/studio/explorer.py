@@ -21,6 +21,7 @@ from personalize.fitting.person import prepared_items
 from personalize.metrics import rouge_scores
 from personalize.studio.service import Service
 from personalize.methods.card import card_decode
+from personalize.methods.card.adapters import cluster_adapter
 from personalize.methods.card.own import owner_key
 from personalize.methods.card.style import UserStyle
 
@@ -110,7 +111,7 @@ class Explorer(Service):
 
             if own:  # a cluster of one: card decodes over their own adapter, so the sweep does too
                 placed = self.engine.fit(rest)
-                self.engine.own.train(own, rest, self.engine.cluster_adapter(placed.k, placed.cluster))
+                self.engine.own.train(own, rest, cluster_adapter(placed.k, placed.cluster))
                 tick("your own adapter, trained without the held-out items")
             try:
                 return self._sweep(rest, prompts, golds, alphas, s, set_aside, own, tick)

@@ -7,6 +7,7 @@ import time
 
 from personalize.catalog import SLOW_FIRST_USE
 from personalize.data import Item
+from personalize.methods.card.adapters import cluster_adapter
 from personalize.fitting.person import prepared_items
 from personalize.lm.cpu_threads import trim_memory
 from personalize.methods.base import UserContext
@@ -145,7 +146,7 @@ class FirstUseJobs(Service):
                     items = prepared_items(self.engine, self.store, name)
                 k = self.engine.cfg.default_k
                 cluster = int(self.store.assignment(name, self.engine.artifacts_id, k)["cluster"])
-                trained = self.engine.own.train(name, items, self.engine.cluster_adapter(k, cluster), progress=progress)
+                trained = self.engine.own.train(name, items, cluster_adapter(k, cluster), progress=progress)
                 job["trained"] = trained
                 for then in self.after_own:  # the style refitted over it: "done" means card decodes over it
                     then(name)

@@ -553,12 +553,12 @@ def test_rewrites_decode_in_one_batch_each_as_it_decodes_alone(studio):
     gives decoded alone with that budget (a short line is not padded to a long one's steps)."""
     from personalize.serving.generation import generate
     from personalize.serving.settings import DecodingSettings
-    from personalize.methods.engine import NEUTRAL_TEMPLATE
+    from personalize.methods.card.neutral import NEUTRAL_TEMPLATE, raw_rewrites
 
     eng = studio.runtime.engine
     texts = ["k bus late again", "the release notes for version two are finally written and merged upstream",
              "coffee", "Fix the crash on start-up when the config file is missing"]
-    together = eng.raw_rewrites(texts)
+    together = raw_rewrites(eng, texts)
     cap = eng.cfg.budget.max_target_tokens + 8
     for t, got in zip(texts, together):
         n = len(eng.tok(t, add_special_tokens=False)["input_ids"])

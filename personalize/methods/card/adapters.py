@@ -41,6 +41,11 @@ def adapter_name(k: int, cluster: int) -> str:
     return f"k{k}c{cluster}"
 
 
+def cluster_adapter(k: int, cluster: int) -> str:
+    """The LoRA a person of cluster `cluster` at K = k decodes with (K = 1's is the build's base adapter)."""
+    return adapter_name(k, cluster) if k > 1 else BASE_ADAPTER
+
+
 def peft_config(s: LoraSettings) -> LoraConfig:
     return LoraConfig(r=s.r, lora_alpha=s.alpha, lora_dropout=s.dropout, target_modules=list(s.targets),
                       task_type="CAUSAL_LM")
