@@ -48,8 +48,8 @@ def main() -> None:
         return card_decode.generate(engine, [queries[i].input], method, fit.cluster, fit.style, k=fit.k,
                                     settings=settings)[0].text
 
-    scores = {"cluster": rouge_per_query([decode(i, fits[i], s, "cluster") for i in far], golds),
-              "card over the cluster": rouge_per_query([decode(i, fits[i], s) for i in far], golds)}
+    texts = {"cluster": [decode(i, fits[i], s, "cluster") for i in far],
+             "card over the cluster": [decode(i, fits[i], s) for i in far]}
     rows = {}
     for setting in a.grid.split(","):
         layers, steps = (int(x) for x in setting.split(":"))
@@ -66,24 +66,24 @@ def main() -> None:
             alone.append(decode(i, own, s0))
             engine.own.forget(name)
         key = f"{layers} blocks, {steps} steps"
-        scores[f"card, own ({key})"] = rouge_per_query(card, golds)
-        scores[f"own at α = 0 ({key})"] = rouge_per_query(alone, golds)
+        texts[f"card, own ({key})"], texts[f"own at α = 0 ({key})"] = card, alone
         rows[key] = {"train_s": round(statistics.median(seconds), 2), "bytes": int(statistics.median(sizes))}
-        print(key, rows[key], f"card {np.mean(scores[f'card, own ({key})']):.4f}", flush=True)
+        print(key, rows[key], f"card {np.mean(rouge_per_query(card, golds)):.4f}", flush=True)
     if a.oppu:
         oppu = OppuMethod(engine, cfg=OppuConfig(folder=str(Path(tmp.name) / "oppu"), report_loss=False,
                                                  **({"max_steps": a.oppu_steps} if a.oppu_steps else {})))
-        seconds, sizes, texts = [], [], []
+        seconds, sizes, outs = [], [], []
         for i in far:
             user = UserContext(queries[i].user, profiles[i])
             t0 = time.perf_counter()
             info = oppu.prepare(user)
             seconds.append(time.perf_counter() - t0)
             sizes.append(info.get("disk_bytes", 0))
-            texts.append(oppu.generate(user, [queries[i].input], s)[0].text)
+            outs.append(oppu.generate(user, [queries[i].input], s)[0].text)
         oppu.release()
-        scores["oppu"] = rouge_per_query(texts, golds)
+        texts["oppu"] = outs
         rows["oppu"] = {"train_s": round(statistics.median(seconds), 2), "bytes": int(statistics.median(sizes))}
+    scores = {m: rouge_per_query(v, golds) for m, v in texts.items()}
     base = np.asarray(scores["cluster"])
     table = {m: {"rougeL": round(float(np.mean(v)), 4),
                  "minus_cluster": paired_interval(np.asarray(v) - base) if m != "cluster" else None}
@@ -97,8 +97,10 @@ def main() -> None:
     for k, r in rows.items():
         print(f"| {k} | {r['train_s']} | {r['bytes']:,} |")
     if a.json:
-        Path(a.json).write_text(json.dumps({"people": len(far), "table": table, "cost": rows,
-                                            "users": [queries[i].user for i in far]}, indent=2))
+        outputs = [{"user": queries[i].user, "gold": queries[i].gold, "prompt": queries[i].input,
+                    **{m: v[j] for m, v in texts.items()}} for j, i in enumerate(far)]
+        Path(a.json).write_text(json.dumps({"people": len(far), "table": table, "cost": rows, "outputs": outputs},
+                                           indent=2, ensure_ascii=False))
 
 
 if __name__ == "__main__":
