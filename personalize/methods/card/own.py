@@ -233,7 +233,8 @@ def lower_states(model, tok, examples: Sequence[tuple[str, str]], budget, first:
                 seqs.append(p + target_ids(tok, y, budget))
                 n_prompt.append(len(p))
             ids, mask = left_pad(seqs, tok.pad_token_id, model.device)
-            hidden = model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[first]
+            hidden = model(input_ids=ids, attention_mask=mask, output_hidden_states=True, logits_to_keep=1,
+                           use_cache=False).hidden_states[first]  # no vocabulary's logits: only the states
             for i, s in enumerate(seqs):
                 h = hidden[i, ids.shape[1] - len(s):].clone()
                 labels = torch.tensor([-100] * n_prompt[i] + s[n_prompt[i]:], dtype=torch.long)
