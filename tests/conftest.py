@@ -100,7 +100,9 @@ def tiny_studio(tiny_artifacts, folder):
     from personalize.studio.facade import Studio, StudioConfig
 
     db = folder / "studio.db"
-    return Studio.load(StudioConfig(artifacts=str(tiny_artifacts["artifacts"]), db=str(db),
+    # own_adapters off: a far person's background training would race the tests that call the engine without the
+    # studio's model lock (tests/studio/test_studio.py turns it on for the cluster of one)
+    return Studio.load(StudioConfig(artifacts=str(tiny_artifacts["artifacts"]), db=str(db), own_adapters=False,
                                     demo_data=str(tiny_artifacts["demo"]), export_dir=str(folder / "exports")))
 
 

@@ -275,7 +275,7 @@ def test_mixed_batch_on_the_bundled_model_equals_each_method_alone(artifacts, de
     from personalize.fitting.person import prepared_items
     from personalize.studio.facade import Studio, StudioConfig
 
-    st = Studio.load(StudioConfig(artifacts=str(artifacts), db=str(tmp_path / "s.db"), demo_data=str(demo_dir),
+    st = Studio.load(StudioConfig(own_adapters=False, artifacts=str(artifacts), db=str(tmp_path / "s.db"), demo_data=str(demo_dir),
                                   first_use_in_background=False))
     try:
         _, queries = read_lamp(demo_dir, "dev")

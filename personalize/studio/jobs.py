@@ -123,7 +123,7 @@ class FirstUseJobs(Service):
 
     def own_after_save(self, name: str) -> None:
         """Save's background work, after the rewrites: the person's own adapter when they are far."""
-        if self.wants_own(name):
+        if self.cfg.own_adapters and self.wants_own(name):
             self.start_own(name)
 
     def start_own(self, name: str) -> dict:

@@ -46,6 +46,8 @@ class StudioConfig:
     scheduler: SchedulerConfig = SchedulerConfig()  # the cross-request batching window
     # the app's Save starts EXACT's attribute search and OPPU's training for the person in the background
     first_use_in_background: bool = True
+    # after Save, a person beyond the build's clusters gets their own adapter in the background (a cluster of one)
+    own_adapters: bool = True
     feedback: FeedbackSettings = FeedbackSettings()  # how much a vote counts against the history when λ is refitted
     decode: DecodeTarget = DecodeTarget()  # where decodes run: in-process, or a Ray Serve deployment (studio/decoder)
     # who may reach whose people (personalize/access.py): with logins, a login sees only the people it made; admins all

@@ -60,7 +60,7 @@ def test_studio_on_two_replicas_decodes_as_in_process_and_survives_a_killed_repl
     local.runtime.scheduler.close()
 
     (tmp_path / "remote").mkdir()
-    remote = Studio.load(StudioConfig(artifacts=str(tiny_artifacts["artifacts"]), db=str(tmp_path / "remote" / "s.db"),
+    remote = Studio.load(StudioConfig(own_adapters=False, artifacts=str(tiny_artifacts["artifacts"]), db=str(tmp_path / "remote" / "s.db"),
                                       demo_data=str(tiny_artifacts["demo"]),
                                       decode=DecodeTarget("auto", replicas=2, num_cpus=0.5)))
     try:
@@ -102,7 +102,7 @@ def test_browser_compare_of_every_method_on_two_replicas_as_in_process(ray_local
     from personalize.catalog import ALL_METHODS
 
     (tmp_path / "remote").mkdir()
-    remote = Studio.load(StudioConfig(artifacts=str(tiny_artifacts["artifacts"]), db=str(tmp_path / "remote" / "s.db"),
+    remote = Studio.load(StudioConfig(own_adapters=False, artifacts=str(tiny_artifacts["artifacts"]), db=str(tmp_path / "remote" / "s.db"),
                                       demo_data=str(tiny_artifacts["demo"]),
                                       decode=DecodeTarget("auto", replicas=2, num_cpus=0.5)))
     driver = chromium(tmp_path)

@@ -81,7 +81,7 @@ def cuda_studio(tokenizer, tmp_path_factory):
     cfg = tiny_build_config(root / "lm")
     cfg = replace(cfg, model=replace(cfg.model, device="cuda", dtype="float32"))
     art = build(demo, "dev", root / "artifacts", cfg, p2p=None)
-    st = Studio.load(StudioConfig(artifacts=str(art), db=str(root / "studio.db"), demo_data=str(demo),
+    st = Studio.load(StudioConfig(own_adapters=False, artifacts=str(art), db=str(root / "studio.db"), demo_data=str(demo),
                                   export_dir=str(root / "exports")))
     users = sorted(st.runtime.demo_users)[:2]
     for u in users:

@@ -26,7 +26,7 @@ BEN = [f"ben logs the {w} numbers every single evening" for w in ("train", "sens
 
 
 def logins_studio(tiny_artifacts, folder: Path, admins=("root",)) -> Studio:
-    return Studio.load(StudioConfig(artifacts=str(tiny_artifacts["artifacts"]), db=str(folder / "studio.db"),
+    return Studio.load(StudioConfig(own_adapters=False, artifacts=str(tiny_artifacts["artifacts"]), db=str(folder / "studio.db"),
                                     demo_data=str(tiny_artifacts["demo"]), export_dir=str(folder / "exports"),
                                     logins=True, admins=admins))
 

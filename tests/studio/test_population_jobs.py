@@ -67,7 +67,7 @@ def studio(tiny_artifacts, tmp_path):
     """A studio serving a copy of the tiny tweets build under its own artifacts root."""
     root = tmp_path / "artifacts"
     shutil.copytree(tiny_artifacts["artifacts"], root / "tweets")
-    s = Studio.load(StudioConfig(artifacts=str(root / "tweets"), db=str(tmp_path / "studio.db"),
+    s = Studio.load(StudioConfig(own_adapters=False, artifacts=str(root / "tweets"), db=str(tmp_path / "studio.db"),
                                  demo_data=str(tiny_artifacts["demo"]), export_dir=str(tmp_path / "exports")))
     s.tiny = tiny_settings(tiny_artifacts["root"])
     yield s

@@ -462,7 +462,7 @@ def test_builds_are_listed_per_task_and_choosing_a_task_switches_to_its_build(ti
     shutil.copytree(root / "commits", root / "half.partial")  # an unfinished build is not offered
     assert {b.task for b in find_builds(root)} == {"tweets", "commit_subjects"} and len(find_builds(root)) == 2
 
-    s = Studio.load(StudioConfig(artifacts=str(root / "tweets"), db=str(tmp_path / "studio.db"),
+    s = Studio.load(StudioConfig(own_adapters=False, artifacts=str(root / "tweets"), db=str(tmp_path / "studio.db"),
                                  demo_data=str(tiny_artifacts["demo"])))
     try:
         tweets_id = s.runtime.engine.artifacts_id
@@ -576,6 +576,7 @@ def test_a_cluster_of_one_trains_in_the_background_refits_the_style_over_it_and_
 
     jobs, eng = studio.background_jobs, studio.runtime.engine
     monkeypatch.setattr(type(eng), "is_far", lambda self, k, d: True)  # everyone is far: the switch Save reads
+    monkeypatch.setattr(studio.runtime, "cfg", dataclasses.replace(studio.runtime.cfg, own_adapters=True))
     text = "\n".join(it.y for it in studio.histories.demo_items("formal_01"))
     studio.save_from("solo", text, None, "tweets")
     studio.histories.rewrites.result()

@@ -53,7 +53,7 @@ def server(tiny_artifacts, tmp_path_factory):
     art = Path(os.environ.get("STUDIO_ARTIFACTS") or tiny_artifacts["artifacts"])
     demo = Path(os.environ.get("STUDIO_DEMO") or tiny_artifacts["demo"])
     folder = tmp_path_factory.mktemp("app")
-    studio = Studio.load(StudioConfig(artifacts=str(art), db=str(folder / "studio.db"), demo_data=str(demo),
+    studio = Studio.load(StudioConfig(own_adapters=False, artifacts=str(art), db=str(folder / "studio.db"), demo_data=str(demo),
                                       export_dir=str(folder / "exports")))
     with served(studio) as url:
         yield {"url": url, "studio": studio, "folder": folder}
