@@ -150,7 +150,7 @@ def main(argv=None) -> int:
         print(f"error: --host {a.host} shares the studio beyond this machine; give --auth USER:PASSWORD",
               file=sys.stderr)
         return 2
-    from personalize.fitting.plan import DEMO_ARTIFACTS, ensure_demo
+    from personalize.fitting.plan import DEMO_ARTIFACTS
 
     t0 = time.perf_counter()
     try:
