@@ -75,6 +75,7 @@ def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence
         profiles, fits = shards.onboard(queries, max_items, n_methods=len(methods))
     own_folder = tempfile.TemporaryDirectory()  # the far people's own adapters (a cluster of one) are scratch
     engine.own.folder = Path(own_folder.name)
+    engine.own.max_in_memory = max(engine.own.max_in_memory, len(queries))  # every row of a batch finds its adapter
     for q in tqdm(queries if shards is None else [], desc="onboarding", mininterval=2.0):
         profiles.append(engine.prepare_items(q.profile[:max_items]))
         fits.append(fit_with_own(engine, q.user or q.id, profiles[-1]))

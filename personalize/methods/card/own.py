@@ -71,9 +71,10 @@ class Trained:
 
 class OwnAdapters:
     """The people's own adapters on one engine: trained, saved, loaded on demand (at most `max_in_memory` in the
-    peft model, the least recently used deleted first), forgotten."""
+    peft model, the least recently used deleted first: a batch's rows must all find theirs, so it is kept wide,
+    3.7 MB each for SmolLM2's whole adapter), forgotten."""
 
-    def __init__(self, engine, folder: str | Path, max_in_memory: int = 4):
+    def __init__(self, engine, folder: str | Path, max_in_memory: int = 32):
         self.engine, self.folder, self.max_in_memory = engine, Path(folder), max_in_memory
         self._loaded: OrderedDict[str, None] = OrderedDict()
         self.lock = nullcontext()  # the studio's model lock (its background side): taken per step
