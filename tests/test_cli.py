@@ -226,11 +226,14 @@ def test_bench_on_the_tiny_build(tiny_artifacts, tmp_path, capsys):
     assert b["bytes_per_user"] > 512 and b["fit_ms"] > 0 and b["decode_overhead_ratio"] > 0  # λ + bias + memory
     assert {"same_cluster", "cross_cluster"} <= set(b["switch_ms"]) and b["onboarding_s"]["total"] > 0
     # paper Table 5, measured side by side in the same run
-    assert list(b["methods"]) == ["rag", "oppu", "card"]
+    # and beside OPPU, a cluster of one: each person's own adapter and their style over it (issue 48)
+    assert list(b["methods"]) == ["rag", "oppu", "card", "card, own adapter"]
     for m, row in b["methods"].items():
         assert row["onboarding_s"] > 0 and row["latency_s_per_query"] > 0 and row["bytes_per_user"] > 0, (m, row)
     assert b["methods"]["card"]["bytes_per_user"] == b["bytes_per_user"]
     assert b["methods"]["oppu"]["bytes_per_user"] > b["methods"]["card"]["bytes_per_user"]  # a LoRA vs a style (tiny: 4 layers)
+    own = b["methods"]["card, own adapter"]
+    assert 0 < own["training_s"] <= own["onboarding_s"] and "of OPPU's onboarding time" in r.stdout
     assert "| oppu |" in r.stdout and "latency s/query" in r.stdout
     sv = b["serving"]  # mixed batches and the scheduler (eval/bench_serving.py), names fixed
     assert sv["methods"] == ["base", "cluster", "card", "cope"]  # and p2p where the build has its hypernetwork

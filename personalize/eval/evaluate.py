@@ -51,9 +51,16 @@ def bm25_copy(query: str, profile: Sequence[Item]) -> str:
     return profile[int(np.argmax(scores))].y if len(scores) else ""
 
 
-def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence[str], limit: int | None = None,
-             max_items: int = 24, method_configs: dict[str, dict] | None = None, sources: Sequence[str] = (),
-             n_boot: int = 1000, seed: int = 0, shards=None) -> dict:
+def run_eval(engine: Engine, *args, **kwargs) -> dict:
+    """_run_eval with the far people's own adapters (a cluster of one) as scratch: the engine's own folder and its
+    adapters in memory are as they were afterwards."""
+    with engine.own.scratch():
+        return _run_eval(engine, *args, **kwargs)
+
+
+def _run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence[str], limit: int | None = None,
+              max_items: int = 24, method_configs: dict[str, dict] | None = None, sources: Sequence[str] = (),
+              n_boot: int = 1000, seed: int = 0, shards=None) -> dict:
     """ROUGE per method on the queries of `sources` (all when empty), with paired bootstrap intervals of the
     differences that matter (card − cluster, ...), the decoded user-specificity (card − card_shuffled) and the
     teacher-forced one (each user's held-out tokens under their own style vs another evaluated user's).
@@ -73,9 +80,6 @@ def run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequence
     t0 = time.perf_counter()
     if shards is not None:
         profiles, fits = shards.onboard(queries, max_items, n_methods=len(methods))
-    own_folder = tempfile.TemporaryDirectory()  # the far people's own adapters (a cluster of one) are scratch
-    engine.own.folder = Path(own_folder.name)
-    engine.own.max_in_memory = max(engine.own.max_in_memory, len(queries))  # every row of a batch finds its adapter
     for q in tqdm(queries if shards is None else [], desc="onboarding", mininterval=2.0):
         profiles.append(engine.prepare_items(q.profile[:max_items]))
         fits.append(fit_with_own(engine, q.user or q.id, profiles[-1]))

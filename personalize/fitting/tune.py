@@ -182,8 +182,6 @@ def own_guard(engine: Engine, prompts: Sequence[str], golds: Sequence[str], fits
     own adapter and their style over it, card over it is decoded at the chosen α against the cluster model; the own
     adapters stay on unless that loses (the interval below 0). OPPU-class training for people no cluster fits is the
     product's decision; this guard only keeps it from harming. Too few far people to judge: the default stands."""
-    import tempfile
-
     from personalize.fitting.person import fit_with_own
     from personalize.metrics import paired_interval
 
@@ -191,16 +189,10 @@ def own_guard(engine: Engine, prompts: Sequence[str], golds: Sequence[str], fits
         return engine, {"kept": True, "people": len(fits),
                         "why": f"own adapters kept for far people: {len(fits)} far validation people, fewer than the "
                                f"{FAR_MIN_PEOPLE} this guard judges on (a build can hold out whole sources for them)"}
-    with tempfile.TemporaryDirectory() as tmp:
-        folder, engine.own.folder = engine.own.folder, Path(tmp)
-        try:
-            own = [fit_with_own(engine, f"validation {i}", it, f) for i, (f, it) in enumerate(zip(fits, items))]
-            card, cluster = (rouge_per_query(decode_each(engine, m, prompts, own, items, engine.cfg.decoding), golds)
-                             for m in ("card", "cluster"))
-        finally:
-            for i in range(len(fits)):
-                engine.own.forget(f"validation {i}")
-            engine.own.folder = folder
+    with engine.own.scratch():
+        own = [fit_with_own(engine, f"validation {i}", it, f) for i, (f, it) in enumerate(zip(fits, items))]
+        card, cluster = (rouge_per_query(decode_each(engine, m, prompts, own, items, engine.cfg.decoding), golds)
+                         for m in ("card", "cluster"))
     gain = paired_interval(np.asarray(card, float) - np.asarray(cluster, float), n_boot)
     kept = gain["ci95"][1] >= 0
     why = (f"own adapters {'kept' if kept else 'off'} for far people: card over them − cluster ROUGE-L "

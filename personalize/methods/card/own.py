@@ -83,6 +83,22 @@ class OwnAdapters:
     def settings(self):
         return self.engine.cfg.own
 
+    @contextmanager
+    def scratch(self, max_in_memory: int = 10_000):
+        """People's adapters that are nobody's to keep (eval's, tune's): a temporary folder, every one in memory
+        (a batch's rows must all find theirs); the folder and the limit as they were afterwards."""
+        import tempfile
+
+        kept = self.folder, self.max_in_memory
+        with tempfile.TemporaryDirectory() as tmp:
+            self.folder, self.max_in_memory = Path(tmp), max(max_in_memory, kept[1])
+            try:
+                yield self
+            finally:
+                for ada in list(self._loaded):
+                    self._unload(ada)
+                self.folder, self.max_in_memory = kept
+
     def path(self, key: str) -> Path:
         return self.folder / f"{key}{SUFFIX}"
 
