@@ -367,6 +367,7 @@ def test_browser_path_paste_cluster_fit_compare_vote_leaderboard_export(server, 
 
         p.tab("Compare")
         p.type("prompt", "I finally finished the marathon.")
+        p.choose_methods(["base", "cluster", "card", "exact", "rag", "cope"])  # EXACT is not ticked by default
         p.click("compare-button")
         done = p.until_text("compare-status", "Done", "⚠️")
         assert done.startswith("Done"), done
