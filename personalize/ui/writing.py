@@ -150,13 +150,13 @@ def build(studio, shared: Shared) -> None:
                 forget_ok = gr.Checkbox(label="Yes, delete everything of this user", elem_id="forget-confirm")
                 forget_btn = gr.Button("Forget me", variant="stop", elem_id="forget-button")
             forget_status = Markdown(elem_id="forget-status")
+        confirm_for = gr.State(None)  # the name whose history a second Save may replace (save asked first)
 
     user, stored, shown_for, pick = shared.user, shared.stored, shared.shown_for, shared.prompt.item
     shared.task, shared.demo_user = task, demo_user
     served_outputs = [*shared.served_outputs, demo_user]
     assert len(served_outputs) == N_SERVED + 1
     demo_btn.click(bind(load_demo, studio), [demo_user, user], [history, user, status, shown_for])
-    confirm_for = gr.State(None)  # the name whose history a second Save may replace (save asked first)
     user.input(bind(user_changed, studio), [user, shown_for, stored],
                [history, items, pick, status, shown_for, stored, earlier, forget_status],
                concurrency_limit=None, trigger_mode="always_last", show_progress="hidden")

@@ -213,7 +213,10 @@ def test_an_item_number_is_read_as_typed():
 
 def test_every_tab_sits_in_the_one_row_of_tabs(studio):
     """Issue 49: Explore and Populations sat under every tab as a second row of tabs (the Export tab's hidden API
-    components, made outside its tab, ended Gradio's implicit row); all twelve are now in one Tabs."""
+    components, made outside its tab, ended Gradio's implicit row); all twelve are now in one Tabs, and nothing
+    else is in it: the tab bar numbers its buttons by their place among the Tabs' children, so a State made beside a
+    tab relabelled the next tab's button with the name of the one before once that tab was opened (two My cluster,
+    no Fit my style)."""
     import app as studio_app
 
     page = studio_app.build_app(studio)
@@ -221,7 +224,7 @@ def test_every_tab_sits_in_the_one_row_of_tabs(studio):
     assert len(tabs) == 12 and len({id(t.parent) for t in tabs}) == 1 and isinstance(tabs[0].parent, gr.Tabs)
     ids = [t._id for t in tabs]  # the layout the page is sent: one node holds the twelve tabs, in order
     rows = [c for c in page.config["layout"]["children"] if any(g["id"] in ids for g in c.get("children", []))]
-    assert len(rows) == 1 and [g["id"] for g in rows[0]["children"] if g["id"] in ids] == ids, rows
+    assert len(rows) == 1 and [g["id"] for g in rows[0]["children"]] == ids, rows
 
 
 def test_export_says_whose_records_it_holds(studio, monkeypatch):
