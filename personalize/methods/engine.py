@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from personalize.methods.artifacts import ArtifactsError, artifacts_meta
-from personalize.methods.card.adapters import BASE_ADAPTER, adapter_name, add_adapters, load_adapters
+from personalize.methods.card.adapters import adapter_name, add_adapters, load_adapters
 from personalize.serving.rows import DecodeRow
 from personalize.serving.runner import decode_rows
 from personalize.methods.card.cluster import assign, closeness, user_embeddings
@@ -361,11 +361,9 @@ class Engine:
         return diag, own, held
 
     def decode_rows(self, rows: Sequence[DecodeRow], on_step=None) -> list[Generation]:
-        """Rows of any adapters in one batch (serving.runner.decode_rows); the adapter layers must be on for that."""
+        """A method's own batch (rewrites, EXACT, tune, eval), every adapter loaded; the studio's use the scheduler."""
         if self._pending_adapters:
             self.load_pending_adapters()
-        if self._active is None:
-            self.use_adapter(BASE_ADAPTER)
         return decode_rows(self.model, self.tok, rows, on_step)
 
 

@@ -13,7 +13,7 @@ same function up to float rounding (outputs compared with peft's path in tests/s
 from __future__ import annotations
 
 import re
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -136,22 +136,27 @@ def _hook(A: torch.Tensor, B: torch.Tensor):
 
 
 @contextmanager
+def peft_layers(model, on: bool):
+    """peft's own LoRA layers on or off while the block runs, then as they were (the engine's record of its active
+    adapter stays true); peft's flag, without enable_adapters' requires_grad side effects."""
+    was = {m: m.disable_adapters for m in (t.module for t in targets(model) if t.is_peft)}
+    try:
+        for m in was:
+            m._disable_adapters = not on
+        yield
+    finally:
+        for m, w in was.items():
+            m._disable_adapters = w
+
+
+@contextmanager
 def hooked(model, weights: dict[nn.Module, tuple[torch.Tensor, torch.Tensor]]):
     """While the block runs, each module in `weights` adds its rows' bmm(bmm(x, A), B) (`gathered`'s, or a
     selection of its rows); peft's own LoRA layers are off meanwhile."""
-    peft_layers = [t.module for t in targets(model) if t.is_peft]
-    was = [m.disable_adapters for m in peft_layers]
-    handles = []
-    try:
-        for m in peft_layers:
-            m._disable_adapters = True  # peft's switch, without enable_adapters' requires_grad side effects
-        handles = [mod.register_forward_hook(_hook(A, B)) for mod, (A, B) in weights.items()]
+    with peft_layers(model, on=False), ExitStack() as hooks:
+        for mod, (A, B) in weights.items():
+            hooks.callback(mod.register_forward_hook(_hook(A, B)).remove)
         yield
-    finally:
-        for h in handles:
-            h.remove()
-        for m, w in zip(peft_layers, was):
-            m._disable_adapters = w
 
 
 def row_loras(model, adapters: Sequence[str], generated: dict[int, Generated] | None = None):

@@ -34,7 +34,7 @@ from personalize.lm.features import HiddenCapture, position_ids
 from personalize.lm.models import compile_switch, uses_static_cache
 from personalize.lm.onednn import onednn_linears
 from personalize.lm.tokens import decode, left_pad, prompt_ids
-from personalize.serving.row_lora import NO_ADAPTER, gathered, hooked, supported
+from personalize.serving.row_lora import NO_ADAPTER, gathered, hooked, peft_layers, supported
 from personalize.serving.rows import DecodeRow
 
 
@@ -192,8 +192,7 @@ def _decode_group(model, tok, rows: Sequence[DecodeRow], on_step, fast: bool) ->
         else:
             kwargs |= {"temperature": None, "top_k": None}
         if not fast and hasattr(model, "peft_config"):
-            if any(getattr(m, "disable_adapters", False) for m in model.modules() if hasattr(m, "lora_A")):
-                raise RuntimeError("a mixed batch needs the adapter layers enabled (Engine.decode_rows does it)")
+            stack.enter_context(peft_layers(model, on=True))  # peft's rows need them, whatever adapter is active
             kwargs["adapter_names"] = adapters
         elif not hasattr(model, "peft_config") and any(a != NO_ADAPTER for a in adapters):
             raise ValueError("rows with adapters need a peft model")

@@ -4,7 +4,7 @@ Why a scheduler of our own rather than Gradio's batched events (`batch=True`, `m
 batches calls of one event function with one signature, and a batched function cannot be a generator; the
 studio must mix requests of different events (a Compare of six methods, a Rate pair, the Why view, a
 campaign's outputs), of any user, cluster and method, and stream each row's tokens back to its own page.
-So every decode goes through `DecodeScheduler.run`: the request's rows are built and decoded in the
+So every decode goes through `DecodeScheduler.submit` or `run`: the request's rows are built and decoded in the
 scheduler's one worker thread, with the rows of every request that arrived within `window_ms` of the one
 before it (at most `max_wait_ms` after the first; serving.runner.decode_rows), and each request gets its own rows'
 outputs. The window slides because requests sent at one moment do not arrive at one: 8 Compares sent
@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 
 from personalize.serving.rows import DecodeRow
 from personalize.serving.generation import Generation
+from personalize.serving.runner import decode_rows
 from personalize.lm.cpu_threads import lower_priority, release_team
 
 
@@ -51,7 +52,8 @@ class _Request:
 
 
 class DecodeScheduler:
-    """One worker thread that turns the decode requests of a window into mixed batches."""
+    """One worker thread that turns the decode requests of a window into mixed batches. `engine`: what holds the
+    model and tokenizer the runner decodes with (`.model`, `.tok`); nothing above serving is called."""
 
     def __init__(self, engine, lock=None, cfg: SchedulerConfig = SchedulerConfig()):
         self.engine, self.cfg = engine, cfg
@@ -77,7 +79,7 @@ class DecodeScheduler:
         """The request's Generations; a caller that already holds the model lock (a fit that decodes) decodes
         in its own thread, since the worker would wait for that lock forever."""
         if self.caller_holds_lock():
-            return self.engine.decode_rows(list(build()), on_step=on_step)
+            return decode_rows(self.engine.model, self.engine.tok, list(build()), on_step)
         return self.submit(build, on_step).result()
 
     def caller_holds_lock(self) -> bool:
@@ -149,13 +151,13 @@ class DecodeScheduler:
 
         t0 = time.perf_counter()
         try:
-            gens = self.engine.decode_rows(rows, on_step=step) if rows else []
+            gens = decode_rows(self.engine.model, self.engine.tok, rows, step) if rows else []
         except Exception:
             if len(chunk) == 1:
                 raise
             for r in chunk:  # one request's rows broke the batch: decode each request alone
                 try:
-                    r.future.set_result(self.engine.decode_rows(r.rows, on_step=r.on_step))
+                    r.future.set_result(decode_rows(self.engine.model, self.engine.tok, r.rows, r.on_step))
                 except Exception as e:
                     r.future.set_exception(e)
             return

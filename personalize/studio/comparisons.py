@@ -125,6 +125,7 @@ class Decoding(Service):
         """The method's rows for one prompt (serving.rows.DecodeRow); built in the scheduler's worker. `person`:
         the request's (once), so a request of several methods reads the person once."""
         person = person or once(lambda: self.person(state))
+        self.engine.loaded_adapters()  # a row may read any cluster's LoRA: those a start left for later load now
         if method in CORE_METHODS:  # their person needs no stored rewrites (card's own items when it retrieves them)
             m = self.rt.method(method)
             user = UserContext(state.name, person().items if m.needs_items else [], state.cluster, state.k, state.lam)

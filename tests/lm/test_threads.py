@@ -117,15 +117,17 @@ def test_wrapping_keeps_name_signature_and_generators():
 
 
 @pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no per-thread nice value here")
-def test_the_decode_thread_runs_below_the_request_handlers():
+def test_the_decode_thread_runs_below_the_request_handlers(monkeypatch):
+    from types import SimpleNamespace
+
+    from personalize.serving import scheduler
     from personalize.serving.scheduler import DecodeScheduler, SchedulerConfig
 
-    class Echo:  # an engine whose decode reports the priority of the thread that ran it
-        def decode_rows(self, rows, on_step=None):
-            return [os.getpriority(os.PRIO_PROCESS, threading.get_native_id())] * len(rows)
-
+    # a runner whose decode reports the priority of the thread that ran it
+    monkeypatch.setattr(scheduler, "decode_rows", lambda model, tok, rows, on_step=None:
+                        [os.getpriority(os.PRIO_PROCESS, threading.get_native_id())] * len(rows))
     here = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    s = DecodeScheduler(Echo(), cfg=SchedulerConfig(window_ms=0, nice=3))
+    s = DecodeScheduler(SimpleNamespace(model=None, tok=None), cfg=SchedulerConfig(window_ms=0, nice=3))
     try:
         assert s.run(lambda: ["row"]) == [min(19, here + 3)]
     finally:

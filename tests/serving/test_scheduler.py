@@ -1,20 +1,22 @@
 """The scheduler's window: requests that keep arriving join one batch, up to its cap."""
 
 import time
+from types import SimpleNamespace
 
 import pytest
 
+from personalize.serving import scheduler
 from personalize.serving.scheduler import DecodeScheduler, SchedulerConfig
 
 
-class Echo:  # an engine that decodes each row as itself, instantly
-    def decode_rows(self, rows, on_step=None):
-        return list(rows)
+@pytest.fixture(autouse=True)
+def echo(monkeypatch):  # a runner that decodes each row as itself, instantly
+    monkeypatch.setattr(scheduler, "decode_rows", lambda model, tok, rows, on_step=None: list(rows))
 
 
 def batches_of(cfg: SchedulerConfig, gaps_s: list[float]) -> list[int]:
     """Requests submitted with these gaps between them; the requests of each batch decoded."""
-    s = DecodeScheduler(Echo(), cfg=cfg)
+    s = DecodeScheduler(SimpleNamespace(model=None, tok=None), cfg=cfg)
     try:
         futures = []
         for i, gap in enumerate([0.0, *gaps_s]):
