@@ -26,7 +26,8 @@ PROMPT = "Reject cookie values that contain a quoted semicolon when parsing the 
 def timed_compare(st, name: str, prompt: str) -> tuple[float, float]:
     """(seconds to the first streamed token, seconds to the last column) of one Compare."""
     t0, first = time.perf_counter(), None
-    for kind, _, _ in st.decoding.compare_stream(name, prompt, METHODS, st.runtime.settings()):
+    plan = st.decoding.compare_plan(name, prompt, False, None, METHODS)
+    for kind, _, _ in st.decoding.compare_stream(plan, st.runtime.settings()):
         if kind == "text" and first is None:
             first = time.perf_counter() - t0
     return round(first or 0.0, 2), round(time.perf_counter() - t0, 2)

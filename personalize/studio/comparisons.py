@@ -3,10 +3,11 @@ stream of tokens per column, outputs stored as generations, and Why (CARD step b
 
 from __future__ import annotations
 
+import functools
 import json
 import queue
-import threading
 import time
+from itertools import accumulate
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, Sequence
 
@@ -22,6 +23,8 @@ from personalize.serving.scheduler import DecodeScheduler
 from personalize.studio.histories import Histories, UserState
 from personalize.studio.jobs import FirstUseJobs, job_line, own_line
 from personalize.studio.service import Service
+
+FAILED = (ValueError, StoreError, FileNotFoundError, RuntimeError)  # a method that cannot run: its column says why
 
 
 @dataclass
@@ -65,13 +68,10 @@ class Explanation:
 
 def _jsonable(trace) -> dict:
     """A method's trace, kept in the store only when it is plain JSON (CARD's tensors are not)."""
-    if not trace:
-        return {}
     try:
-        json.dumps(trace)
+        return {"trace": trace} if trace and json.dumps(trace) else {}
     except TypeError:
         return {}
-    return {"trace": trace}
 
 
 def text_pieces(tok, steps: Sequence[dict]) -> list[tuple[str, bool]]:
@@ -90,25 +90,6 @@ def text_pieces(tok, steps: Sequence[dict]) -> list[tuple[str, bool]]:
     return out
 
 
-def _one_row(rows: Sequence | None):
-    """A column's single row when its end can be read from its streamed tokens (one row, no step-by-step trace
-    to assemble after the batch); None otherwise: such a column is done when its request is."""
-    return rows[0] if rows is not None and len(rows) == 1 and not rows[0].want_trace else None
-
-
-def once(load: Callable[[], UserContext]) -> Callable[[], UserContext]:
-    """A request's person, read from the store by the first method that needs it and shared by the others (a
-    lock: the scheduler's worker and the request's thread may both ask); a failed read is tried again."""
-    lock, got = threading.Lock(), []
-
-    def person() -> UserContext:
-        with lock:
-            if not got:
-                got.append(load())
-            return got[0]
-    return person
-
-
 class Decoding(Service):
     def __init__(self, rt, histories: Histories, background_jobs: FirstUseJobs):
         super().__init__(rt)
@@ -123,8 +104,8 @@ class Decoding(Service):
     def rows(self, method: str, state: UserState, prompt: str, s: DecodingSettings,
              trace: bool = False, person: Callable[[], UserContext] | None = None) -> list:
         """The method's rows for one prompt (serving.rows.DecodeRow); built in the scheduler's worker. `person`:
-        the request's (once), so a request of several methods reads the person once."""
-        person = person or once(lambda: self.person(state))
+        the request's, so a request of several methods reads the person once."""
+        person = person or (lambda: self.person(state))
         self.engine.loaded_adapters()  # a row may read any cluster's LoRA: those a start left for later load now
         if method in CORE_METHODS:  # their person needs no stored rewrites (card's own items when it retrieves them)
             m = self.rt.method(method)
@@ -151,7 +132,7 @@ class Decoding(Service):
         """One method's output, stored as a generation; a method that cannot run says why instead."""
         try:
             g = self.decode(method, state, prompt, s, on_step)
-        except (ValueError, StoreError, FileNotFoundError, RuntimeError) as e:
+        except FAILED as e:
             return MethodOutput(method, error=str(e))
         return self.stored(method, state, prompt, s, g)
 
@@ -168,29 +149,25 @@ class Decoding(Service):
 
     def compare(self, name: str, prompt: str, methods: Sequence[str], s: DecodingSettings,
                 k: int | None = None) -> Iterator[MethodOutput]:
-        """Each chosen method's output as soon as it is ready."""
-        for kind, _, value in self.compare_stream(name, prompt, methods, s, k):
-            if kind == "done":
-                yield value
+        """Each chosen method's output on a prompt already made, as soon as it is ready (the plan checked first)."""
+        return (v for kind, _, v in self.compare_stream(self.compare_plan(name, prompt, False, None, methods, k), s)
+                if kind == "done")
 
-    def compare_stream(self, name: str, prompt: str, methods: Sequence[str], s: DecodingSettings,
-                       k: int | None = None, poll_s: float = 0.5) -> Iterator[tuple[str, str, object]]:
-        """(kind, method, value) events while a Compare runs: ("text", m, the text so far) as tokens are decoded,
-        ("progress", m, a line) while a method's first use prepares in the background, ("done", m,
-        MethodOutput). Every ready method joins one request to the scheduler (one mixed batch, shared with
+    def compare_stream(self, plan: ComparePlan, s: DecodingSettings,
+                       poll_s: float = 0.5) -> Iterator[tuple[str, str, object]]:
+        """(kind, method, value) events while the plan's Compare runs: ("text", m, the text so far) as tokens are
+        decoded, ("progress", m, a line) while a method's first use prepares in the background, ("done", m,
+        MethodOutput). The ready methods' rows go to the scheduler as one request (one mixed batch, shared with
         other sessions' requests); a method whose first use needs work waits for its background job, and the
         other columns do not wait for it. A column is done when its own row ends (its end-of-text or its token
         limit), not when the whole batch does: its output is then what the runner returns for that row (the
         same tokens, the row's note and what it retrieved), stored at once."""
-        prompt = self.rt.check_prompt(prompt)
-        unknown = [m for m in methods if m not in ALL_METHODS]
-        if unknown or not methods:
-            raise ValueError(f"choose methods among {', '.join(ALL_METHODS)}" + (f" (unknown: {unknown})" if unknown else ""))
-        state = self.histories.user_state(name, k)
-        person = once(lambda: self.person(state))  # read by the first column that needs it, for all
+        state, prompt = plan.state, plan.prompt
+        # read by the first column that needs it, for all (they are built one at a time, under the model lock)
+        person = functools.cache(lambda: self.person(state))
         events: queue.Queue = queue.Queue()
         tok, eos = self.engine.tok, self.engine.tok.eos_token_id
-        tokens: dict[str, list[int]] = {m: [] for m in methods}
+        tokens: dict[str, list[int]] = {m: [] for m in plan.order}
         built: dict[str, list] = {}  # each column's rows, as the scheduler's worker built them
         pressed = time.perf_counter()
         last_token: dict[str, float] = {}  # a column's latency is its own: from the press to its last token
@@ -198,9 +175,15 @@ class Decoding(Service):
         # the streamed tokens are not yet the row's final text, so a column there ends with its request
         in_process = isinstance(self.rt.scheduler, DecodeScheduler)
 
-        def start(m: str) -> None:
-            def on_step(_row: int, t: int, m=m) -> None:
-                got, row = tokens[m], _one_row(built.get(m)) if in_process else None
+        def start(columns: list[str]) -> None:
+            """One request for these columns' rows."""
+            owner: list[str] = []  # the request's row i is owner[i]'s
+
+            def on_step(i: int, t: int) -> None:
+                m = owner[i]
+                # the column's one row, whose end its tokens show (no trace to assemble after); else: its request's
+                got, mine = tokens[m], built.get(m) if in_process else None
+                row = mine[0] if mine and len(mine) == 1 and not mine[0].want_trace else None
                 limit = row.settings.max_new_tokens if row is not None else s.max_new_tokens
                 if got and got[-1] == eos or len(got) >= limit:
                     return
@@ -209,24 +192,27 @@ class Decoding(Service):
                 ended = row is not None and (t == eos or len(got) >= limit)
                 events.put(("ended" if ended else "token", m, None))
 
-            def rows(m=m) -> list:
-                built[m] = list(self.rows(m, state, prompt, s, person=person))
-                return built[m]
+            def rows() -> list:
+                for m in columns:
+                    built[m] = list(self.rows(m, state, prompt, s, person=person))
+                    owner.extend([m] * len(built[m]))
+                return [r for m in columns for r in built[m]]
 
-            fut = self.rt.scheduler.submit(rows, on_step)
-            fut.add_done_callback(lambda f, m=m: events.put(("finished", m, f)))
+            self.rt.scheduler.submit(rows, on_step).add_done_callback(lambda f: events.put(("finished", columns, f)))
 
-        def output(m: str, g: Generation) -> MethodOutput:
-            g = replace(g, latency_s=last_token.get(m, time.perf_counter()) - pressed)
-            return self.stored(m, state, prompt, s, g)
+        def output(m: str, g: Generation | Exception) -> MethodOutput:
+            if not isinstance(g, Exception):
+                try:
+                    g = replace(g, latency_s=last_token.get(m, time.perf_counter()) - pressed)
+                    return self.stored(m, state, prompt, s, g)
+                except FAILED as e:
+                    g = e
+            return MethodOutput(m, error=str(g))
 
-        waiting = {}
-        for m in methods:
-            if self.background_jobs.needs_indexing(state.name, m):
-                waiting[m] = self.background_jobs.start_first_use(state.name, m)
-            else:
-                start(m)
-        left = set(methods)
+        waiting = {m: self.background_jobs.start_first_use(state.name, m) for m in plan.order if plan.first_use[m]}
+        if len(waiting) < len(plan.order):
+            start([m for m in plan.order if m not in waiting])
+        left = set(plan.order)
         while left:
             try:
                 kind, m, value = events.get(timeout=poll_s)
@@ -236,24 +222,28 @@ class Decoding(Service):
                 yield "text", m, decode_text(tok, tokens[m])
             elif kind == "ended" and m in left:  # this column's row is over: done now, whatever the batch does
                 left.discard(m)
-                row = built[m][0]
+                row, text = built[m][0], decode_text(tok, tokens[m])
+                yield "done", m, output(m, Generation(text, len(tokens[m]), 0.0, row.trace, row.note))
+            elif kind == "finished":
                 try:
-                    out = output(m, Generation(decode_text(tok, tokens[m]), len(tokens[m]), 0.0, row.trace, row.note))
-                except (ValueError, StoreError) as e:
-                    out = MethodOutput(m, error=str(e))
-                yield "done", m, out
-            elif kind == "finished" and m in left:
-                left.discard(m)
-                try:
-                    out = output(m, value.result()[0])
-                except (ValueError, StoreError, FileNotFoundError, RuntimeError) as e:
-                    out = MethodOutput(m, error=str(e))
-                yield "done", m, out
-            for m, job in list(waiting.items()):
-                if job["state"] in ("done", "error"):
-                    del waiting[m]
-                    start(m)  # an error shows when the method runs (it retries the first use in the decode)
-                elif kind is None or kind == "finished":
+                    gens = value.result()
+                    outs = {c: gens[i] for c, i in zip(m, accumulate((len(built[c]) for c in m), initial=0))}
+                except FAILED as e:
+                    outs = {c: e for c in m}
+                    if len(m) > 1:  # one column's rows broke the request: each column again alone, its error its own
+                        outs = {}
+                        for c in [c for c in m if c in left]:
+                            tokens[c].clear()
+                            start([c])
+                for c, g in outs.items():
+                    if c in left:
+                        left.discard(c)
+                        yield "done", c, output(c, g)
+            if ready := [m for m, job in waiting.items() if job["state"] in ("done", "error")]:
+                start(ready)  # an error shows when the method runs (it retries the first use in the decode)
+                waiting = {m: job for m, job in waiting.items() if m not in ready}
+            if kind is None or kind == "finished":
+                for m, job in waiting.items():
                     yield "progress", m, job_line(job)
 
     def why(self, name: str | None, text: str | None, s: DecodingSettings, k: int | None = None,
@@ -284,10 +274,13 @@ class Decoding(Service):
 
     def compare_plan(self, name: str | None, text: str | None, templated: bool, item_id: float | None,
                      methods: Sequence[str] | None, k: int | None = None) -> ComparePlan:
+        """The Compare checked and resolved once, before anything decodes; compare_stream runs this plan."""
         name = self.rt.need_user(name)
         if not methods:
             raise ValueError("choose at least one method")
-        prompt, _ = self.histories.resolve_prompt(text, templated, item_id, name)
+        if unknown := [m for m in methods if m not in ALL_METHODS]:
+            raise ValueError(f"choose methods among {', '.join(ALL_METHODS)} (unknown: {unknown})")
+        prompt = self.rt.check_prompt(self.histories.resolve_prompt(text, templated, item_id, name)[0])
         state = self.histories.user_state(name, k)
         first = {m: self.background_jobs.needs_indexing(name, m) for m in methods}
         return ComparePlan(name, prompt, state, first, sorted(methods, key=first.get))

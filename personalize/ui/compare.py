@@ -102,7 +102,7 @@ def compare(studio, name, text, templated, item, chosen, alpha, top_k, max_token
            *updates())
     done, last = set(), 0.0
     try:
-        for kind, m, value in studio.decoding.compare_stream(name, full, plan.order, s, k):
+        for kind, m, value in studio.decoding.compare_stream(plan, s):
             if kind == "text":
                 shown[m] = streaming_md(m, value)
             elif kind == "progress":

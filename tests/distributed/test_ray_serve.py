@@ -40,7 +40,8 @@ def _texts(studio, prompt, s) -> dict[str, str]:
 def _streamed(studio, prompt, s) -> tuple[dict[str, str], dict]:
     """A Compare as the page sees it: each column's last streamed text, and its output."""
     last, outs = {}, {}
-    for kind, m, value in studio.decoding.compare_stream("bo", prompt, METHODS, s):
+    for kind, m, value in studio.decoding.compare_stream(studio.decoding.compare_plan("bo", prompt, False, None, METHODS),
+                                                         s):
         if kind == "text":
             last[m] = value
         elif kind == "done":

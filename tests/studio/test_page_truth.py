@@ -151,16 +151,35 @@ def test_each_compare_column_is_done_when_its_own_row_ends(studio, monkeypatch):
     monkeypatch.setattr(studio.runtime.scheduler, "submit",
                         lambda build, on_step=None: submitted.append(submit(build, on_step)) or submitted[-1])
     s = dataclasses.replace(studio.runtime.settings(alpha=1.0, max_new_tokens=8), min_new_tokens=8)
-    events = list(studio.decoding.compare_stream("cole", studio.runtime.task.prompt("the bus"), ["base", "card"], s))
+    plan = studio.decoding.compare_plan("cole", "the bus", True, None, ["base", "card"])
+    events = list(studio.decoding.compare_stream(plan, s))
     kinds = [(kind, m) for kind, m, _ in events]
     base_done = kinds.index(("done", "base"))
     assert ("text", "card") in kinds[base_done + 1:], kinds  # card still streamed after base was done
     done = {m: v for kind, m, v in events if kind == "done"}
     assert done["base"].n_tokens == 2 and done["card"].n_tokens == 8 and done["base"].gen_id is not None
     assert done["base"].latency_s < done["card"].latency_s
-    final = {m: f.result()[0] for m, f in zip(["base", "card"], submitted)}
+    (request,) = submitted  # both columns' rows: one request to the scheduler
+    final = dict(zip(["base", "card"], request.result()))
     assert all(done[m].text == final[m].text and done[m].n_tokens == final[m].n_tokens for m in done)
     assert studio.runtime.store.generation(done["base"].gen_id)["output"] == final["base"].text
+
+
+def test_a_column_whose_rows_break_the_compares_request_fails_alone(studio, monkeypatch):
+    """A Compare's columns go to the scheduler as one request; a row that breaks its batch (here an adapter the
+    build does not hold) sends each column again alone, so only its own column shows the error."""
+    studio.histories.save_history("cole", [Item(f"ok so the {w} was fine i guess") for w in WORDS], "tweets")
+    rows, submitted = studio.decoding.rows, []
+    broken = lambda m, *a, **k: [dataclasses.replace(r, adapter="k9c9") for r in rows(m, *a, **k)]  # noqa: E731
+    monkeypatch.setattr(studio.decoding, "rows", lambda m, *a, **k: (broken if m == "base" else rows)(m, *a, **k))
+    submit = studio.runtime.scheduler.submit
+    monkeypatch.setattr(studio.runtime.scheduler, "submit",
+                        lambda build, on_step=None: submitted.append(submit(build, on_step)) or submitted[-1])
+    plan = studio.decoding.compare_plan("cole", "the bus", True, None, ["base", "cluster"])
+    done = {m: v for kind, m, v in studio.decoding.compare_stream(plan, studio.runtime.settings(max_new_tokens=3))
+            if kind == "done"}
+    assert "k9c9" in done["base"].error and done["cluster"].error is None and done["cluster"].text
+    assert len(submitted) == 3  # the Compare's one request, then each column alone
 
 
 def test_the_done_line_shows_a_diff_prompt_as_written():
