@@ -23,18 +23,19 @@ from personalize.data import read_lamp
 from personalize.metrics import paired_interval, rouge_per_query
 
 PREFIX = re.compile(r"^\s*[A-Z][A-Za-z]*:")  # "BUG:", "DOC:", "MAINT:": the population's form
-SKIP = {"id", "user", "source", "gold"}
+SKIP = {"id", "user", "source", "gold", "own"}
 DEFAULT_PAIRS = ("card-cluster", "card-card_shuffled", "card-card_no_form", "card_reach-card", "card-base",
                  "card-bm25_copy", "card-oppu", "oppu-cluster")
 
 
-def merged(paths) -> list[dict]:
-    """One row per person of the first file, with every method of every file that scored them."""
+def merged(paths, concat: bool = False) -> list[dict]:
+    """One row per person of the first file, with every method of every file that scored them; `concat`: the files
+    hold different people of one protocol (one eval split by sources), and every person of every file is a row."""
     rows: dict[str, dict] = {}
     order: list[str] = []
     for n, path in enumerate(paths):
         for p in json.load(open(path))["predictions"]:
-            if n == 0:
+            if n == 0 or (concat and p["id"] not in rows):
                 rows[p["id"]], _ = dict(p), order.append(p["id"])
             elif p["id"] in rows:
                 rows[p["id"]].update({k: v for k, v in p.items() if k not in rows[p["id"]]})
@@ -132,9 +133,15 @@ def main(argv=None) -> None:
     p.add_argument("--pairs", default=",".join(DEFAULT_PAIRS), help="a-b differences to report (comma-separated)")
     p.add_argument("--show", type=int, default=0, help="real people's outputs side by side")
     p.add_argument("--data", default=None, help="the people's LaMP folder: the share of outputs copied from their past")
+    p.add_argument("--concat", action="store_true", help="the files hold different people: every person is a row")
+    p.add_argument("--apart", action="store_true", help="also the clusters of one (eval's `own`) and the others apart")
     a = p.parse_args(argv)
-    rows = merged(a.files)
-    print(report(rows, a.pairs.split(","), pasts=past_outputs(a.data) if a.data else None))
+    rows = merged(a.files, a.concat)
+    pasts = past_outputs(a.data) if a.data else None
+    print(report(rows, a.pairs.split(","), pasts=pasts))
+    for own, who in ((True, "clusters of one (their own adapter)"), (False, "the others (their cluster's adapter)")):
+        if a.apart and (part := [r for r in rows if r.get("own") is own]):
+            print(f"\n## {who}\n\n" + report(part, a.pairs.split(","), pasts=pasts))
     if a.show:
         print(side_by_side(rows, a.show, methods_of(rows)))
 

@@ -177,65 +177,68 @@ def bench_methods(engine: Engine, users: dict[str, UserContext], prompt: str, se
     rows: dict[str, dict] = {}
     runners: dict = {}
     released = []  # methods that hold people's state in the engine's model (OPPU's adapters)
-    try:
-        for m in methods:
-            if m in CARD_ROWS:  # CARD's row: its people's fits and stored styles
-                rows[m] = {"onboarding_s": round(_median([_fit_s(fits[n]) for n in names]), 4),
-                           "bytes_per_user": int(_median([store.vector_bytes(n, engine.artifacts_id) for n in names]))}
-                runners[m] = lambda u, m=m: card_decode.generate(engine, [prompt], m, fits[u.name].cluster,
-                                                                 fits[u.name].style, k=fits[u.name].k, settings=settings)
-            else:
-                # training only, per-person files in a temp folder
-                cfg = local_config(m, folder and folder / m, report_loss=False) | dict(configs.get(m, {}))
-                cls = METHODS[m]
-                method_cfg = cls.config_class(**cfg)  # bad settings are errors, not skipped rows
-                try:
-                    method = cls(engine, store, method_cfg)
-                except ValueError as e:
-                    rows[m] = {"skipped": str(e)}
-                    continue
-                if hasattr(method, "release"):
-                    released.append(method)
-                times, infos = [], []
-                for n in tqdm(names, desc=f"onboarding ({m})", mininterval=2.0):
-                    t0 = time.perf_counter()
-                    infos.append(method.prepare(users[n]))
-                    times.append(time.perf_counter() - t0)
-                rows[m] = {"onboarding_s": round(_median(times), 4),
-                           "bytes_per_user": int(_median([method.stored_bytes(users[n], info)
-                                                          for n, info in zip(names, infos)]))}
-                if hasattr(method, "bench_figures"):
-                    rows[m] |= method.bench_figures(infos)
-                runners[m] = lambda u, method=method: method.generate(u, [prompt], settings)
-            rows[m]["stored"] = REGISTRY[m].stored
-        if "card" in methods and "oppu" in methods and folder is not None:  # a cluster of one beside OPPU (issue 48)
-            rows[OWN_ROW], runners[OWN_ROW] = _own_row(engine, users, fits, prompt, settings, folder / "own")
+    # the own adapters' row is nobody's to keep: the engine's folder as it was after (OwnAdapters.scratch)
+    with engine.own.scratch():
+        try:
+            for m in methods:
+                if m in CARD_ROWS:  # CARD's row: its people's fits and stored styles
+                    sizes = [store.vector_bytes(n, engine.artifacts_id) for n in names]
+                    rows[m] = {"onboarding_s": round(_median([_fit_s(fits[n]) for n in names]), 4),
+                               "bytes_per_user": int(_median(sizes))}
+                    runners[m] = lambda u, m=m: card_decode.generate(
+                        engine, [prompt], m, fits[u.name].cluster, fits[u.name].style, k=fits[u.name].k,
+                        settings=settings)
+                else:
+                    # training only, per-person files in a temp folder
+                    cfg = local_config(m, folder and folder / m, report_loss=False) | dict(configs.get(m, {}))
+                    cls = METHODS[m]
+                    method_cfg = cls.config_class(**cfg)  # bad settings are errors, not skipped rows
+                    try:
+                        method = cls(engine, store, method_cfg)
+                    except ValueError as e:
+                        rows[m] = {"skipped": str(e)}
+                        continue
+                    if hasattr(method, "release"):
+                        released.append(method)
+                    times, infos = [], []
+                    for n in tqdm(names, desc=f"onboarding ({m})", mininterval=2.0):
+                        t0 = time.perf_counter()
+                        infos.append(method.prepare(users[n]))
+                        times.append(time.perf_counter() - t0)
+                    rows[m] = {"onboarding_s": round(_median(times), 4),
+                               "bytes_per_user": int(_median([method.stored_bytes(users[n], info)
+                                                              for n, info in zip(names, infos)]))}
+                    if hasattr(method, "bench_figures"):
+                        rows[m] |= method.bench_figures(infos)
+                    runners[m] = lambda u, method=method: method.generate(u, [prompt], settings)
+                rows[m]["stored"] = REGISTRY[m].stored
+            if "card" in methods and "oppu" in methods:  # a cluster of one beside OPPU (issue 48)
+                rows[OWN_ROW], runners[OWN_ROW] = _own_row(engine, users, fits, prompt, settings)
 
-        for run in runners.values():  # warm-up: first-call costs are not per-query latency
-            run(users[names[0]])
-        latency: dict[str, list[float]] = {m: [] for m in runners}
-        for r in tqdm(range(repeats), desc="latency", mininterval=2.0):
-            u = users[names[r % len(names)]]
-            for m, run in runners.items():
-                t0 = time.perf_counter()
-                run(u)
-                latency[m].append(time.perf_counter() - t0)
-        for m, xs in latency.items():
-            rows[m]["latency_s_per_query"] = round(_median(xs), 4)
-    finally:
-        for method in released:
-            method.release()  # the users' adapters leave the engine's model
+            for run in runners.values():  # warm-up: first-call costs are not per-query latency
+                run(users[names[0]])
+            latency: dict[str, list[float]] = {m: [] for m in runners}
+            for r in tqdm(range(repeats), desc="latency", mininterval=2.0):
+                u = users[names[r % len(names)]]
+                for m, run in runners.items():
+                    t0 = time.perf_counter()
+                    run(u)
+                    latency[m].append(time.perf_counter() - t0)
+            for m, xs in latency.items():
+                rows[m]["latency_s_per_query"] = round(_median(xs), 4)
+        finally:
+            for method in released:
+                method.release()  # the users' adapters leave the engine's model
     return rows
 
 
 OWN_ROW = "card, own adapter"
 
 
-def _own_row(engine: Engine, users: dict[str, UserContext], fits: dict[str, UserFit], prompt: str, settings,
-             folder: Path) -> tuple[dict, object]:
+def _own_row(engine: Engine, users: dict[str, UserContext], fits: dict[str, UserFit], prompt: str,
+             settings) -> tuple[dict, object]:
     """Each person as a cluster of one (methods/card/own.py): their own adapter trained from their cluster's and
     their style fitted over it, what the studio does after Save for a far person; its latency is card's over it."""
-    engine.own.folder = folder
     seconds, trained, sizes, over = [], [], [], {}
     for n, u in tqdm(users.items(), desc="onboarding (own adapter)", mininterval=2.0):
         f = fits[n]

@@ -122,6 +122,7 @@ def _run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequenc
                          "objective": engine.cfg.objectives[0], "style": dataclasses.asdict(engine.cfg.style),
                          "onboarding_s_total": round(onboard_s, 1), "method_configs": method_configs or {}},
             "predictions": [{"id": q.id, "user": q.user, "source": q.source, "gold": q.gold,
+                             "own": bool(fits[i].style is not None and fits[i].style.own),  # a cluster of one
                              **{m: preds[m][i] for m in methods},
                              **{f"{m}_gold_logprob": round(v[i], 4) for m, v in scored.items()}}
                             for i, q in enumerate(queries)]}

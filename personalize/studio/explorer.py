@@ -18,7 +18,8 @@ import numpy as np
 from personalize.serving.settings import DecodingSettings
 from personalize.data import Item
 from personalize.fitting.person import prepared_items
-from personalize.metrics import rouge_scores
+from personalize.metrics import paired_interval, rouge_per_query, rouge_scores
+from personalize.studio.fits import decoded_verdict
 from personalize.studio.service import Service
 from personalize.methods.card import card_decode
 from personalize.methods.card.adapters import cluster_adapter
@@ -80,15 +81,26 @@ class Sweep:
         return max(self.alpha, key=lambda r: r.rougeL)
 
 
+@dataclass(frozen=True)
+class HeldOutCheck:
+    """card at the build's α against the person's base (α = 0) on their held-out items, decoded: Fit's verdict and
+    Explore's two rows at those α are one computation."""
+    alpha: float
+    card: float  # ROUGE-L, mean over the held-out items
+    base: float
+    difference: dict  # metrics.paired_interval of card − base, item by item
+    own: bool  # the base is the person's own adapter (else their cluster's model)
+
+
 class Explorer(Service):
     def __init__(self, rt):
         super().__init__(rt)
 
     def explore(self, name: str, alphas: Sequence[float], n_holdout: int = 4, s: DecodingSettings | None = None,
-                progress: Callable[[float, str], None] | None = None) -> Sweep:
+                progress: Callable[[float, str], None] | None = None, with_k: bool = True) -> Sweep:
         """α and K sweeps against the user's own held-out items: the style (λ, bias, memory) is refitted without
         them (not stored), then CARD (and the cluster model, for K) generates for their prompts, retrieving only
-        from the rest; ROUGE-L and output length per point."""
+        from the rest; ROUGE-L and output length per point. `with_k` False: the α points alone."""
         s = s or self.engine.cfg.decoding
         alphas = check_alphas(alphas)
         with self.model_lock:
@@ -101,7 +113,8 @@ class Explorer(Service):
                                                     if set_aside else ""))
             prompts, golds = [it.x for it in held], [it.y for it in held]
             own = self._own_without_held_out(name)
-            total, done = len(alphas) + 2 * len(self.ks) + 1 + bool(own), 0
+            ks = self.ks if with_k else ()
+            total, done = len(alphas) + 2 * len(ks) + 1 + bool(own), 0
 
             def tick(what):
                 nonlocal done
@@ -114,7 +127,7 @@ class Explorer(Service):
                 self.engine.own.train(own, rest, cluster_adapter(placed.k, placed.cluster))
                 tick("your own adapter, trained without the held-out items")
             try:
-                return self._sweep(rest, prompts, golds, alphas, s, set_aside, own, tick)
+                return self._sweep(rest, prompts, golds, alphas, ks, s, set_aside, own, tick)
             finally:
                 if own:
                     self.engine.own.forget(own)  # the sweep's adapter: never the person's
@@ -126,7 +139,30 @@ class Explorer(Service):
         style = UserStyle.from_stored(state) if state is not None else None
         return f"{name} · explore" if style is not None and style.own else None
 
-    def _sweep(self, rest, prompts, golds, alphas, s, set_aside, own, tick) -> Sweep:
+    def check(self, name: str, progress: Callable[[float, str], None] | None = None) -> HeldOutCheck | None:
+        """Fit's verdict by decoding, as Explore does: card at the build's α against α = 0 (the person's base) on
+        the same held-out items (a third of the history, 2 to 8), each item's ROUGE-L paired. None where the build
+        decodes card at α = 0 or the history is too short to hold any out."""
+        a, n_items = self.engine.cfg.decoding.alpha, len(self.store.items(name))
+        n_holdout = min(8, n_items // 3)
+        if a <= 0 or n_holdout < 2:
+            return None
+        sweep = self.explore(name, [0.0, a], n_holdout, progress=progress, with_k=False)
+        base, card = (rouge_per_query(r.outputs, sweep.golds) for r in sweep.alpha)
+        return HeldOutCheck(a, sweep.alpha[1].rougeL, sweep.alpha[0].rougeL,
+                            paired_interval(np.subtract(card, base), n_boot=2000),
+                            self._own_without_held_out(name) is not None)
+
+    def verdict(self, name: str, progress: Callable[[float, str], None] | None = None) -> str:
+        """Fit's verdict by decoding (check), in words; or why there is none."""
+        check = self.check(name, progress)
+        if check is not None:
+            return decoded_verdict(check, self.engine.cfg.style.fallback)
+        if self.engine.cfg.decoding.alpha <= 0:
+            return "This build decodes card at α = 0, so your base is what it writes; Explore sweeps α for you."
+        return "Too few items to hold some out and decode them (6 or more); Explore says what it needs."
+
+    def _sweep(self, rest, prompts, golds, alphas, ks, s, set_aside, own, tick) -> Sweep:
         """The α and K points on the held-out prompts, the style fitted on `rest` (over `own`'s adapter if any)."""
         fit = self.engine.fit(rest, own=owner_key(own) if own else None)
         tick("fit the style on the other items")
@@ -144,7 +180,7 @@ class Explorer(Service):
             alpha_rows.append(point("card", fit.k, fit.cluster, a))
             tick(f"α = {a}")
         k_rows = []
-        for k in self.ks:
+        for k in ks:
             c, _ = self.engine.assign(emb, k)
             for m in ("cluster", "card"):
                 k_rows.append(point(m, k, c, s.alpha))

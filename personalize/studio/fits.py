@@ -63,6 +63,23 @@ def _uncertainty(interval: dict | None) -> str:
             f"your {interval['items']} held-out items: {sure}")
 
 
+def decoded_verdict(check, fallback: bool) -> str:
+    """Fit's verdict by decoding (explorer.HeldOutCheck), in plain words with its count and interval: the figure
+    Explore's rows at α = 0 and the build's α show for the same held-out items, and what Compare then decodes."""
+    d, n, base = check.difference, check.difference["n"], "your own adapter" if check.own else "your cluster's model"
+    lo, hi = d["ci95"]
+    sure = ("too few to be sure either way" if lo <= 0 <= hi or n < MIN_SURE_ITEMS else
+            "clearly better" if lo > 0 else "clearly worse")
+    return (f"Decoded on your {n} newest items, held out (Explore with {n} held out shows these two rows): card at "
+            f"α = {check.alpha:g} scores ROUGE-L {check.card:.3f} against {check.base:.3f} for your base at α = 0 "
+            f"({base}); a difference of {d['mean']:+.3f}, 95 % interval {lo:+.3f} to {hi:+.3f} over {n} items: "
+            f"{sure}. Compare decodes card by this build's rule, the one that measured best over its validation "
+            f"people: α = {check.alpha:g}" + (", or your cluster's model where your style loses to it on your "
+                                              "held-out words (the fallback)" if fallback else "")
+            + "; an α chosen per person from a few decoded items measured no better there (docs/RESULTS.md). "
+            "α = 0 in Compare gives your base.")
+
+
 def kept_reason(meta: dict) -> str:
     """Why this build decodes a style that lost on its person's held-out items, from what its tune measured on the
     validation people (the fallback step): a tie is said as a tie, never as a loss."""

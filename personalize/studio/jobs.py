@@ -60,12 +60,26 @@ class FirstUseJobs(Service):
     def start_first_use(self, name: str, method: str) -> dict:
         """The method's per-user work (EXACT's attribute search, OPPU's training) as a background job, started
         once per user and history; the job dict shows its progress ("done" of "total") while it runs."""
-        key = (name, method)
+
+        def run(job, progress) -> None:
+            with self.model_lock.background:  # the rewrites: a few short decodes, once per history
+                prepared_items(self.engine, self.store, name)
+            user = UserContext.from_store(self.store, name, self.task)
+            m = self.rt.method(method)
+            if not m.is_prepared(user):
+                m.prepare(user, progress=progress)
+
+        return self._submit(name, method, run)
+
+    def _submit(self, name: str, what: str, run) -> dict:
+        """`run(job, progress)` as the person's background job `what`, one at a time behind the others; joins the
+        job already queued or running. An error is the job's state: the page says it where it waits."""
+        key = (name, what)
         job = self.rt.jobs.get(key)
         if job is not None and job["state"] in ("queued", "running"):
             return job
-        job = self.rt.jobs[key] = {"user": name, "method": method, "state": "queued", "done": 0, "total": 0,
-                                "error": None, "started": time.time()}
+        job = self.rt.jobs[key] = {"user": name, "method": what, "state": "queued", "done": 0, "total": 0,
+                                   "error": None, "started": time.time()}
 
         def progress(done: int, total: int) -> None:
             job["done"], job["total"] = done, total
@@ -73,12 +87,7 @@ class FirstUseJobs(Service):
         def work() -> None:
             job["state"] = "running"
             try:
-                with self.model_lock.background:  # the rewrites: a few short decodes, once per history
-                    prepared_items(self.engine, self.store, name)
-                user = UserContext.from_store(self.store, name, self.task)
-                m = self.rt.method(method)
-                if not m.is_prepared(user):
-                    m.prepare(user, progress=progress)
+                run(job, progress)
                 job["state"] = "done"
             except Exception as e:  # a deleted user or a failed pass: the column says so when it runs
                 job["state"], job["error"] = "error", str(e)
@@ -128,37 +137,19 @@ class FirstUseJobs(Service):
 
     def start_own(self, name: str) -> dict:
         """Trains the person's own adapter in the background (one first-use job at a time), warm-started from
-        their nearest cluster's at the build's K; a job dict shows its progress. Fit's switch starts it for anyone."""
-        key = (name, OWN)
-        job = self.rt.jobs.get(key)
-        if job is not None and job["state"] in ("queued", "running"):
-            return job
-        job = self.rt.jobs[key] = {"user": name, "method": OWN, "state": "queued", "done": 0, "total": 0,
-                                   "error": None, "started": time.time()}
+        their nearest cluster's at the build's K; a job dict shows its progress. Fit's switch starts it for anyone.
+        An error leaves card over the cluster's adapter, and the page says why."""
 
-        def progress(done: int, total: int) -> None:
-            job["done"], job["total"] = done, total
+        def run(job, progress) -> None:
+            with self.model_lock.background:
+                items = prepared_items(self.engine, self.store, name)
+            k = self.engine.cfg.default_k
+            cluster = int(self.store.assignment(name, self.engine.artifacts_id, k)["cluster"])
+            job["trained"] = self.engine.own.train(name, items, cluster_adapter(k, cluster), progress=progress)
+            for then in self.after_own:  # the style refitted over it: "done" means card decodes over it
+                then(name)
 
-        def work() -> None:
-            job["state"] = "running"
-            try:
-                with self.model_lock.background:
-                    items = prepared_items(self.engine, self.store, name)
-                k = self.engine.cfg.default_k
-                cluster = int(self.store.assignment(name, self.engine.artifacts_id, k)["cluster"])
-                trained = self.engine.own.train(name, items, cluster_adapter(k, cluster), progress=progress)
-                job["trained"] = trained
-                for then in self.after_own:  # the style refitted over it: "done" means card decodes over it
-                    then(name)
-                job["state"] = "done"
-            except Exception as e:  # a deleted user or a failed step: card stays over the cluster, the page says why
-                job["state"], job["error"] = "error", str(e)
-            finally:
-                trim_memory()
-            job["seconds"] = round(time.time() - job["started"], 1)
-
-        self.rt.first_use.submit(work)
-        return job
+        return self._submit(name, OWN, run)
 
     def own_job(self, name: str) -> dict | None:
         return self.rt.jobs.get((name, OWN))

@@ -51,6 +51,15 @@ def _truthy(value) -> bool:
     return str(value).strip().lower() in ("true", "1", "yes")
 
 
+def decoded_check(studio, name, progress=gr.Progress()):
+    """Fit's verdict by decoding the held-out items (Explore's computation at α = 0 and the build's α)."""
+    try:
+        progress(0, desc="decoding your held-out items")
+        return f"**{md(studio.explorer.verdict(studio.runtime.need_user(name), lambda f, w: progress(f, desc=w)))}**"
+    except EXPECTED as e:
+        return _err(e)
+
+
 @guarded(1)
 def own_adapter(studio, name):
     """Fit's switch: the person's own adapter, trained in the background (a cluster of one)."""
@@ -86,6 +95,7 @@ def build(studio, shared: Shared) -> None:
         with gr.Row():
             fit_btn = gr.Button("Fit my style", variant="primary", elem_id="fit-button")
             own_btn = gr.Button("Train my own adapter", elem_id="own-adapter")
+        check = Markdown(elem_id="fit-check")
         status = Markdown(elem_id="fit-status")
         plot = gr.Plot(elem_id="fit-plot")
         Markdown("**Versions of your style.** Every fit and every vote (👍 / 👎 in *Compare*, votes on your "
@@ -105,9 +115,11 @@ def build(studio, shared: Shared) -> None:
         owner_status = Markdown(elem_id="owner-status")
 
     user, versions, rows = shared.user, shared.versions, bind(version_rows, studio)
-    shared.of_person((status, ""), (plot, None), (style_key, ""), (owner_status, ""))
-    fit_btn.click(bind(fit, studio), [user, shared.decoding.k], [status, plot], concurrency_id="model",
-                  api_name="fit").then(rows, [user], [versions])
+    shared.of_person((status, ""), (check, ""), (plot, None), (style_key, ""), (owner_status, ""))
+    fitted = fit_btn.click(bind(fit, studio), [user, shared.decoding.k], [status, plot], concurrency_id="model",
+                           api_name="fit")
+    fitted.then(rows, [user], [versions])
+    fitted.success(bind(decoded_check, studio), [user], [check], concurrency_id="model")
     own_btn.click(bind(own_adapter, studio), [user], [status])
     restore_btn.click(bind(restore, studio), [user, version_id], [owner_status, versions])
     refresh_btn.click(rows, [user], [versions])

@@ -60,7 +60,7 @@ def fit_message(studio, name: str, fit: UserFit, total_s: float, shown_name: str
                      "(your cluster's shared head). Add more writing and refit.")
     else:  # the answer first, in plain words: does the vector beat the cluster model?
         verdict = fit_verdict(d, fallback=studio.runtime.engine.cfg.style.fallback, why_kept=kept_reason(studio.runtime.engine.meta))
-        lines.insert(1, f"\n**{verdict}**\n")
+        lines.insert(1, f"\nTeacher-forced, on your held-out words: **{verdict}**\n")
         if d.get("n"):
             lines.append(f"\nHeld-out accuracy ({d.get('unit', 'tokens')}, n = {d['n']}): own style "
                          f"**{d.get('acc_own', float('nan')):.3f}**"

@@ -173,6 +173,16 @@ def test_card_falls_back_with_a_note_and_retrieves_only_for_its_own_rows(engine,
         engine.cfg = cfg
 
 
+def test_eval_says_who_it_scored_as_a_cluster_of_one(engine, two_sources, monkeypatch):
+    """Each prediction says whether its person was a cluster of one (their own adapter, card over it), so that a
+    study reads the far and the near people's figures apart from the run itself."""
+    folder, _ = two_sources
+    for far in (True, False):
+        monkeypatch.setattr(engine, "is_far", lambda k, d, far=far: far)
+        res = run_eval(engine, folder, "dev", ["cluster", "card"], sources=["left/out"], limit=2, n_boot=10)
+        assert [p["own"] for p in res["predictions"]] == [far, far], res["predictions"]
+
+
 def test_eval_reports_each_golds_log_prob_under_each_methods_own_rows(engine, two_sources):
     """The low-noise figure beside ROUGE: base's equals a plain forward pass with every adapter off, OPPU's is
     read through the person's own LoRA (so it differs from the cluster model's), and a method without one

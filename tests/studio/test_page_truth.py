@@ -353,3 +353,26 @@ def test_the_fit_page_says_how_far_the_person_is_what_they_get_and_what_alpha_do
     two = page_text.fit_message(studio, "vera", fitted, 1.0)
     assert "Your past texts nearest the prompt are also placed before it" in two
     assert "it starts at this build's α = 2, the strength its validation people were decoded best with" in two
+
+
+def test_fit_verdict_by_decoding_is_explores_rows(studio, monkeypatch):
+    """Issue 48, item 5: Fit's decoded verdict and Explore's rows at α = 0 and the build's α are one computation on
+    the same held-out items (a third of the history), said with its count and interval; a build at α = 0 and a
+    history too short to hold items out say so instead of a figure."""
+    engine = studio.runtime.engine
+    decoding = dataclasses.replace(engine.cfg.decoding, alpha=2.0, max_new_tokens=4)
+    monkeypatch.setattr(engine, "cfg", dataclasses.replace(engine.cfg, decoding=decoding))
+    studio.histories.save_history("judged", studio.histories.demo_items("formal_01"), "tweets")
+    n = len(studio.runtime.store.items("judged")) // 3
+    check = studio.explorer.check("judged")
+    rows = studio.explorer.explore("judged", [0.0, 2.0], n_holdout=n, with_k=False).alpha
+    assert (check.base, check.card, check.alpha) == (rows[0].rougeL, rows[1].rougeL, 2.0) and not check.own
+    assert check.difference["n"] == n and check.difference["mean"] == pytest.approx(check.card - check.base, abs=1e-3)
+    words = studio.explorer.verdict("judged")
+    assert f"Explore with {n} held out" in words and f"over {n} items: too few to be sure" in words
+    assert f"ROUGE-L {check.card:.3f} against {check.base:.3f}" in words and "your cluster's model" in words
+
+    studio.histories.save_history("brief", studio.histories.demo_items("formal_01")[:4], "tweets")
+    assert studio.explorer.check("brief") is None and "Too few items" in studio.explorer.verdict("brief")
+    monkeypatch.setattr(engine, "cfg", dataclasses.replace(engine.cfg, decoding=dataclasses.replace(decoding, alpha=0.0)))
+    assert studio.explorer.check("judged") is None and "α = 0" in studio.explorer.verdict("judged")
