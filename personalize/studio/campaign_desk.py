@@ -1,5 +1,6 @@
-"""The campaigns a researcher runs from the app (humaneval.campaign): create, judgments, status, export, the LLM
-judge; and the Export tab's tables."""
+"""What changes a campaign for everyone (humaneval.campaign), an admin's with logins: create, status, export, the
+LLM judge; and the Export tab's tables. A rater's units, judgments and the results are the campaigns' own
+(`Studio.campaigns`, humaneval.campaign.Campaigns), called directly."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from typing import Callable, Sequence
 from personalize.access import current_login
 from personalize.data import TASKS
 from personalize.humaneval import campaign_files, campaign_pool
-from personalize.humaneval.campaign_schema import Assignment
 from personalize.studio.service import Service
 
 
@@ -34,16 +34,6 @@ class CampaignDesk(Service):
             attention_every=int(attention_every), alpha=alpha, top_k=top_k, max_new_tokens=max_new_tokens,
             min_raters_per_unit=min_raters_per_unit)
 
-    def next_judgment(self, name: str, rater: str) -> Assignment | None:
-        return self.rt.campaigns.next(name, rater)
-
-    def submit_judgment(self, assignment: int, rater: str, verdict: str | None = None,
-                        scores: dict | None = None) -> int:
-        return self.rt.campaigns.submit(assignment, rater, verdict, scores)
-
-    def skip_judgment(self, assignment: int, rater: str) -> None:
-        self.rt.campaigns.skip(assignment, rater)
-
     def set_campaign_status(self, name: str, status: str) -> None:
         self.rt.need_admin("closing or opening a campaign")
         self.rt.campaigns.set_status(name, status)
@@ -56,9 +46,6 @@ class CampaignDesk(Service):
         safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name.strip()) or "campaign"
         path = self.cfg.exports / f"campaign-{safe}.{fmt}"
         return campaign_files.export_judgments(self.rt.campaigns, name, path)
-
-    def campaign_results(self, name: str) -> dict:
-        return self.rt.campaigns.results(name)
 
     def judge_campaign(self, name: str, model: str | None = None,
                        progress: Callable[[int, int, str], None] | None = None) -> dict:

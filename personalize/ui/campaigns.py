@@ -3,7 +3,7 @@
 Create one from a LaMP folder, generate its outputs ahead of rating (progress bar; resumable), watch progress,
 read the results (strengths or rubric means with intervals, Krippendorff's α, position bias, each rater against
 the others, the LLM judge and its rank correlation with the raters), export, import, close. Handlers are plain
-functions of the Studio; the figures are built from `studio.campaign_desk.campaign_results` alone.
+functions of the Studio; the figures are built from `studio.campaigns.results` alone.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def rater_rows(res: dict) -> list[list]:
 def show(studio: Studio, name: str | None) -> tuple:
     if not name:
         raise ValueError("choose or create a campaign first")
-    res = studio.campaign_desk.campaign_results(name)
+    res = studio.campaigns.results(name)
     return results_md(res), results_figure(res), rater_rows(res)
 
 
@@ -101,7 +101,7 @@ def create(studio: Studio, name, data, split, sources, limit, methods, reference
     overlap = {"min_raters_per_unit": int(min_raters)} if min_raters else {}  # 0 or empty: the default (2)
     c = studio.campaign_desk.create_campaign(name, data, split or "dev", int(limit or 0), methods or [], bool(reference),
                                mode, int(per_item or 0), int(attention or 0), sources=sources or "", **overlap)
-    names = studio.runtime.campaigns.names()
+    names = studio.campaigns.names()
     return (f"Created **{md(c['name'])}**: generate its outputs next (below).",
             gr.update(choices=names, value=c["name"]))
 
@@ -138,28 +138,28 @@ def set_status(studio: Studio, status: str, name: str | None) -> str:
 @guarded(2)
 def export(studio: Studio, name: str | None, fmt: str) -> tuple:
     path, summary, n = studio.campaign_desk.export_campaign(name or "", fmt)
-    return f"Exported {n} judgment(s).", hand_out(studio.runtime.cfg.page_files, path, summary)
+    return f"Exported {n} judgment(s).", hand_out(studio.cfg.page_files, path, summary)
 
 
 @guarded(1)
 def import_file(studio: Studio, name: str | None, file) -> str:
     if not file:
         raise ValueError("choose an exported .jsonl or .csv file")
-    res = campaign_files.import_judgments(studio.runtime.campaigns, name or "", file)
+    res = campaign_files.import_judgments(studio.campaigns, name or "", file)
     return f"Imported {res['added']} judgment(s); {res['duplicates']} were here already, {res['unmatched']} unmatched."
 
 
 def build(studio: Studio, shared=None) -> None:
     from personalize.ui.common import Markdown
 
-    names = studio.runtime.campaigns.names()
+    names = studio.campaigns.names()
     with gr.Tab("Campaigns", id="campaigns") as tab:
         Markdown("A **campaign** is a fixed set of (person, prompt) items whose outputs are generated ahead; raters "
                  "judge them blind in the **Rate** tab. Progress and results are here.")
         with gr.Accordion("New campaign from a LaMP folder", open=not names):
             with gr.Row():
                 c_name = gr.Textbox(label="Name", elem_id="campaign-name")
-                c_data = gr.Textbox(label="LaMP folder", value=str(studio.runtime.cfg.demo_data), elem_id="campaign-data")
+                c_data = gr.Textbox(label="LaMP folder", value=str(studio.cfg.demo_data), elem_id="campaign-data")
                 c_split = gr.Textbox(label="Split", value="dev", elem_id="campaign-split")
                 c_sources = gr.Textbox(label="Only people from these sources (optional)",
                                        placeholder="e.g. emnlp: the ones the build left out", elem_id="campaign-sources")

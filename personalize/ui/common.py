@@ -122,6 +122,6 @@ def rater_box(request: gr.Request):
 def version_rows(studio, name: str | None) -> list[list]:
     """The user's style versions as table rows, newest first; none without a (known) user."""
     try:
-        return [[r[c] for c in VERSION_COLUMNS] for r in studio.fits.versions(studio.runtime.need_user(name))]
+        return [[r[c] for c in VERSION_COLUMNS] for r in studio.fits.versions(studio.need_user(name))]
     except EXPECTED:
         return []
