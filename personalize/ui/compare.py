@@ -8,7 +8,7 @@ import time
 import gradio as gr
 
 from personalize.display import md
-from personalize.catalog import ALL_METHODS, DEFAULT_METHODS, STEERED
+from personalize.catalog import ALL_METHODS, BY_NAME, DEFAULT_METHODS, STEERED
 from personalize.methods.registry import REGISTRY
 from personalize.ui.common import DECODE_SESSIONS, EXPECTED, Markdown, _err, bind, guarded, version_rows
 from personalize.studio.fits import LOSING_STYLE_NOTE, decodes_losing_style
@@ -45,7 +45,7 @@ def first_use_md(studio, method: str) -> str:
     started when the history was saved or fitted; its progress replaces this line)."""
     note = getattr(REGISTRY.get(method), "first_use_note", None)
     if note:
-        return (f"**{method}**\n\n*first use: {note.format(max_pairs=studio.cfg.exact_pairs)} in the "
+        return (f"**{method}**\n\n*first use: {note.format(**BY_NAME[method].budget)} in the "
                 "background; the other columns do not wait…*")
     return f"**{method}**\n\n*waiting…*"
 
