@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from personalize.access import current_login
+from personalize.schema import current_login
 from personalize.data import TASKS
 from personalize.humaneval import campaign_files, campaign_pool
 from personalize.studio.service import Service

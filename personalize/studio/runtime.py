@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from personalize.access import Access
+from personalize.schema import Access
 from personalize.catalog import BY_NAME
 from personalize.serving.settings import DecodingSettings
 from personalize.data import Item
@@ -48,7 +48,7 @@ class StudioConfig:
     own_adapters: bool = True
     feedback: FeedbackSettings = FeedbackSettings()  # how much a vote counts against the history when λ is refitted
     decode: DecodeTarget = DecodeTarget()  # where decodes run: in-process, or a Ray Serve deployment (studio/decoder)
-    # who may reach whose people (personalize/access.py): with logins, a login sees only the people it made; admins all
+    # who may reach whose people (personalize/schema.py's Access): with logins, a login sees only the people it made; admins all
     logins: bool = False
     admins: tuple[str, ...] = ()
     # where the page's files live (Gradio's cache: uploads and downloads); Forget me clears the person from it
@@ -149,7 +149,7 @@ class Runtime:
 
     def need_admin(self, what: str) -> None:
         """What changes the studio for every session (the build served, populations, campaigns) is an admin's,
-        when there are logins (access.py)."""
+        when there are logins (schema.Access)."""
         if not self.store.access.sees_everyone():
             raise ValueError(f"{what} changes the studio for everyone: only an admin login may (app.py --admin NAME)")
 

@@ -9,7 +9,7 @@ import inspect
 import gradio as gr
 from gradio import utils as gr_utils
 
-from personalize.access import acting_as
+from personalize.schema import acting_as
 
 from personalize.humaneval.arena import StalePair
 from personalize.data import HistoryError
@@ -60,7 +60,7 @@ def bind(fn, *args):
 
 
 def run_as_login(app: gr.Blocks) -> None:
-    """Every event handler of the page runs as the login that sent it (access.acting_as), so the store lets it
+    """Every event handler of the page runs as the login that sent it (schema.acting_as), so the store lets it
     reach only that login's people. One wrapper over all of them, made after the tabs are laid out: a handler
     cannot forget to say who asks."""
     for block_fn in app.fns.values():
