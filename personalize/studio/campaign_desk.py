@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from personalize.schema import current_login
+from personalize.catalog import CORE_METHODS
 from personalize.data import TASKS
 from personalize.humaneval import campaign_files, campaign_pool
 from personalize.studio.service import Service
@@ -17,22 +18,16 @@ from personalize.studio.service import Service
 
 class CampaignDesk(Service):
     def create_campaign(self, name: str, data: str | Path, split: str = "dev", limit: int = 10,
-                        methods: Sequence[str] = ("base", "cluster", "card"), reference: bool = False,
-                        mode: str = "pairwise", raters_per_item: int = 3, attention_every: int = 0,
-                        alpha: float | None = None, top_k: int | None = None,
-                        max_new_tokens: int | None = None, sources: Sequence[str] | str = (),
-                        min_raters_per_unit: int | None = None) -> dict:
+                        methods: Sequence[str] = CORE_METHODS, sources: Sequence[str] | str = (), **settings) -> dict:
         """A campaign over the first `limit` queries of a LaMP split, for this build (campaign.create_from_lamp);
-        `sources` (a list, or comma-separated) keeps people from those sources only."""
+        `sources` (a list, or comma-separated) keeps people from those sources only; `settings`: CampaignConfig's
+        fields (mode, raters_per_item, ...), whose defaults are its."""
         self.rt.need_admin("creating a campaign (it reads a folder of this machine)")
         if isinstance(sources, str):
             sources = [x.strip() for x in sources.split(",") if x.strip()]
-        return campaign_pool.create_from_lamp(
-            self.store, name, data, split, limit, self.cfg.artifacts, self.engine.artifacts_id, self.task.name,
-            sources=tuple(sources), methods=tuple(methods),
-            reference=bool(reference), mode=mode, raters_per_item=int(raters_per_item),
-            attention_every=int(attention_every), alpha=alpha, top_k=top_k, max_new_tokens=max_new_tokens,
-            min_raters_per_unit=min_raters_per_unit)
+        return campaign_pool.create_from_lamp(self.store, name, data, split, limit, self.cfg.artifacts,
+                                              self.engine.artifacts_id, self.task.name, sources=tuple(sources),
+                                              methods=tuple(methods), **settings)
 
     def set_campaign_status(self, name: str, status: str) -> None:
         self.rt.need_admin("closing or opening a campaign")

@@ -14,10 +14,10 @@ import gradio as gr
 import plotly.graph_objects as go
 
 from personalize.humaneval import campaign_files
-from personalize.humaneval.campaign_schema import CRITERIA, REFERENCE
+from personalize.humaneval.campaign_schema import CRITERIA, REFERENCE, CampaignConfig
 from personalize.humaneval.campaign_report import overlap_text
 from personalize.display import md, plot_text
-from personalize.catalog import ALL_METHODS
+from personalize.catalog import ALL_METHODS, CORE_METHODS
 from personalize.studio.facade import Studio
 from personalize.ui.common import EXPECTED, _err, bind, guarded
 from personalize.ui.downloads import hand_out
@@ -99,8 +99,9 @@ def show(studio: Studio, name: str | None) -> tuple:
 def create(studio: Studio, name, data, split, sources, limit, methods, reference, mode, per_item, attention,
            min_raters=None) -> tuple:
     overlap = {"min_raters_per_unit": int(min_raters)} if min_raters else {}  # 0 or empty: the default (2)
-    c = studio.campaign_desk.create_campaign(name, data, split or "dev", int(limit or 0), methods or [], bool(reference),
-                               mode, int(per_item or 0), int(attention or 0), sources=sources or "", **overlap)
+    c = studio.campaign_desk.create_campaign(name, data, split or "dev", int(limit or 0), methods or [], sources or "",
+                                             reference=bool(reference), mode=mode, raters_per_item=int(per_item or 0),
+                                             attention_every=int(attention or 0), **overlap)
     names = studio.campaigns.names()
     return (f"Created **{md(c['name'])}**: generate its outputs next (below).",
             gr.update(choices=names, value=c["name"]))
@@ -165,16 +166,17 @@ def build(studio: Studio, shared=None) -> None:
                                        placeholder="e.g. emnlp: the ones the build left out", elem_id="campaign-sources")
                 c_limit = gr.Number(label="Items (first N queries)", value=4, precision=0, elem_id="campaign-limit")
             with gr.Row():
-                c_methods = gr.CheckboxGroup(list(ALL_METHODS), value=["base", "cluster", "card"], label="Methods",
+                c_methods = gr.CheckboxGroup(list(ALL_METHODS), value=list(CORE_METHODS), label="Methods",
                                              elem_id="campaign-methods")
                 c_ref = gr.Checkbox(label="The reference (gold) takes part, blinded", value=True,
                                     elem_id="campaign-reference")
-                c_mode = gr.Radio(["pairwise", "rubric"], value="pairwise", label="Mode", elem_id="campaign-mode")
-                c_per = gr.Number(label="Ratings per unit", value=3, precision=0, elem_id="campaign-per-item")
+                c_mode = gr.Radio(["pairwise", "rubric"], value=CampaignConfig.mode, label="Mode", elem_id="campaign-mode")
+                c_per = gr.Number(label="Ratings per unit", value=CampaignConfig.raters_per_item, precision=0,
+                                  elem_id="campaign-per-item")
                 c_min = gr.Number(label="Raters on a unit before new ones open (agreement needs 2; 0: 2)",
                                   value=0, precision=0, elem_id="campaign-min-raters")
-                c_att = gr.Number(label="Attention check every N units (0: none)", value=0, precision=0,
-                                  elem_id="campaign-attention")
+                c_att = gr.Number(label="Attention check every N units (0: none)",
+                                  value=CampaignConfig.attention_every, precision=0, elem_id="campaign-attention")
             c_create = gr.Button("Create", variant="primary", elem_id="campaign-create")
         with gr.Row():
             pick = gr.Dropdown(choices=names, value=names[-1] if names else None, label="Campaign",
