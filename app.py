@@ -138,8 +138,9 @@ def main(argv=None) -> int:
                    help=AUTH_HELP)
     p.add_argument("--decode", default=None, metavar="auto | ray://HOST:10001",
                    help="decode on a Ray Serve deployment ('auto': a local Ray; docs/SCALING.md); default: in-process")
-    p.add_argument("--decode-replicas", type=int, default=1, help="replicas of the decoding deployment")
-    p.add_argument("--decode-gpus", type=float, default=0.0, help="GPUs per replica (1 where each has its own)")
+    p.add_argument("--decode-replicas", type=int, default=DecodeTarget.replicas,
+                   help="replicas of the decoding deployment")
+    p.add_argument("--decode-gpus", type=float, default=DecodeTarget.num_gpus, help="GPUs per replica (1 where each has its own)")
     p.add_argument("--admin", action="append", metavar="USER[,USER...]",
                    help="an --auth login that may see, open and export every person (not only those it created); "
                         "may be given several times")

@@ -101,14 +101,14 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     for rater, rule in RATERS.items():
         rng = random.Random(rater)
-        while (unit := studio.campaign_desk.next_judgment(name, rater)) is not None:
-            studio.campaign_desk.submit_judgment(unit.id, rater, rule(unit, rng))
+        while (unit := studio.campaigns.next(name, rater)) is not None:
+            studio.campaigns.submit(unit.id, rater, rule(unit, rng))
     timings["rate_s"] = round(time.perf_counter() - t0, 1)
     t0 = time.perf_counter()
     judge = Judge(JudgeConfig(model=a.judge_model))
     run_judge(studio.runtime.campaigns, name, judge, lambda i, n, w: print(f"  judge {w}", flush=True) if i % 10 == 0 else None)
     timings["judge_s"] = round(time.perf_counter() - t0, 1)
-    res = studio.campaign_desk.campaign_results(name)
+    res = studio.campaigns.results(name)
     print(format_status(res))
     print(f"timings: {timings}")
     if a.figure:

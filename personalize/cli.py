@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from personalize.catalog import CORE_METHODS
 from personalize.eval import commands
 from personalize.fitting.plan import (DEFAULT_DB, DEMO_ARTIFACTS, DEMO_DATA, UsageError, add_build_args, comma_list, comma_names,
                                       decoding, decoding_args, ensure_demo, load_engine, run_build)
@@ -96,7 +97,7 @@ def cmd_generate(a) -> None:
 
     if not a.prompt.strip():
         raise UsageError("--prompt is empty")
-    from personalize.catalog import CARD_METHODS, COMPARED, CORE_METHODS
+    from personalize.catalog import CARD_METHODS, COMPARED
     from personalize.methods.artifacts import require_parts
 
     methods = comma_names(a.methods)
@@ -303,7 +304,6 @@ def cmd_demo(a) -> None:
     demo, art = Path(a.data), Path(a.artifacts)
     ensure_demo(demo, art)
     from personalize.data import read_lamp
-    from personalize.catalog import CORE_METHODS
     from personalize.methods.card import card_decode
     from personalize.methods.engine import Engine
 
@@ -344,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--artifacts", required=True)
     g.add_argument("--user", required=True)
     g.add_argument("--prompt", required=True)
-    g.add_argument("--methods", default="base,cluster,card",
+    g.add_argument("--methods", default=",".join(CORE_METHODS),
                    help="any of base, cluster, card, rag, pag, exact, cope, oppu, p2p (p2p: trained by build)")
     g.add_argument("--template", action="store_true", help="wrap the prompt in the task's template")
     g.add_argument("--db", default=DEFAULT_DB)
@@ -412,7 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     cr.add_argument("--limit", type=int, default=10, help="the first N queries become the items")
     cr.add_argument("--sources", default="", help="only people from these sources (comma-separated; e.g. the ones "
                                                   "the build left out with --exclude-sources)")
-    cr.add_argument("--methods", default="base,cluster,card", help="comma-separated methods to compare")
+    cr.add_argument("--methods", default=",".join(CORE_METHODS), help="comma-separated methods to compare")
     cr.add_argument("--reference", action="store_true", help="the gold output takes part as one more blinded arm")
     cr.add_argument("--mode", choices=("pairwise", "rubric"), default="pairwise")
     cr.add_argument("--raters-per-item", type=int, default=3, help="judgments wanted per unit")

@@ -1,17 +1,27 @@
 """The store's schema and its migration step, the names every table shares, the small helpers the store's parts
 use, and `PeopleTables`, the store's part that is about who a person is rather than what they wrote: whether the
-current login may reach them (access.py's rule, on the owner a person was stored with) and the histories a Save
+current login may reach them (`Access`, below, on the owner a person was stored with) and the histories a Save
 replaced, kept so that they can come back. store.py holds the connection and the other operations.
+
+Whose people a request may reach (`Access`, `acting_as`): with logins (app.py --auth), a person belongs to the login
+that made them: another login cannot see, open, change, rate as, export or forget them (to it they are an unknown
+name); an admin login reaches everyone; a campaign's people are reachable by every login, since raters must read
+the histories of the items they judge. Without logins one person uses the studio at this machine and reaches
+everything. Work that no login runs (the CLI, background jobs a request started) runs as no one and reaches
+everything: every event of the page runs as its login (ui/common.run_as_login), so no handler can forget to say who
+asks. Here, beside the person rules, because the store applies it to every person it reads or writes by name.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import sqlite_utils
 
@@ -19,7 +29,7 @@ from personalize.data import Item
 
 SCHEMA_VERSION = 5  # 2: vectors.style (token bias, kNN memory); 3: every fitted style kept as a version, votes;
 # 4: human-evaluation campaigns (their tables: humaneval/campaign_schema.py); 5: a person's owner (the login that
-# made them, access.py) and the histories a Save replaced
+# made them, Access below) and the histories a Save replaced
 VERSION_SOURCES = ("history", "vote", "import")  # what produced a version of a user's style
 FEEDBACK_SOURCES = ("rate", "up", "down")  # a Rate vote, a thumbs up / down on a Compare column
 WINNERS = ("a", "b", "tie", "both_bad")
@@ -27,6 +37,50 @@ MAX_NAME = 64
 # People a campaign stores to generate its outputs (humaneval.campaign_pool.person_name) are named in this reserved
 # namespace and kept out of users(), the studio's list of its own users; no ordinary user is named so.
 CAMPAIGN_PREFIX = "campaign:"
+
+_LOGIN: ContextVar[str | None] = ContextVar("personalize_login", default=None)
+
+
+@contextmanager
+def acting_as(login: str | None) -> Iterator[None]:
+    """Runs the block as `login` (None: as no one, e.g. the CLI)."""
+    token = _LOGIN.set(login)
+    try:
+        yield
+    finally:
+        _LOGIN.reset(token)
+
+
+def current_login() -> str | None:
+    return _LOGIN.get()
+
+
+@dataclass(frozen=True)
+class Access:
+    """The rule: which people the current login may reach, and whom a person it makes belongs to."""
+
+    logins: bool = False  # the studio has logins (--auth); without them everything is reachable
+    admins: frozenset[str] = frozenset()
+
+    def __post_init__(self):
+        if self.admins and not self.logins:
+            raise ValueError("admins need logins (--auth)")
+        object.__setattr__(self, "admins", frozenset(self.admins))
+
+    def may_reach(self, owner: str | None, campaign: bool = False) -> bool:
+        who = current_login()
+        if not self.logins or who is None or who in self.admins:
+            return True
+        return campaign or owner == who
+
+    def sees_everyone(self) -> bool:
+        who = current_login()
+        return not self.logins or who is None or who in self.admins
+
+    def new_owner(self) -> str | None:
+        """The owner recorded for a person made now: the login, or None without logins."""
+        return current_login() if self.logins else None
+
 
 # Raw DDL because sqlite-utils' create() cannot express AUTOINCREMENT or CHECK constraints.
 # AUTOINCREMENT: generation/rating ids are referenced elsewhere and must never be reused.

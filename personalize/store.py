@@ -21,11 +21,10 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import sqlite_utils
 
-from personalize.access import Access
 from personalize.data import Item
 
 from personalize.schema import (  # noqa: F401 (the store's names, where its users import them)
-    CAMPAIGN_PREFIX, FEEDBACK_SOURCES, MAX_NAME, SCHEMA_VERSION, USER_TABLES, VERSION_SOURCES, WINNERS, StoreError, Tables,
+    Access, CAMPAIGN_PREFIX, FEEDBACK_SOURCES, MAX_NAME, SCHEMA_VERSION, USER_TABLES, VERSION_SOURCES, WINNERS, StoreError, Tables,
     PeopleTables, RecordTables, _check_text, _dumps, _item_rows, _name, migrate, now)
 
 

@@ -2,7 +2,8 @@
 (imports inside functions included), no class over 300 lines, no module over 500, at most 10 modules directly in
 personalize/, every module basename once, no method that only forwards to another object beyond a handful, no
 retired method left, at most 5 comparisons of a method's name, and no module importing another package's private
-names. The layers themselves are import-linter's contracts (.importlinter, run by `make test`)."""
+names; and, each at 0 or a listed reason: zero-argument and return-less forwarders, comparisons with a method-name
+constant (`COPY`), tables keyed by method name outside catalog.py, the tabs reaching into `studio.runtime`. The layers themselves are import-linter's contracts (.importlinter, run by `make test`)."""
 
 from __future__ import annotations
 
@@ -71,8 +72,9 @@ def test_no_import_cycles_between_modules():
 
 def test_sizes_and_the_top_level():
     mods = _modules()
-    # modules of a concern beside the packages (__init__ and __main__, the package's doc and its entry point, aside)
-    assert len([f for f in mods.values() if f.parent == ROOT and not f.name.startswith("__")]) <= 10
+    # modules directly in personalize/ beside the packages, __main__ (its entry point) included, as the issue's
+    # structure count has them; __init__ (the package's doc) aside
+    assert len([f for f in mods.values() if f.parent == ROOT and f.name != "__init__.py"]) <= 10
     for f in mods.values():
         src = f.read_text()
         assert src.count("\n") <= 500, f"{f} has {src.count(chr(10))} lines"
@@ -152,3 +154,100 @@ def test_methods_are_not_dispatched_by_name():
                 if any(isinstance(c, ast.Constant) and c.value in names for c in consts):
                     found.append(f"{f.relative_to(ROOT)}:{node.lineno}")
     assert len(found) <= 5, found
+
+
+def _thin_forwards(f: Path) -> list[str]:
+    """What _forwards misses: methods whose whole body (bar a docstring) calls a public member's method with no
+    argument (`return self.rt.campaigns.names()`) or passes theirs on without returning (`self.x.skip(a, b)`).
+    A call on the object's own private state (`self._cache.clear()`) is its encapsulation, not a second way."""
+    out = []
+    for cls in [n for n in ast.walk(ast.parse(f.read_text())) if isinstance(n, ast.ClassDef)]:
+        for fn in [n for n in cls.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("__")]:
+            body = [b for b in fn.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
+            if len(body) != 1 or not isinstance(body[0], (ast.Return, ast.Expr)) or not isinstance(body[0].value, ast.Call):
+                continue
+            call, params = body[0].value, [a.arg for a in fn.args.args[1:]]
+            receiver = ast.unparse(call.func.value) if isinstance(call.func, ast.Attribute) else ""
+            if not receiver.startswith("self.") or receiver.startswith("self._") or "(" in receiver:
+                continue
+            passed = [ast.unparse(a) for a in call.args] + [k.arg or f"**{ast.unparse(k.value)}" for k in call.keywords]
+            if sorted(passed) == sorted(params) and (not params or isinstance(body[0], ast.Expr)):
+                out.append(f"{f.relative_to(ROOT)}:{cls.name}.{fn.name}")
+    return out
+
+
+# Each count below is 0 or its entries are listed with their reason; a new one fails until it is removed or listed
+# (one removed passes: the list only shrinks).
+THIN_FORWARDS = {
+    "studio/population_jobs.py:PopulationJob.cancel": "the page's Cancel names the job; its stop event is how it stops",
+}
+
+
+def test_no_zero_argument_or_return_less_forwarders():
+    found = [x for f in sorted(ROOT.rglob("*.py")) for x in _thin_forwards(f)]
+    assert set(found) <= set(THIN_FORWARDS), found
+
+
+def _method_constants() -> set[str]:
+    """Module-level names bound to a method's name (`COPY = "bm25_copy"`)."""
+    names, out = _method_names(), set()
+    for f in ROOT.rglob("*.py"):
+        for node in ast.parse(f.read_text()).body:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and node.value.value in names:
+                out |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    return out
+
+
+def _uses(node: ast.AST, consts: set[str]) -> bool:
+    n = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+    return n in consts
+
+
+# eval's copy floor runs no model and has no method class to say what it does: eval's two loops (in-process,
+# on Ray) tell it apart by name
+CONSTANT_COMPARISONS = {"eval/evaluate.py": 1, "eval/ray_eval.py": 2}
+
+
+def test_methods_are_not_dispatched_by_a_name_constant():
+    consts, found = _method_constants(), {}
+    for f in ROOT.rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                if any(_uses(x, consts) for s in sides for x in [s, *getattr(s, "elts", [])]):
+                    found[str(f.relative_to(ROOT))] = found.get(str(f.relative_to(ROOT)), 0) + 1
+    assert all(n <= CONSTANT_COMPARISONS.get(f, 0) for f, n in found.items()), found
+
+
+# what remains keyed by method name outside catalog.py, and why
+METHOD_TABLES = {
+    "eval/commands.py": "eval's budget flags as the per-method configs registry.local_config takes",
+    "eval/evaluate.py": "why eval reports no gold log-prob for a method; one of them, the copy floor, is eval's own",
+    "eval/bench.py": "a benchmark report's fields: decoding time per token of cluster against card",
+    "studio/jobs.py": "a first-use job's words (OWN, the own adapter, is no catalog method)",
+}
+
+
+def test_tables_keyed_by_method_name_live_in_the_catalog():
+    """A dict literal whose keys are mostly method names (two or more) is metadata of the methods: catalog.py's."""
+    names, consts, found = _method_names(), _method_constants(), set()
+    for f in ROOT.rglob("*.py"):
+        if f.name == "catalog.py":
+            continue
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Dict) and node.keys and None not in node.keys:
+                hits = sum(isinstance(k, ast.Constant) and k.value in names or _uses(k, consts) for k in node.keys)
+                if hits >= 2 and 2 * hits > len(node.keys):
+                    found.add(str(f.relative_to(ROOT)))
+    assert found <= set(METHOD_TABLES), found
+
+
+def test_the_ui_calls_use_cases_not_the_runtime():
+    """The tabs reach the studio's services and rules (Studio: campaigns, need_user, settings, served, ...),
+    never `studio.runtime`: one way to each service."""
+    found = {}
+    for f in sorted((ROOT / "ui").glob("*.py")):
+        n = sum(isinstance(node, ast.Attribute) and node.attr == "runtime" for node in ast.walk(ast.parse(f.read_text())))
+        if n:
+            found[f.name] = n
+    assert not found, found

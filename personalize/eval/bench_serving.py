@@ -29,7 +29,7 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
-from personalize.catalog import SERVING_METHODS
+from personalize.catalog import BY_NAME, SERVING_METHODS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,7 +39,8 @@ def _median(xs: Sequence[float]) -> float:
 
 
 def bench_serving(engine, store, names: Sequence[str], prompts: Sequence[str], settings, repeats: int = 3,
-                  n_people: int = 8, k: int = 4, exact_pairs: int = 4, start_repeats: int = 3, progress=print) -> dict:
+                  n_people: int = 8, k: int = 4, exact_pairs: int = BY_NAME["exact"].budget["max_pairs"],
+                  start_repeats: int = 3, progress=print) -> dict:
     """The figures of the module docstring; `names` are people already in `store` (onboarded under
     `engine`), `prompts` one per person (cycled)."""
     from personalize.studio.facade import Studio, StudioConfig

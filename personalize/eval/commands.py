@@ -11,6 +11,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from personalize.catalog import BY_NAME
 from personalize.flags import add_flags
 from personalize.methods.oppu_config import OppuConfig
 from personalize.fitting.plan import DEMO_ARTIFACTS, UsageError, comma_list, comma_names, decoding, decoding_args, \
@@ -31,8 +32,9 @@ def _method_configs(a) -> dict[str, dict]:
 
 def _add_method_budgets(p: argparse.ArgumentParser) -> None:
     add_flags(p, OppuConfig, {"max_steps": "--oppu-steps"})
-    p.add_argument("--exact-pairs", type=int, default=4,
-                   help="history pairs EXACT indexes per user (default 4, a CPU budget: indexing costs about "
+    pairs = BY_NAME["exact"].budget["max_pairs"]  # the studio's too (catalog.py)
+    p.add_argument("--exact-pairs", type=int, default=pairs,
+                   help=f"history pairs EXACT indexes per user (default {pairs}, a CPU budget: indexing costs about "
                         "half a minute per pair on a 2-core CPU; EXACT's own default is 32)")
 
 

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from personalize.access import current_login
+from personalize.schema import current_login
 from personalize.store import Store
 
 FORMATS = ("jsonl", "csv")
@@ -21,7 +21,7 @@ TABLES = ("votes", "generations")
 
 
 def rows(store: Store, table: str) -> list[dict]:
-    """The table's records the current login may take away (access.py): generations of its people; votes it
+    """The table's records the current login may take away (schema.Access): generations of its people; votes it
     cast or that are about its people. Without logins, all of them."""
     if table == "votes":
         me = current_login()

@@ -1,5 +1,6 @@
-"""The campaigns a researcher runs from the app (humaneval.campaign): create, judgments, status, export, the LLM
-judge; and the Export tab's tables."""
+"""What changes a campaign for everyone (humaneval.campaign), an admin's with logins: create, status, export, the
+LLM judge; and the Export tab's tables. A rater's units, judgments and the results are the campaigns' own
+(`Studio.campaigns`, humaneval.campaign.Campaigns), called directly."""
 
 from __future__ import annotations
 
@@ -8,41 +9,25 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from personalize.access import current_login
+from personalize.schema import current_login
+from personalize.catalog import CORE_METHODS
 from personalize.data import TASKS
 from personalize.humaneval import campaign_files, campaign_pool
-from personalize.humaneval.campaign_schema import Assignment
 from personalize.studio.service import Service
 
 
 class CampaignDesk(Service):
     def create_campaign(self, name: str, data: str | Path, split: str = "dev", limit: int = 10,
-                        methods: Sequence[str] = ("base", "cluster", "card"), reference: bool = False,
-                        mode: str = "pairwise", raters_per_item: int = 3, attention_every: int = 0,
-                        alpha: float | None = None, top_k: int | None = None,
-                        max_new_tokens: int | None = None, sources: Sequence[str] | str = (),
-                        min_raters_per_unit: int | None = None) -> dict:
+                        methods: Sequence[str] = CORE_METHODS, sources: Sequence[str] | str = (), **settings) -> dict:
         """A campaign over the first `limit` queries of a LaMP split, for this build (campaign.create_from_lamp);
-        `sources` (a list, or comma-separated) keeps people from those sources only."""
+        `sources` (a list, or comma-separated) keeps people from those sources only; `settings`: CampaignConfig's
+        fields (mode, raters_per_item, ...), whose defaults are its."""
         self.rt.need_admin("creating a campaign (it reads a folder of this machine)")
         if isinstance(sources, str):
             sources = [x.strip() for x in sources.split(",") if x.strip()]
-        return campaign_pool.create_from_lamp(
-            self.store, name, data, split, limit, self.cfg.artifacts, self.engine.artifacts_id, self.task.name,
-            sources=tuple(sources), methods=tuple(methods),
-            reference=bool(reference), mode=mode, raters_per_item=int(raters_per_item),
-            attention_every=int(attention_every), alpha=alpha, top_k=top_k, max_new_tokens=max_new_tokens,
-            min_raters_per_unit=min_raters_per_unit)
-
-    def next_judgment(self, name: str, rater: str) -> Assignment | None:
-        return self.rt.campaigns.next(name, rater)
-
-    def submit_judgment(self, assignment: int, rater: str, verdict: str | None = None,
-                        scores: dict | None = None) -> int:
-        return self.rt.campaigns.submit(assignment, rater, verdict, scores)
-
-    def skip_judgment(self, assignment: int, rater: str) -> None:
-        self.rt.campaigns.skip(assignment, rater)
+        return campaign_pool.create_from_lamp(self.store, name, data, split, limit, self.cfg.artifacts,
+                                              self.engine.artifacts_id, self.task.name, sources=tuple(sources),
+                                              methods=tuple(methods), **settings)
 
     def set_campaign_status(self, name: str, status: str) -> None:
         self.rt.need_admin("closing or opening a campaign")
@@ -56,9 +41,6 @@ class CampaignDesk(Service):
         safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name.strip()) or "campaign"
         path = self.cfg.exports / f"campaign-{safe}.{fmt}"
         return campaign_files.export_judgments(self.rt.campaigns, name, path)
-
-    def campaign_results(self, name: str) -> dict:
-        return self.rt.campaigns.results(name)
 
     def judge_campaign(self, name: str, model: str | None = None,
                        progress: Callable[[int, int, str], None] | None = None) -> dict:

@@ -34,12 +34,15 @@ from personalize.studio.voting import Votes
 
 class Studio:
     """The app's use cases: one runtime (studio.runtime: engine, store, settings, lock) and one service per
-    concern, which the tabs call directly (studio.fits.fit, studio.decoding.compare_stream, ...); the two
-    operations here span services."""
+    concern, which the tabs call directly (studio.fits.fit, studio.decoding.compare_stream, ...), never the
+    runtime itself; the two operations here span services."""
 
     def __init__(self, engine: Engine, store: Store, cfg: StudioConfig = StudioConfig(),
                  demo_users: dict[str, list[Item]] | None = None, population: dict[str, list[str]] | None = None):
         self.runtime = rt = Runtime(engine, store, cfg, demo_users, population)
+        # the rules the tabs apply around a use case, the runtime's own (the page reaches them here, never the
+        # runtime): the name checked, the sliders' decoding settings, a slider's K snapped to a built one
+        self.need_user, self.settings, self.snap_k = rt.need_user, rt.settings, rt.snap_k
         self.served_builds = Builds(rt)
         self.histories = Histories(rt)
         self.clusters = ClusterViews(rt, self.histories)
@@ -50,6 +53,7 @@ class Studio:
         self.histories.after_rewrites.insert(0, self.background_jobs.own_after_save)
         self.background_jobs.after_own.append(self.fits.refit_over_own)
         self.votes = Votes(rt, self.histories, self.decoding, self.fits)
+        self.campaigns = rt.campaigns  # a rater's units and judgments, the results; changing one: campaign_desk
         self.campaign_desk = CampaignDesk(rt)
         self.own_data = OwnData(rt, self.fits)
         self.explorer = Explorer(rt)
@@ -65,6 +69,19 @@ class Studio:
         demo = Path(cfg.demo_data)
         demo_users = lamp_users(demo) if (demo / "dev_questions.json").exists() else {}
         return cls(engine, store, cfg, demo_users, population)
+
+    @property
+    def served(self) -> Engine:
+        """The build served now (a task switch replaces it), read only: what the page says about it."""
+        return self.runtime.engine
+
+    @property
+    def cfg(self) -> StudioConfig:
+        return self.runtime.cfg
+
+    @property
+    def store(self) -> Store:
+        return self.runtime.store
 
     def load_pending(self) -> None:
         """What the start left for after the page answers: the other cluster adapters (~1 s). A request

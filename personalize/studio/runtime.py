@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from personalize.access import Access
+from personalize.schema import Access
+from personalize.catalog import BY_NAME
 from personalize.serving.settings import DecodingSettings
 from personalize.data import Item
 from personalize.fitting.feedback import FeedbackSettings
@@ -40,9 +41,6 @@ class StudioConfig:
     max_history_chars: int = 2_000_000  # a paste or upload larger than this is refused, not truncated
     max_items: int = 500
     max_prompt_chars: int = 20_000
-    # EXACT's first use scores 42 attributes × 3 steps per history pair (~15-40 s a pair for the 135M model on
-    # 2 CPU cores); the app indexes the newest few pairs, ratings add more. `eval` uses the method's default.
-    exact_pairs: int = 4
     scheduler: SchedulerConfig = SchedulerConfig()  # the cross-request batching window
     # the app's Save starts EXACT's attribute search and OPPU's training for the person in the background
     first_use_in_background: bool = True
@@ -50,7 +48,7 @@ class StudioConfig:
     own_adapters: bool = True
     feedback: FeedbackSettings = FeedbackSettings()  # how much a vote counts against the history when λ is refitted
     decode: DecodeTarget = DecodeTarget()  # where decodes run: in-process, or a Ray Serve deployment (studio/decoder)
-    # who may reach whose people (personalize/access.py): with logins, a login sees only the people it made; admins all
+    # who may reach whose people (personalize/schema.py's Access): with logins, a login sees only the people it made; admins all
     logins: bool = False
     admins: tuple[str, ...] = ()
     # where the page's files live (Gradio's cache: uploads and downloads); Forget me clears the person from it
@@ -65,8 +63,8 @@ class StudioConfig:
         return Path(self.export_dir) if self.export_dir else Path(self.db).parent / "exports"
 
     def __post_init__(self):
-        if min(self.max_history_chars, self.max_items, self.max_prompt_chars, self.exact_pairs) < 1:
-            raise ValueError("history, item, prompt and EXACT pair limits must be >= 1")
+        if min(self.max_history_chars, self.max_items, self.max_prompt_chars) < 1:
+            raise ValueError("history, item and prompt limits must be >= 1")
 
 
 class Runtime:
@@ -102,9 +100,9 @@ class Runtime:
     def method(self, name: str):
         """The method `name` on the served build (methods.registry), made once."""
         if name not in self.methods:
-            # a person's files (OPPU's adapters) live beside the database they belong to
+            # a person's files (OPPU's adapters) live beside the database they belong to; its CPU budget: catalog's
             cfg = local_config(name, Path(self.cfg.db).parent / name / str(self.engine.artifacts_id),
-                               max_pairs=self.cfg.exact_pairs)
+                               **BY_NAME[name].budget)
             self.methods[name] = m = get_method(name, self.engine, self.store, **cfg)
             if hasattr(m, "lock"):  # background first-use work takes the model lock per step, not for minutes,
                 m.lock = self.model_lock.background  # and lets a waiting person in between its steps
@@ -151,7 +149,7 @@ class Runtime:
 
     def need_admin(self, what: str) -> None:
         """What changes the studio for every session (the build served, populations, campaigns) is an admin's,
-        when there are logins (access.py)."""
+        when there are logins (schema.Access)."""
         if not self.store.access.sees_everyone():
             raise ValueError(f"{what} changes the studio for everyone: only an admin login may (app.py --admin NAME)")
 

@@ -3,7 +3,7 @@
 Create one from a LaMP folder, generate its outputs ahead of rating (progress bar; resumable), watch progress,
 read the results (strengths or rubric means with intervals, Krippendorff's α, position bias, each rater against
 the others, the LLM judge and its rank correlation with the raters), export, import, close. Handlers are plain
-functions of the Studio; the figures are built from `studio.campaign_desk.campaign_results` alone.
+functions of the Studio; the figures are built from `studio.campaigns.results` alone.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import gradio as gr
 import plotly.graph_objects as go
 
 from personalize.humaneval import campaign_files
-from personalize.humaneval.campaign_schema import CRITERIA, REFERENCE
+from personalize.humaneval.campaign_schema import CRITERIA, REFERENCE, CampaignConfig
 from personalize.humaneval.campaign_report import overlap_text
 from personalize.display import md, plot_text
-from personalize.catalog import ALL_METHODS
+from personalize.catalog import ALL_METHODS, CORE_METHODS
 from personalize.studio.facade import Studio
 from personalize.ui.common import EXPECTED, _err, bind, guarded
 from personalize.ui.downloads import hand_out
@@ -91,7 +91,7 @@ def rater_rows(res: dict) -> list[list]:
 def show(studio: Studio, name: str | None) -> tuple:
     if not name:
         raise ValueError("choose or create a campaign first")
-    res = studio.campaign_desk.campaign_results(name)
+    res = studio.campaigns.results(name)
     return results_md(res), results_figure(res), rater_rows(res)
 
 
@@ -99,9 +99,10 @@ def show(studio: Studio, name: str | None) -> tuple:
 def create(studio: Studio, name, data, split, sources, limit, methods, reference, mode, per_item, attention,
            min_raters=None) -> tuple:
     overlap = {"min_raters_per_unit": int(min_raters)} if min_raters else {}  # 0 or empty: the default (2)
-    c = studio.campaign_desk.create_campaign(name, data, split or "dev", int(limit or 0), methods or [], bool(reference),
-                               mode, int(per_item or 0), int(attention or 0), sources=sources or "", **overlap)
-    names = studio.runtime.campaigns.names()
+    c = studio.campaign_desk.create_campaign(name, data, split or "dev", int(limit or 0), methods or [], sources or "",
+                                             reference=bool(reference), mode=mode, raters_per_item=int(per_item or 0),
+                                             attention_every=int(attention or 0), **overlap)
+    names = studio.campaigns.names()
     return (f"Created **{md(c['name'])}**: generate its outputs next (below).",
             gr.update(choices=names, value=c["name"]))
 
@@ -138,43 +139,44 @@ def set_status(studio: Studio, status: str, name: str | None) -> str:
 @guarded(2)
 def export(studio: Studio, name: str | None, fmt: str) -> tuple:
     path, summary, n = studio.campaign_desk.export_campaign(name or "", fmt)
-    return f"Exported {n} judgment(s).", hand_out(studio.runtime.cfg.page_files, path, summary)
+    return f"Exported {n} judgment(s).", hand_out(studio.cfg.page_files, path, summary)
 
 
 @guarded(1)
 def import_file(studio: Studio, name: str | None, file) -> str:
     if not file:
         raise ValueError("choose an exported .jsonl or .csv file")
-    res = campaign_files.import_judgments(studio.runtime.campaigns, name or "", file)
+    res = campaign_files.import_judgments(studio.campaigns, name or "", file)
     return f"Imported {res['added']} judgment(s); {res['duplicates']} were here already, {res['unmatched']} unmatched."
 
 
 def build(studio: Studio, shared=None) -> None:
     from personalize.ui.common import Markdown
 
-    names = studio.runtime.campaigns.names()
+    names = studio.campaigns.names()
     with gr.Tab("Campaigns", id="campaigns") as tab:
         Markdown("A **campaign** is a fixed set of (person, prompt) items whose outputs are generated ahead; raters "
                  "judge them blind in the **Rate** tab. Progress and results are here.")
         with gr.Accordion("New campaign from a LaMP folder", open=not names):
             with gr.Row():
                 c_name = gr.Textbox(label="Name", elem_id="campaign-name")
-                c_data = gr.Textbox(label="LaMP folder", value=str(studio.runtime.cfg.demo_data), elem_id="campaign-data")
+                c_data = gr.Textbox(label="LaMP folder", value=str(studio.cfg.demo_data), elem_id="campaign-data")
                 c_split = gr.Textbox(label="Split", value="dev", elem_id="campaign-split")
                 c_sources = gr.Textbox(label="Only people from these sources (optional)",
                                        placeholder="e.g. emnlp: the ones the build left out", elem_id="campaign-sources")
                 c_limit = gr.Number(label="Items (first N queries)", value=4, precision=0, elem_id="campaign-limit")
             with gr.Row():
-                c_methods = gr.CheckboxGroup(list(ALL_METHODS), value=["base", "cluster", "card"], label="Methods",
+                c_methods = gr.CheckboxGroup(list(ALL_METHODS), value=list(CORE_METHODS), label="Methods",
                                              elem_id="campaign-methods")
                 c_ref = gr.Checkbox(label="The reference (gold) takes part, blinded", value=True,
                                     elem_id="campaign-reference")
-                c_mode = gr.Radio(["pairwise", "rubric"], value="pairwise", label="Mode", elem_id="campaign-mode")
-                c_per = gr.Number(label="Ratings per unit", value=3, precision=0, elem_id="campaign-per-item")
+                c_mode = gr.Radio(["pairwise", "rubric"], value=CampaignConfig.mode, label="Mode", elem_id="campaign-mode")
+                c_per = gr.Number(label="Ratings per unit", value=CampaignConfig.raters_per_item, precision=0,
+                                  elem_id="campaign-per-item")
                 c_min = gr.Number(label="Raters on a unit before new ones open (agreement needs 2; 0: 2)",
                                   value=0, precision=0, elem_id="campaign-min-raters")
-                c_att = gr.Number(label="Attention check every N units (0: none)", value=0, precision=0,
-                                  elem_id="campaign-attention")
+                c_att = gr.Number(label="Attention check every N units (0: none)",
+                                  value=CampaignConfig.attention_every, precision=0, elem_id="campaign-attention")
             c_create = gr.Button("Create", variant="primary", elem_id="campaign-create")
         with gr.Row():
             pick = gr.Dropdown(choices=names, value=names[-1] if names else None, label="Campaign",

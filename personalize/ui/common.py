@@ -9,7 +9,7 @@ import inspect
 import gradio as gr
 from gradio import utils as gr_utils
 
-from personalize.access import acting_as
+from personalize.schema import acting_as
 
 from personalize.humaneval.arena import StalePair
 from personalize.data import HistoryError
@@ -60,7 +60,7 @@ def bind(fn, *args):
 
 
 def run_as_login(app: gr.Blocks) -> None:
-    """Every event handler of the page runs as the login that sent it (access.acting_as), so the store lets it
+    """Every event handler of the page runs as the login that sent it (schema.acting_as), so the store lets it
     reach only that login's people. One wrapper over all of them, made after the tabs are laid out: a handler
     cannot forget to say who asks."""
     for block_fn in app.fns.values():
@@ -122,6 +122,6 @@ def rater_box(request: gr.Request):
 def version_rows(studio, name: str | None) -> list[list]:
     """The user's style versions as table rows, newest first; none without a (known) user."""
     try:
-        return [[r[c] for c in VERSION_COLUMNS] for r in studio.fits.versions(studio.runtime.need_user(name))]
+        return [[r[c] for c in VERSION_COLUMNS] for r in studio.fits.versions(studio.need_user(name))]
     except EXPECTED:
         return []

@@ -8,7 +8,7 @@ import time
 import gradio as gr
 
 from personalize.display import md
-from personalize.catalog import ALL_METHODS, DEFAULT_METHODS, STEERED
+from personalize.catalog import ALL_METHODS, BY_NAME, DEFAULT_METHODS, STEERED
 from personalize.methods.registry import REGISTRY
 from personalize.ui.common import DECODE_SESSIONS, EXPECTED, Markdown, _err, bind, guarded, version_rows
 from personalize.studio.fits import LOSING_STYLE_NOTE, decodes_losing_style
@@ -45,7 +45,7 @@ def first_use_md(studio, method: str) -> str:
     started when the history was saved or fitted; its progress replaces this line)."""
     note = getattr(REGISTRY.get(method), "first_use_note", None)
     if note:
-        return (f"**{method}**\n\n*first use: {note.format(max_pairs=studio.runtime.cfg.exact_pairs)} in the "
+        return (f"**{method}**\n\n*first use: {note.format(**BY_NAME[method].budget)} in the "
                 "background; the other columns do not wait…*")
     return f"**{method}**\n\n*waiting…*"
 
@@ -82,14 +82,14 @@ def compare(studio, name, text, templated, item, chosen, alpha, top_k, max_token
     hidden = {m: gr.update(visible=m in (chosen or [])) for m in ALL_METHODS}
     try:
         plan = studio.decoding.compare_plan(name, text, templated, item, chosen, k)
-        s = studio.runtime.settings(alpha, top_k, max_tokens)
+        s = studio.settings(alpha, top_k, max_tokens)
     except EXPECTED as e:
         yield (_err(e), *hidden.values())
         return
     name, state, full = plan.name, plan.state, plan.prompt
     note = "" if state.fitted else " (not fitted yet: CARD uses λ = 1, your cluster's shared head)"
     steered = any(m in STEERED for m in chosen)
-    if steered and decodes_losing_style(studio.runtime.engine, state.lam, s.alpha):
+    if steered and decodes_losing_style(studio.served, state.lam, s.alpha):
         note += f" ({LOSING_STYLE_NOTE})"  # the Fit verdict's "does not beat", said beside the output too
     # each column's current Markdown; every yield sends fresh updates of all of them, since Gradio drops the value
     # of an update object yielded a second time (a finished column would keep its streamed text)
@@ -123,7 +123,7 @@ def compare(studio, name, text, templated, item, chosen, alpha, top_k, max_token
 @guarded(2)
 def thumb(studio, method, up, name, alpha, top_k, max_tokens, k):
     """👍 / 👎 on a column: (status, the versions table when the style was refitted)."""
-    res = studio.votes.thumb(studio.runtime.need_user(name), up, studio.runtime.settings(alpha, top_k, max_tokens), k,
+    res = studio.votes.thumb(studio.need_user(name), up, studio.settings(alpha, top_k, max_tokens), k,
                              method=method)
     if res.refit is None:
         return md(res.message), gr.skip()

@@ -39,7 +39,7 @@ class Decoding:
 
     @property
     def sliders(self) -> list:
-        """The values studio.runtime.settings(alpha, top_k, max_new_tokens) takes."""
+        """The values studio.settings(alpha, top_k, max_new_tokens) takes."""
         return [self.alpha, self.top_k, self.max_tokens]
 
     @property
@@ -93,9 +93,9 @@ class Shared:
 
 def served_values(studio) -> tuple:
     """Shared.served_outputs' values for the build now served."""
-    s, ks, k0 = studio.runtime.settings(), studio.runtime.ks, studio.runtime.snap_k(None)
+    s, ks, k0 = studio.settings(), studio.served_builds.ks, studio.snap_k(None)
     return (page_text.header(studio), gr.update(minimum=min(ks), maximum=max(ks), value=k0, label=k_label(ks)), k0,
-            s.alpha, s.top_k, s.max_new_tokens, gr.update(label=template_label(studio.runtime.task.name)))
+            s.alpha, s.top_k, s.max_new_tokens, gr.update(label=template_label(studio.served.task.name)))
 
 
 def page_top(studio, app: gr.Blocks) -> Shared:
@@ -106,7 +106,7 @@ def page_top(studio, app: gr.Blocks) -> Shared:
         # empty in the page's config, which every visitor gets: each page load fills in its login's own people
         stored = gr.Dropdown(choices=[], label="…or open a stored user", value=None,
                              elem_id="stored-users", scale=2)
-    s0, ks, k0 = studio.runtime.settings(), studio.runtime.ks, studio.runtime.snap_k(None)
+    s0, ks, k0 = studio.settings(), studio.served_builds.ks, studio.snap_k(None)
     decoding = Decoding(
         alpha=gr.Slider(0, 4, value=s0.alpha, step=0.1, label="Strength α (0 = the cluster model)", elem_id="alpha",
                         render=False),
@@ -117,7 +117,7 @@ def page_top(studio, app: gr.Blocks) -> Shared:
         k_slider=gr.Slider(min(ks), max(ks), value=k0, step=1, label=k_label(ks), elem_id="k-slider", render=False))
     prompt = PromptInput(
         text=gr.Textbox(label="Prompt", lines=2, elem_id="prompt", scale=3, render=False),
-        templated=gr.Checkbox(value=True, label=template_label(studio.runtime.task.name), elem_id="use-template",
+        templated=gr.Checkbox(value=True, label=template_label(studio.served.task.name), elem_id="use-template",
                               render=False),
         item=gr.Dropdown([], label="…or a history item as the prompt (its text is the reference)", value=None,
                          elem_id="item-pick", scale=3, render=False))

@@ -17,7 +17,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from personalize.access import current_login
+from personalize.schema import current_login
 
 DOWNLOADS = "downloads"  # the page folder's sub-folder of handed-out files, one folder per login inside
 _FILE_ROUTE = re.compile(r"/file(=|/)(.*)$")  # /gradio_api/file=PATH, and Gradio's older /file/PATH

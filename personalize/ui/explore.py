@@ -16,10 +16,10 @@ CLEARED = (None, None, [])  # a refused sweep leaves no figure or row of an earl
 def explore(studio, name, alpha_text, n, alpha, top_k, max_tokens, progress=gr.Progress()):
     """(status, α plot, K plot, table rows); a refusal clears the plots and the table."""
     try:
-        name = studio.runtime.need_user(name)
+        name = studio.need_user(name)
         values = studio.explorer.parse_alphas(alpha_text)
         progress(0, desc="fitting λ without the held-out items")
-        res = studio.explorer.explore(name, values, int(n), studio.runtime.settings(alpha, top_k, max_tokens),
+        res = studio.explorer.explore(name, values, int(n), studio.settings(alpha, top_k, max_tokens),
                              progress=lambda f, d: progress(f, desc=d))
     except EXPECTED as e:
         return (_err(e), *CLEARED)

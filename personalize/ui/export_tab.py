@@ -14,14 +14,14 @@ from personalize.ui.downloads import hand_out
 @guarded(2)
 def export_table(studio, table, fmt):
     path, n = studio.campaign_desk.export_table(table, fmt)
-    return f"Exported {table} ({n} rows) to `{path}`.", hand_out(studio.runtime.cfg.page_files, path)[0]
+    return f"Exported {table} ({n} rows) to `{path}`.", hand_out(studio.cfg.page_files, path)[0]
 
 
 @guarded(2)
 def export_predictions(studio, method):
     path = studio.campaign_desk.export_predictions(method)
     return (f"Exported {md(method)}'s generations as LaMP predictions to `{path}`.",
-            hand_out(studio.runtime.cfg.page_files, path)[0])
+            hand_out(studio.cfg.page_files, path)[0])
 
 
 def export_scope(logins: bool) -> str:
@@ -34,7 +34,7 @@ def export_scope(logins: bool) -> str:
 
 def build(studio, shared: Shared) -> None:
     with gr.Tab("Export", id="export"):
-        Markdown(export_scope(studio.campaign_desk.cfg.logins))
+        Markdown(export_scope(studio.cfg.logins))
         with gr.Row():
             buttons = {(t, f): gr.Button(f"{t} as {f.upper()}", elem_id=f"export-{t}-{f}")
                        for t in ("votes", "generations") for f in ("jsonl", "csv")}

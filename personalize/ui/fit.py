@@ -21,7 +21,7 @@ STAGES = ["assign", "neutral rewrites", "negatives", "features", "fit"]  # studi
 
 def fit(studio, name, k, progress=gr.Progress()):
     try:
-        name = studio.runtime.need_user(name)
+        name = studio.need_user(name)
         progress(0, desc="starting")
         t0 = time.perf_counter()
         res = studio.fits.fit(name, k, progress=lambda st: progress(
@@ -55,7 +55,7 @@ def decoded_check(studio, name, progress=gr.Progress()):
     """Fit's verdict by decoding the held-out items (Explore's computation at α = 0 and the build's α)."""
     try:
         progress(0, desc="decoding your held-out items")
-        return f"**{md(studio.explorer.verdict(studio.runtime.need_user(name), lambda f, w: progress(f, desc=w)))}**"
+        return f"**{md(studio.explorer.verdict(studio.need_user(name), lambda f, w: progress(f, desc=w)))}**"
     except EXPECTED as e:
         return _err(e)
 
@@ -63,7 +63,7 @@ def decoded_check(studio, name, progress=gr.Progress()):
 @guarded(1)
 def own_adapter(studio, name):
     """Fit's switch: the person's own adapter, trained in the background (a cluster of one)."""
-    name = studio.runtime.need_user(name)
+    name = studio.need_user(name)
     if studio.background_jobs.has_own(name):
         return md("Your own adapter is trained on your present history already; card decodes over it once fitted.")
     studio.background_jobs.start_own(name)
@@ -77,7 +77,7 @@ def restore(studio, name, version):
 
 @guarded(2)
 def key_export(studio, name):
-    key = studio.own_data.style_key(studio.runtime.need_user(name))
+    key = studio.own_data.style_key(studio.need_user(name))
     return f"Your style key ({len(key)} characters): copy it with the button in the box.", key
 
 

@@ -54,7 +54,7 @@ def poll(studio, seen):
     if job.running or key == seen:
         return (*head, *[gr.skip()] * (N_SERVED + 3), gr.Timer(active=job.running), seen)
     builds = gr.update(choices=studio.served_builds.build_choices(), value=str(job.out) if job.state == "done" else None)
-    now = (*served(studio), studio.runtime.task.name) if job.served else [gr.skip()] * (N_SERVED + 2)
+    now = (*served(studio), studio.served.task.name) if job.served else [gr.skip()] * (N_SERVED + 2)
     return (*head, builds, *now, gr.Timer(active=False), key)
 
 
@@ -62,7 +62,7 @@ def poll(studio, seen):
 def serve(studio, folder):
     """Serve a build: every session decodes with it from now on (studio.served_builds.serve_build)."""
     msg = studio.served_builds.serve_build(folder)
-    return (msg, gr.update(choices=studio.served_builds.build_choices(), value=None), *served(studio), studio.runtime.task.name)
+    return (msg, gr.update(choices=studio.served_builds.build_choices(), value=None), *served(studio), studio.served.task.name)
 
 
 def build(studio, shared: Shared) -> None:

@@ -24,7 +24,7 @@ def draw_pair(studio, name, rater, text, chosen, compare_text, templated, alpha,
               login: str | None = None):
     """(status, A, B, pair id): a new blind pair, the status saying when this rater already voted on it."""
     try:
-        got = studio.votes.new_pair(name, text, chosen, studio.runtime.settings(alpha, top_k, max_tokens), k,
+        got = studio.votes.new_pair(name, text, chosen, studio.settings(alpha, top_k, max_tokens), k,
                                     fallback_prompt=compare_text, templated=templated, rater=rater or "", logged_in=login)
     except EXPECTED as e:
         return _err(e), gr.skip(), gr.skip(), None

@@ -56,7 +56,7 @@ def _view(a: Assignment | None, status: str) -> tuple:
 
 
 def _done(studio: Studio, campaign: str, rater: str) -> str:
-    done, total = studio.runtime.campaigns.rater_progress(campaign, rater)
+    done, total = studio.campaigns.rater_progress(campaign, rater)
     return f"✅ Nothing left for you in this campaign ({done} of {total} done). Thank you!"
 
 
@@ -65,9 +65,9 @@ def next_unit(studio: Studio, campaign: str | None, typed: str | None, request: 
     """The rater's pending unit, or the next one."""
     rater = rater_id(typed, logged_in(request))
     if not campaign:
-        raise ValueError("choose a campaign first" if studio.runtime.campaigns.names() else
+        raise ValueError("choose a campaign first" if studio.campaigns.names() else
                          "no campaign yet: make one in the Campaigns tab, then choose it here")
-    a = studio.campaign_desk.next_judgment(campaign, rater)
+    a = studio.campaigns.next(campaign, rater)
     return _view(a, "" if a else _done(studio, campaign, rater))
 
 
@@ -79,18 +79,18 @@ def judge_unit(studio: Studio, verdict: str | None, campaign: str | None, typed:
     if assignment is None:
         raise ValueError("load a unit first (Start)")
     if verdict == "skip":
-        studio.campaign_desk.skip_judgment(int(assignment), rater)
+        studio.campaigns.skip(int(assignment), rater)
         said = "Skipped."
     else:
         rubric = dict(zip(CRITERIA, scores)) if verdict is None else None
-        said = f"Judgment #{studio.campaign_desk.submit_judgment(int(assignment), rater, verdict, rubric)} stored."
-    a = studio.campaign_desk.next_judgment(campaign, rater)
+        said = f"Judgment #{studio.campaigns.submit(int(assignment), rater, verdict, rubric)} stored."
+    a = studio.campaigns.next(campaign, rater)
     return _view(a, said if a else f"{said} {_done(studio, campaign, rater)}")
 
 
 def campaign_choices(studio: Studio, current: str | None = None):
     """The campaigns now stored; the one chosen stays chosen."""
-    names = studio.runtime.campaigns.names()
+    names = studio.campaigns.names()
     return gr.update(choices=names, value=current if current in names else (names[-1] if names else None))
 
 
@@ -101,7 +101,7 @@ def build(studio: Studio, shared=None) -> None:
         Markdown("Judge a campaign's outputs blind: which one is more like something **this person** would write? "
                  "Keys: **1**/A, **2**/B, **3** tie, **4** both bad, **S** skip.")
         with gr.Row():
-            campaign = gr.Dropdown(choices=studio.runtime.campaigns.names(), label="Campaign", elem_id="rate-campaign",
+            campaign = gr.Dropdown(choices=studio.campaigns.names(), label="Campaign", elem_id="rate-campaign",
                                    allow_custom_value=True)
             rater = gr.Textbox(label="Rater id", placeholder="your name or initials", elem_id="rate-rater")
             start = gr.Button("Start / resume", variant="primary", elem_id="rate-start")

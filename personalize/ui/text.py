@@ -14,18 +14,18 @@ from personalize.studio.histories import Saved, UserState
 def header(studio) -> str:
     """What the app's title line says about the build being served."""
     return (f"# Personalization studio\nCARD (cluster LoRA + user vector) next to the base model, EXACT, RAG, PAG, "
-            f"COPE, OPPU and Profile-to-PEFT. Artifacts `{studio.runtime.engine.artifacts_id}` (task {studio.runtime.task.name}, "
-            f"model {studio.runtime.engine.lm.model_id}, K ∈ {studio.runtime.ks}); choose another task in *My writing* to switch.")
+            f"COPE, OPPU and Profile-to-PEFT. Artifacts `{studio.served.artifacts_id}` (task {studio.served.task.name}, "
+            f"model {studio.served.lm.model_id}, K ∈ {studio.served_builds.ks}); choose another task in *My writing* to switch.")
 
 
 def save_message(studio, res: Saved, shown_name: str | None = None) -> str:
     """The My writing status line after a save; `shown_name`: the name as the page shows it."""
-    k = studio.runtime.engine.cfg.default_k
+    k = studio.served.cfg.default_k
     n, dup = res.n_items, res.duplicates
     dropped = f" ({dup} duplicate item{'' if dup == 1 else 's'} dropped)" if dup else ""
     task = res.task
-    note = "" if task == studio.runtime.task.name else (
-        f" No build for **{task}** is loaded: these artifacts were built for **{studio.runtime.task.name}**, so prompts "
+    note = "" if task == studio.served.task.name else (
+        f" No build for **{task}** is loaded: these artifacts were built for **{studio.served.task.name}**, so prompts "
         "use that task's template.")
     near = f", {res.closeness}" if res.closeness else ""
     nearer = f"\n\n{res.nearer}" if res.nearer else ""
@@ -56,10 +56,10 @@ def fit_message(studio, name: str, fit: UserFit, total_s: float, shown_name: str
     lines += [f"| {s} | {v:.3f} |" for s, v in fit.stages_s.items()]
     d = fit.diagnostics
     if fit.cold_start:
-        lines.append(f"\n**Cold start**: fewer than {studio.runtime.engine.cfg.min_fit_items} items, so λ = 1 "
+        lines.append(f"\n**Cold start**: fewer than {studio.served.cfg.min_fit_items} items, so λ = 1 "
                      "(your cluster's shared head). Add more writing and refit.")
     else:  # the answer first, in plain words: does the vector beat the cluster model?
-        verdict = fit_verdict(d, fallback=studio.runtime.engine.cfg.style.fallback, why_kept=kept_reason(studio.runtime.engine.meta))
+        verdict = fit_verdict(d, fallback=studio.served.cfg.style.fallback, why_kept=kept_reason(studio.served.meta))
         lines.insert(1, f"\nTeacher-forced, on your held-out words: **{verdict}**\n")
         if d.get("n"):
             lines.append(f"\nHeld-out accuracy ({d.get('unit', 'tokens')}, n = {d['n']}): own style "
@@ -78,7 +78,7 @@ def fit_message(studio, name: str, fit: UserFit, total_s: float, shown_name: str
     if not fit.cold_start and fit.style is not None:
         lines.append("\n" + form_note(studio, fit))
         lines.append("\n" + studio.background_jobs.base_words(name, bool(fit.style.own)))
-    lines.append(f"\nStored: {studio.runtime.store.vector_bytes(name, studio.runtime.engine.artifacts_id)} bytes.")
+    lines.append(f"\nStored: {studio.store.vector_bytes(name, studio.served.artifacts_id)} bytes.")
     return "\n".join(lines)
 
 
@@ -90,7 +90,7 @@ def form_note(studio, fit: UserFit) -> str:
     start = opening_key(())
     first = sorted(((float(b), int(t)) for o, t, b in zip(st.form_keys, st.form_ids, st.form_bias) if o == start),
                    reverse=True)[:4]
-    words = ", ".join(f"“{md(studio.runtime.engine.tok.decode([t]).strip() or studio.runtime.engine.tok.decode([t]))}”"
+    words = ", ".join(f"“{md(studio.served.tok.decode([t]).strip() or studio.served.tok.decode([t]))}”"
                       for _, t in first)
     far = near.startswith(("far", "at its edge"))
     own = bool(st.own)
@@ -108,19 +108,19 @@ def form_note(studio, fit: UserFit) -> str:
     else:
         lines.append("What you get: your cluster's model, with your style re-ranking its next words towards the "
                      "words you use")
-    if words and studio.runtime.engine.cfg.style.form:
+    if words and studio.served.cfg.style.form:
         lines[-1] += f", and your openings lifted at a text's first words (yours: {words})."
     else:
         lines[-1] += "."
-    w = st.memory_weight(studio.runtime.engine.cfg.style)
+    w = st.memory_weight(studio.served.cfg.style)
     if st.knn_weight is not None and w:
         lines.append(f"Because you are this far out, your own past texts are mixed in as it writes: where a "
                      f"context like one of yours comes up, the word you wrote next gets a share ({w:g} at α = 1) "
                      "of the choice, so your words come back rather than the population's.")
-    if studio.runtime.engine.cfg.style.retrieval:
+    if studio.served.cfg.style.retrieval:
         lines.append("Your past texts nearest the prompt are also placed before it, as RAG places them (Compare "
                      "lists which under card's output); the model may repeat one of them.")
-    alpha = studio.runtime.engine.cfg.decoding.alpha
+    alpha = studio.served.cfg.decoding.alpha
     if alpha == 0:  # the build's guard kept card at the cluster model (guard_note): all of the above waits for α > 0
         lines[1] = lines[1].replace("What you get", "What α above 0 gives you", 1)
         lines.append(f"At this build's α = 0, card writes as {base}.")
@@ -128,7 +128,7 @@ def form_note(studio, fit: UserFit) -> str:
                  f"{'your own adapter' if own else 'the cluster model'} exactly, 1 your "
                  "style as fitted, above 1 pushes it harder (and can overshoot into words out of place)"
                  + (f"; it starts at this build's α = {alpha:g}" + (", the strength its validation people were "
-                    "decoded best with." if tuned_alpha(studio.runtime.engine.meta) == alpha else ".")
+                    "decoded best with." if tuned_alpha(studio.served.meta) == alpha else ".")
                     if alpha not in (0, 1) else "."))
     return " ".join(lines)
 
@@ -143,10 +143,10 @@ def guard_note(studio) -> str | None:
     """In plain words, when the build's harm guard (tune.harm_guard) kept `card` at the cluster model: on this
     build's task no setting of the style moved the text above noise for its validation people (people who
     differ in topic more than in form), so Compare's default α is 0 and nothing only looks personal."""
-    guard = studio.runtime.engine.meta.get("report", {}).get("tune", {}).get("guard")
-    if not guard or guard.get("kept", True) or studio.runtime.engine.cfg.decoding.alpha > 0:
+    guard = studio.served.meta.get("report", {}).get("tune", {}).get("guard")
+    if not guard or guard.get("kept", True) or studio.served.cfg.decoding.alpha > 0:
         return None
-    return (f"On this build's task (**{studio.runtime.task.name}**) CARD writes as your cluster's model: on its "
+    return (f"On this build's task (**{studio.served.task.name}**) CARD writes as your cluster's model: on its "
             f"{guard.get('people', 'validation')} validation people no setting of the style moved the text "
             "above noise, so α starts at 0 here. Your style is fitted all the same: Why and Explore show it, "
             "and the α slider in Compare applies it.")

@@ -53,8 +53,8 @@ def switch_task(studio, task_name):
     """The task dropdown always shows the task served: after "no build for it", the one still served."""
     res = studio.served_builds.switch_task(task_name)
     if not res.switched:
-        return (res.message, *[gr.skip()] * (N_SERVED + 1), studio.runtime.task.name)
-    return (res.message, *served(studio), studio.runtime.task.name)
+        return (res.message, *[gr.skip()] * (N_SERVED + 1), studio.served.task.name)
+    return (res.message, *served(studio), studio.served.task.name)
 
 
 @guarded(7)
@@ -76,7 +76,7 @@ def restore_history(studio, name, replaced_id):
     msg = studio.histories.restore_history(name, replaced_id)
     typed = name.strip()
     return (md_quoting(msg, typed), studio.histories.item_rows(typed), replaced_choices(studio, typed),
-            history_text([s.y for s in studio.runtime.store.items(typed)]), typed)
+            history_text([row[1] for row in studio.histories.item_rows(typed)]), typed)
 
 
 @guarded(3)
@@ -98,8 +98,8 @@ def open_user(studio, name):
     if not name:
         return (gr.skip(),) * 8
     u = studio.histories.open_user(name)
-    other = "" if u["task"] == studio.runtime.task.name else (
-        f" They were saved under {md(u['task'])}; this studio serves {md(studio.runtime.task.name)} (choose "
+    other = "" if u["task"] == studio.served.task.name else (
+        f" They were saved under {md(u['task'])}; this studio serves {md(studio.served.task.name)} (choose "
         f"{md(u['task'])} in the Task list to switch to its build).")
     # the text box is emptied: it held someone else's text (the opened user's items are in the table)
     return (f"Opened **{md(u['name'])}** ({u['n_items']} items, task {md(u['task'])}).{other}", name,
@@ -122,7 +122,7 @@ def forget(studio, name, ok):
 def build(studio, shared: Shared) -> None:
     with gr.Tab("My writing", id="writing"):
         with gr.Row():
-            task = gr.Dropdown(sorted(TASKS), value=studio.runtime.task.name, label="Task", elem_id="task")
+            task = gr.Dropdown(sorted(TASKS), value=studio.served.task.name, label="Task", elem_id="task")
             demo_user = gr.Dropdown(studio.histories.demo_choices(), label="Demo user", value=None, elem_id="demo-user")
             demo_btn = gr.Button("Load demo user", elem_id="load-demo")
         history = gr.Textbox(lines=10, max_lines=20, label="Your writing history (one item per line, or blocks "
@@ -175,4 +175,4 @@ def build(studio, shared: Shared) -> None:
                      [forget_status, forget_ok, items, stored, user, history, shown_for], concurrency_id="model",
                      api_name="forget")
     # a page opened after a switch (in another session) shows the build now served
-    shared.app.load(lambda: (*served(studio), studio.runtime.task.name), None, [*served_outputs, task])
+    shared.app.load(lambda: (*served(studio), studio.served.task.name), None, [*served_outputs, task])

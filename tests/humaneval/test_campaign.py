@@ -358,9 +358,9 @@ def test_campaign_people_are_kept_apart_from_the_studios_users(tiny_artifacts, t
         assert studio.runtime.store.vector(namesake, studio.runtime.engine.artifacts_id) is None  # the card fit was the copy's
         for rater in ("r1", "r2"):
             for _ in range(2):
-                a = studio.campaign_desk.next_judgment("apart", rater)
-                studio.campaign_desk.submit_judgment(a.id, rater, "a")
-        out = studio.campaign_desk.campaign_results("apart")
+                a = studio.campaigns.next("apart", rater)
+                studio.campaigns.submit(a.id, rater, "a")
+        out = studio.campaigns.results("apart")
         assert out["judgments"] == 4 and out["agreement"]["shared_units"] == 2
         assert out["agreement"]["krippendorff_alpha"] is not None  # "a" both times, shown in opposite orders
         with pytest.raises(StoreError, match="reserved|only"):  # nobody saves a history into the namespace

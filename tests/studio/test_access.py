@@ -1,4 +1,4 @@
-"""A person belongs to whoever made them (personalize/access.py): with logins, another login can neither see, open,
+"""A person belongs to whoever made them (personalize/schema.py's Access): with logins, another login can neither see, open,
 change, rate as, export nor forget them; without logins a Save never replaces a history silently, and a replaced
 history comes back. Checked in the library (a real SQLite file, the tiny models) and over HTTP with two logins on a
 real Gradio server, down to the bytes of the database files, the exports and the page's file cache after Forget me."""
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from personalize.access import acting_as
+from personalize.schema import acting_as
 from personalize.humaneval.table_export import export_table
 from personalize.store import Store, StoreError
 from personalize.studio.facade import Studio, StudioConfig

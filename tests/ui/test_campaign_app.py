@@ -116,7 +116,7 @@ def test_browser_a_whole_small_campaign(server, tmp_path):  # noqa: F811
         assert "ana" in admin.text("campaign-raters") and "ben" in admin.text("campaign-raters")
         admin.d.execute_script("document.getElementById('campaign-status').scrollIntoView({block: 'start'})")
         admin.shot("13-campaign-results")
-        res = studio.campaign_desk.campaign_results("pilot")
+        res = studio.campaigns.results("pilot")
         assert res["judgments"] == 48 and res["raters"] == 2 and len(res["leaderboard"]) == 4
         # keys 1, 2, 3, 4 in turn: A, B, tie and both bad 12 times each, so A won half the decided ones
         assert Counter(r["verdict"] for r in studio.runtime.campaigns.judgments("pilot")) == {
