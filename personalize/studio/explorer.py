@@ -97,40 +97,43 @@ class Explorer(Service):
         super().__init__(rt)
 
     def explore(self, name: str, alphas: Sequence[float], n_holdout: int = 4, s: DecodingSettings | None = None,
-                progress: Callable[[float, str], None] | None = None, with_k: bool = True) -> Sweep:
+                progress: Callable[[float, str], None] | None = None, with_k: bool = True, lock=None) -> Sweep:
         """α and K sweeps against the user's own held-out items: the style (λ, bias, memory) is refitted without
         them (not stored), then CARD (and the cluster model, for K) generates for their prompts, retrieving only
-        from the rest; ROUGE-L and output length per point. `with_k` False: the α points alone."""
-        s = s or self.engine.cfg.decoding
+        from the rest; ROUGE-L and output length per point. `with_k` False: the α points alone. The model lock
+        (`lock`: the runtime's, or its `.background` for work nobody waits on) is taken step by step, so a
+        person's Compare gets in between."""
+        s, lock = s or self.engine.cfg.decoding, lock or self.model_lock
         alphas = check_alphas(alphas)
-        with self.model_lock:
+        with lock:
             items = prepared_items(self.engine, self.store, name)
-            held, rest, set_aside = split_held_out(items, n_holdout)
-            if len(rest) < self.engine.cfg.min_fit_items:
-                raise ValueError(f"explore needs at least {n_holdout + self.engine.cfg.min_fit_items} different "
-                                 f"history items ({n_holdout} held out, the rest to fit λ); {name!r} has "
-                                 f"{len(items)}" + (f", {set_aside} of them repeating a held-out one"
-                                                    if set_aside else ""))
-            prompts, golds = [it.x for it in held], [it.y for it in held]
-            own = self._own_without_held_out(name)
-            ks = self.ks if with_k else ()
-            total, done = len(alphas) + 2 * len(ks) + 1 + bool(own), 0
+        held, rest, set_aside = split_held_out(items, n_holdout)
+        if len(rest) < self.engine.cfg.min_fit_items:
+            raise ValueError(f"explore needs at least {n_holdout + self.engine.cfg.min_fit_items} different "
+                             f"history items ({n_holdout} held out, the rest to fit λ); {name!r} has "
+                             f"{len(items)}" + (f", {set_aside} of them repeating a held-out one"
+                                                if set_aside else ""))
+        prompts, golds = [it.x for it in held], [it.y for it in held]
+        own = self._own_without_held_out(name)
+        ks = self.ks if with_k else ()
+        total, done = len(alphas) + 2 * len(ks) + 1 + bool(own), 0
 
-            def tick(what):
-                nonlocal done
-                done += 1
-                if progress:
-                    progress(done / total, what)
+        def tick(what):
+            nonlocal done
+            done += 1
+            if progress:
+                progress(done / total, what)
 
+        try:
             if own:  # a cluster of one: card decodes over their own adapter, so the sweep does too
-                placed = self.engine.fit(rest)
-                self.engine.own.train(own, rest, cluster_adapter(placed.k, placed.cluster))
+                with lock:
+                    placed = self.engine.fit(rest)
+                self.engine.own.train(own, rest, cluster_adapter(placed.k, placed.cluster))  # locks by the step
                 tick("your own adapter, trained without the held-out items")
-            try:
-                return self._sweep(rest, prompts, golds, alphas, ks, s, set_aside, own, tick)
-            finally:
-                if own:
-                    self.engine.own.forget(own)  # the sweep's adapter: never the person's
+            return self._sweep(rest, prompts, golds, alphas, ks, s, set_aside, own, tick, lock)
+        finally:
+            if own:
+                self.engine.own.forget(own)  # the sweep's adapter: never the person's
 
     def _own_without_held_out(self, name: str) -> str | None:
         """For a person card decodes over their own adapter: the name of a sweep's own adapter trained on `rest`
@@ -147,7 +150,8 @@ class Explorer(Service):
         n_holdout = min(8, n_items // 3)
         if a <= 0 or n_holdout < 2:
             return None
-        sweep = self.explore(name, [0.0, a], n_holdout, progress=progress, with_k=False)
+        sweep = self.explore(name, [0.0, a], n_holdout, progress=progress, with_k=False,
+                             lock=self.model_lock.background)  # nobody waits on it: a Compare goes first
         base, card = (rouge_per_query(r.outputs, sweep.golds) for r in sweep.alpha)
         return HeldOutCheck(a, sweep.alpha[1].rougeL, sweep.alpha[0].rougeL,
                             paired_interval(np.subtract(card, base), n_boot=2000),
@@ -162,15 +166,17 @@ class Explorer(Service):
             return "This build decodes card at α = 0, so your base is what it writes; Explore sweeps α for you."
         return "Too few items to hold some out and decode them (6 or more); Explore says what it needs."
 
-    def _sweep(self, rest, prompts, golds, alphas, ks, s, set_aside, own, tick) -> Sweep:
+    def _sweep(self, rest, prompts, golds, alphas, ks, s, set_aside, own, tick, lock) -> Sweep:
         """The α and K points on the held-out prompts, the style fitted on `rest` (over `own`'s adapter if any)."""
-        fit = self.engine.fit(rest, own=owner_key(own) if own else None)
+        with lock:
+            fit = self.engine.fit(rest, own=owner_key(own) if own else None)
+            emb = self.engine.embed(rest)
         tick("fit the style on the other items")
-        emb = self.engine.embed(rest)
 
         def point(method, k, cluster, alpha) -> SweepPoint:
-            outs = card_decode.generate(self.engine, prompts, method, cluster, fit.style, k=k, settings=replace(s, alpha=alpha),
-                                        items=rest)
+            with lock:
+                outs = card_decode.generate(self.engine, prompts, method, cluster, fit.style, k=k,
+                                            settings=replace(s, alpha=alpha), items=rest)
             texts = [g.text for g in outs]
             return SweepPoint(method, alpha, k, cluster, round(rouge_scores(texts, golds)["rougeL"], 4),
                               round(float(np.mean([len(t.split()) for t in texts])), 2), texts)

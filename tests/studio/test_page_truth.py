@@ -376,3 +376,33 @@ def test_fit_verdict_by_decoding_is_explores_rows(studio, monkeypatch):
     assert studio.explorer.check("brief") is None and "Too few items" in studio.explorer.verdict("brief")
     monkeypatch.setattr(engine, "cfg", dataclasses.replace(engine.cfg, decoding=dataclasses.replace(decoding, alpha=0.0)))
     assert studio.explorer.check("judged") is None and "α = 0" in studio.explorer.verdict("judged")
+
+
+def test_fit_verdict_by_decoding_lets_a_person_in_between_its_steps(studio, monkeypatch):
+    """The decoded check follows every Fit and nobody waits on it: it takes the model lock as background work, one
+    step at a time, so a person's Compare (a foreground holder) goes in after at most one of its decodes."""
+    import threading
+    import time
+
+    from personalize.methods.card import card_decode
+
+    engine = studio.runtime.engine
+    decoding = dataclasses.replace(engine.cfg.decoding, alpha=2.0, max_new_tokens=2)
+    monkeypatch.setattr(engine, "cfg", dataclasses.replace(engine.cfg, decoding=decoding))
+    studio.histories.save_history("waited", studio.histories.demo_items("formal_01"), "tweets")
+    events, generate = [], card_decode.generate
+
+    def step(*a, **k):
+        events.append("check")
+        time.sleep(0.5)
+        return generate(*a, **k)
+
+    monkeypatch.setattr(card_decode, "generate", step)
+    check = threading.Thread(target=studio.explorer.check, args=("waited",))
+    check.start()
+    while not events:
+        time.sleep(0.01)
+    with studio.runtime.model_lock:  # a person's request, while the check decodes its first α
+        events.append("person")
+    check.join()
+    assert events == ["check", "person", "check"], events
