@@ -69,7 +69,7 @@ def test_studio_on_two_replicas_decodes_as_in_process_and_survives_a_killed_repl
         last, outs = _streamed(remote, prompt, s)
         assert {m: o.text for m, o in outs.items()} == want
         assert last == want  # every column streamed its tokens from the replica
-        assert remote.runtime.scheduler.remote_requests >= len(METHODS)
+        assert remote.runtime.scheduler.remote_requests == 1  # the Compare's columns travel as one request (issue 50)
         status = serve.status().applications["personalize-decoder"].deployments["decoder"]
         assert status.replica_states.get("RUNNING") == 2
         pids = {r.result()["pid"] for r in [remote.runtime.scheduler.handle.info.remote() for _ in range(20)]}
