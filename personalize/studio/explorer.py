@@ -76,6 +76,7 @@ class Sweep:
     n_fit: int
     n_set_aside: int  # repeats of a held-out item left out of the fit
     default_alpha: float
+    own: bool = False  # decoded over an own adapter trained without the held-out items (a cluster of one)
 
     def best_alpha(self) -> SweepPoint:
         return max(self.alpha, key=lambda r: r.rougeL)
@@ -154,8 +155,7 @@ class Explorer(Service):
                              lock=self.model_lock.background)  # nobody waits on it: a Compare goes first
         base, card = (rouge_per_query(r.outputs, sweep.golds) for r in sweep.alpha)
         return HeldOutCheck(a, sweep.alpha[1].rougeL, sweep.alpha[0].rougeL,
-                            paired_interval(np.subtract(card, base), n_boot=2000),
-                            self._own_without_held_out(name) is not None)
+                            paired_interval(np.subtract(card, base), n_boot=2000), sweep.own)
 
     def verdict(self, name: str, progress: Callable[[float, str], None] | None = None) -> str:
         """Fit's verdict by decoding (check), in words; or why there is none."""
@@ -191,7 +191,7 @@ class Explorer(Service):
             for m in ("cluster", "card"):
                 k_rows.append(point(m, k, c, s.alpha))
                 tick(f"K = {k} ({m})")
-        return Sweep(alpha_rows, k_rows, golds, prompts, len(rest), set_aside, s.alpha)
+        return Sweep(alpha_rows, k_rows, golds, prompts, len(rest), set_aside, s.alpha, own is not None)
 
     def parse_alphas(self, text: str | None, most: int = 12) -> list[float]:
         """Explore's α values: finite numbers >= 0 separated by commas (or semicolons), at most `most` of them."""

@@ -51,8 +51,11 @@ def _truthy(value) -> bool:
     return str(value).strip().lower() in ("true", "1", "yes")
 
 
-def decoded_check(studio, name, progress=gr.Progress()):
-    """Fit's verdict by decoding the held-out items (Explore's computation at α = 0 and the build's α)."""
+def decoded_check(studio, name, fitted, progress=gr.Progress()):
+    """Fit's verdict by decoding the held-out items (Explore's computation at α = 0 and the build's α); nothing
+    after a fit that failed (its status says why, and the stored style is unchanged)."""
+    if not str(fitted or "").startswith("Fitted"):
+        return ""
     try:
         progress(0, desc="decoding your held-out items")
         return f"**{md(studio.explorer.verdict(studio.need_user(name), lambda f, w: progress(f, desc=w)))}**"
@@ -119,7 +122,7 @@ def build(studio, shared: Shared) -> None:
     fitted = fit_btn.click(bind(fit, studio), [user, shared.decoding.k], [status, plot], concurrency_id="model",
                            api_name="fit")
     fitted.then(rows, [user], [versions])
-    fitted.success(bind(decoded_check, studio), [user], [check], concurrency_id="model")
+    fitted.then(bind(decoded_check, studio), [user, status], [check], concurrency_id="model")
     own_btn.click(bind(own_adapter, studio), [user], [status])
     restore_btn.click(bind(restore, studio), [user, version_id], [owner_status, versions])
     refresh_btn.click(rows, [user], [versions])

@@ -244,3 +244,18 @@ def test_export_says_whose_records_it_holds(studio, monkeypatch):
     assert shown(studio_app.build_app(studio)) == [export_scope(False)]  # this studio runs without logins
     monkeypatch.setattr(studio.runtime, "cfg", dataclasses.replace(studio.runtime.cfg, logins=True))
     assert shown(studio_app.build_app(studio)) == [export_scope(True)]
+
+
+def test_a_failed_fit_is_not_followed_by_the_decoded_check(studio, monkeypatch):
+    """Fit's decoded check follows a fit that stored a style; after a refused one (the status says why) it decodes
+    nothing and says nothing more."""
+    from personalize.ui import fit
+
+    asked = []
+    monkeypatch.setattr(studio.explorer, "verdict", lambda name, progress=None: asked.append(name) or "decoded")
+    progress = lambda *a, **k: None  # noqa: E731
+    assert fit.decoded_check(studio, "nobody", "⚠️ unknown user 'nobody' (the stored vector, if any, is unchanged)",
+                             progress) == "" and not asked
+    studio.histories.save_history("checked", studio.histories.demo_items("formal_01"), "tweets")
+    assert fit.decoded_check(studio, "checked", "Fitted **checked** in 0.5 s", progress) == "**decoded**"
+    assert asked == ["checked"]
