@@ -1,18 +1,34 @@
-"""Later-start time of the studio: process start → the page answers HTTP 200, repeated, median reported.
+"""Start times of the studio. Later starts: process start → the page answers HTTP 200, repeated, median reported.
+The first start (--first-start): a fresh clone of this repository's HEAD, `make run` in it, each stage timed.
 
     .venv/bin/python benchmarks/app_start.py [--repeats 5] [-- app.py flags]
+    .venv/bin/python benchmarks/app_start.py --first-start [--repeats 3] [--venv .venv] [--json first.json]
 
-Run it after the first start has built the demo artifacts (it refuses to time a build). The machines here
-are shared and noisy, so it prints every run and the median, and the part spent before the models load
+Later starts: run after the first start has built the demo artifacts (it refuses to time a build). The machines
+here are shared and noisy, so it prints every run and the median, and the part spent before the models load
 (Python imports) as reported by the app's own "ready in" line.
+
+The first start: from `make run` on the clone, when pip ended (the venv's .installed stamp), when the page first
+answered HTTP 200 (the first start's page, ui/waiting.py), when the studio itself answered (its page's title is the
+studio's), the build's stages as its log reports them ("<stage> done in X s"), then --repeats later starts of the
+same clone. --venv copies a built venv instead of pip's install (to time the rest on a busy day); it says so.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import re
+import shutil
+import signal
+import socket
 import statistics
+import subprocess
 import sys
+import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,12 +47,97 @@ def one_start(app_args: list[str], timeout: float) -> tuple[float, float | None]
     return wall, float(m.group(1)) if m else None
 
 
+def _title(port: int) -> str | None:
+    """The served page's title (Gradio's /config), or None while nothing answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/config", timeout=2) as r:
+            return json.loads(r.read()).get("title")
+    except (OSError, ValueError):
+        return None
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_run(clone: Path, log: Path, timeout: float, stamp: Path | None = None) -> dict:
+    """`make run` in `clone` until the studio answers: seconds to pip's end (stamp), to the first HTTP 200, to the
+    studio's own page; then stopped as Ctrl-C stops it."""
+    from personalize.ui.waiting import TITLE as WAITING
+
+    port, t0, out = _port(), time.perf_counter(), {}
+    with log.open("w") as f:
+        proc = subprocess.Popen(["make", "run", f"ARGS=--port {port}"], cwd=clone, stdout=f, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+    try:
+        while "studio_s" not in out:
+            if proc.poll() is not None:
+                raise SystemExit(f"make run exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            now = round(time.perf_counter() - t0, 1)
+            if stamp is not None and "pip_s" not in out and stamp.exists():
+                out["pip_s"] = now
+            title = _title(port)
+            if title is not None:
+                out.setdefault("page_s", now)
+                if title != WAITING:
+                    out["studio_s"] = now
+            if now > timeout:
+                raise SystemExit(f"the studio did not answer within {timeout:.0f} s:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        return out
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def first_start(a) -> dict:
+    """A fresh clone of HEAD, `make run`, each stage; then later starts of the same clone."""
+    root = Path(tempfile.mkdtemp(prefix="first-start-"))
+    clone = root / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    if a.venv:  # a copied venv: pip's time is not measured
+        shutil.copytree(a.venv, clone / ".venv", symlinks=True)
+        (clone / ".venv" / "bin" / ".installed").touch()
+    res = {"commit": subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=clone, text=True).strip(),
+           "venv": "copied (pip not timed)" if a.venv else "pip install"}
+    res |= make_run(clone, root / "first.log", a.timeout, None if a.venv else clone / ".venv" / "bin" / ".installed")
+    log = (root / "first.log").read_text()
+    res["stages_s"] = {m.group(1): float(m.group(2)) for m in re.finditer(r"\] (.+?) done in ([\d.]+) s", log)}
+    if "pip_s" in res:
+        res["page_after_pip_s"] = round(res["page_s"] - res["pip_s"], 1)
+    res["later_s"] = [make_run(clone, root / f"later{i}.log", a.timeout)["studio_s"] for i in range(a.repeats)]
+    print(json.dumps(res, indent=1))
+    print(f"make run on a fresh clone: page {res['page_s']} s, studio {res['studio_s']} s"
+          + (f" (pip ended at {res['pip_s']} s; the page {res['page_after_pip_s']} s after)" if "pip_s" in res else
+             " (venv copied)") + f"; later starts {res['later_s']} s (median {statistics.median(res['later_s'])})")
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1))
+    if not a.keep:
+        shutil.rmtree(root, ignore_errors=True)
+    else:
+        print(f"kept: {root}")
+    return res
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--first-start", action="store_true", help="time `make run` on a fresh clone, stage by stage")
+    p.add_argument("--venv", default=None, help="--first-start: copy this venv instead of pip's install")
+    p.add_argument("--json", default=None, help="--first-start: write the figures here")
+    p.add_argument("--keep", action="store_true", help="--first-start: keep the clone and its logs")
     p.add_argument("app_args", nargs="*", help="flags passed to app.py (after --)")
     a = p.parse_args()
+    if a.first_start:
+        a.timeout = max(a.timeout, 3600)
+        first_start(a)
+        return
     walls, loads = [], []
     for i in range(a.repeats):
         wall, load = one_start(a.app_args, a.timeout)
