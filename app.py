@@ -26,7 +26,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from personalize.studio.decoder import DecodeTarget
+from personalize.studio.scheduling import DecodeTarget
 from personalize.studio.facade import Studio, StudioConfig
 from personalize.ui import campaigns, compare, explore, export_tab, fit, leaderboard_tab, my_cluster, populations, quick_pair, rate, \
     waiting, why, writing

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from personalize.methods.card import onboard
 from personalize.catalog import CORE_METHODS
 from personalize.eval import commands
 from personalize.fitting.plan import (DEFAULT_DB, DEMO_ARTIFACTS, DEMO_DATA, UsageError, add_build_args, comma_list, comma_names,
@@ -46,7 +47,7 @@ def cmd_onboard(a) -> None:
             raise UsageError(f"user {name!r} exists: pass --replace to replace their history and style")
     except StoreError:
         pass  # a new user
-    from personalize.fitting.person import fit_person
+    from personalize.methods.card.person import fit_person
 
     engine = load_engine(a)
     store.add_user(name, items, engine.task.name, replace=a.replace)
@@ -131,7 +132,7 @@ def cmd_generate(a) -> None:
 
 
 def cmd_tune(a) -> None:
-    from personalize.fitting.tune import STEPS, tune
+    from personalize.methods.card.tune import STEPS, tune
 
     engine = load_engine(a)
 
@@ -314,7 +315,7 @@ def cmd_demo(a) -> None:
     _, queries = read_lamp(demo, "dev")
     picks = [q for q in queries if q.user and q.user.endswith("_01")]
     for q in picks[: a.users]:
-        fit = engine.fit(q.profile)
+        fit = onboard.fit(engine, q.profile)
         print(f"\n=== {q.user}: cluster {fit.cluster}/{fit.k}, λ fit {fit.stages_s.get('fit', 0) * 1000:.1f} ms")
         print(f"prompt: {q.input}\ngold:   {q.gold}")
         for m in CORE_METHODS:

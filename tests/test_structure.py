@@ -224,7 +224,7 @@ METHOD_TABLES = {
     "eval/commands.py": "eval's budget flags as the per-method configs registry.local_config takes",
     "eval/evaluate.py": "why eval reports no gold log-prob for a method; one of them, the copy floor, is eval's own",
     "eval/bench.py": "a benchmark report's fields: decoding time per token of cluster against card",
-    "studio/jobs.py": "a first-use job's words (OWN, the own adapter, is no catalog method)",
+    "studio/first_use_jobs.py": "a first-use job's words (OWN, the own adapter, is no catalog method)",
 }
 
 

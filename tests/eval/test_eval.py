@@ -9,11 +9,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from personalize.methods.card import onboard
 from personalize.data import select_sources
 from personalize.data import Query, read_lamp, write_lamp
 from personalize.methods.engine import Engine
 from personalize.eval.evaluate import paired_differences, run_eval, shuffled_partners
-from personalize.fitting.tune import choose_decoding, save_choice
+from personalize.methods.card.tune import choose_decoding, save_choice
 from personalize.methods.card import card_decode
 
 
@@ -103,7 +104,7 @@ def test_tune_chooses_on_validation_people_and_the_build_reads_the_choice_back(e
     task, qs = read_lamp(tiny_artifacts["demo"], "dev")
     people = qs[:3]
     items = [eng.prepare_items(list(q.profile[:6])) for q in people]
-    fits = [eng.fit(its) for its in items]
+    fits = [onboard.fit(eng, its) for its in items]
     eng, report = choose_decoding(eng, [q.input for q in people], [q.gold for q in people], fits, items)
     assert {"repetition", "style", "alpha", "fallback", "chosen_decoding", "chosen_style"} <= set(report)
     assert report["style"]["chosen"] in report["style"]["sweep"]
@@ -121,16 +122,16 @@ def test_a_person_beyond_every_cluster_is_fitted_with_their_own_memory(engine, t
     StyleSettings.far_knn_weight and says so in its stats, a near person's follows the build's style."""
     k = engine.cfg.default_k
     c = engine.clusters
-    assert engine.is_far(k, [1e6] * k) and not engine.is_far(k, [0.0] * k)
+    assert onboard.is_far(engine, k, [1e6] * k) and not onboard.is_far(engine, k, [0.0] * k)
     task, qs = read_lamp(tiny_artifacts["demo"], "dev")
     items = engine.prepare_items(list(qs[0].profile[:8]))
     cfg = engine.cfg
     engine.cfg = replace(cfg, style=replace(cfg.style, memory=False, far_knn_weight=0.2))
     try:
-        monkeypatch.setattr(engine, "is_far", lambda k_, d: True)
-        far = engine.fit(items)
-        monkeypatch.setattr(engine, "is_far", lambda k_, d: False)
-        near = engine.fit(items)
+        monkeypatch.setattr(onboard, "is_far", lambda e, k_, d: True)
+        far = onboard.fit(engine, items)
+        monkeypatch.setattr(onboard, "is_far", lambda e, k_, d: False)
+        near = onboard.fit(engine, items)
     finally:
         engine.cfg = cfg
     assert far.far and far.stats()["far"] and far.style.knn_weight == 0.2 and len(far.style.values)
@@ -145,7 +146,7 @@ def test_card_falls_back_with_a_note_and_retrieves_only_for_its_own_rows(engine,
 
     task, qs = read_lamp(tiny_artifacts["demo"], "dev")
     items = engine.prepare_items(list(qs[0].profile[:6]))
-    fit = engine.fit(items)
+    fit = onboard.fit(engine, items)
     prompt = qs[0].input
     lost = replace(fit.style, helps=False)
     cfg = engine.cfg
@@ -178,7 +179,7 @@ def test_eval_says_who_it_scored_as_a_cluster_of_one(engine, two_sources, monkey
     study reads the far and the near people's figures apart from the run itself."""
     folder, _ = two_sources
     for far in (True, False):
-        monkeypatch.setattr(engine, "is_far", lambda k, d, far=far: far)
+        monkeypatch.setattr(onboard, "is_far", lambda e, k, d, far=far: far)
         res = run_eval(engine, folder, "dev", ["cluster", "card"], sources=["left/out"], limit=2, n_boot=10)
         assert [p["own"] for p in res["predictions"]] == [far, far], res["predictions"]
 
@@ -229,7 +230,7 @@ def test_every_card_method_at_alpha_zero_decodes_as_the_cluster_model(engine, ti
         people = []
         for q in qs[:3]:
             items = engine.prepare_items(list(q.profile[:8]))
-            fit = engine.fit(items)
+            fit = onboard.fit(engine, items)
             assert len(fit.style.values)  # the memory of the person's tokens
             rng = np.random.default_rng(len(people))  # λ and a bias planted (the tiny model's fit leaves both flat)
             ids = np.unique(np.concatenate([fit.style.values, rng.integers(0, len(engine.tok), 64)]))

@@ -27,7 +27,7 @@ class DecodeTarget:
             raise ValueError("--decode needs replicas >= 1, num_gpus >= 0 and num_cpus > 0")
 
 
-def make_decoder(engine, lock, scheduler: SchedulerConfig, target: DecodeTarget):
+def make_scheduler(engine, lock, scheduler: SchedulerConfig, target: DecodeTarget):
     """The studio's scheduler: in-process, or the remote decoder over the deployment (ConnectionError when Ray
     cannot be reached: the app says so at start)."""
     local = DecodeScheduler(engine, lock, scheduler)
