@@ -131,6 +131,7 @@ def main() -> None:
     from personalize.distributed.pool import RayConfig, connect
     from personalize.eval.ray_eval import RayShards
     from personalize.methods.engine import Engine
+    from personalize.distributed.serve import ServeConfig
     from personalize.studio.scheduling import DecodeTarget, make_scheduler
     from personalize.studio.facade import Studio, StudioConfig
 
@@ -171,7 +172,7 @@ def main() -> None:
     rows = [("in-process scheduler", concurrent_compares(studio, names, prompt, s))]
     for replicas in (1, 2):
         rt.scheduler = make_scheduler(rt.engine, rt.model_lock, rt.cfg.scheduler,
-                                    DecodeTarget("auto", replicas=replicas, num_cpus=0.5))
+                                    DecodeTarget("auto", ServeConfig(replicas=replicas, num_cpus=0.5)))
         concurrent_compares(studio, names[:1], prompt, s)  # warm-up: the replicas answer
         rows.append((f"Ray Serve, {replicas} replica(s)", concurrent_compares(studio, names, prompt, s)))
         rt.scheduler.close()

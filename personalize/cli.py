@@ -14,7 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-from personalize.methods.card import onboard
 from personalize.catalog import CORE_METHODS
 from personalize.eval import commands
 from personalize.fitting.plan import (DEFAULT_DB, DEMO_ARTIFACTS, DEMO_DATA, UsageError, add_build_args, comma_list, comma_names,
@@ -305,7 +304,7 @@ def cmd_demo(a) -> None:
     demo, art = Path(a.data), Path(a.artifacts)
     ensure_demo(demo, art)
     from personalize.data import read_lamp
-    from personalize.methods.card import card_decode
+    from personalize.methods.card import card_decode, onboard
     from personalize.methods.engine import Engine
 
     t0 = time.perf_counter()
@@ -324,6 +323,8 @@ def cmd_demo(a) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from personalize.humaneval.campaign_schema import DEFAULT_ITEMS as DEFAULT_CAMPAIGN_ITEMS  # settings, no model code
+
     p = argparse.ArgumentParser(prog="python -m personalize", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -410,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     cr.add_argument("--artifacts", default=DEMO_ARTIFACTS, help="the build that generates the outputs")
     cr.add_argument("--data", required=True, help="a LaMP folder (its people are stored from their profiles)")
     cr.add_argument("--split", default="dev")
-    cr.add_argument("--limit", type=int, default=10, help="the first N queries become the items")
+    cr.add_argument("--limit", type=int, default=DEFAULT_CAMPAIGN_ITEMS, help="the first N queries become the items")
     cr.add_argument("--sources", default="", help="only people from these sources (comma-separated; e.g. the ones "
                                                   "the build left out with --exclude-sources)")
     cr.add_argument("--methods", default=",".join(CORE_METHODS), help="comma-separated methods to compare")

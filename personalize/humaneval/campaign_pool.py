@@ -52,6 +52,7 @@ def _stored_person(store: Store, task: str, item: dict) -> str:
     return own if store.query("SELECT 1 FROM users WHERE name = ?", [own]) else item["user"]
 
 
+
 def create_from_lamp(store: Store, name: str, data: str | Path, split: str, limit: int, artifacts: str | Path,
                      build: str, task: str, sources: Sequence[str] = (), **settings) -> dict:
     """A campaign over the first `limit` queries of a LaMP split, for the build `artifacts` serving `task`; each

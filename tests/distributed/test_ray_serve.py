@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from personalize.distributed.serve import ServeConfig
 from personalize.studio.scheduling import DecodeTarget
 from personalize.studio.facade import Studio, StudioConfig
 
@@ -63,7 +64,7 @@ def test_studio_on_two_replicas_decodes_as_in_process_and_survives_a_killed_repl
     (tmp_path / "remote").mkdir()
     remote = Studio.load(StudioConfig(own_adapters=False, artifacts=str(tiny_artifacts["artifacts"]), db=str(tmp_path / "remote" / "s.db"),
                                       demo_data=str(tiny_artifacts["demo"]),
-                                      decode=DecodeTarget("auto", replicas=2, num_cpus=0.5)))
+                                      decode=DecodeTarget("auto", ServeConfig(replicas=2, num_cpus=0.5))))
     try:
         _person(remote)
         last, outs = _streamed(remote, prompt, s)
@@ -105,7 +106,7 @@ def test_browser_compare_of_every_method_on_two_replicas_as_in_process(ray_local
     (tmp_path / "remote").mkdir()
     remote = Studio.load(StudioConfig(own_adapters=False, artifacts=str(tiny_artifacts["artifacts"]), db=str(tmp_path / "remote" / "s.db"),
                                       demo_data=str(tiny_artifacts["demo"]),
-                                      decode=DecodeTarget("auto", replicas=2, num_cpus=0.5)))
+                                      decode=DecodeTarget("auto", ServeConfig(replicas=2, num_cpus=0.5))))
     driver = chromium(tmp_path)
     try:
         _person(remote)
