@@ -41,21 +41,6 @@ def test_paired_bootstrap_interval_brackets_the_mean_and_sees_a_sure_gain():
     assert "card - bm25_copy" not in d  # only pairs of methods that were run
 
 
-def test_the_copy_gate_chooses_its_threshold_on_the_other_half_of_the_people():
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from benchmarks.copy_ceiling import gate_2fold
-
-    rng = np.random.default_rng(1)
-    margin = rng.uniform(0, 10, 60)
-    method, copy = np.full(60, 0.2), np.where(margin >= 5, 0.5, 0.0)  # copying pays exactly where the margin is wide
-    gate, copied = gate_2fold(margin, method, copy)
-    assert (copied == (margin >= 5)).mean() > 0.9 and gate.mean() > max(method.mean(), copy.mean())
-    never = gate_2fold(margin, np.full(60, 0.6), copy)[1]  # the method beats every copy: it never copies
-    assert not never.any()
-
-
 def test_sources_select_and_unknown_sources_are_refused():
     qs = [Query(str(i), "x", (), "g", f"u{i}", src) for i, src in enumerate(["a/a", "b/b", "a/a", None])]
     assert [q.id for q in select_sources(qs, ["a/a"])] == ["0", "2"]
