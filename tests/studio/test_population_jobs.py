@@ -71,7 +71,7 @@ def studio(tiny_artifacts, tmp_path):
                                  demo_data=str(tiny_artifacts["demo"]), export_dir=str(tmp_path / "exports")))
     s.tiny = tiny_settings(tiny_artifacts["root"])
     yield s
-    job = s.populations.population_job
+    job = s.population_jobs.population_job
     if job is not None and job.running:
         job.cancel()
         job.wait(60)

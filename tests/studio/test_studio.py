@@ -576,7 +576,7 @@ def test_a_cluster_of_one_trains_in_the_background_refits_the_style_over_it_and_
     from personalize.methods.card.own import owner_key
 
     jobs, eng = studio.first_use_jobs, studio.runtime.engine
-    monkeypatch.setattr(type(eng), "is_far", lambda self, k, d: True)  # everyone is far: the switch Save reads
+    monkeypatch.setattr(onboard, "is_far", lambda engine, k, d: True)  # everyone is far: the switch Save reads
     monkeypatch.setattr(studio.runtime, "cfg", dataclasses.replace(studio.runtime.cfg, own_adapters=True))
     text = "\n".join(it.y for it in studio.histories.demo_items("formal_01"))
     studio.save_from("solo", text, None, "tweets")
