@@ -26,7 +26,8 @@ from pathlib import Path
 
 import gradio as gr
 
-from personalize.studio.decoder import DecodeTarget
+from personalize.distributed.serve import ServeConfig
+from personalize.studio.scheduling import DecodeTarget
 from personalize.studio.facade import Studio, StudioConfig
 from personalize.ui import campaigns, compare, explore, export_tab, fit, leaderboard_tab, my_cluster, populations, quick_pair, rate, \
     waiting, why, writing
@@ -138,9 +139,9 @@ def main(argv=None) -> int:
                    help=AUTH_HELP)
     p.add_argument("--decode", default=None, metavar="auto | ray://HOST:10001",
                    help="decode on a Ray Serve deployment ('auto': a local Ray; docs/SCALING.md); default: in-process")
-    p.add_argument("--decode-replicas", type=int, default=DecodeTarget.replicas,
+    p.add_argument("--decode-replicas", type=int, default=ServeConfig.replicas,
                    help="replicas of the decoding deployment")
-    p.add_argument("--decode-gpus", type=float, default=DecodeTarget.num_gpus, help="GPUs per replica (1 where each has its own)")
+    p.add_argument("--decode-gpus", type=float, default=ServeConfig.num_gpus, help="GPUs per replica (1 where each has its own)")
     p.add_argument("--admin", action="append", metavar="USER[,USER...]",
                    help="an --auth login that may see, open and export every person (not only those it created); "
                         "may be given several times")
@@ -155,7 +156,7 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     try:
-        target = DecodeTarget(a.decode, a.decode_replicas, a.decode_gpus)
+        target = DecodeTarget(a.decode, ServeConfig(replicas=a.decode_replicas, num_gpus=a.decode_gpus))
         if target.address not in (None, "auto"):
             from personalize.distributed.pool import check_reachable
 

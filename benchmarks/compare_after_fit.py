@@ -26,8 +26,8 @@ PROMPT = "Reject cookie values that contain a quoted semicolon when parsing the 
 def timed_compare(st, name: str, prompt: str) -> tuple[float, float]:
     """(seconds to the first streamed token, seconds to the last column) of one Compare."""
     t0, first = time.perf_counter(), None
-    plan = st.decoding.compare_plan(name, prompt, False, None, METHODS)
-    for kind, _, _ in st.decoding.compare_stream(plan, st.runtime.settings()):
+    plan = st.comparisons.compare_plan(name, prompt, False, None, METHODS)
+    for kind, _, _ in st.comparisons.compare_stream(plan, st.runtime.settings()):
         if kind == "text" and first is None:
             first = time.perf_counter() - t0
     return round(first or 0.0, 2), round(time.perf_counter() - t0, 2)
@@ -54,10 +54,10 @@ def main(argv=None) -> int:
         st.save_from(name, "\n".join(texts[: a.items]), None, st.runtime.task.name)
         st.histories.rewrites.result()
         st.fits.fit(name)
-        st.background_jobs.after_fit(name)  # the app's Fit: EXACT's and OPPU's first uses start now
+        st.first_use_jobs.after_fit(name)  # the app's Fit: EXACT's and OPPU's first uses start now
         got["first uses running"].append(timed_compare(st, name, prompt))
         for m in ("exact", "oppu"):
-            st.background_jobs.wait_first_use(name, m)
+            st.first_use_jobs.wait_first_use(name, m)
         got["first uses done"].append(timed_compare(st, name, prompt))
         print(f"{name}: right after Fit {got['first uses running'][-1]}, first uses done {got['first uses done'][-1]}"
               " (first token s, last column s)", flush=True)

@@ -11,6 +11,7 @@ import argparse
 
 import numpy as np
 
+from personalize.methods.card import onboard
 from personalize.methods.card.cluster import closeness
 from personalize.data import read_lamp, select_sources
 from personalize.methods.engine import Engine
@@ -43,7 +44,7 @@ def main(argv=None) -> None:
           f"beyond every member {np.mean(s == 0):.1%}, median closeness {np.median(s):.3f}")
     sizes = []
     for items in far[: a.bytes]:
-        fit = engine.fit(items)
+        fit = onboard.fit(engine, items)
         sizes.append((len(fit.style.extras_bytes()), len(fit.style.values)))
     if sizes:
         print(f"{len(sizes)} far people's stored style beyond λ: median {np.median([b for b, _ in sizes]):.0f} bytes "

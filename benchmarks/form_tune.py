@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from benchmarks.form_study import prefix_share
+from personalize.methods.card import onboard
 from personalize.methods.card.head import TokenData
 from personalize.methods.card.style import fit_form, fit_lambda_bias
 from personalize.data import read_lamp, select_sources
@@ -52,7 +53,7 @@ def onboarded(engine: Engine, profiles, cache: str | None) -> list:
     there: settings that refit from the same pass need not redo it."""
     if cache and Path(cache).exists() and len(fits := torch.load(cache, weights_only=False)) >= len(profiles):
         return fits[: len(profiles)]  # the first people of a larger run's cache are these people
-    fits = [engine.fit(items) for items in profiles]
+    fits = [onboard.fit(engine, items) for items in profiles]
     if cache:
         torch.save(fits, cache)
     return fits
@@ -62,7 +63,7 @@ def own_styles(engine: Engine, fits) -> list:
     """Each person's style refitted from their onboarding pass under the engine's settings now (a cached fit may
     hold another setting's)."""
     head = engine.heads["tokens"]
-    return [engine.fit_style(f.features, head, far=engine.is_far(f.k, f.distances))[0] for f in fits]
+    return [onboard.fit_style(engine, f.features, head, far=onboard.is_far(engine, f.k, f.distances))[0] for f in fits]
 
 
 @dataclass

@@ -17,7 +17,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from personalize.fitting.build import _population, _population_diagnostics, head_data
+from personalize.methods.card.build import _population, _population_diagnostics, head_data
 from personalize.data import read_lamp
 from personalize.methods.engine import Engine
 from personalize.methods.card.head import PersonalizationHead, train_population

@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from personalize.methods.card import onboard
 from personalize.catalog import ALL_METHODS
 from personalize.data import read_lamp
 from personalize.eval.loops import Person, format_loops, loop_shares
@@ -56,7 +57,7 @@ def main(argv=None) -> dict:
     people = []
     for q in queries:
         items = engine.prepare_items(list(q.profile[: a.items]))
-        people.append(Person(q.user or q.id, q.input, tuple(items), engine.fit(items)))
+        people.append(Person(q.user or q.id, q.input, tuple(items), onboard.fit(engine, items)))
     print(f"{len(people)} held-out people fitted in {time.perf_counter() - t0:.0f} s")
     tokens = [None if t == "default" else int(t) for t in a.tokens.split(",")]
     configs = {"exact": {"max_pairs": a.exact_pairs}, "oppu": {"max_steps": a.oppu_steps, "report_loss": False}}

@@ -37,7 +37,7 @@ def main() -> None:
         said["save_s"] = round(time.perf_counter() - t0, 1)
         said["fit_while_training"] = p.fit(name)
         p.shot("2-fit-while-training")
-        while (job := studio.background_jobs.own_job(name)) is None or job["state"] in ("queued", "running"):
+        while (job := studio.first_use_jobs.own_job(name)) is None or job["state"] in ("queued", "running"):
             if time.perf_counter() - t0 > 900:
                 break
             time.sleep(1)

@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from personalize.methods.card import onboard
 from personalize.data import read_lamp, select_sources
 from personalize.methods.base import UserContext
 from personalize.methods.card import card_decode
@@ -51,14 +52,14 @@ def main() -> None:
         if len(rows) == a.limit:
             break
         items = engine.prepare_items(q.profile[: a.items])
-        fit = engine.fit(items)
+        fit = onboard.fit(engine, items)
         if a.far and not fit.far:
             continue
         said = {"truth": q.gold, "cluster": write("cluster", fit), "card before": write("card", fit)}
         t0 = time.perf_counter()
         got = engine.own.train(q.user, items, cluster_adapter(fit.k, fit.cluster))
         train_s = time.perf_counter() - t0
-        over = engine.fit(items, k=fit.k, own=owner_key(q.user))
+        over = onboard.fit(engine, items, k=fit.k, own=owner_key(q.user))
         own_s = time.perf_counter() - t0
         said["card after"] = write("card", over)
         t0 = time.perf_counter()

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.form_tune import tuning_parser, tuning_people
+from personalize.methods.card import onboard
 from personalize.methods.base import UserContext
 from personalize.methods.card import card_decode
 from personalize.methods.card.adapters import cluster_adapter
@@ -37,7 +38,7 @@ def main() -> None:
     engine, queries, profiles = tuning_people(a)
     tmp = tempfile.TemporaryDirectory()
     engine.own.folder = Path(tmp.name) / "own"
-    fits = [engine.fit(items) for items in profiles]
+    fits = [onboard.fit(engine, items) for items in profiles]
     far = [i for i, f in enumerate(fits) if f.far and not f.cold_start]
     print(f"{len(far)} of {len(fits)} tuning people are beyond the build's clusters (α = {engine.cfg.decoding.alpha})",
           flush=True)
@@ -61,7 +62,7 @@ def main() -> None:
             got = engine.own.train(name, profiles[i], cluster_adapter(fits[i].k, fits[i].cluster))
             seconds.append(time.perf_counter() - t0)
             sizes.append(got.bytes)
-            own = engine.fit(profiles[i], k=fits[i].k, own=owner_key(name))
+            own = onboard.fit(engine, profiles[i], k=fits[i].k, own=owner_key(name))
             card.append(decode(i, own, s))
             alone.append(decode(i, own, s0))
             engine.own.forget(name)

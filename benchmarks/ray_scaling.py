@@ -39,7 +39,7 @@ def tiny_build(root: Path) -> tuple[Path, Path]:
     from personalize.serving.settings import DecodingSettings
     from personalize.methods.card.config import HeadSettings
     from personalize.demo import write_demo
-    from personalize.fitting.build import build
+    from personalize.methods.card.build import build
     from personalize.lm.models import BUNDLED_GGUF
     from personalize.lm.model_config import ModelConfig
     from personalize.lm.tokens import TokenBudget
@@ -75,7 +75,7 @@ def concurrent_compares(studio, names: list[str], prompt: str, s) -> float:
     errors: list = []
 
     def press(name):
-        outs = list(studio.decoding.compare(name, prompt, METHODS, s))
+        outs = list(studio.comparisons.compare(name, prompt, METHODS, s))
         errors.extend(o.error for o in outs if o.error)
 
     threads = [threading.Thread(target=press, args=(n,)) for n in names]
@@ -105,9 +105,9 @@ def sizes(studio, name: str, prompt: str, s) -> dict:
     engine = studio.runtime.engine
     m = engine.cfg.model
     model_path = bundled_lm_folder(m.cache_dir) if m.name_or_path == BUNDLED else Path(m.name_or_path)
-    state = studio.decoding.histories.user_state(name, None)
-    rows = [r for m in METHODS for r in studio.decoding.rows(m, state, prompt, s)]
-    card = studio.decoding.rows("card", state, prompt, s)
+    state = studio.comparisons.histories.user_state(name, None)
+    rows = [r for m in METHODS for r in studio.comparisons.rows(m, state, prompt, s)]
+    card = studio.comparisons.rows("card", state, prompt, s)
     return {"build_files": folder_bytes(engine.folder),
             "model_weights": folder_bytes(model_path) if model_path.is_dir() else None,
             "model_parameters_bytes": sum(p.numel() * p.element_size() for p in engine.model.parameters()),
@@ -131,7 +131,8 @@ def main() -> None:
     from personalize.distributed.pool import RayConfig, connect
     from personalize.eval.ray_eval import RayShards
     from personalize.methods.engine import Engine
-    from personalize.studio.decoder import DecodeTarget, make_decoder
+    from personalize.distributed.serve import ServeConfig
+    from personalize.studio.scheduling import DecodeTarget, make_scheduler
     from personalize.studio.facade import Studio, StudioConfig
 
     tmp = Path(tempfile.mkdtemp(prefix="ray-scaling-"))
@@ -170,8 +171,8 @@ def main() -> None:
     concurrent_compares(studio, names[:1], prompt, s)  # warm-up, as for the replicas below
     rows = [("in-process scheduler", concurrent_compares(studio, names, prompt, s))]
     for replicas in (1, 2):
-        rt.scheduler = make_decoder(rt.engine, rt.model_lock, rt.cfg.scheduler,
-                                    DecodeTarget("auto", replicas=replicas, num_cpus=0.5))
+        rt.scheduler = make_scheduler(rt.engine, rt.model_lock, rt.cfg.scheduler,
+                                    DecodeTarget("auto", ServeConfig(replicas=replicas, num_cpus=0.5)))
         concurrent_compares(studio, names[:1], prompt, s)  # warm-up: the replicas answer
         rows.append((f"Ray Serve, {replicas} replica(s)", concurrent_compares(studio, names, prompt, s)))
         rt.scheduler.close()

@@ -35,8 +35,8 @@ def main(argv=None) -> None:
         st.histories.save_history(name, st.histories.demo_items(name), st.runtime.task.name)
         st.fits.fit(name)
         s, prompt = st.runtime.settings(), st.runtime.task.prompt(a.prompt)
-        out[name] = {o.method: o.text for o in st.decoding.compare(name, prompt, METHODS, s)}
-        why = st.decoding.why(name, prompt, s)
+        out[name] = {o.method: o.text for o in st.comparisons.compare(name, prompt, METHODS, s)}
+        why = st.comparisons.why(name, prompt, s)
         out[name]["why"] = why.text if hasattr(why, "text") else why["text"]  # a dict before Explanation
     Path(a.out).write_text(json.dumps(out, indent=1, sort_keys=True))
     print(json.dumps(out, indent=1, sort_keys=True))

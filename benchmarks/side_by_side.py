@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from personalize.methods.card import onboard
 from personalize.data import read_history_file, read_lamp
 from personalize.methods.engine import Engine
 from personalize.methods.card import card_decode
@@ -47,7 +48,7 @@ def main(argv=None) -> None:
     rows = {}
     for name, profile in people:
         items = engine.prepare_items(profile)
-        fit = engine.fit(items)
+        fit = onboard.fit(engine, items)
         d = fit.diagnostics
         rows[name] = {"_cluster": fit.cluster, "helps": d.get("helps"), "acc": (d.get("acc_own"), d.get("acc_no_head"))}
         for m in METHODS:

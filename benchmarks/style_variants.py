@@ -19,11 +19,12 @@ from dataclasses import replace
 
 import numpy as np
 
+from personalize.methods.card import onboard
 from personalize.methods.card.adapters import BASE_ADAPTER, adapter_name
 from personalize.methods.engine import Engine
 from personalize.methods.card.head import TokenData
 from personalize.methods.card.style import style_diagnostics
-from personalize.fitting.tune import validation_people
+from personalize.methods.card.tune import validation_people
 
 
 def main(argv=None) -> None:
@@ -42,7 +43,7 @@ def main(argv=None) -> None:
         items = engine.prepare_items(profile)
         c, _ = engine.assign(engine.embed(items), cfg.default_k)
         engine.use_adapter(adapter_name(cfg.default_k, c) if cfg.default_k > 1 else BASE_ADAPTER)
-        feats = engine.features(items)
+        feats = onboard.features(engine, items)
         n_hold = max(1, int(round(cfg.holdout * len(items))))
         data.append((feats[n_hold:], TokenData.from_features(feats[:n_hold])))
     print(f"{len(data)} people, features in {time.perf_counter() - t0:.0f} s")
@@ -51,7 +52,7 @@ def main(argv=None) -> None:
     for v in json.loads(a.variants):
         alpha = v.pop("alpha", a.alpha)
         engine.cfg = replace(cfg, style=replace(cfg.style, **v))
-        styles = [engine.fit_style(fit, head)[0] for fit, _ in data]
+        styles = [onboard.fit_style(engine, fit, head)[0] for fit, _ in data]
         rows = [style_diagnostics(head, held, styles[i], [styles[(i + 1) % len(styles)]], engine.cfg.style, alpha)
                 for i, (_, held) in enumerate(data)]
         rows = [r for r in rows if r.get("n")]

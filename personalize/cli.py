@@ -46,7 +46,7 @@ def cmd_onboard(a) -> None:
             raise UsageError(f"user {name!r} exists: pass --replace to replace their history and style")
     except StoreError:
         pass  # a new user
-    from personalize.fitting.person import fit_person
+    from personalize.methods.card.person import fit_person
 
     engine = load_engine(a)
     store.add_user(name, items, engine.task.name, replace=a.replace)
@@ -131,7 +131,7 @@ def cmd_generate(a) -> None:
 
 
 def cmd_tune(a) -> None:
-    from personalize.fitting.tune import STEPS, tune
+    from personalize.methods.card.tune import STEPS, tune
 
     engine = load_engine(a)
 
@@ -304,7 +304,7 @@ def cmd_demo(a) -> None:
     demo, art = Path(a.data), Path(a.artifacts)
     ensure_demo(demo, art)
     from personalize.data import read_lamp
-    from personalize.methods.card import card_decode
+    from personalize.methods.card import card_decode, onboard
     from personalize.methods.engine import Engine
 
     t0 = time.perf_counter()
@@ -314,7 +314,7 @@ def cmd_demo(a) -> None:
     _, queries = read_lamp(demo, "dev")
     picks = [q for q in queries if q.user and q.user.endswith("_01")]
     for q in picks[: a.users]:
-        fit = engine.fit(q.profile)
+        fit = onboard.fit(engine, q.profile)
         print(f"\n=== {q.user}: cluster {fit.cluster}/{fit.k}, λ fit {fit.stages_s.get('fit', 0) * 1000:.1f} ms")
         print(f"prompt: {q.input}\ngold:   {q.gold}")
         for m in CORE_METHODS:
@@ -323,6 +323,8 @@ def cmd_demo(a) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from personalize.humaneval.campaign_schema import DEFAULT_ITEMS as DEFAULT_CAMPAIGN_ITEMS  # settings, no model code
+
     p = argparse.ArgumentParser(prog="python -m personalize", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -409,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     cr.add_argument("--artifacts", default=DEMO_ARTIFACTS, help="the build that generates the outputs")
     cr.add_argument("--data", required=True, help="a LaMP folder (its people are stored from their profiles)")
     cr.add_argument("--split", default="dev")
-    cr.add_argument("--limit", type=int, default=10, help="the first N queries become the items")
+    cr.add_argument("--limit", type=int, default=DEFAULT_CAMPAIGN_ITEMS, help="the first N queries become the items")
     cr.add_argument("--sources", default="", help="only people from these sources (comma-separated; e.g. the ones "
                                                   "the build left out with --exclude-sources)")
     cr.add_argument("--methods", default=",".join(CORE_METHODS), help="comma-separated methods to compare")

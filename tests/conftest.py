@@ -85,7 +85,7 @@ def tiny_build_config(lm: Path):
 def tiny_artifacts(tokenizer, tmp_path_factory):
     """CARD artifacts built by the real `build` on a small demo population, with a tiny random Llama saved
     as a local model folder (the path a user's own checkpoint takes): seconds instead of minutes."""
-    from personalize.fitting.build import build
+    from personalize.methods.card.build import build
     from personalize.demo import write_demo
 
     root = tmp_path_factory.mktemp("tiny")

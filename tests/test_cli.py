@@ -123,13 +123,13 @@ def test_oppu_steps_flag_is_the_config_field():
 
 def test_p2p_build_flags_reach_build(monkeypatch, demo_dir, tmp_path, capsys):
     """--skip-p2p and --p2p-steps as build() receives them; a contradiction or a bad value is a clear error."""
-    import personalize.fitting.build
+    import personalize.methods.card.build
     from personalize.cli import main
 
     got = []
-    monkeypatch.setattr(personalize.fitting.build, "build", lambda *a, **kw: got.append(kw["p2p"]))
+    monkeypatch.setattr(personalize.methods.card.build, "build", lambda *a, **kw: got.append(kw["p2p"]))
     base = ["build", "--data", str(demo_dir), "--ks", "1", "--default-k", "1", "--out", str(tmp_path / "a")]
-    assert main(base) == 0 and got[-1].steps == personalize.fitting.build.P2P_STEPS
+    assert main(base) == 0 and got[-1].steps == personalize.methods.card.build.P2P_STEPS
     assert main([*base, "--p2p-steps", "7"]) == 0 and got[-1].steps == 7
     assert main([*base, "--skip-p2p"]) == 0 and got[-1] is None
     assert main([*base, "--skip-p2p", "--p2p-steps", "7"]) == 2 and "no effect with --skip-p2p" in capsys.readouterr().err
@@ -275,7 +275,7 @@ def test_mixed_batch_on_the_bundled_model_equals_each_method_alone(artifacts, de
     row by row, what each method gives alone (greedy), on the bundled SmolLM2 build."""
     from personalize.data import read_lamp
     from personalize.methods.base import UserContext
-    from personalize.fitting.person import prepared_items
+    from personalize.methods.card.person import prepared_items
     from personalize.studio.facade import Studio, StudioConfig
 
     st = Studio.load(StudioConfig(own_adapters=False, artifacts=str(artifacts), db=str(tmp_path / "s.db"), demo_data=str(demo_dir),

@@ -70,7 +70,7 @@ import numpy as np
 from personalize.data import Item
 from personalize.store import Store
 from personalize.methods.engine import Engine
-from personalize.fitting.person import fit_person
+from personalize.methods.card.person import fit_person
 from personalize.methods.base import UserContext
 from personalize.methods.oppu import OppuConfig, OppuMethod, adapter_id
 

@@ -3,7 +3,8 @@
 personalize/, every module basename once, no method that only forwards to another object beyond a handful, no
 retired method left, at most 5 comparisons of a method's name, and no module importing another package's private
 names; and, each at 0 or a listed reason: zero-argument and return-less forwarders, comparisons with a method-name
-constant (`COPY`), tables keyed by method name outside catalog.py, the tabs reaching into `studio.runtime`. The layers themselves are import-linter's contracts (.importlinter, run by `make test`)."""
+constant (`COPY`), tables keyed by method name outside catalog.py, the tabs reaching into `studio.runtime`; no test
+importing a benchmark, nor the other way. The layers themselves are import-linter's contracts (.importlinter, run by `make test`)."""
 
 from __future__ import annotations
 
@@ -224,7 +225,7 @@ METHOD_TABLES = {
     "eval/commands.py": "eval's budget flags as the per-method configs registry.local_config takes",
     "eval/evaluate.py": "why eval reports no gold log-prob for a method; one of them, the copy floor, is eval's own",
     "eval/bench.py": "a benchmark report's fields: decoding time per token of cluster against card",
-    "studio/jobs.py": "a first-use job's words (OWN, the own adapter, is no catalog method)",
+    "studio/first_use_jobs.py": "a first-use job's words (OWN, the own adapter, is no catalog method)",
 }
 
 
@@ -250,4 +251,18 @@ def test_the_ui_calls_use_cases_not_the_runtime():
         n = sum(isinstance(node, ast.Attribute) and node.attr == "runtime" for node in ast.walk(ast.parse(f.read_text())))
         if n:
             found[f.name] = n
+    assert not found, found
+
+
+def test_tests_and_benchmarks_do_not_import_each_other():
+    """Benchmarks measure, tests check: a benchmark a test imports cannot leave the repository with its round, and a
+    benchmark that imports a test's helper runs on a fixture's assumptions."""
+    top = ROOT.parent
+    found = []
+    for folder, other in (("tests", "benchmarks"), ("benchmarks", "tests")):
+        for f in sorted((top / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(f.read_text())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                found += [f"{f.relative_to(top)} imports {n}" for n in names if n.split(".")[0] == other]
     assert not found, found

@@ -1,5 +1,5 @@
 """`build --ray`: the build's cluster adapters trained as Ray tasks, one task per adapter (each is independent of
-the others: fitting.build.ClusterTrainer). A worker loads the LM once (workers.training_model), takes the K = 1
+the others: card.build.ClusterTrainer). A worker loads the LM once (workers.training_model), takes the K = 1
 adapter's weights the driver trained, trains the adapter under its own random stream
 (card.adapters.train_cluster_adapter, as the serial build does) and sends back its weights and report."""
 
@@ -28,7 +28,7 @@ def train_job(cfg: CardConfig, base: dict, job: ClusterJob) -> tuple[dict, dict]
 
 
 class RayAdapters:
-    """fitting.build's cluster_trainer on Ray: every job a task (retried when its worker dies), one bar over them."""
+    """card.build's cluster_trainer on Ray: every job a task (retried when its worker dies), one bar over them."""
 
     def __init__(self, cfg: RayConfig):
         self.cfg = cfg

@@ -1,7 +1,7 @@
 """People onboarded and decoded in shards on Ray, for the commands that score or choose on many of them (`eval
---ray`: eval.ray_eval builds on this; `tune --ray`: fitting.tune's `shards`). Each shard is a Ray task on a worker
+--ray`: eval.ray_eval builds on this; `tune --ray`: card.tune's `shards`). Each shard is a Ray task on a worker
 that keeps the build (workers.engine); one progress bar counts people × stages over every shard.
-A person's fit is seeded (Engine.fit) and a mixed batch decodes each row as it decodes alone (serving.runner), so
+A person's fit is seeded (onboard.fit) and a mixed batch decodes each row as it decodes alone (serving.runner), so
 the shards give what one process gives."""
 
 from __future__ import annotations
@@ -11,12 +11,14 @@ from typing import Callable, Sequence
 
 from tqdm import tqdm
 
+from personalize.methods.card import onboard
 from personalize.serving.settings import DecodingSettings
 from personalize.data import Item
 from personalize.distributed import workers
 from personalize.distributed.pool import RayConfig, connect, map_shards, shard_count, split
-from personalize.fitting.tune import decode_each
-from personalize.methods.engine import Engine, UserFit
+from personalize.methods.card.tune import decode_each
+from personalize.methods.engine import Engine
+from personalize.methods.card.onboard import UserFit
 
 
 def light(f: UserFit) -> UserFit:
@@ -35,7 +37,7 @@ def onboard_shard(folder: str, cfg, profiles: list[list[Item]], max_items: int |
     out = []
     for profile in profiles:
         items = engine.prepare_items(profile[:max_items])
-        out.append((items, light(engine.fit(items))))
+        out.append((items, light(onboard.fit(engine, items))))
     return out
 
 
@@ -78,7 +80,7 @@ class PeopleShards:
         return [p for p, _ in pairs], [f for _, f in pairs]
 
     def decode_each(self, method: str, prompts, fits, items, s: DecodingSettings) -> list[str]:
-        """fitting.tune.decode_each in shards of people (tune's Decoder calls it once per setting)."""
+        """card.tune.decode_each in shards of people (tune's Trials calls it once per setting)."""
         self.count(len(prompts))
         parts = self.parts(len(prompts))
         done = self.map(decode_each_shard, [(self.folder, self.engine.cfg, method, [prompts[i] for i in p],

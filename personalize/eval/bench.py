@@ -14,6 +14,7 @@ from typing import Sequence
 
 from tqdm import tqdm
 
+from personalize.methods.card import onboard
 from personalize.methods.card.adapters import adapter_name, cluster_adapter
 from personalize.catalog import BENCH_METHODS, CARD_ROWS
 from personalize.data import Item
@@ -22,7 +23,8 @@ from personalize.lm.models import static_cache, uses_static_cache
 from personalize.methods.base import UserContext
 from personalize.methods.card import card_decode
 from personalize.methods.card.own import owner_key
-from personalize.methods.engine import Engine, UserFit
+from personalize.methods.engine import Engine
+from personalize.methods.card.onboard import UserFit
 from personalize.methods.card.head import fit_user
 from personalize.methods.registry import METHODS, REGISTRY, local_config
 from personalize.store import Store
@@ -48,7 +50,7 @@ def run_bench(engine: Engine, users: dict[str, list[Item]], prompt: str, repeats
         for n in tqdm(names, desc="onboarding", mininterval=2.0):
             t0 = time.perf_counter()
             store.add_user(n, users[n], engine.task.name)
-            f = engine.fit(users[n])
+            f = onboard.fit(engine, users[n])
             store.save_vector(n, engine.artifacts_id, f.lam, engine.lm.model_id, f.stats(),
                               f.style.extras_bytes() if f.style is not None else None)
             store.set_assignment(n, engine.artifacts_id, f.k, f.cluster, f.distances)
@@ -62,7 +64,7 @@ def run_bench(engine: Engine, users: dict[str, list[Item]], prompt: str, repeats
         n0 = names[0]
         engine.use_adapter(adapter_name(fits[n0].k, fits[n0].cluster) if fits[n0].k > 1 else "k1c0")
         obj = engine.cfg.objectives[0]
-        data = engine.user_data(engine.prepare_items(users[n0]), obj)
+        data = onboard.user_data(engine, engine.prepare_items(users[n0]), obj)
         fit_ms = []
         for _ in range(repeats):
             t0 = time.perf_counter()
@@ -244,7 +246,7 @@ def _own_row(engine: Engine, users: dict[str, UserContext], fits: dict[str, User
         f = fits[n]
         t0 = time.perf_counter()
         got = engine.own.train(n, u.items, cluster_adapter(f.k, f.cluster))
-        over[n] = engine.fit(u.items, k=f.k, own=owner_key(n))
+        over[n] = onboard.fit(engine, u.items, k=f.k, own=owner_key(n))
         seconds.append(time.perf_counter() - t0)
         trained.append(got.train_s)
         sizes.append(got.bytes)

@@ -61,7 +61,7 @@ def bench_serving(engine, store, names: Sequence[str], prompts: Sequence[str], s
 
     def run(name, prompt, ms) -> float:
         t0 = time.perf_counter()
-        outs = list(studio.decoding.compare(name, prompt, ms, s, k))
+        outs = list(studio.comparisons.compare(name, prompt, ms, s, k))
         bad = [o for o in outs if o.error]
         if bad:
             raise RuntimeError(f"{bad[0].method} failed in the serving bench: {bad[0].error}")
@@ -248,14 +248,14 @@ def demo_compare(artifacts: str, demo_data: str, tokens: int):
     state = studio.histories.user_state(name)
     prompt = studio.runtime.demo_users[name][0].y[:200]
     s = dataclasses.replace(studio.runtime.engine.cfg.decoding, max_new_tokens=tokens, min_new_tokens=tokens)
-    rows = [r for m in SERVING_METHODS for r in studio.decoding.rows(m, state, prompt, s)]
-    return studio, rows, studio.decoding.rows("card", state, prompt, s)
+    rows = [r for m in SERVING_METHODS for r in studio.comparisons.rows(m, state, prompt, s)]
+    return studio, rows, studio.comparisons.rows("card", state, prompt, s)
 
 
 def _context(studio, state):
     """The person as the methods see them (prompts filled from the stored rewrites)."""
     from personalize.methods.base import UserContext
-    from personalize.fitting.person import prepared_items
+    from personalize.methods.card.person import prepared_items
 
     prepared_items(studio.runtime.engine, studio.runtime.store, state.name)
     return UserContext.from_store(studio.runtime.store, state.name, studio.runtime.task, state.cluster, state.k, state.lam)

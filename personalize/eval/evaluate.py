@@ -20,8 +20,9 @@ from tqdm import tqdm
 
 from personalize.data import Item, read_lamp, select_sources
 from personalize.catalog import CARD_METHODS, CORE_METHODS, VARIANTS
-from personalize.fitting.person import fit_with_own
-from personalize.methods.engine import Engine, UserFit
+from personalize.methods.card.person import fit_with_own
+from personalize.methods.engine import Engine
+from personalize.methods.card.onboard import UserFit
 from personalize.methods.registry import METHODS, get_method, local_config
 from personalize.methods.base import UserContext
 from personalize.metrics import looping, paired_interval, rouge_per_query, rouge_scores

@@ -3,7 +3,7 @@
 Each shard is a Ray task (retried when its worker dies) on a worker that loads the build once (the driver's settings,
 `--objective` and `--alpha` included) and keeps it for the shards after. What stays in the driver: the
 queries, the partners of card_shuffled, bm25_copy, the gold log-probs of the core methods and every figure.
-Identical outputs rest on two things: a person's fit is seeded (Engine.fit), and a core method's shards are made of
+Identical outputs rest on two things: a person's fit is seeded (onboard.fit), and a core method's shards are made of
 whole decode batches (evaluate.decode_batches), so every row decodes in the batch it has in a serial run.
 """
 

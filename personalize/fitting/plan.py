@@ -135,7 +135,7 @@ def build_plan(a) -> tuple[Path, Path, CardConfig, dict]:
     if not data.is_dir():  # told before the model code is imported
         raise UsageError(f"--data {data} is not a folder")
     from personalize.methods.card.config import CardConfig, HeadSettings, LoraSettings
-    from personalize.fitting.build import P2P_STEPS
+    from personalize.methods.card.build import P2P_STEPS
     from personalize.lm.model_config import EncoderConfig, ModelConfig
     from personalize.lm.tokens import TokenBudget
     from personalize.methods.p2p import P2PConfig
@@ -159,7 +159,7 @@ def build_plan(a) -> tuple[Path, Path, CardConfig, dict]:
 def run_build(a, **more) -> None:
     """`build` as its arguments ask (build_plan); `more`: build()'s other keyword arguments (`cluster_trainer`)."""
     data, out, cfg, kwargs = build_plan(a)  # first: a wrong folder is told before the model code loads
-    from personalize.fitting.build import build
+    from personalize.methods.card.build import build
 
     build(data, a.split, out, cfg, **kwargs, **more)
 
@@ -251,7 +251,7 @@ def ensure_demo(demo: Path, art: Path, progress=None) -> None:
         print(f"the demo artifacts in {art} were built by an older version: rebuilding them", flush=True)
     if old or not (art / "config.json").exists():
         print(f"first start: building the demo artifacts in {art} (a few minutes, once) ...", flush=True)
-        from personalize.fitting.build import build
+        from personalize.methods.card.build import build
 
         data, out, cfg, kwargs = build_plan(build_args(["--data", str(demo), "--out", str(art), *DEMO_BUILD_ARGS,
                                                         "--tune-steps", "none", *demo_people_args(demo)]))

@@ -52,6 +52,7 @@ def _stored_person(store: Store, task: str, item: dict) -> str:
     return own if store.query("SELECT 1 FROM users WHERE name = ?", [own]) else item["user"]
 
 
+
 def create_from_lamp(store: Store, name: str, data: str | Path, split: str, limit: int, artifacts: str | Path,
                      build: str, task: str, sources: Sequence[str] = (), **settings) -> dict:
     """A campaign over the first `limit` queries of a LaMP split, for the build `artifacts` serving `task`; each
@@ -98,7 +99,7 @@ def generate(studio, name: str, progress: Callable[[int, int, str], None] | None
         for i, (item, method) in enumerate(todo):
             if progress:
                 progress(i, len(todo), f"{method} for {item['user']}")
-            out = studio.decoding.run_method(method, _state(studio, cfg, item, method, fitted), item["prompt"], s)
+            out = studio.comparisons.run_method(method, _state(studio, cfg, item, method, fitted), item["prompt"], s)
             if out.error:
                 failed.append(f"{method} for {item['user']}: {out.error}")
                 continue
@@ -129,10 +130,10 @@ def _generate_in_shards(studio, cfg: CampaignConfig, todo, s, shards, progress) 
             progress(0, len(todo), f"rows: {method} for {item['user']}")
         state = _state(studio, cfg, item, method, fitted)
         try:
-            if studio.background_jobs.needs_indexing(state.name, method):
-                studio.background_jobs.wait_first_use(state.name, method)
+            if studio.first_use_jobs.needs_indexing(state.name, method):
+                studio.first_use_jobs.wait_first_use(state.name, method)
             with studio.runtime.model_lock:  # building may load an adapter or prepare a method on the model
-                rows.append(studio.decoding.rows(method, state, item["prompt"], s))
+                rows.append(studio.comparisons.rows(method, state, item["prompt"], s))
         except _FAILURES as e:
             failed.append(f"{method} for {item['user']}: {e}")
             continue
@@ -146,7 +147,7 @@ def _generate_in_shards(studio, cfg: CampaignConfig, todo, s, shards, progress) 
         if isinstance(outcome, str):
             failed.append(f"{method} for {item['user']}: {outcome}")
         else:
-            out = studio.decoding.stored(method, state, item["prompt"], s, outcome[0])
+            out = studio.comparisons.stored(method, state, item["prompt"], s, outcome[0])
             made += studio.runtime.campaigns.add_output(item["id"], method, out.text, out.latency_s)
         if progress:
             progress(done, len(requests), f"{method} for {item['user']}")

@@ -72,6 +72,8 @@ class CampaignError(StoreError):
     """A campaign request that cannot be carried out (unknown name, closed, bad verdict): nothing changed."""
 
 
+DEFAULT_ITEMS = 10  # the first N queries a campaign takes when not told (CLI, desk and page alike)
+
 @dataclass(frozen=True)
 class CampaignConfig:
     """What a campaign compares and how; stored with it, so its results can always be traced to its settings."""

@@ -13,11 +13,12 @@ from personalize.schema import current_login
 from personalize.catalog import CORE_METHODS
 from personalize.data import TASKS
 from personalize.humaneval import campaign_files, campaign_pool
+from personalize.humaneval.campaign_schema import DEFAULT_ITEMS
 from personalize.studio.service import Service
 
 
 class CampaignDesk(Service):
-    def create_campaign(self, name: str, data: str | Path, split: str = "dev", limit: int = 10,
+    def create_campaign(self, name: str, data: str | Path, split: str = "dev", limit: int = DEFAULT_ITEMS,
                         methods: Sequence[str] = CORE_METHODS, sources: Sequence[str] | str = (), **settings) -> dict:
         """A campaign over the first `limit` queries of a LaMP split, for this build (campaign.create_from_lamp);
         `sources` (a list, or comma-separated) keeps people from those sources only; `settings`: CampaignConfig's

@@ -15,13 +15,13 @@ from personalize.serving.generation import Generation
 from personalize.serving.settings import DecodingSettings
 from personalize.catalog import ALL_METHODS, CARD_ROWS, CORE_METHODS
 from personalize.methods.registry import METHODS
-from personalize.fitting.person import stored_with_rewrites
+from personalize.methods.card.person import stored_with_rewrites
 from personalize.lm.tokens import decode as decode_text
 from personalize.methods.base import UserContext
 from personalize.store import StoreError
 from personalize.serving.scheduler import DecodeScheduler
 from personalize.studio.histories import Histories, UserState
-from personalize.studio.jobs import FirstUseJobs, job_line, own_line
+from personalize.studio.first_use_jobs import FirstUseJobs, job_line, own_line
 from personalize.studio.service import Service
 
 FAILED = (ValueError, StoreError, FileNotFoundError, RuntimeError)  # a method that cannot run: its column says why
@@ -90,11 +90,11 @@ def text_pieces(tok, steps: Sequence[dict]) -> list[tuple[str, bool]]:
     return out
 
 
-class Decoding(Service):
-    def __init__(self, rt, histories: Histories, background_jobs: FirstUseJobs):
+class Comparisons(Service):
+    def __init__(self, rt, histories: Histories, first_use_jobs: FirstUseJobs):
         super().__init__(rt)
         self.histories = histories
-        self.background_jobs = background_jobs
+        self.first_use_jobs = first_use_jobs
 
     def person(self, state: UserState) -> UserContext:
         """The person as the methods see them: their history, read once, missing neutral rewrites filled."""
@@ -111,7 +111,7 @@ class Decoding(Service):
             m = self.rt.method(method)
             user = UserContext(state.name, person().items if m.needs_items else [], state.cluster, state.k, state.lam)
             rows = m.rows(user, [prompt], s, trace=trace)
-            training = own_line(self.background_jobs.own_job(state.name)) if CARD_ROWS[method].steered else ""
+            training = own_line(self.first_use_jobs.own_job(state.name)) if CARD_ROWS[method].steered else ""
             return [replace(r, note="; ".join(filter(None, (r.note, training)))) if training else r for r in rows]
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose from {ALL_METHODS}")
@@ -123,8 +123,8 @@ class Decoding(Service):
 
     def decode(self, method: str, state: UserState, prompt: str, s: DecodingSettings,
                on_step: Callable[[int, int], None] | None = None, trace: bool = False) -> Generation:
-        if self.background_jobs.needs_indexing(state.name, method):
-            self.background_jobs.wait_first_use(state.name, method)  # in this thread: the scheduler's worker stays free
+        if self.first_use_jobs.needs_indexing(state.name, method):
+            self.first_use_jobs.wait_first_use(state.name, method)  # in this thread: the scheduler's worker stays free
         return self.rt.scheduler.run(lambda: self.rows(method, state, prompt, s, trace), on_step)[0]
 
     def run_method(self, method: str, state: UserState, prompt: str, s: DecodingSettings,
@@ -209,7 +209,7 @@ class Decoding(Service):
                     g = e
             return MethodOutput(m, error=str(g))
 
-        waiting = {m: self.background_jobs.start_first_use(state.name, m) for m in plan.order if plan.first_use[m]}
+        waiting = {m: self.first_use_jobs.start_first_use(state.name, m) for m in plan.order if plan.first_use[m]}
         if len(waiting) < len(plan.order):
             start([m for m in plan.order if m not in waiting])
         left = set(plan.order)
@@ -282,5 +282,5 @@ class Decoding(Service):
             raise ValueError(f"choose methods among {', '.join(ALL_METHODS)} (unknown: {unknown})")
         prompt = self.rt.check_prompt(self.histories.resolve_prompt(text, templated, item_id, name)[0])
         state = self.histories.user_state(name, k)
-        first = {m: self.background_jobs.needs_indexing(name, m) for m in methods}
+        first = {m: self.first_use_jobs.needs_indexing(name, m) for m in methods}
         return ComparePlan(name, prompt, state, first, sorted(methods, key=first.get))

@@ -15,9 +15,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from personalize.methods.card import onboard
 from personalize.serving.settings import DecodingSettings
 from personalize.data import Item
-from personalize.fitting.person import prepared_items
+from personalize.methods.card.person import prepared_items
 from personalize.metrics import paired_interval, rouge_per_query, rouge_scores
 from personalize.studio.fits import decoded_verdict
 from personalize.studio.service import Service
@@ -128,7 +129,7 @@ class Explorer(Service):
         try:
             if own:  # a cluster of one: card decodes over their own adapter, so the sweep does too
                 with lock:
-                    placed = self.engine.fit(rest)
+                    placed = onboard.fit(self.engine, rest)
                 self.engine.own.train(own, rest, cluster_adapter(placed.k, placed.cluster))  # locks by the step
                 tick("your own adapter, trained without the held-out items")
             return self._sweep(rest, prompts, golds, alphas, ks, s, set_aside, own, tick, lock)
@@ -169,7 +170,7 @@ class Explorer(Service):
     def _sweep(self, rest, prompts, golds, alphas, ks, s, set_aside, own, tick, lock) -> Sweep:
         """The α and K points on the held-out prompts, the style fitted on `rest` (over `own`'s adapter if any)."""
         with lock:
-            fit = self.engine.fit(rest, own=owner_key(own) if own else None)
+            fit = onboard.fit(self.engine, rest, own=owner_key(own) if own else None)
             emb = self.engine.embed(rest)
         tick("fit the style on the other items")
 

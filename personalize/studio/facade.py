@@ -21,20 +21,20 @@ from personalize.store import Store
 from personalize.studio.builds import Builds, lamp_users, population_texts
 from personalize.studio.campaign_desk import CampaignDesk
 from personalize.studio.clusters import ClusterViews
-from personalize.studio.comparisons import Decoding
+from personalize.studio.comparisons import Comparisons
 from personalize.studio.explorer import Explorer
 from personalize.studio.fits import Fits
 from personalize.studio.histories import Histories, Saved
-from personalize.studio.jobs import FirstUseJobs
+from personalize.studio.first_use_jobs import FirstUseJobs
 from personalize.studio.own_data import OwnData
-from personalize.studio.population_jobs import Populations
+from personalize.studio.population_jobs import PopulationJobs
 from personalize.studio.runtime import Runtime, StudioConfig
 from personalize.studio.voting import Votes
 
 
 class Studio:
     """The app's use cases: one runtime (studio.runtime: engine, store, settings, lock) and one service per
-    concern, which the tabs call directly (studio.fits.fit, studio.decoding.compare_stream, ...), never the
+    concern, which the tabs call directly (studio.fits.fit, studio.comparisons.compare_stream, ...), never the
     runtime itself; the two operations here span services."""
 
     def __init__(self, engine: Engine, store: Store, cfg: StudioConfig = StudioConfig(),
@@ -46,18 +46,18 @@ class Studio:
         self.served_builds = Builds(rt)
         self.histories = Histories(rt)
         self.clusters = ClusterViews(rt, self.histories)
-        self.background_jobs = FirstUseJobs(rt)
-        self.decoding = Decoding(rt, self.histories, self.background_jobs)
+        self.first_use_jobs = FirstUseJobs(rt)
+        self.comparisons = Comparisons(rt, self.histories, self.first_use_jobs)
         self.fits = Fits(rt, self.histories)
         # a cluster of one: after Save's rewrites, a far person's own adapter trains; ready, their style is refitted
-        self.histories.after_rewrites.insert(0, self.background_jobs.own_after_save)
-        self.background_jobs.after_own.append(self.fits.refit_over_own)
-        self.votes = Votes(rt, self.histories, self.decoding, self.fits)
+        self.histories.after_rewrites.insert(0, self.first_use_jobs.own_after_save)
+        self.first_use_jobs.after_own.append(self.fits.refit_over_own)
+        self.votes = Votes(rt, self.histories, self.comparisons, self.fits)
         self.campaigns = rt.campaigns  # a rater's units and judgments, the results; changing one: campaign_desk
         self.campaign_desk = CampaignDesk(rt)
         self.own_data = OwnData(rt, self.fits)
         self.explorer = Explorer(rt)
-        self.populations = Populations(rt, self.served_builds, self.histories)
+        self.population_jobs = PopulationJobs(rt, self.served_builds, self.histories)
 
     @classmethod
     def load(cls, cfg: StudioConfig = StudioConfig(), engine: Engine | None = None,
@@ -105,7 +105,7 @@ class Studio:
             self.histories.ask_before_replacing(name, items)
         res = self.histories.save_history(name, items, task)
         if len(self.served_builds.build_choices()) > 1:  # another build here may be nearer the person's writing (nearest_build)
-            res = dataclasses.replace(res, nearer=self.populations.nearest_build(res.name, res.embedding)["message"])
+            res = dataclasses.replace(res, nearer=self.population_jobs.nearest_build(res.name, res.embedding)["message"])
         # the slow first uses (EXACT, OPPU) start after the person's Fit (after_fit) or at their first Compare, not
         # here: started at Save, EXACT's decode of the history held the model while the person's Fit waited
         return res

@@ -1,5 +1,5 @@
 """Fit my style and its versions: the fit (with the verdict in plain words), the refit on the history plus every vote
-(fitting/feedback.py's), the versions of a style and restoring one."""
+(methods/card/votes.py's), the versions of a style and restoring one."""
 
 from __future__ import annotations
 
@@ -8,14 +8,15 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from personalize.methods.card import onboard
 from personalize.methods.card.adapters import adapter_name
 from personalize.methods.card.config import PAIR_OBJECTIVES
 from personalize.data import Item
-from personalize.fitting.person import fit_person, prepared_items
+from personalize.methods.card.person import fit_person, prepared_items
 from personalize.lm.cpu_threads import trim_memory
-from personalize.fitting.feedback import Refinement, Vote, VoteFeatures, refine_pairs, refine_tokens
+from personalize.methods.card.votes import Refinement, Vote, VoteFeatures, refine_pairs, refine_tokens
 from personalize.methods.base import fingerprint
-from personalize.methods.engine import UserFit
+from personalize.methods.card.onboard import UserFit
 from personalize.studio.histories import Histories
 from personalize.studio.service import Service
 
@@ -171,7 +172,7 @@ class Fits(Service):
                 self._trim_history()
 
     def _kept_pass(self, name: str):
-        """Engine.fit's kept_pass: the pass read ahead (or kept from an earlier fit) for these items, if any."""
+        """onboard.fit's kept_pass: the pass read ahead (or kept from an earlier fit) for these items, if any."""
         def kept(k: int, cluster: int, items: Sequence[Item]):
             got = self._history.get(self._history_key(name, k, cluster, "tokens", items))
             return got[0] if got is not None else None
@@ -227,13 +228,13 @@ class Fits(Service):
         key = self._history_key(name, k, cluster, objective, items)
         if key not in self._history:
             self.engine.use_adapter(adapter_name(k, cluster))
-            data = self.engine.features(items) if objective == "tokens" else self.engine.user_data(items, objective)
-            self._history[key] = (data, self.engine.n_held_out(len(items)))
+            data = onboard.features(self.engine, items) if objective == "tokens" else onboard.user_data(self.engine, items, objective)
+            self._history[key] = (data, onboard.n_held_out(self.engine, len(items)))
         data, n_hold = self._history[key]
         return data, len(items), n_hold
 
     def refine(self, name: str, items: Sequence[Item] | None = None) -> Refit:
-        """Refits the user's style on their history and every vote they cast (fitting/feedback.py) and stores it as a
+        """Refits the user's style on their history and every vote they cast (methods/card/votes.py) and stores it as a
         new version; `items`: the history as the fit just prepared it (else read here)."""
         got = self.store.vector(name, self.engine.artifacts_id)
         if got is None:

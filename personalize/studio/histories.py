@@ -11,7 +11,7 @@ import numpy as np
 from personalize.methods.card.cluster import closeness, is_member
 from personalize.methods.card.style import UserStyle
 from personalize.data import TASKS, HistoryError, Item, parse_history, read_history_file
-from personalize.fitting.person import prepared_items, store_assignments
+from personalize.methods.card.person import prepared_items, store_assignments
 from personalize.store import StoreError
 from personalize.studio.service import Service
 

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from personalize.fitting import changelogs, population
-from personalize.fitting.build import BuildCancelled, build
+from personalize.methods.card.build import BuildCancelled, build
 from personalize.methods.card.cluster import closeness
 from personalize.data import HistoryError
 from personalize.display import md
@@ -240,7 +240,7 @@ def nearest(embedding: np.ndarray, builds: Sequence[dict]) -> dict:
     return {"builds": rows, "nearest": rows[0] if rows else None}
 
 
-class Populations(Service):
+class PopulationJobs(Service):
     """The Populations tab from the studio: one population build at a time (it takes the CPU for minutes), and which
     build's population a person's writing is nearest."""
 

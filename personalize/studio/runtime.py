@@ -17,7 +17,7 @@ from personalize.schema import Access
 from personalize.catalog import BY_NAME
 from personalize.serving.settings import DecodingSettings
 from personalize.data import Item
-from personalize.fitting.feedback import FeedbackSettings
+from personalize.methods.card.votes import FeedbackSettings
 from personalize.fitting.plan import DEFAULT_DB, DEMO_ARTIFACTS, DEMO_DATA
 from personalize.humaneval.arena import Arena
 from personalize.humaneval.campaign import Campaigns
@@ -27,7 +27,7 @@ from personalize.methods.registry import get_method, local_config
 from personalize.serving.model_lock import ModelLock
 from personalize.serving.scheduler import SchedulerConfig
 from personalize.store import Store
-from personalize.studio.decoder import DecodeTarget, make_decoder
+from personalize.studio.scheduling import DecodeTarget, make_scheduler
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class Runtime:
         self.demo_users = demo_users or {}
         self.population = population or {}
         self.model_lock = ModelLock()  # a person's request first: work nobody waits on takes .background
-        self.scheduler = make_decoder(engine, self.model_lock, cfg.scheduler, cfg.decode)
+        self.scheduler = make_scheduler(engine, self.model_lock, cfg.scheduler, cfg.decode)
         self.methods: dict[str, object] = {}
         self.keep_own_adapters(engine)
         # first-use work (EXACT's attribute search, OPPU's training): one at a time, beside the decodes

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from personalize.serving.settings import DecodingSettings
-from personalize.fitting.person import prepared_items
+from personalize.methods.card.person import prepared_items
 from personalize.humaneval.arena import BlindPair
 from personalize.humaneval.bradley_terry import LeaderboardConfig, leaderboard
 from personalize.methods.base import UserContext
 from personalize.store import StoreError
-from personalize.studio.comparisons import Decoding, MethodOutput
+from personalize.studio.comparisons import Comparisons, MethodOutput
 from personalize.studio.fits import Fits, Refit
 from personalize.studio.histories import Histories, UserState
 from personalize.studio.service import Service
@@ -39,10 +39,10 @@ class DrawnPair:
 
 
 class Votes(Service):
-    def __init__(self, rt, histories: Histories, decoding: Decoding, fits: Fits):
+    def __init__(self, rt, histories: Histories, comparisons: Comparisons, fits: Fits):
         super().__init__(rt)
         self.histories = histories
-        self.decoding = decoding
+        self.comparisons = comparisons
         self.fits = fits
 
     def new_pair(self, name: str | None, prompt: str | None, methods: Sequence[str], s: DecodingSettings,
@@ -60,7 +60,7 @@ class Votes(Service):
         prompt = self.histories.pair_prompt(prompt, fallback_prompt, templated)
         state = self.histories.user_state(name, k)
         a, b = self.rt.arena.draw(methods or [])
-        outs = [self._reuse(state, m, prompt, s) or self.decoding.run_method(m, state, prompt, s) for m in (a, b)]
+        outs = [self._reuse(state, m, prompt, s) or self.comparisons.run_method(m, state, prompt, s) for m in (a, b)]
         failed = [o for o in outs if o.error]
         if failed:
             raise ValueError(f"{failed[0].method} could not run: {failed[0].error}")
@@ -140,7 +140,7 @@ class Votes(Service):
             r = self.fits.refine(state.name)
         except ValueError as e:  # not fitted: the vote waits for the fit
             return Thumb(None, before, None, f"Vote kept. {e}.")
-        out = self.decoding.run_method("card", self.histories.user_state(state.name, k), prompt, s)  # stored: the next vote's "before"
+        out = self.comparisons.run_method("card", self.histories.user_state(state.name, k), prompt, s)  # stored: the next vote's "before"
         if out.error:
             raise ValueError(f"card could not run after the refit: {out.error}")
         return Thumb(r, before, out.text, f"λ refitted on your history and {r.n_votes} vote{'s' * (r.n_votes != 1)} "
@@ -159,4 +159,4 @@ class Votes(Service):
         return g["prompt"], g["output"], card[0]["output"] if card else None
 
     def card_text(self, state: UserState, prompt: str, s: DecodingSettings) -> str:
-        return self.decoding.decode("card", state, prompt, s).text
+        return self.comparisons.decode("card", state, prompt, s).text

@@ -14,7 +14,7 @@ import gradio as gr
 import plotly.graph_objects as go
 
 from personalize.humaneval import campaign_files
-from personalize.humaneval.campaign_schema import CRITERIA, REFERENCE, CampaignConfig
+from personalize.humaneval.campaign_schema import CRITERIA, DEFAULT_ITEMS, REFERENCE, CampaignConfig
 from personalize.humaneval.campaign_report import overlap_text
 from personalize.display import md, plot_text
 from personalize.catalog import ALL_METHODS, CORE_METHODS
@@ -164,7 +164,7 @@ def build(studio: Studio, shared=None) -> None:
                 c_split = gr.Textbox(label="Split", value="dev", elem_id="campaign-split")
                 c_sources = gr.Textbox(label="Only people from these sources (optional)",
                                        placeholder="e.g. emnlp: the ones the build left out", elem_id="campaign-sources")
-                c_limit = gr.Number(label="Items (first N queries)", value=4, precision=0, elem_id="campaign-limit")
+                c_limit = gr.Number(label="Items (first N queries)", value=DEFAULT_ITEMS, precision=0, elem_id="campaign-limit")
             with gr.Row():
                 c_methods = gr.CheckboxGroup(list(ALL_METHODS), value=list(CORE_METHODS), label="Methods",
                                              elem_id="campaign-methods")

@@ -81,7 +81,7 @@ def compare(studio, name, text, templated, item, chosen, alpha, top_k, max_token
     """Yields (status, one update per method column) as tokens and outputs come in."""
     hidden = {m: gr.update(visible=m in (chosen or [])) for m in ALL_METHODS}
     try:
-        plan = studio.decoding.compare_plan(name, text, templated, item, chosen, k)
+        plan = studio.comparisons.compare_plan(name, text, templated, item, chosen, k)
         s = studio.settings(alpha, top_k, max_tokens)
     except EXPECTED as e:
         yield (_err(e), *hidden.values())
@@ -102,7 +102,7 @@ def compare(studio, name, text, templated, item, chosen, alpha, top_k, max_token
            *updates())
     done, last = set(), 0.0
     try:
-        for kind, m, value in studio.decoding.compare_stream(plan, s):
+        for kind, m, value in studio.comparisons.compare_stream(plan, s):
             if kind == "text":
                 shown[m] = streaming_md(m, value)
             elif kind == "progress":

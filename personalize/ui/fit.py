@@ -27,7 +27,7 @@ def fit(studio, name, k, progress=gr.Progress()):
         res = studio.fits.fit(name, k, progress=lambda st: progress(
             (STAGES.index(st) if st in STAGES else 0) / len(STAGES), desc=st))
         total = time.perf_counter() - t0
-        studio.background_jobs.after_fit(name)
+        studio.first_use_jobs.after_fit(name)
     except EXPECTED as e:
         return _err(e) + " (the stored vector, if any, is unchanged)", gr.skip()
     return (page_text.fit_message(studio, name, res, total, shown_name=md(name)),
@@ -67,10 +67,10 @@ def decoded_check(studio, name, fitted, progress=gr.Progress()):
 def own_adapter(studio, name):
     """Fit's switch: the person's own adapter, trained in the background (a cluster of one)."""
     name = studio.need_user(name)
-    if studio.background_jobs.has_own(name):
+    if studio.first_use_jobs.has_own(name):
         return md("Your own adapter is trained on your present history already; card decodes over it once fitted.")
-    studio.background_jobs.start_own(name)
-    return md(studio.background_jobs.base_words(name, False))
+    studio.first_use_jobs.start_own(name)
+    return md(studio.first_use_jobs.base_words(name, False))
 
 
 @guarded(2)

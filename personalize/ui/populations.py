@@ -33,20 +33,20 @@ def source_changed(source):
 
 @guarded(3)
 def start(studio, source, name, path, file, serve):
-    """Build: the job starts (studio.populations.start_population_build) and the timer starts polling it."""
-    job = studio.populations.start_population_build(source, name, file if source == "table" else path, bool(serve))
+    """Build: the job starts (studio.population_jobs.start_population_build) and the timer starts polling it."""
+    job = studio.population_jobs.start_population_build(source, name, file if source == "table" else path, bool(serve))
     return job.line(), "", gr.Timer(active=True)
 
 
 @guarded(1)
 def cancel(studio):
-    return studio.populations.cancel_population_build()
+    return studio.population_jobs.cancel_population_build()
 
 
 def poll(studio, seen):
     """The job as the page shows it: counts, line, percent; once it has ended (shown once per page, `seen`): the
     builds on offer and, when it was served, every control that depends on the build served."""
-    job = studio.populations.population_job
+    job = studio.population_jobs.population_job
     if job is None:
         return ("", "", 0, *[gr.skip()] * (N_SERVED + 3), gr.Timer(active=False), seen)
     key = f"{job.name}@{job.started}"

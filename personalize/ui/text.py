@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from personalize.methods.card.head import opening_key
 from personalize.display import md
-from personalize.methods.engine import UserFit
+from personalize.methods.card.onboard import UserFit
 from personalize.studio.fits import fit_verdict, kept_reason
 from personalize.studio.histories import Saved, UserState
 
@@ -77,7 +77,7 @@ def fit_message(studio, name: str, fit: UserFit, total_s: float, shown_name: str
         lines.insert(2, note)
     if not fit.cold_start and fit.style is not None:
         lines.append("\n" + form_note(studio, fit))
-        lines.append("\n" + studio.background_jobs.base_words(name, bool(fit.style.own)))
+        lines.append("\n" + studio.first_use_jobs.base_words(name, bool(fit.style.own)))
     lines.append(f"\nStored: {studio.store.vector_bytes(name, studio.served.artifacts_id)} bytes.")
     return "\n".join(lines)
 

@@ -15,7 +15,7 @@ import gradio as gr
 from personalize.display import md
 
 TITLE = "Personalization studio · building the demo"
-# what each tab waits for: the build's parts, in the order the build makes them (fitting/build.py's stages)
+# what each tab waits for: the build's parts, in the order the build makes them (methods/card/build.py's stages)
 WAITS = (
     ("My writing", "the clusters: Save places your history among the build's people"),
     ("My cluster", "the clusters and their people"),

@@ -14,7 +14,7 @@ from personalize.ui.figures import step_figure
 def why(studio, name, text, templated, item, alpha, top_k, max_tokens, k):
     """(status, highlighted tokens, step slider, the first changed step's plot, the trace kept for the slider)."""
     try:
-        res = studio.decoding.why(name, text, studio.settings(alpha, top_k, max_tokens), k, templated, item)
+        res = studio.comparisons.why(name, text, studio.settings(alpha, top_k, max_tokens), k, templated, item)
     except EXPECTED as e:
         return _err(e), gr.skip(), gr.skip(), gr.skip(), gr.skip()
     steps = res.steps

@@ -85,7 +85,7 @@ def test_build_on_ray_trains_the_serial_adapters(ray_local, tiny_artifacts, tmp_
 
     from conftest import tiny_build_config
     from personalize.distributed.adapter_jobs import RayAdapters
-    from personalize.fitting.build import build
+    from personalize.methods.card.build import build
 
     serial = tiny_artifacts["artifacts"]
     out = build(tiny_artifacts["demo"], "dev", tmp_path / "ray", tiny_build_config(tiny_artifacts["root"] / "lm"),
@@ -107,7 +107,7 @@ def test_build_on_ray_trains_the_serial_adapters(ray_local, tiny_artifacts, tmp_
 def test_tune_on_ray_makes_the_serial_choice(ray_local, tiny_artifacts):
     """tune's validation people onboarded and every setting decoded in 2 shards: the same report and choice."""
     from personalize.distributed.people import PeopleShards
-    from personalize.fitting.tune import tune
+    from personalize.methods.card.tune import tune
     from personalize.methods.engine import Engine
 
     engine = Engine.load(tiny_artifacts["artifacts"])
@@ -146,7 +146,7 @@ def test_campaign_pool_on_ray_is_the_serial_pool(ray_local, tiny_artifacts, tmp_
 
 def test_without_the_flag_ray_is_not_imported():
     code = ("import sys; from personalize.cli import build_parser; import personalize.eval.commands, "
-            "personalize.studio.facade, personalize.fitting.build, personalize.fitting.tune, "
+            "personalize.studio.facade, personalize.methods.card.build, personalize.methods.card.tune, "
             "personalize.humaneval.campaign_pool; build_parser().parse_args(['build', '--data', '.']); "
             "assert 'ray' not in sys.modules, 'ray imported'")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=300)

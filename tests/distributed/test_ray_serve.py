@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from personalize.studio.decoder import DecodeTarget
+from personalize.distributed.serve import ServeConfig
+from personalize.studio.scheduling import DecodeTarget
 from personalize.studio.facade import Studio, StudioConfig
 
 from tools.browser import Page, chromium, served
@@ -32,7 +33,7 @@ def _person(studio) -> None:
 
 
 def _texts(studio, prompt, s) -> dict[str, str]:
-    outs = {o.method: o for o in studio.decoding.compare("bo", prompt, METHODS, s)}
+    outs = {o.method: o for o in studio.comparisons.compare("bo", prompt, METHODS, s)}
     assert all(o.error is None for o in outs.values()), {m: o.error for m, o in outs.items()}
     return {m: o.text for m, o in outs.items()}
 
@@ -40,7 +41,7 @@ def _texts(studio, prompt, s) -> dict[str, str]:
 def _streamed(studio, prompt, s) -> tuple[dict[str, str], dict]:
     """A Compare as the page sees it: each column's last streamed text, and its output."""
     last, outs = {}, {}
-    for kind, m, value in studio.decoding.compare_stream(studio.decoding.compare_plan("bo", prompt, False, None, METHODS),
+    for kind, m, value in studio.comparisons.compare_stream(studio.comparisons.compare_plan("bo", prompt, False, None, METHODS),
                                                          s):
         if kind == "text":
             last[m] = value
@@ -63,7 +64,7 @@ def test_studio_on_two_replicas_decodes_as_in_process_and_survives_a_killed_repl
     (tmp_path / "remote").mkdir()
     remote = Studio.load(StudioConfig(own_adapters=False, artifacts=str(tiny_artifacts["artifacts"]), db=str(tmp_path / "remote" / "s.db"),
                                       demo_data=str(tiny_artifacts["demo"]),
-                                      decode=DecodeTarget("auto", replicas=2, num_cpus=0.5)))
+                                      decode=DecodeTarget("auto", ServeConfig(replicas=2, num_cpus=0.5))))
     try:
         _person(remote)
         last, outs = _streamed(remote, prompt, s)
@@ -105,7 +106,7 @@ def test_browser_compare_of_every_method_on_two_replicas_as_in_process(ray_local
     (tmp_path / "remote").mkdir()
     remote = Studio.load(StudioConfig(own_adapters=False, artifacts=str(tiny_artifacts["artifacts"]), db=str(tmp_path / "remote" / "s.db"),
                                       demo_data=str(tiny_artifacts["demo"]),
-                                      decode=DecodeTarget("auto", replicas=2, num_cpus=0.5)))
+                                      decode=DecodeTarget("auto", ServeConfig(replicas=2, num_cpus=0.5))))
     driver = chromium(tmp_path)
     try:
         _person(remote)
@@ -130,7 +131,7 @@ def test_browser_compare_of_every_method_on_two_replicas_as_in_process(ray_local
     local = tiny_studio(tiny_artifacts, tmp_path / "local")
     _person(local)
     s = local.runtime.settings(g["settings"]["alpha"], g["settings"]["top_k"], g["settings"]["max_new_tokens"])
-    want = {o.method: o for o in local.decoding.compare("bo", g["prompt"], ALL_METHODS, s, g["settings"]["k"])}
+    want = {o.method: o for o in local.comparisons.compare("bo", g["prompt"], ALL_METHODS, s, g["settings"]["k"])}
     assert {m: g["output"] for m, g in page.items()} == {m: o.text for m, o in want.items() if o.error is None}
     for m, o in want.items():  # and the page shows it (or the method's own error, as in-process)
         assert " ".join((o.text if o.error is None else o.error).split()) in shown[m], (m, shown[m])

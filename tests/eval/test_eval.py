@@ -9,11 +9,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from personalize.methods.card import onboard
 from personalize.data import select_sources
 from personalize.data import Query, read_lamp, write_lamp
 from personalize.methods.engine import Engine
 from personalize.eval.evaluate import paired_differences, run_eval, shuffled_partners
-from personalize.fitting.tune import choose_decoding, save_choice
+from personalize.methods.card.tune import choose_decoding, save_choice
 from personalize.methods.card import card_decode
 
 
@@ -38,21 +39,6 @@ def test_paired_bootstrap_interval_brackets_the_mean_and_sees_a_sure_gain():
     noise = d["cluster - base"]
     assert noise["ci95"][0] < 0 < noise["ci95"][1]  # no difference: the interval straddles 0
     assert "card - bm25_copy" not in d  # only pairs of methods that were run
-
-
-def test_the_copy_gate_chooses_its_threshold_on_the_other_half_of_the_people():
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from benchmarks.copy_ceiling import gate_2fold
-
-    rng = np.random.default_rng(1)
-    margin = rng.uniform(0, 10, 60)
-    method, copy = np.full(60, 0.2), np.where(margin >= 5, 0.5, 0.0)  # copying pays exactly where the margin is wide
-    gate, copied = gate_2fold(margin, method, copy)
-    assert (copied == (margin >= 5)).mean() > 0.9 and gate.mean() > max(method.mean(), copy.mean())
-    never = gate_2fold(margin, np.full(60, 0.6), copy)[1]  # the method beats every copy: it never copies
-    assert not never.any()
 
 
 def test_sources_select_and_unknown_sources_are_refused():
@@ -103,7 +89,7 @@ def test_tune_chooses_on_validation_people_and_the_build_reads_the_choice_back(e
     task, qs = read_lamp(tiny_artifacts["demo"], "dev")
     people = qs[:3]
     items = [eng.prepare_items(list(q.profile[:6])) for q in people]
-    fits = [eng.fit(its) for its in items]
+    fits = [onboard.fit(eng, its) for its in items]
     eng, report = choose_decoding(eng, [q.input for q in people], [q.gold for q in people], fits, items)
     assert {"repetition", "style", "alpha", "fallback", "chosen_decoding", "chosen_style"} <= set(report)
     assert report["style"]["chosen"] in report["style"]["sweep"]
@@ -121,16 +107,16 @@ def test_a_person_beyond_every_cluster_is_fitted_with_their_own_memory(engine, t
     StyleSettings.far_knn_weight and says so in its stats, a near person's follows the build's style."""
     k = engine.cfg.default_k
     c = engine.clusters
-    assert engine.is_far(k, [1e6] * k) and not engine.is_far(k, [0.0] * k)
+    assert onboard.is_far(engine, k, [1e6] * k) and not onboard.is_far(engine, k, [0.0] * k)
     task, qs = read_lamp(tiny_artifacts["demo"], "dev")
     items = engine.prepare_items(list(qs[0].profile[:8]))
     cfg = engine.cfg
     engine.cfg = replace(cfg, style=replace(cfg.style, memory=False, far_knn_weight=0.2))
     try:
-        monkeypatch.setattr(engine, "is_far", lambda k_, d: True)
-        far = engine.fit(items)
-        monkeypatch.setattr(engine, "is_far", lambda k_, d: False)
-        near = engine.fit(items)
+        monkeypatch.setattr(onboard, "is_far", lambda e, k_, d: True)
+        far = onboard.fit(engine, items)
+        monkeypatch.setattr(onboard, "is_far", lambda e, k_, d: False)
+        near = onboard.fit(engine, items)
     finally:
         engine.cfg = cfg
     assert far.far and far.stats()["far"] and far.style.knn_weight == 0.2 and len(far.style.values)
@@ -145,7 +131,7 @@ def test_card_falls_back_with_a_note_and_retrieves_only_for_its_own_rows(engine,
 
     task, qs = read_lamp(tiny_artifacts["demo"], "dev")
     items = engine.prepare_items(list(qs[0].profile[:6]))
-    fit = engine.fit(items)
+    fit = onboard.fit(engine, items)
     prompt = qs[0].input
     lost = replace(fit.style, helps=False)
     cfg = engine.cfg
@@ -178,7 +164,7 @@ def test_eval_says_who_it_scored_as_a_cluster_of_one(engine, two_sources, monkey
     study reads the far and the near people's figures apart from the run itself."""
     folder, _ = two_sources
     for far in (True, False):
-        monkeypatch.setattr(engine, "is_far", lambda k, d, far=far: far)
+        monkeypatch.setattr(onboard, "is_far", lambda e, k, d, far=far: far)
         res = run_eval(engine, folder, "dev", ["cluster", "card"], sources=["left/out"], limit=2, n_boot=10)
         assert [p["own"] for p in res["predictions"]] == [far, far], res["predictions"]
 
@@ -229,7 +215,7 @@ def test_every_card_method_at_alpha_zero_decodes_as_the_cluster_model(engine, ti
         people = []
         for q in qs[:3]:
             items = engine.prepare_items(list(q.profile[:8]))
-            fit = engine.fit(items)
+            fit = onboard.fit(engine, items)
             assert len(fit.style.values)  # the memory of the person's tokens
             rng = np.random.default_rng(len(people))  # λ and a bias planted (the tiny model's fit leaves both flat)
             ids = np.unique(np.concatenate([fit.style.values, rng.integers(0, len(engine.tok), 64)]))

@@ -59,7 +59,7 @@ def test_two_processes_convert_the_bundled_model_once(tmp_path: Path) -> None:
 
 _CARD = """
 from personalize.methods.card.adapters import LoraSettings
-from personalize.fitting.build import build
+from personalize.methods.card.build import build
 from personalize.methods.card.config import CardConfig
 from personalize.serving.generation import DecodingSettings
 from personalize.methods.card.head import HeadSettings
@@ -117,7 +117,7 @@ def test_write_demo_again_replaces_an_existing_folder(tmp_path: Path) -> None:
 def test_build_skips_only_a_folder_built_while_it_waited(tmp_path: Path, monkeypatch) -> None:
     """The lock's other side, without a real build: a build that waited for another process's build of the
     same folder returns that folder; a build on an existing folder nobody else is building still rebuilds."""
-    import personalize.fitting.build as b
+    import personalize.methods.card.build as b
     from personalize.lm.models import file_lock
 
     calls = []
@@ -146,7 +146,7 @@ def test_build_skips_only_a_folder_built_while_it_waited(tmp_path: Path, monkeyp
 def test_the_first_start_builds_from_the_measured_best_and_runs_the_guards_alone(tmp_path: Path, monkeypatch) -> None:
     """The demo's decoding choice re-tried settings RESULTS had ranked (370 s of a first start): the first start
     now builds with the best measured and only the harm guards judge it; its progress reaches the caller."""
-    import personalize.fitting.build as build_module
+    import personalize.methods.card.build as build_module
     from personalize.demo import write_demo
     from personalize.fitting import plan
 

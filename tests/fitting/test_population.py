@@ -336,7 +336,7 @@ def test_build_and_eval_accept_a_table_population(tokenizer, tmp_path, capsys):
     from conftest import save_tiny_lm
 
     from personalize.methods.card.config import LoraSettings
-    from personalize.fitting.build import build
+    from personalize.methods.card.build import build
     from personalize.methods.card.config import CardConfig
     from personalize.serving.settings import DecodingSettings
     from personalize.demo import write_demo

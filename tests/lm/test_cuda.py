@@ -72,7 +72,7 @@ def cuda_studio(tokenizer, tmp_path_factory):
     from dataclasses import replace
 
     from personalize.demo import write_demo
-    from personalize.fitting.build import build
+    from personalize.methods.card.build import build
     from personalize.studio.facade import Studio, StudioConfig
 
     root = tmp_path_factory.mktemp("cuda")

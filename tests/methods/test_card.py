@@ -181,7 +181,7 @@ def test_hard_pairs_covariate_explains_likelihood_and_lambda_the_rest():
 
 
 def test_hard_pairs_split_keeps_every_negative_of_an_item_together():
-    from personalize.methods.engine import split_held_out
+    from personalize.methods.card.onboard import split_held_out
 
     g = torch.Generator().manual_seed(0)
     c = [_pair(g, 0) for _ in range(4)]
@@ -195,7 +195,7 @@ def test_hard_pairs_split_keeps_every_negative_of_an_item_together():
 
 
 def test_other_users_negatives_come_from_the_same_cluster_only():
-    from personalize.fitting.build import _other_users_negatives
+    from personalize.methods.card.build import _other_users_negatives
 
     g = torch.Generator().manual_seed(0)
     feats = {n: [_pair(g, 0) for _ in range(3)] for n in "abc"}

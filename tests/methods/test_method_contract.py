@@ -13,7 +13,7 @@ from personalize.serving.generation import Generation
 from personalize.methods.registry import REGISTRY
 from personalize.methods.base import Method, UserContext
 from personalize.methods.p2p import P2PConfig, P2PMethod, train_p2p
-from personalize.fitting.person import prepared_items
+from personalize.methods.card.person import prepared_items
 from personalize.methods.card import card_decode
 
 from conftest import tiny_studio

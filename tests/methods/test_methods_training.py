@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from personalize.methods.card import onboard
 from personalize.methods.card.adapters import new_peft_model, sft_loss
 from personalize.methods.card.config import LoraSettings
 from personalize.methods.card.config import CardConfig
@@ -266,7 +267,7 @@ def test_p2p_config_validation_and_round_trip():
 
 def _tiny_build(monkeypatch, tiny_model, tokenizer, data, out, p2p_cfg, objectives=("pairs",)):
     """The real build() on the tiny model and the hashed encoder (seconds, not the bundled model's minutes)."""
-    from personalize.fitting import build as build_mod
+    from personalize.methods.card import build as build_mod
     from personalize.methods import engine as engine_mod
     from personalize.demo import write_demo
     from personalize.methods.card.config import HeadSettings
@@ -340,15 +341,15 @@ def test_build_trains_the_hard_pairs_head_and_a_new_user_fits_with_it(monkeypatc
     assert float(eng.heads["hard_pairs"].gamma) == pytest.approx(head_report["hard_pairs"]["gamma"], abs=1e-4)
     assert float(eng.heads["pairs"].gamma) == 0.0
     items = history("shouty")
-    fit = eng.fit(items, objective="hard_pairs")
+    fit = onboard.fit(eng, items, objective="hard_pairs")
     assert "negatives" in fit.stages_s and fit.diagnostics["unit"] == "pairs"
     assert "acc_covariate_only" in fit.diagnostics and np.isfinite(fit.lam).all()
-    data = eng.user_data(items, "hard_pairs")
+    data = onboard.user_data(eng, items, "hard_pairs")
     assert data.covariate and len(data) == 2 * len(items)  # greedy + n_samples = 1 sampled per item
     assert sorted(data.items) == sorted(list(range(len(items))) * 2)
-    again = eng.user_data(items, "hard_pairs")
+    again = onboard.user_data(eng, items, "hard_pairs")
     assert [r.text for r in again.rejected] == [r.text for r in data.rejected]
-    assert not eng.user_data(items, "pairs").covariate and len(eng.user_data(items, "pairs")) == len(items)
+    assert not onboard.user_data(eng, items, "pairs").covariate and len(onboard.user_data(eng, items, "pairs")) == len(items)
 
 
 def test_build_without_p2p_makes_the_method_say_build(monkeypatch, tiny_model, tokenizer, tmp_path):

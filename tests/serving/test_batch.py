@@ -32,7 +32,7 @@ def studio(tiny_artifacts, tmp_path_factory):
 
 
 def contexts(studio):
-    from personalize.fitting.person import prepared_items
+    from personalize.methods.card.person import prepared_items
 
     out = []
     for u in studio.users:
@@ -122,14 +122,14 @@ def test_eight_threads_comparing_at_once_get_what_each_gets_alone(tiny_artifacts
         assert len({st.histories.user_state(u, 4).cluster for u in users}) >= 3
         s, methods = st.runtime.engine.cfg.decoding, ["base", "cluster", "card", "cope", "rag", "pag"]
         prompt = {u: f"Paraphrase: {st.histories.demo_items(u)[0].y}" for u in users}
-        alone = {u: {o.method: (o.text, o.error) for o in st.decoding.compare(u, prompt[u], methods, s, k=4)} for u in users}
+        alone = {u: {o.method: (o.text, o.error) for o in st.comparisons.compare(u, prompt[u], methods, s, k=4)} for u in users}
         assert all(e is None for a in alone.values() for _, e in a.values())
         st.runtime.scheduler.batches.clear()
         together, barrier = {}, threading.Barrier(len(users))
 
         def press(u):
             barrier.wait()
-            together[u] = {o.method: (o.text, o.error) for o in st.decoding.compare(u, prompt[u], methods, s, k=4)}
+            together[u] = {o.method: (o.text, o.error) for o in st.comparisons.compare(u, prompt[u], methods, s, k=4)}
 
         threads = [threading.Thread(target=press, args=(u,)) for u in users]
         [t.start() for t in threads]

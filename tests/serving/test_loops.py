@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from personalize.methods.card import onboard
 from personalize.serving.generation import NoThirdRepeat, digit_tokens, generate, repetition_processors
 from personalize.serving.settings import DecodingSettings
 from personalize.lm.tokens import TokenBudget
@@ -172,7 +173,7 @@ def test_loop_shares_decode_every_studio_method_of_every_person(tiny_artifacts, 
     people = []
     for q in qs[:2]:
         items = engine.prepare_items(list(q.profile[:6]))
-        people.append(Person(q.user, q.input, tuple(items), engine.fit(items)))
+        people.append(Person(q.user, q.input, tuple(items), onboard.fit(engine, items)))
     said = []
     table = loop_shares(engine, Store(tmp_path / "s.db"), people, tmp_path, configs={
         "exact": {"max_pairs": 1}, "oppu": {"max_steps": 1, "report_loss": False}}, tokens=(None, 12),

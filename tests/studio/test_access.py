@@ -42,7 +42,7 @@ def test_a_login_reaches_only_the_people_it_made(studio):
     task = studio.runtime.task.name
     with acting_as("ana"):
         studio.save_from("ana-notes", "\n".join(ANA), None, task)
-        studio.decoding.compare("ana-notes", "a prompt of ana's", ["base"], studio.runtime.settings(max_new_tokens=3)).__next__()
+        studio.comparisons.compare("ana-notes", "a prompt of ana's", ["base"], studio.runtime.settings(max_new_tokens=3)).__next__()
     with acting_as("ben"):
         studio.save_from("ben-log", "\n".join(BEN), None, task)
         assert studio.histories.user_names() == ["ben-log"]  # ana's person is not listed...
@@ -50,7 +50,7 @@ def test_a_login_reaches_only_the_people_it_made(studio):
                       lambda: studio.fits.fit("ana-notes"), lambda: studio.fits.versions("ana-notes"),
                       lambda: studio.histories.update_item("ana-notes", 1, "mine now"),
                       lambda: studio.own_data.forget("ana-notes", True), lambda: studio.own_data.style_key("ana-notes"),
-                      lambda: next(iter(studio.decoding.compare("ana-notes", "p", ["base"], studio.runtime.settings())))):
+                      lambda: next(iter(studio.comparisons.compare("ana-notes", "p", ["base"], studio.runtime.settings())))):
             with pytest.raises(StoreError, match="is taken"):  # ...nor reached: to ben her name is taken
                 reach()
         assert studio.histories.item_rows("ana-notes") == [] and studio.histories.replaced_choices("ana-notes") == []
@@ -75,7 +75,7 @@ def test_what_changes_the_studio_for_everyone_is_an_admins(studio, tiny_artifact
     with acting_as("ben"):
         for change in (lambda: studio.served_builds.switch_task(other), lambda: studio.served_builds.serve_build(str(studio.runtime.engine.folder)),
                        lambda: studio.campaign_desk.create_campaign("c", tiny_artifacts["demo"], limit=1),
-                       lambda: studio.populations.start_population_build("table", "p", "people.csv"),
+                       lambda: studio.population_jobs.start_population_build("table", "p", "people.csv"),
                        lambda: studio.campaign_desk.set_campaign_status("c", "closed")):
             with pytest.raises(ValueError, match="only an admin"):
                 change()
@@ -210,7 +210,7 @@ def test_a_download_link_serves_only_the_login_it_was_handed_to(two_logins):
     studio, url = two_logins["studio"], two_logins["url"]
     with acting_as("ana"):
         studio.save_from("ana-diary", "\n".join(ANA), None, studio.runtime.task.name)
-        next(iter(studio.decoding.compare("ana-diary", "the diary prompt of ana", ["base"],
+        next(iter(studio.comparisons.compare("ana-diary", "the diary prompt of ana", ["base"],
                                           studio.runtime.settings(max_new_tokens=3))))
     ana = Client(url, verbose=False, auth=("ana", "pa"))
     _, got = ana.predict("generations", "jsonl", api_name="/export_table")

@@ -187,7 +187,7 @@ def test_forget_me_leaves_nothing_of_the_user(studio):
 def test_a_second_persons_items_carry_their_own_numbers(studio):
     """Items as the fits and Explore read them are numbered as My writing shows them (and as UserContext numbers the
     items Compare's methods report), not by the store's row id, which counts every person's items before theirs."""
-    from personalize.fitting.person import prepared_items
+    from personalize.methods.card.person import prepared_items
 
     studio.histories.save_history("nia", [Item(y=t) for t in TERSE], "tweets")
     studio.histories.save_history("oli", [Item(y=t + " really") for t in TERSE[:5]], "tweets")

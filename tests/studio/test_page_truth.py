@@ -10,6 +10,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from personalize.methods.card import onboard
 from personalize.data import Item
 
 from conftest import tiny_studio
@@ -48,8 +49,8 @@ def test_explore_never_fits_or_decodes_with_a_held_out_item(studio, monkeypatch)
     monkeypatch.setattr(studio.runtime.engine, "cfg", dataclasses.replace(
         cfg, style=dataclasses.replace(cfg.style, retrieval=True, memory=True, bias=True, fallback=False)))
     fitted, embedded, prompts = [], [], []
-    fit, embed, generate = studio.runtime.engine.fit, studio.runtime.engine.embed, generation.generate
-    monkeypatch.setattr(studio.runtime.engine, "fit", lambda items, *a, **k: fitted.extend(items) or fit(items, *a, **k))
+    fit, embed, generate = onboard.fit, studio.runtime.engine.embed, generation.generate
+    monkeypatch.setattr(onboard, "fit", lambda e, items, *a, **k: fitted.extend(items) or fit(e, items, *a, **k))
     monkeypatch.setattr(studio.runtime.engine, "embed", lambda items: embedded.extend(items) or embed(items))
     monkeypatch.setattr(generation, "generate", lambda m, t, ps, *a, **k: prompts.extend(ps) or generate(m, t, ps, *a, **k))
     res = studio.explorer.explore("planted", [0.0, 1.0], n_holdout=2, s=studio.runtime.settings(max_new_tokens=4))
@@ -142,17 +143,17 @@ def test_each_compare_column_is_done_when_its_own_row_ends(studio, monkeypatch):
     """base's row stops after 2 tokens, card's after 8, in one mixed batch: base is done (and stored) while card
     is still decoding, not when the batch ends; its output is what the runner returns for its row."""
     studio.histories.save_history("cole", [Item(f"ok so the {w} was fine i guess") for w in WORDS], "tweets")
-    rows, submitted = studio.decoding.rows, []
+    rows, submitted = studio.comparisons.rows, []
     short = lambda rs: [dataclasses.replace(r, settings=dataclasses.replace(r.settings, max_new_tokens=2))  # noqa: E731
                         for r in rs]
-    monkeypatch.setattr(studio.decoding, "rows", lambda m, *a, **k: short(rows(m, *a, **k)) if m == "base"
+    monkeypatch.setattr(studio.comparisons, "rows", lambda m, *a, **k: short(rows(m, *a, **k)) if m == "base"
                         else rows(m, *a, **k))
     submit = studio.runtime.scheduler.submit
     monkeypatch.setattr(studio.runtime.scheduler, "submit",
                         lambda build, on_step=None: submitted.append(submit(build, on_step)) or submitted[-1])
     s = dataclasses.replace(studio.runtime.settings(alpha=1.0, max_new_tokens=8), min_new_tokens=8)
-    plan = studio.decoding.compare_plan("cole", "the bus", True, None, ["base", "card"])
-    events = list(studio.decoding.compare_stream(plan, s))
+    plan = studio.comparisons.compare_plan("cole", "the bus", True, None, ["base", "card"])
+    events = list(studio.comparisons.compare_stream(plan, s))
     kinds = [(kind, m) for kind, m, _ in events]
     base_done = kinds.index(("done", "base"))
     assert ("text", "card") in kinds[base_done + 1:], kinds  # card still streamed after base was done
@@ -169,14 +170,14 @@ def test_a_column_whose_rows_break_the_compares_request_fails_alone(studio, monk
     """A Compare's columns go to the scheduler as one request; a row that breaks its batch (here an adapter the
     build does not hold) sends each column again alone, so only its own column shows the error."""
     studio.histories.save_history("cole", [Item(f"ok so the {w} was fine i guess") for w in WORDS], "tweets")
-    rows, submitted = studio.decoding.rows, []
+    rows, submitted = studio.comparisons.rows, []
     broken = lambda m, *a, **k: [dataclasses.replace(r, adapter="k9c9") for r in rows(m, *a, **k)]  # noqa: E731
-    monkeypatch.setattr(studio.decoding, "rows", lambda m, *a, **k: (broken if m == "base" else rows)(m, *a, **k))
+    monkeypatch.setattr(studio.comparisons, "rows", lambda m, *a, **k: (broken if m == "base" else rows)(m, *a, **k))
     submit = studio.runtime.scheduler.submit
     monkeypatch.setattr(studio.runtime.scheduler, "submit",
                         lambda build, on_step=None: submitted.append(submit(build, on_step)) or submitted[-1])
-    plan = studio.decoding.compare_plan("cole", "the bus", True, None, ["base", "cluster"])
-    done = {m: v for kind, m, v in studio.decoding.compare_stream(plan, studio.runtime.settings(max_new_tokens=3))
+    plan = studio.comparisons.compare_plan("cole", "the bus", True, None, ["base", "cluster"])
+    done = {m: v for kind, m, v in studio.comparisons.compare_stream(plan, studio.runtime.settings(max_new_tokens=3))
             if kind == "done"}
     assert "k9c9" in done["base"].error and done["cluster"].error is None and done["cluster"].text
     assert len(submitted) == 3  # the Compare's one request, then each column alone
@@ -207,7 +208,7 @@ def fitted(studio):
     fit = studio.fits.fit("vera")
     for f in fit.features:
         f.top_ids[:, -1] = f.ids
-    diag, own, _ = studio.runtime.engine.held_out_style(fit.features, fit.n_hold, studio.runtime.engine.heads["tokens"])
+    diag, own, _ = onboard.held_out_style(studio.runtime.engine, fit.features, fit.n_hold, studio.runtime.engine.heads["tokens"])
     diag["own_minus_cluster"] = held_out_interval(studio.runtime.engine, dataclasses.replace(fit, held_style=own))
     return dataclasses.replace(fit, diagnostics=diag, held_style=own)
 
@@ -232,7 +233,7 @@ def test_a_fit_measures_its_interval_when_its_held_out_items_have_words(studio, 
 
     monkeypatch.setattr(fits, "held_out_interval", lambda engine, fit: {"mean": 0.0, "ci95": [0.0, 0.0], "items": 2})
     monkeypatch.setattr(fits, "fit_person", lambda *a, **k: (dataclasses.replace(
-        studio.fits.engine.fit(studio.histories.demo_items("formal_01")), diagnostics={"n": 3}), []))
+        onboard.fit(studio.fits.engine, studio.histories.demo_items("formal_01")), diagnostics={"n": 3}), []))
     assert studio.fits.fit("vera").diagnostics["own_minus_cluster"]["items"] == 2
 
 
@@ -259,7 +260,7 @@ def test_a_losing_style_is_said_beside_what_card_decodes(studio, fitted, monkeyp
 
     monkeypatch.setattr(studio.histories, "user_state", losing)
     s = studio.runtime.settings(alpha=1.0, max_new_tokens=3)
-    (row,) = studio.decoding.rows("card", studio.histories.user_state("vera"), studio.runtime.task.prompt("the bus"), s)
+    (row,) = studio.comparisons.rows("card", studio.histories.user_state("vera"), studio.runtime.task.prompt("the bus"), s)
     status = next(compare.compare(studio, "vera", "the bus", True, None, ["card"], 1.0, 50, 3, None))[0]
     if fallback:
         assert "show the cluster model's output for you" in verdict and "still decodes" not in verdict

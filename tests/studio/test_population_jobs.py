@@ -71,7 +71,7 @@ def studio(tiny_artifacts, tmp_path):
                                  demo_data=str(tiny_artifacts["demo"]), export_dir=str(tmp_path / "exports")))
     s.tiny = tiny_settings(tiny_artifacts["root"])
     yield s
-    job = s.populations.population_job
+    job = s.population_jobs.population_job
     if job is not None and job.running:
         job.cancel()
         job.wait(60)
@@ -139,7 +139,7 @@ def test_a_table_population_is_built_in_the_background_served_and_nearest_for_it
 
     status, counts, timer = populations.start(studio, "table", "team", None, str(csv_file), True)
     assert "team" in status and counts == "" and timer.active
-    job = studio.populations.population_job
+    job = studio.population_jobs.population_job
 
     def sample():  # what a page polling the job sees
         while job.running:
@@ -156,12 +156,12 @@ def test_a_table_population_is_built_in_the_background_served_and_nearest_for_it
     assert "kept 8 people, 80 items" in job.counts() and "dropped" in job.counts()
     assert job.stage == "K=1 adapter" and "building, K=1 adapter" in job.line()
     with pytest.raises(ValueError, match="still running"):  # one build at a time
-        studio.populations.start_population_build("table", "other", str(csv_file), cfg=studio.tiny, build_kwargs={"p2p": None})
+        studio.population_jobs.start_population_build("table", "other", str(csv_file), cfg=studio.tiny, build_kwargs={"p2p": None})
     # the studio keeps serving: the store, the model lock, a decode of the served build, the tab's poll
     assert studio.histories.user_names() == [] and studio.runtime.model_lock.acquire(blocking=False)
     studio.runtime.model_lock.release()
     studio.histories.save_history("ann", [Item(t) for t in TERSE], "tweets")
-    out = studio.decoding.run_method("base", studio.histories.user_state("ann"), "the bus", studio.runtime.settings(max_new_tokens=3))
+    out = studio.comparisons.run_method("base", studio.histories.user_state("ann"), "the bus", studio.runtime.settings(max_new_tokens=3))
     assert out.error is None and job.running
     counts_md, line, percent, *_, timer, seen = populations.poll(studio, None)
     assert "kept 8 people" in counts_md and "K=1 adapter" in line and 0 < percent < 100 and timer.active
@@ -184,10 +184,10 @@ def test_a_table_population_is_built_in_the_background_served_and_nearest_for_it
 
     # which build's population a person's writing is nearest (the tweets build is not served any more)
     studio.histories.save_history("deb", [Item(t) for t in changelog_lines(99)], "writing")
-    deb = studio.populations.nearest_build("deb")
+    deb = studio.population_jobs.nearest_build("deb")
     assert deb["nearest"]["served"] and deb["message"] == "" and len(deb["builds"]) == 2
     studio.histories.save_history("ann", [Item(t) for t in TERSE], "writing")
-    ann = studio.populations.nearest_build("ann")
+    ann = studio.population_jobs.nearest_build("ann")
     assert ann["nearest"]["id"] == tweets_id and not ann["nearest"]["served"]
     assert md(tweets_id) in ann["message"] and "Populations" in ann["message"]
     assert ann["nearest"]["words"] in ann["message"]
@@ -208,14 +208,14 @@ def test_a_cancelled_build_leaves_nothing_and_the_studio_answers(studio, paused,
     csv_file = write_table(tmp_path / "people.csv")
     for bad, why in (("../up", "name the build"), ("tweets", "exists already"), ("", "name the build")):
         with pytest.raises(ValueError, match=why):
-            studio.populations.start_population_build("table", bad, str(csv_file))
+            studio.population_jobs.start_population_build("table", bad, str(csv_file))
     with pytest.raises(ValueError, match="unknown source"):
-        studio.populations.start_population_build("mail", "x", "a")
+        studio.population_jobs.start_population_build("mail", "x", "a")
     with pytest.raises(ValueError, match="no population build is running"):
-        studio.populations.cancel_population_build()
+        studio.population_jobs.cancel_population_build()
     assert populations.cancel(studio).startswith("⚠️")
 
-    job = studio.populations.start_population_build("table", "gone", str(csv_file), serve=True, cfg=studio.tiny,
+    job = studio.population_jobs.start_population_build("table", "gone", str(csv_file), serve=True, cfg=studio.tiny,
                                         build_kwargs={"p2p": None})
     assert paused["reached"].wait(60), job.line()
     assert (job.data / "dev_questions.json").exists()  # the population step has written its folder
@@ -231,7 +231,7 @@ def test_a_cancelled_build_leaves_nothing_and_the_studio_answers(studio, paused,
     studio.runtime.model_lock.release()
     assert studio.runtime.engine.folder == root / "tweets"
 
-    bad = studio.populations.start_population_build("table", "broken", str(tmp_path / "missing.csv"))  # fails in its thread
+    bad = studio.population_jobs.start_population_build("table", "broken", str(tmp_path / "missing.csv"))  # fails in its thread
     assert bad.wait(30) and bad.state == "error" and "file not found" in bad.line()
     assert not (root / "broken").exists() and not bad.data.exists()
 
@@ -239,7 +239,7 @@ def test_a_cancelled_build_leaves_nothing_and_the_studio_answers(studio, paused,
 def test_build_cancelled_just_before_the_rename_removes_its_partial_folder(tiny_artifacts, tmp_path):
     """build's hooks: progress by stage; a cancel that arrives once the folder is written (at "save") still
     leaves no artifacts and no `.partial`; a cancel before the start writes nothing either."""
-    from personalize.fitting.build import BuildCancelled, build
+    from personalize.methods.card.build import BuildCancelled, build
     from personalize.fitting.population import from_table
 
     from_table(write_table(tmp_path / "people.csv", people=6), tmp_path / "lamp")
@@ -289,7 +289,7 @@ def test_the_tab_over_http_starts_follows_and_cancels_a_build(studio, paused, tm
         assert "kept 8 people" in counts and "K=1 adapter" in line and 0 < percent < 100
         assert "cancelling" in c.predict(api_name="/cancel_population")
         paused["go"].set()
-        assert studio.populations.population_job.wait(60)
+        assert studio.population_jobs.population_job.wait(60)
         counts, line, percent, *_, timer = c.predict(api_name="/population_status")  # (no State over HTTP)
         assert "cancelled" in line and "nothing was written" in line and not timer["active"]
         assert not (studio.served_builds.artifacts_root / "web").exists()

@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 
+from personalize.methods.card import onboard
 from personalize.humaneval.arena import Arena, StalePair, draw_methods
 from personalize.data import TASKS, HistoryError, Item
 from personalize.humaneval.table_export import export_predictions, export_table, to_csv
@@ -194,9 +195,9 @@ def test_save_starts_no_first_use_and_the_fit_does(studio):
     assert not [key for key in studio.runtime.jobs if key[0] == "later"]
     studio.histories.rewrites.result()
     studio.fits.fit("later")
-    studio.background_jobs.after_fit("later")  # what the Fit tab calls
+    studio.first_use_jobs.after_fit("later")  # what the Fit tab calls
     assert {m for u, m in studio.runtime.jobs if u == "later"} == {"exact", "oppu"}
-    assert all(studio.background_jobs.wait_first_use("later", m)["state"] == "done" for m in ("exact", "oppu"))
+    assert all(studio.first_use_jobs.wait_first_use("later", m)["state"] == "done" for m in ("exact", "oppu"))
 
 
 def test_fit_compare_why_and_refit_keeps_vector_on_failure(studio, monkeypatch):
@@ -209,7 +210,7 @@ def test_fit_compare_why_and_refit_keeps_vector_on_failure(studio, monkeypatch):
     assert lam.shape == (16,) and info["stats"]["n_items"] == 10
 
     # a refit that fails leaves the stored vector as it was
-    monkeypatch.setattr(studio.runtime.engine, "fit_style", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    monkeypatch.setattr(onboard, "fit_style", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     with pytest.raises(RuntimeError):
         studio.fits.fit("bo")
     monkeypatch.undo()
@@ -217,7 +218,7 @@ def test_fit_compare_why_and_refit_keeps_vector_on_failure(studio, monkeypatch):
 
     s = studio.runtime.settings(alpha=0.0, max_new_tokens=5)
     prompt = studio.runtime.task.prompt("the bus was late")
-    outs = {o.method: o for o in studio.decoding.compare("bo", prompt, ["base", "cluster", "card", "rag", "p2p"], s)}
+    outs = {o.method: o for o in studio.comparisons.compare("bo", prompt, ["base", "cluster", "card", "rag", "p2p"], s)}
     assert outs["card"].text == outs["cluster"].text  # α = 0 is the cluster model
     assert outs["rag"].info["trace"][0]["retrieved"] and outs["rag"].error is None
     assert outs["p2p"].error and "p2p" in outs["p2p"].error.lower() or "hypernetwork" in outs["p2p"].error
@@ -225,11 +226,11 @@ def test_fit_compare_why_and_refit_keeps_vector_on_failure(studio, monkeypatch):
     assert {g["method"] for g in gens} == {"base", "cluster", "card", "rag"}
     assert all(g["settings"]["alpha"] == 0.0 and g["latency_s"] > 0 for g in gens)
     with pytest.raises(ValueError, match="empty"):
-        list(studio.decoding.compare("bo", "   ", ["base"], s))
+        list(studio.comparisons.compare("bo", "   ", ["base"], s))
     with pytest.raises(ValueError, match="unknown"):
-        list(studio.decoding.compare("bo", prompt, ["nope"], s))
+        list(studio.comparisons.compare("bo", prompt, ["nope"], s))
 
-    why = studio.decoding.why("bo", prompt, studio.runtime.settings(alpha=3.0, max_new_tokens=5))
+    why = studio.comparisons.why("bo", prompt, studio.runtime.settings(alpha=3.0, max_new_tokens=5))
     assert why.steps and all(10 <= len(st["candidates"]) <= 12 for st in why.steps)
     for st in why.steps:  # one scale: log-probabilities among the candidates, before + correction = after
         chosen = [c for c in st["candidates"] if c["chosen"]]
@@ -250,18 +251,18 @@ def test_oppu_trains_on_first_use_and_again_after_an_edit(studio):
     and a changed history retrains it."""
     studio.histories.save_history("opal", [Item(t) for t in TERSE[:4]], "tweets")
     s, prompt = studio.runtime.settings(max_new_tokens=4), studio.runtime.task.prompt("the tea was cold")
-    assert studio.background_jobs.needs_indexing("opal", "oppu")
-    first = next(studio.decoding.compare("opal", prompt, ["oppu"], s))
+    assert studio.first_use_jobs.needs_indexing("opal", "oppu")
+    first = next(studio.comparisons.compare("opal", prompt, ["oppu"], s))
     assert first.error is None and first.info["trace"][0]["adapter"].startswith("u_opal_")
     meta = next((studio.runtime.store.path.parent / "oppu").glob("*/u_opal_*/oppu.json"))
     trained = meta.stat().st_mtime_ns
-    assert not studio.background_jobs.needs_indexing("opal", "oppu")
-    again = next(studio.decoding.compare("opal", prompt, ["oppu"], s))
+    assert not studio.first_use_jobs.needs_indexing("opal", "oppu")
+    again = next(studio.comparisons.compare("opal", prompt, ["oppu"], s))
     assert again.text == first.text and meta.stat().st_mtime_ns == trained  # reused, not retrained
     studio.histories.save_history("opal", [Item(t) for t in TERSE[2:7]], "tweets")
-    assert studio.background_jobs.needs_indexing("opal", "oppu")
-    assert next(studio.decoding.compare("opal", prompt, ["oppu"], s)).error is None
-    assert meta.stat().st_mtime_ns != trained and not studio.background_jobs.needs_indexing("opal", "oppu")
+    assert studio.first_use_jobs.needs_indexing("opal", "oppu")
+    assert next(studio.comparisons.compare("opal", prompt, ["oppu"], s)).error is None
+    assert meta.stat().st_mtime_ns != trained and not studio.first_use_jobs.needs_indexing("opal", "oppu")
 
 
 def test_why_pieces_merge_the_bytes_of_one_character(tokenizer):
@@ -293,7 +294,7 @@ def test_blind_pair_vote_feeds_exact_and_leaderboard(studio):
     studio.votes.new_pair("cy", pair.prompt, ["base", "card"], s).pair
     assert len(studio.runtime.store.generations(user="cy")) == n
 
-    assert studio.background_jobs.needs_indexing("cy", "exact") and not studio.background_jobs.needs_indexing("cy", "card")
+    assert studio.first_use_jobs.needs_indexing("cy", "exact") and not studio.first_use_jobs.needs_indexing("cy", "card")
     before = len(studio.runtime.store.ratings())
     winner = "a" if pair.outputs[0].strip() != pair.outputs[1].strip() else "tie"
     studio.votes.vote(pair.id, winner, "rater-1")
@@ -306,7 +307,7 @@ def test_blind_pair_vote_feeds_exact_and_leaderboard(studio):
         studio.votes.wait_feedback()
         entry = studio.runtime.store.blob("cy", "exact_memory", pair.prompt)
         assert entry is not None and len(entry["attributes"]) == 3 and entry["source"] == "feedback"
-        assert not studio.background_jobs.needs_indexing("cy", "exact")
+        assert not studio.first_use_jobs.needs_indexing("cy", "exact")
 
 
 def test_explore_sweeps_alpha_and_k_on_held_out_items(studio):
@@ -419,7 +420,7 @@ def test_one_compare_and_one_fit_read_the_person_once(studio, monkeypatch):
     reads, items = [], studio.runtime.store.items
     monkeypatch.setattr(studio.runtime.store, "items", lambda name: reads.append(name) or items(name))
     s = studio.runtime.settings(alpha=0.0, max_new_tokens=3)
-    outs = list(studio.decoding.compare("una", studio.runtime.task.prompt("the bus"), ["base", "card", "rag", "cope", "p2p"], s))
+    outs = list(studio.comparisons.compare("una", studio.runtime.task.prompt("the bus"), ["base", "card", "rag", "cope", "p2p"], s))
     assert len(outs) == 5 and reads == ["una"]
     studio.runtime.store.add_feedback("una", "up", "p", outs[0].text or "a text of hers")
     reads.clear()
@@ -435,13 +436,13 @@ def test_a_methods_note_reaches_the_compare_column(studio, monkeypatch):
     state, s = studio.histories.user_state("ivy"), studio.runtime.settings(max_new_tokens=4)
     out = SimpleNamespace(text="ok", n_tokens=1, latency_s=0.01, trace=None,
                           note="your vector does not beat the cluster model: showing its output")
-    monkeypatch.setattr(studio.decoding, "decode", lambda *a, **k: out)
-    o = studio.decoding.run_method("card", state, "p", s)
+    monkeypatch.setattr(studio.comparisons, "decode", lambda *a, **k: out)
+    o = studio.comparisons.run_method("card", state, "p", s)
     assert o.info["note"] == out.note and studio.runtime.store.generation(o.gen_id)["extra"]["note"] == out.note
     out.note = None
-    assert "note" not in studio.decoding.run_method("card", state, "p", s).info
+    assert "note" not in studio.comparisons.run_method("card", state, "p", s).info
     del out.note  # a Generation from before `note` existed
-    assert "note" not in studio.decoding.run_method("card", state, "p", s).info
+    assert "note" not in studio.comparisons.run_method("card", state, "p", s).info
 
 
 # ---------------------------------------------------------------- every build under data/artifacts (item 4)
@@ -574,8 +575,8 @@ def test_a_cluster_of_one_trains_in_the_background_refits_the_style_over_it_and_
     over it, card decodes over it (cluster stays the cluster's) and Fit says so; Forget me deletes it."""
     from personalize.methods.card.own import owner_key
 
-    jobs, eng = studio.background_jobs, studio.runtime.engine
-    monkeypatch.setattr(type(eng), "is_far", lambda self, k, d: True)  # everyone is far: the switch Save reads
+    jobs, eng = studio.first_use_jobs, studio.runtime.engine
+    monkeypatch.setattr(onboard, "is_far", lambda engine, k, d: True)  # everyone is far: the switch Save reads
     monkeypatch.setattr(studio.runtime, "cfg", dataclasses.replace(studio.runtime.cfg, own_adapters=True))
     text = "\n".join(it.y for it in studio.histories.demo_items("formal_01"))
     studio.save_from("solo", text, None, "tweets")
@@ -592,11 +593,11 @@ def test_a_cluster_of_one_trains_in_the_background_refits_the_style_over_it_and_
     assert path.exists() and path.parent.parent == studio.runtime.store.path.parent / "oppu"
     state = studio.histories.user_state("solo")
     assert state.lam.own == owner_key("solo") and state.fit_stats["own_adapter"]  # refitted over it
-    outs = {o.method: o for o in studio.decoding.compare("solo", prompt, ["cluster", "card"], s)}
+    outs = {o.method: o for o in studio.comparisons.compare("solo", prompt, ["cluster", "card"], s)}
     assert "own adapter" in outs["card"].info["note"] and "note" not in outs["cluster"].info
-    card_row = studio.decoding.rows("card", state, prompt, s)[0]
+    card_row = studio.comparisons.rows("card", state, prompt, s)[0]
     assert card_row.adapter == eng.own.peft_name(owner_key("solo"))
-    assert studio.decoding.rows("cluster", state, prompt, s)[0].adapter != card_row.adapter
+    assert studio.comparisons.rows("cluster", state, prompt, s)[0].adapter != card_row.adapter
     assert "your own adapter" in jobs.base_words("solo", True)
     # Explore decodes as Compare does, over an adapter of their own, but one that never saw the held-out items
     trained, real_train = [], eng.own.train

@@ -656,15 +656,15 @@ def test_browser_text_from_people_and_models_is_shown_never_executed(server, tmp
     studio = server["studio"]
     # the population's texts (cluster examples), every method's output and note, and CARD's tokens in Why
     monkeypatch.setattr(studio.runtime, "population", {u: [XSS_IMG] for u in studio.runtime.engine.clusters.users})
-    stored = studio.decoding.stored  # every decoded output becomes a MethodOutput here (Compare, Quick pair)
+    stored = studio.comparisons.stored  # every decoded output becomes a MethodOutput here (Compare, Quick pair)
 
     def stored_with_markup(*args, **kwargs):
         o = stored(*args, **kwargs)
         return o if o.error else replace(o, text=f"{XSS_IMG} {XSS_SCRIPT} {MD_ACTIVE} {o.text}",
                                          info={**o.info, "note": XSS_SCRIPT})
 
-    monkeypatch.setattr(studio.decoding, "stored", stored_with_markup)
-    why = studio.decoding.why
+    monkeypatch.setattr(studio.comparisons, "stored", stored_with_markup)
+    why = studio.comparisons.why
 
     def why_with_markup(*args, **kwargs):
         res = why(*args, **kwargs)
@@ -672,7 +672,7 @@ def test_browser_text_from_people_and_models_is_shown_never_executed(server, tmp
             st["candidates"][0]["token"] = XSS_IMG
         return replace(res, text=f"{XSS_IMG} {res.text}", pieces=[(XSS_IMG, True), *res.pieces])
 
-    monkeypatch.setattr(studio.decoding, "why", why_with_markup)
+    monkeypatch.setattr(studio.comparisons, "why", why_with_markup)
 
     shots = Path(os.environ.get("SCREENSHOTS") or tmp_path / "shots")
     driver = chromium(tmp_path)
@@ -848,7 +848,7 @@ def test_eight_compares_at_once_over_http_and_votes_meanwhile(server):
         prompt = f"the parade in town {p}"  # typed, not templated
         gens = {g["method"]: g["output"] for g in studio.runtime.store.generations(user=p, limit=20) if g["prompt"] == prompt}
         assert set(gens) == set(methods)
-        alone = {o.method: o.text for o in studio.decoding.compare(p, prompt, methods, studio.runtime.settings(1.0, 50, 8))}
+        alone = {o.method: o.text for o in studio.comparisons.compare(p, prompt, methods, studio.runtime.settings(1.0, 50, 8))}
         assert alone == gens, p
     assert len([r for r in studio.runtime.store.ratings() if r["rater"] in {f"v{i}" for i in range(4)}]) == 4
 

@@ -107,8 +107,8 @@ def test_history_choice_cluster_view_and_guards(studio):
         studio.own_data.forget("mo", False)
     assert studio.runtime.store.user("mo")
     with pytest.raises(ValueError, match="choose at least one method"):
-        studio.decoding.compare_plan("mo", "hi", True, None, [])
-    plan = studio.decoding.compare_plan("mo", "hi", True, None, ["exact", "base"])
+        studio.comparisons.compare_plan("mo", "hi", True, None, [])
+    plan = studio.comparisons.compare_plan("mo", "hi", True, None, ["exact", "base"])
     assert plan.order == ["base", "exact"] and plan.first_use == {"exact": True, "base": False}
 
 

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+
+
+@dataclass
+class Clusters:
+    """The population's embeddings and k-means centroids for every built K."""
+
+    users: list[str]
+    embeddings: np.ndarray  # [N, E]
+    centroids: dict[int, np.ndarray]  # K -> [K, E]
+    labels: dict[int, np.ndarray]  # K -> [N]
 
 
 def user_embeddings(encoder, histories: Sequence[Sequence[str]], batch_size: int = 64) -> np.ndarray:

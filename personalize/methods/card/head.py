@@ -171,7 +171,7 @@ class PairData:
     rejected: list[SequenceFeatures]
     items: list[int] | None = None  # None: pair i is item i
     covariate: bool = False
-    weight: list[float] | None = None  # None: every pair counts 1 (votes weigh against the history: fitting/feedback.py)
+    weight: list[float] | None = None  # None: every pair counts 1 (votes weigh against the history: methods/card/votes.py)
 
     def __post_init__(self):
         if len(self.chosen) != len(self.rejected):

@@ -11,10 +11,12 @@ import time
 
 import numpy as np
 
+from personalize.methods.card import onboard
 from personalize.data import Item
 from personalize.methods.card.adapters import cluster_adapter
 from personalize.methods.card.own import owner_key
-from personalize.methods.engine import Engine, UserFit
+from personalize.methods.engine import Engine
+from personalize.methods.card.onboard import UserFit
 from personalize.store import Store, StoredItem
 
 
@@ -44,12 +46,12 @@ def fit_with_own(engine: Engine, name: str, items: list[Item], fit: UserFit | No
     """A person's fit as the build decodes them (eval's onboarding): a person beyond its clusters (OwnSettings.far)
     gets their own adapter, trained on these items from their nearest cluster's, and the style fitted over it
     (a cluster of one); a near person keeps the fit over their cluster. `fit`: the one made already."""
-    fit = fit or engine.fit(items)
+    fit = fit or onboard.fit(engine, items)
     if not (engine.cfg.own.far and fit.far) or fit.cold_start:
         return fit
     if not engine.own.is_current(name, items):
         engine.own.train(name, items, cluster_adapter(fit.k, fit.cluster))
-    return engine.fit(items, k=fit.k, own=owner_key(name))
+    return onboard.fit(engine, items, k=fit.k, own=owner_key(name))
 
 
 def store_assignments(engine: Engine, store: Store, name: str, embedding: np.ndarray) -> dict[int, int]:
@@ -65,12 +67,12 @@ def store_assignments(engine: Engine, store: Store, name: str, embedding: np.nda
 def fit_person(engine: Engine, store: Store, name: str, k: int | None = None, objective: str | None = None,
                progress=None, kept_pass=None) -> tuple[UserFit, list[Item]]:
     """The person's fit, stored, and the items it was fitted on (the request's one read of the person).
-    `kept_pass`: Engine.fit's, a teacher-forced pass made before (the studio's read-ahead after Save)."""
+    `kept_pass`: onboard.fit's, a teacher-forced pass made before (the studio's read-ahead after Save)."""
     t0 = time.perf_counter()
     items = prepared_items(engine, store, name, progress)
     rewrite_s = time.perf_counter() - t0
     own = owner_key(name) if engine.own.is_current(name, items) else None  # a cluster of one: their own adapter
-    fit = engine.fit(items, k=k, objective=objective, progress=progress, kept_pass=kept_pass, own=own)
+    fit = onboard.fit(engine, items, k=k, objective=objective, progress=progress, kept_pass=kept_pass, own=own)
     if rewrite_s > 0.01:
         fit.stages_s = {"neutral rewrites": round(rewrite_s, 4), **fit.stages_s}
     emb = engine.embed(items)

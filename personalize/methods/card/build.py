@@ -26,12 +26,15 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from personalize.methods.card import onboard
 from personalize.methods.card.adapters import BASE_ADAPTER, ClusterJob, adapter_name, adapter_state, add_warm_adapter, \
     new_peft_model, put_adapter, save_adapters, train_adapter, train_cluster_adapter
 from personalize.methods.card.cluster import fit_clusters, user_embeddings
 from personalize.methods.card.config import FORMAT_VERSION, CardConfig
 from personalize.data import Item, Query, read_lamp, select_sources
-from personalize.methods.engine import Clusters, Engine, split_held_out
+from personalize.methods.engine import Engine
+from personalize.methods.card.onboard import split_held_out
+from personalize.methods.card.cluster import Clusters
 from personalize.methods.card.head import PairData, PersonalizationHead, diagnostics, train_population
 from personalize.methods import p2p as p2p_mod
 from personalize.methods.p2p import P2PConfig, train_p2p
@@ -319,7 +322,7 @@ def head_data(engine: Engine, users: dict[str, list[Item]], cluster: dict[str, i
         if on_user is not None:
             on_user(i, len(users))
         engine.use_adapter(adapter_name(kd, cluster[n]) if kd > 1 else BASE_ADAPTER)
-        data[n] = engine.user_data(users[n], obj)
+        data[n] = onboard.user_data(engine, users[n], obj)
     if obj == "hard_pairs" and cfg.head.n_other:
         data = _other_users_negatives(data, cluster, cfg.head.n_other, seed)
     fit, held = {}, {}
@@ -379,13 +382,13 @@ def _choose_decoding(engine: Engine, val: list[tuple[str, str, list[Item]]], cfg
                      step: _Steps = _NO_HOOKS, steps: Sequence[str] | None = None) -> tuple[CardConfig, dict]:
     """Repetition, the style's parts, α, the memory weight and the fallback chosen on the validation people (never
     on queries that eval scores, §1.9.2), then the harm guard: card stays the cluster model unless it beats it."""
-    from personalize.fitting.tune import STEPS, choose_decoding
+    from personalize.methods.card.tune import STEPS, choose_decoding
 
     prompts, golds, items, fits = [], [], [], []
     for i, (prompt, gold, profile) in enumerate(tqdm(val, desc="validation people", mininterval=2.0)):
         step("decoding choice", 0.5 * i / len(val))
         prompts.append(prompt), golds.append(gold), items.append(engine.prepare_items(profile))
-        fits.append(engine.fit(items[-1]))
+        fits.append(onboard.fit(engine, items[-1]))
     engine.cfg = cfg
     engine, report = choose_decoding(engine, prompts, golds, fits, items,
                                      progress=lambda m: (step("decoding choice", 0.5), _log(f"  {m}")),

@@ -29,10 +29,12 @@ from typing import Callable, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from personalize.methods.card import onboard
 from personalize.methods.card.config import FORMAT_VERSION
 from personalize.data import Item, read_lamp, select_sources
 from personalize.serving.settings import DecodingSettings
-from personalize.methods.engine import Engine, UserFit
+from personalize.methods.engine import Engine
+from personalize.methods.card.onboard import UserFit
 from personalize.metrics import looping, rouge_per_query, rouge_scores
 from personalize.methods.card import card_decode
 
@@ -57,7 +59,7 @@ def decode_each(engine: Engine, method: str, prompts, fits, items, s: DecodingSe
     return [g.text for g in engine.decode_rows(rows)] if rows else []
 
 
-class Decoder:
+class Trials:
     """Each setting's outputs decoded once: the choice revisits settings (α = 1 after the style step, the fallback
     off, the guard's card and cluster), and a decode of every validation person is the choice's whole cost. The
     key is what the method's rows read: the cluster model ignores α and the style, card reads them all."""
@@ -97,7 +99,7 @@ STEPS = ("repetition", "style", "alpha", "knn_weight", "fallback")
 def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str], fits: Sequence[UserFit],
                     items: Sequence[Sequence[Item]], progress=None, steps: Sequence[str] = STEPS,
                     alphas: Sequence[float] = ALPHAS, guard: bool = True,
-                    decoder: Decoder | None = None) -> tuple[Engine, dict]:
+                    decoder: Trials | None = None) -> tuple[Engine, dict]:
     """The greedy pass above on (prompt, gold) of validation people fitted on `items`, then the harm guard;
     returns the engine with the chosen settings in engine.cfg and the sweep. `steps` re-runs only some steps,
     the others kept as built."""
@@ -111,7 +113,7 @@ def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str]
         kinds = [[xs[i] for i in idx] for idx in (near, far) for xs in (prompts, golds, fits, items)]
         (prompts, golds, fits, items), far_people = kinds[:4], kinds[4:]
         report |= {"users": len(prompts), "far_users": len(far)}
-    dec = decoder or Decoder(engine, prompts, golds, fits, items)
+    dec = decoder or Trials(engine, prompts, golds, fits, items)
 
     def pick(name, options, apply, method="card"):
         if name not in steps:
@@ -161,11 +163,11 @@ def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str]
 
 def harm_guard(engine: Engine, prompts: Sequence[str], golds: Sequence[str], fits: Sequence[UserFit],
                items: Sequence[Sequence[Item]], n_boot: int = 2000,
-               decoder: Decoder | None = None, apart: int = 0) -> tuple[Engine, dict]:
+               decoder: Trials | None = None, apart: int = 0) -> tuple[Engine, dict]:
     """`card` as chosen, or the cluster model (α = 0) unless the paired bootstrap 95 % interval of card −
     cluster (ROUGE-L per person) lies above 0 on the validation people. Never a default that harms."""
     s = engine.cfg.decoding
-    dec = decoder or Decoder(engine, prompts, golds, fits, items)
+    dec = decoder or Trials(engine, prompts, golds, fits, items)
     card, cluster = dec.per_person("card"), dec.per_person("cluster")
     verdict = guard_verdict(card, cluster, s.alpha, n_boot, apart)
     if not verdict["kept"]:
@@ -182,7 +184,7 @@ def own_guard(engine: Engine, prompts: Sequence[str], golds: Sequence[str], fits
     own adapter and their style over it, card over it is decoded at the chosen α against the cluster model; the own
     adapters stay on unless that loses (the interval below 0). OPPU-class training for people no cluster fits is the
     product's decision; this guard only keeps it from harming. Too few far people to judge: the default stands."""
-    from personalize.fitting.person import fit_with_own
+    from personalize.methods.card.person import fit_with_own
     from personalize.metrics import paired_interval
 
     if len(fits) < FAR_MIN_PEOPLE:
@@ -257,12 +259,12 @@ def tune(engine: Engine, data_dir: str | Path | None = None, split: str | None =
         items, fits = [], []
         for _, _, profile in tqdm(people, desc="onboarding", mininterval=2.0):
             items.append(engine.prepare_items(profile))
-            fits.append(engine.fit(items[-1]))
+            fits.append(onboard.fit(engine, items[-1]))
     keep = [i for i in range(len(people)) if i < n_own or fits[i].far]  # of the held-out sources, the far alone
     people, items, fits = [people[i] for i in keep], [items[i] for i in keep], [fits[i] for i in keep]
     prompts, golds = [p for p, _, _ in people], [g for _, g, _ in people]
     # on Ray, the people's decodes run in shards (and both kinds are judged together: own adapters stay local)
-    decoder = Decoder(engine, prompts, golds, fits, items, decode=shards.decode_each) if shards is not None else None
+    decoder = Trials(engine, prompts, golds, fits, items, decode=shards.decode_each) if shards is not None else None
     engine, report = choose_decoding(engine, prompts, golds, fits, items,
                                      progress=lambda m: print(f"  {m}", flush=True), steps=steps, decoder=decoder)
     report |= {"data": str(data_dir), "split": split,

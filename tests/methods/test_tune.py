@@ -8,9 +8,10 @@ from dataclasses import replace
 
 import numpy as np
 
+from personalize.methods.card import onboard
 from personalize.data import read_lamp
 from personalize.methods.engine import Engine
-from personalize.fitting.tune import MIN_PEOPLE, guard_verdict, harm_guard
+from personalize.methods.card.tune import MIN_PEOPLE, guard_verdict, harm_guard
 
 
 def test_the_guard_keeps_card_only_when_its_gain_is_above_noise():
@@ -38,7 +39,7 @@ def test_a_harmful_alpha_is_refused_on_the_tiny_build(tiny_artifacts):
     _, queries = read_lamp(tiny_artifacts["demo"], "dev")
     people = [q for q in queries if q.gold and len(q.profile) >= 3][:8]
     items = [engine.prepare_items(list(q.profile)) for q in people]
-    fits = [engine.fit(it) for it in items]
+    fits = [onboard.fit(engine, it) for it in items]
     prompts = [q.input for q in people]
     golds = decode_people(engine, "cluster", prompts, fits, [f.style for f in fits], items)
     card = decode_people(engine, "card", prompts, fits, [f.style for f in fits], items)
@@ -62,9 +63,9 @@ def test_the_build_reports_its_guard(tiny_artifacts):
 def test_each_setting_is_decoded_once_and_the_choice_is_the_same(tiny_artifacts):
     """The choice revisits settings (α = 1 after the style step, the fallback off, the guard's pair); decoding
     each once must give the very report that decoding every option afresh gives, with fewer decodes."""
-    from personalize.fitting.tune import Decoder, choose_decoding, decode_each
+    from personalize.methods.card.tune import Trials, choose_decoding, decode_each
 
-    class Afresh(Decoder):
+    class Afresh(Trials):
         def texts(self, method):
             self.decodes += 1
             return decode_each(self.engine, method, self.prompts, self.fits, self.items, self.engine.cfg.decoding)
@@ -75,10 +76,10 @@ def test_each_setting_is_decoded_once_and_the_choice_is_the_same(tiny_artifacts)
     _, queries = read_lamp(tiny_artifacts["demo"], "dev")
     people = [q for q in queries if q.gold and len(q.profile) >= 3][:6]
     items = [engine.prepare_items(list(q.profile)) for q in people]
-    fits = [engine.fit(it) for it in items]
+    fits = [onboard.fit(engine, it) for it in items]
     prompts, golds = [q.input for q in people], [q.gold for q in people]
     runs = {}
-    for name, cls in (("once", Decoder), ("afresh", Afresh)):
+    for name, cls in (("once", Trials), ("afresh", Afresh)):
         engine.cfg = start
         dec = cls(engine, prompts, golds, fits, items)
         engine, report = choose_decoding(engine, prompts, golds, fits, items, decoder=dec)
@@ -91,7 +92,7 @@ def test_each_kind_is_judged_on_its_own_kind(tiny_artifacts, monkeypatch):
     """Validation people beyond the build's clusters never choose the near people's settings or trip their guard;
     they judge the own adapters (a cluster of one), each trained for them and decoded over, and a loss switches
     those off for far people alone."""
-    import personalize.fitting.tune as tune
+    import personalize.methods.card.tune as tune
 
     engine = Engine.load(tiny_artifacts["artifacts"])
     engine.cfg = replace(engine.cfg, decoding=replace(engine.cfg.decoding, max_new_tokens=4),
@@ -99,7 +100,7 @@ def test_each_kind_is_judged_on_its_own_kind(tiny_artifacts, monkeypatch):
     _, queries = read_lamp(tiny_artifacts["demo"], "dev")
     people = [q for q in queries if q.gold and len(q.profile) >= 3][:6]
     items = [engine.prepare_items(list(q.profile)) for q in people]
-    fits = [engine.fit(it) for it in items]
+    fits = [onboard.fit(engine, it) for it in items]
     for f in fits[:3]:
         f.far = True
     prompts, golds = [q.input for q in people], [q.gold for q in people]

@@ -5,29 +5,26 @@ submit/run. SQLite, the page, fits and the building of rows stay here either way
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from personalize.distributed.serve import ServeConfig  # settings only: Ray is imported when a deployment starts
 from personalize.serving.scheduler import DecodeScheduler, SchedulerConfig
 
 
 @dataclass(frozen=True)
 class DecodeTarget:
     """address: None decodes in-process; "auto" starts or joins a local Ray; else a cluster ("ray://HOST:10001"
-    or "HOST:6379"). replicas, num_gpus, num_cpus: per deployment and per replica."""
+    or "HOST:6379"). serve: the deployment's replicas and what each takes (one source: distributed.serve)."""
 
     address: str | None = None
-    replicas: int = 1
-    num_gpus: float = 0.0
-    num_cpus: float = 1.0
+    serve: ServeConfig = ServeConfig()
 
     def __post_init__(self):
         if self.address is not None and not self.address.strip():
             raise ValueError("--decode needs 'auto' or a Ray address (ray://HOST:10001)")
-        if self.replicas < 1 or self.num_gpus < 0 or self.num_cpus <= 0:
-            raise ValueError("--decode needs replicas >= 1, num_gpus >= 0 and num_cpus > 0")
 
 
-def make_decoder(engine, lock, scheduler: SchedulerConfig, target: DecodeTarget):
+def make_scheduler(engine, lock, scheduler: SchedulerConfig, target: DecodeTarget):
     """The studio's scheduler: in-process, or the remote decoder over the deployment (ConnectionError when Ray
     cannot be reached: the app says so at start)."""
     local = DecodeScheduler(engine, lock, scheduler)
@@ -35,8 +32,5 @@ def make_decoder(engine, lock, scheduler: SchedulerConfig, target: DecodeTarget)
         return local
     from personalize.distributed.pool import RayConfig
     from personalize.distributed.remote import RemoteDecoder
-    from personalize.distributed.serve import ServeConfig
 
-    return RemoteDecoder(local, RayConfig(address=target.address),
-                         ServeConfig(replicas=target.replicas, num_gpus=target.num_gpus, num_cpus=target.num_cpus,
-                                     scheduler=scheduler))
+    return RemoteDecoder(local, RayConfig(address=target.address), replace(target.serve, scheduler=scheduler))

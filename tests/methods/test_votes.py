@@ -9,10 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from personalize.methods.card import onboard
 from personalize.methods.card.style import UserStyle
 from personalize.methods.card.adapters import adapter_name
 from personalize.data import Item
-from personalize.fitting.feedback import FeedbackSettings, SimulationSettings, Vote, simulate, split_person
+from personalize.methods.card.votes import FeedbackSettings, SimulationSettings, Vote, simulate, split_person
 from personalize.methods.card.head import VOTE_ITEM, PairData, TokenData
 
 from conftest import tiny_studio
@@ -64,7 +65,7 @@ def _score(studio, name, text, prompt, style):
     stats = studio.runtime.store.vector(name, studio.runtime.engine.artifacts_id)[1]["stats"]
     eng = studio.runtime.engine
     eng.use_adapter(adapter_name(stats["k"], stats["cluster"]))
-    rows = TokenData.from_features(eng.features([Item(y=text, x=prompt)]))
+    rows = TokenData.from_features(onboard.features(eng, [Item(y=text, x=prompt)]))
     return style_diagnostics(eng.heads["tokens"], rows, style, [], eng.cfg.style, 1.0)["margin_own"]
 
 
@@ -77,7 +78,7 @@ def test_a_thumbs_up_refits_the_style_towards_the_text_as_a_new_version(studio, 
     s = studio.runtime.settings(max_new_tokens=5)
     # a text the model wrote (as every column's is): its tokens are among the cluster model's candidates, which
     # is what the tokens head ranks (the tiny random model's candidates rarely hold a hand-written text's tokens)
-    LIKED = next(studio.decoding.compare("vic", studio.runtime.task.prompt("a parade"), ["cluster"], studio.runtime.settings(max_new_tokens=8))).text
+    LIKED = next(studio.comparisons.compare("vic", studio.runtime.task.prompt("a parade"), ["cluster"], studio.runtime.settings(max_new_tokens=8))).text
     res = studio.votes.thumb("vic", True, s, prompt=prompt, text=LIKED)  # not fitted: the vote waits
     assert res.refit is None and "fit" in res.message.lower()
     studio.fits.fit("vic")  # the fit takes the vote already cast into account
@@ -120,11 +121,11 @@ def test_before_and_after_are_cards_outputs_with_the_old_and_new_style(studio):
     studio.fits.fit("wen")
     s = studio.runtime.settings(alpha=3.0, max_new_tokens=6)
     prompt = studio.runtime.task.prompt("the storm")
-    shown = next(studio.decoding.compare("wen", prompt, ["card"], s)).text
-    liked = next(studio.decoding.compare("wen", prompt, ["base"], s)).text
+    shown = next(studio.comparisons.compare("wen", prompt, ["card"], s)).text
+    liked = next(studio.comparisons.compare("wen", prompt, ["base"], s)).text
     res = studio.votes.thumb("wen", True, s, prompt=prompt, text=liked, before=shown)
     assert res.before == shown
-    again = next(studio.decoding.compare("wen", prompt, ["card"], s)).text
+    again = next(studio.comparisons.compare("wen", prompt, ["card"], s)).text
     assert res.after == again  # what Compare shows from now on
 
 
@@ -179,7 +180,7 @@ def pairs_studio(tiny_artifacts, tmp_path_factory):
     """The tiny population built again with the pairs head first (votes become pairs for it)."""
     from dataclasses import replace
 
-    from personalize.fitting.build import build
+    from personalize.methods.card.build import build
     from personalize.methods.artifacts import artifacts_meta
     from personalize.methods.card.config import CardConfig
 

@@ -31,10 +31,12 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from personalize.methods.card import onboard
 from personalize.methods.card.adapters import adapter_name
 from personalize.data import Item
 from personalize.serving.settings import DecodingSettings
-from personalize.methods.engine import Engine, UserFit, split_held_out
+from personalize.methods.engine import Engine
+from personalize.methods.card.onboard import UserFit, split_held_out
 from personalize.methods.card.head import PairData, TokenData, diagnostics, fit_user
 from personalize.metrics import rouge_per_query
 from personalize.methods.card.style import UserStyle, style_diagnostics
@@ -97,7 +99,7 @@ class VoteFeatures:
         todo = list(dict.fromkeys(p for p in pairs if key(p) not in self._cache))
         if todo:
             self.engine.use_adapter(adapter_name(k, cluster))
-            for p, f in zip(todo, self.engine.features([Item(y=y, x=x) for x, y in todo])):
+            for p, f in zip(todo, onboard.features(self.engine, [Item(y=y, x=x) for x, y in todo])):
                 self._cache[key(p)] = f
             while len(self._cache) > self.max_entries:
                 self._cache.pop(next(iter(self._cache)))
@@ -132,8 +134,8 @@ def refine_tokens(engine: Engine, history, n_hold: int, votes: Sequence[Vote], k
     head = engine.heads["tokens"]
     rows = vote_rows(feats, votes, k, cluster, s.vote_weight, s.rejected_weight)
     engine.use_adapter(adapter_name(k, cluster))
-    diag, _, _ = engine.held_out_style(history, n_hold, head, rows, far=far)
-    style, curve = engine.fit_style(history, head, rows, far=far)
+    diag, _, _ = onboard.held_out_style(engine, history, n_hold, head, rows, far=far)
+    style, curve = onboard.fit_style(engine, history, head, rows, far=far)
     style.helps = True if votes else diag.get("helps")  # the person asked for their style: no fallback
     return Refinement(style, diag, curve, len(votes), time.perf_counter() - t0)
 
@@ -196,13 +198,13 @@ def simulate_person(engine: Engine, items: Sequence[Item], query_prompt: str, go
     head's teacher-forced diagnostics on the eval texts."""
     rng = random.Random(s.seed)
     evals, pool, history = split_person(items, query_prompt, gold, s)
-    fit: UserFit = engine.fit(history)
+    fit: UserFit = onboard.fit(engine, history)
     if fit.cold_start or fit.features is None:
         raise ValueError("too few history items to fit a style")
     k, cluster, style = fit.k, fit.cluster, fit.style
     head = engine.heads["tokens"]
     engine.use_adapter(adapter_name(k, cluster))
-    eval_rows = TokenData.from_features(engine.features(evals))
+    eval_rows = TokenData.from_features(onboard.features(engine, evals))
     votes: list[Vote] = []
     points, ties = [], 0
     sample = replace(decoding, do_sample=True, temperature=s.temperature)

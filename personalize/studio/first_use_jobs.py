@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import time
 
+from personalize.methods.card import onboard
 from personalize.catalog import SLOW_FIRST_USE
 from personalize.data import Item
 from personalize.methods.card.adapters import cluster_adapter
-from personalize.fitting.person import prepared_items
+from personalize.methods.card.person import prepared_items
 from personalize.lm.cpu_threads import trim_memory
 from personalize.methods.base import UserContext
 from personalize.store import StoreError
@@ -121,7 +122,7 @@ class FirstUseJobs(Service):
         far test Save's placement makes) and without a current one."""
         k = self.engine.cfg.default_k
         placed = self.store.assignment(name, self.engine.artifacts_id, k)
-        return (self.engine.cfg.own.far and placed is not None and self.engine.is_far(k, placed["distances"])
+        return (self.engine.cfg.own.far and placed is not None and onboard.is_far(self.engine, k, placed["distances"])
                 and not self.has_own(name))
 
     def has_own(self, name: str) -> bool:
