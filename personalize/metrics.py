@@ -4,6 +4,7 @@ output loops or echoes its prompt's scaffold (issue 36)."""
 from __future__ import annotations
 
 import re
+from collections import Counter
 from functools import lru_cache
 from typing import Sequence
 
@@ -57,11 +58,7 @@ def looping(text: str, max_n: int = 6, times: int = 3, cover: float = 0.5) -> bo
             if all(w[i + j * n: i + (j + 1) * n] == w[i: i + n] for j in range(1, times)):
                 return True
     for n in range(1, max_n + 1):
-        counts: dict[tuple[str, ...], int] = {}
-        i = 0
-        for i in range(len(w) - n + 1):
-            g = tuple(w[i: i + n])
-            counts[g] = counts.get(g, 0) + 1
+        counts = Counter(tuple(w[i: i + n]) for i in range(len(w) - n + 1))
         if any(c >= times and c * n > cover * len(w) for c in counts.values()):
             return True
     return False

@@ -245,11 +245,8 @@ class PeopleTables:
         them (the one wording for a name another login holds, on every tab: nothing else of the person is told)."""
         name = _name(name)
         with self._lock:
-            row = self.db.execute("SELECT owner FROM users WHERE name = ?", [name]).fetchone()
-        if row is None:
-            raise StoreError(f"unknown user '{name}'")
-        if not self.access.may_reach(row[0], name.startswith(CAMPAIGN_PREFIX)):
-            raise _taken(name)
+            if not self._claim(self.db, name):
+                raise StoreError(f"unknown user '{name}'")
         return name
 
     def may_reach(self, name: str | None) -> bool:
@@ -272,8 +269,8 @@ class PeopleTables:
         return row is not None and not self.access.may_reach(row[0], name.startswith(CAMPAIGN_PREFIX))
 
     def _claim(self, db, name: str) -> bool:
-        """Whether `name` is stored already, for a write under it; a name another login holds is refused (it is
-        taken, and nothing of its person is shown)."""
+        """Whether `name` is stored already (for a read, or a write under it); a name another login holds is
+        refused (it is taken, and nothing of its person is shown)."""
         row = db.execute("SELECT owner FROM users WHERE name = ?", [name]).fetchone()
         if row is not None and not self.access.may_reach(row[0], name.startswith(CAMPAIGN_PREFIX)):
             raise _taken(name)

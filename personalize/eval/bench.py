@@ -5,11 +5,11 @@ same users, prompt and number of decoded tokens.
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+from statistics import median as _median
 from typing import Sequence
 
 from tqdm import tqdm
@@ -28,9 +28,6 @@ from personalize.methods.card.onboard import UserFit
 from personalize.methods.card.head import fit_user
 from personalize.methods.registry import METHODS, REGISTRY, local_config
 from personalize.store import Store
-
-def _median(xs):
-    return statistics.median(xs)
 
 
 def run_bench(engine: Engine, users: dict[str, list[Item]], prompt: str, repeats: int = 5,

@@ -12,6 +12,7 @@ from typing import Any
 
 from personalize.humaneval.campaign import Campaigns
 from personalize.humaneval.campaign_schema import CampaignError, judgment
+from personalize.humaneval.table_export import write
 from personalize.store import now
 
 
@@ -21,7 +22,6 @@ def export_judgments(camps: Campaigns, name: str, path: str | Path) -> tuple[Pat
     if path.suffix not in (".jsonl", ".csv"):
         raise CampaignError(f"export to a .jsonl or .csv file, not {path.name!r}")
     rows = camps.judgments(name)
-    path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".jsonl":
         text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     else:
@@ -33,9 +33,10 @@ def export_judgments(camps: Campaigns, name: str, path: str | Path) -> tuple[Pat
             w.writerow({k: json.dumps(v) if isinstance(v, dict) else v for k, v in r.items()})
         text = buf.getvalue()
     summary = path.with_name(path.stem + ".summary.json")
-    _atomic(path, text)
-    _atomic(summary, json.dumps(camps.results(name), indent=2, ensure_ascii=False))
+    write(path, text)
+    write(summary, json.dumps(camps.results(name), indent=2, ensure_ascii=False))
     return path, summary, len(rows)
+
 
 def import_judgments(camps: Campaigns, name: str, path: str | Path) -> dict:
     """Merges judgments exported by another studio (JSONL or CSV) into this campaign: matched by item
@@ -88,11 +89,4 @@ def _float(v: Any) -> float | None:
         return float(v)
     except (TypeError, ValueError):
         return None
-
-
-def _atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-
 

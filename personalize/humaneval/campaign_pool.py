@@ -19,8 +19,7 @@ from personalize.store import CAMPAIGN_PREFIX, MAX_NAME, Store
 def lamp_items(folder: str | Path, split: str, limit: int, history_shown: int = 20, sources: Sequence[str] = ()):
     """The first `limit` queries of a LaMP split (of people from `sources` only, when given: people a build left
     out) as campaign items: (task, items, {user: profile items})."""
-    from personalize.data import select_sources
-    from personalize.data import read_lamp
+    from personalize.data import read_lamp, select_sources
 
     if limit < 1:
         raise CampaignError("--limit must be at least 1")

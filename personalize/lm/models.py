@@ -150,10 +150,6 @@ class LM:
     device: torch.device
 
     @property
-    def num_layers(self) -> int:
-        return self.model.config.num_hidden_layers
-
-    @property
     def hidden_size(self) -> int:
         return self.model.config.hidden_size
 

@@ -64,11 +64,7 @@ def population_texts(engine: Engine) -> dict[str, list[str]]:
     data = engine.meta.get("data")
     if not data or not Path(data).is_dir():
         return {}
-    try:
-        _, queries = read_lamp(data, engine.meta.get("split", "dev"))
-    except (HistoryError, OSError, ValueError):
-        return {}
-    return {(q.user or q.id): [it.y for it in q.profile] for q in queries}
+    return {u: [it.y for it in items] for u, items in lamp_users(Path(data), engine.meta.get("split", "dev")).items()}
 
 
 @dataclass(frozen=True)
@@ -81,9 +77,6 @@ class TaskSwitch:
 
 
 class Builds(Service):
-    def __init__(self, rt):
-        super().__init__(rt)
-
     @property
     def artifacts_root(self) -> Path:
         return Path(self.cfg.artifacts_root or Path(self.cfg.artifacts).parent)

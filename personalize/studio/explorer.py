@@ -95,9 +95,6 @@ class HeldOutCheck:
 
 
 class Explorer(Service):
-    def __init__(self, rt):
-        super().__init__(rt)
-
     def explore(self, name: str, alphas: Sequence[float], n_holdout: int = 4, s: DecodingSettings | None = None,
                 progress: Callable[[float, str], None] | None = None, with_k: bool = True, lock=None) -> Sweep:
         """α and K sweeps against the user's own held-out items: the style (λ, bias, memory) is refitted without

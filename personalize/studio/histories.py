@@ -10,7 +10,7 @@ import numpy as np
 
 from personalize.methods.card.cluster import closeness, is_member
 from personalize.methods.card.style import UserStyle
-from personalize.data import TASKS, HistoryError, Item, parse_history, read_history_file
+from personalize.data import TASKS, HistoryError, Item, history_text, parse_history, read_history_file
 from personalize.methods.card.person import prepared_items, store_assignments
 from personalize.store import StoreError
 from personalize.studio.service import Service
@@ -174,12 +174,8 @@ class Histories(Service):
             return False
 
     def demo_history(self, user: str) -> str:
-        """The demo person's texts as a paste: one a line, or blocks separated by a blank line when a text has
-        several lines (a changelog entry), which is how parse_history reads them back."""
-        if user not in self.rt.demo_users:
-            raise ValueError(f"unknown demo user {user!r}")
-        texts = [it.y for it in self.rt.demo_users[user]]
-        return ("\n\n" if any("\n" in t for t in texts) else "\n").join(texts)
+        """The demo person's texts as a paste that parse_history reads back (data.history_text)."""
+        return history_text([it.y for it in self.demo_items(user)])
 
     def demo_choices(self) -> list[tuple[str, str]]:
         """The demo picker: people the build never saw first, marked "new" (they are how a newcomer is placed),

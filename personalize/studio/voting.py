@@ -8,7 +8,7 @@ from typing import Sequence
 
 from personalize.serving.settings import DecodingSettings
 from personalize.methods.card.person import prepared_items
-from personalize.humaneval.arena import BlindPair
+from personalize.humaneval.arena import BlindPair, rater_id
 from personalize.humaneval.bradley_terry import LeaderboardConfig, leaderboard
 from personalize.methods.base import UserContext
 from personalize.store import StoreError
@@ -53,8 +53,6 @@ class Votes(Service):
         else `fallback_prompt`; in the task template when `templated`); with a `rater` (arena.rater_id: the
         logged-in name under --auth, else the typed id; checked before any model work), whether they already voted
         on these two outputs."""
-        from personalize.humaneval.arena import rater_id
-
         name = self.rt.need_user(name)
         who = None if rater is None and logged_in is None else rater_id(rater, logged_in)
         prompt = self.histories.pair_prompt(prompt, fallback_prompt, templated)
@@ -82,8 +80,6 @@ class Votes(Service):
              logged_in: str | None = None) -> tuple[BlindPair, int, str]:
         """Stores the vote under arena.rater_id (with --auth: the logged-in name, always): (pair, rating id, rater).
         A decided vote also refits the person's style and becomes an EXACT preference pair, in the background."""
-        from personalize.humaneval.arena import rater_id
-
         who = rater_id(rater, logged_in)
         pair, rid = self.rt.arena.vote(pair_id, winner, who)
         if winner in ("a", "b") and pair.user and pair.outputs[0].strip() != pair.outputs[1].strip():

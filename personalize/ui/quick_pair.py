@@ -7,7 +7,7 @@ import gradio as gr
 
 from personalize.display import md
 from personalize.catalog import ALL_METHODS, DEFAULT_METHODS
-from personalize.ui.common import DECODE_SESSIONS, EXPECTED, Markdown, _err, logged_in, rater_box
+from personalize.ui.common import DECODE_SESSIONS, EXPECTED, Markdown, _err, guarded, logged_in, rater_box
 from personalize.ui.controls import Shared
 
 VOTES = {"vote-a": ("a", "A is better"), "vote-b": ("b", "B is better"), "vote-tie": ("tie", "Tie"),
@@ -35,12 +35,10 @@ def draw_pair(studio, name, rater, text, chosen, compare_text, templated, alpha,
             pair_md("A", pair.outputs[0]), pair_md("B", pair.outputs[1]), pair.id)
 
 
+@guarded(2)
 def vote(studio, winner, pair_id, rater, login: str | None = None):
     """(status, pair id): the vote stored (the pair is then closed) and the methods revealed."""
-    try:
-        pair, rid, who = studio.votes.vote(pair_id, winner, rater, login)  # with --auth: the logged-in user, always
-    except EXPECTED as e:
-        return _err(e), gr.skip()
+    pair, rid, who = studio.votes.vote(pair_id, winner, rater, login)  # with --auth: the logged-in user, always
     return (f"Vote #{rid} stored ({LABELS[winner]}, rater {md(who)}). **A was {md(pair.methods[0])}, "
             f"B was {md(pair.methods[1])}.** Draw a new pair to go on.", None)
 

@@ -6,17 +6,15 @@ from __future__ import annotations
 import gradio as gr
 
 from personalize.display import md
-from personalize.ui.common import DECODE_SESSIONS, EXPECTED, Markdown, _err, bind
+from personalize.ui.common import DECODE_SESSIONS, Markdown, bind, guarded
 from personalize.ui.controls import Shared
 from personalize.ui.figures import step_figure
 
 
+@guarded(5)
 def why(studio, name, text, templated, item, alpha, top_k, max_tokens, k):
     """(status, highlighted tokens, step slider, the first changed step's plot, the trace kept for the slider)."""
-    try:
-        res = studio.comparisons.why(name, text, studio.settings(alpha, top_k, max_tokens), k, templated, item)
-    except EXPECTED as e:
-        return _err(e), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+    res = studio.comparisons.why(name, text, studio.settings(alpha, top_k, max_tokens), k, templated, item)
     steps = res.steps
     changed = sum(st["changed"] for st in steps)
     tokens = [(piece, "changed" if changed_ else "kept") for piece, changed_ in res.pieces]

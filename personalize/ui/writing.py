@@ -8,7 +8,7 @@ import gradio as gr
 from personalize.data import TASKS, history_text
 from personalize.display import md, md_quoting
 from personalize.studio.histories import ReplaceAsk
-from personalize.ui.common import Markdown, _err, bind, guarded
+from personalize.ui.common import Markdown, bind, guarded
 from personalize.ui.controls import N_SERVED, Shared, served_values
 from personalize.ui import text as page_text
 
