@@ -73,7 +73,8 @@ def artifacts(demo_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("art") / "demo"
     r = cli("build", "--data", demo_dir, "--ks", "1,2", "--default-k", "2", "--limit-users", "8", "--val-users", "2",
             "--base-steps", "2", "--cluster-steps", "1", "--items-per-user", "4", "--head-epochs", "2",
-            "--p2p-steps", "1", "--max-prompt-tokens", "32", "--max-target-tokens", "16", "--out", out, check=0)
+            "--p2p-steps", "1", "--max-prompt-tokens", "32", "--max-target-tokens", "16", "--tune-steps", "style",
+            "--out", out, check=0)  # the choice's one step the test reads (test_tune runs every step on tiny models)
     (out.parent / "build.log").write_text(r.stdout)
     return out
 
