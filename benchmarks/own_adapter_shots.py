@@ -13,8 +13,17 @@ import tempfile
 import time
 from pathlib import Path
 
+from selenium.webdriver.support.ui import WebDriverWait
+
 from personalize.studio.facade import Studio, StudioConfig
 from tools.browser import Page, chromium, served
+
+
+def decoded_check(p: Page, before: str) -> str:
+    """Fit's decoded verdict once the fit's own check replaced `before` (the verdict before it stays on the page
+    while the check runs)."""
+    return p.wait.until(lambda d: (t := p.settled("fit-check")) and t != before and ("Decoded on your" in t or "⚠️" in t)
+                        and t)
 
 
 def main() -> None:
@@ -36,6 +45,7 @@ def main() -> None:
         p.shot("1-saved")
         said["save_s"] = round(time.perf_counter() - t0, 1)
         said["fit_while_training"] = p.fit(name)
+        said["fit_check_while_training"] = decoded_check(p, "")
         p.shot("2-fit-while-training")
         while (job := studio.first_use_jobs.own_job(name)) is None or job["state"] in ("queued", "running"):
             if time.perf_counter() - t0 > 900:
@@ -44,6 +54,7 @@ def main() -> None:
         said["own_job"] = {k: v for k, v in (job or {}).items() if k in ("state", "error", "seconds", "done", "total")}
         said["own_ready_s_after_save"] = round(time.perf_counter() - t0 - said["save_s"], 1)
         said["fit"] = p.fit(name)
+        said["fit_check"] = decoded_check(p, said["fit_check_while_training"])
         p.shot("3-fit-over-own")
         p.tab("Compare")
         p.type("prompt", prompt)
@@ -54,6 +65,7 @@ def main() -> None:
         said["outputs"] = {m: p.text(f"out-{m}") for m in ("cluster", "card")}
         p.shot("4-compare")
         p.tab("Explore")
+        p.wait = WebDriverWait(d, 1200, poll_frequency=1)  # a far person's sweep trains a throwaway own adapter first
         p.click("explore-button")
         said["explore"] = p.until_text("explore-status", "held-out", "⚠️", "ROUGE")
         time.sleep(2)

@@ -3,6 +3,8 @@ Chromium, and Page (the elements a test reads and drives, by their elem_id)."""
 
 from __future__ import annotations
 
+import re
+
 import shutil
 import socket
 import sys
@@ -94,18 +96,22 @@ class Page:
         return self.el(f"#{elem_id}").text
 
     def settled(self, elem_id) -> str | None:
-        """The element's text once Gradio's "processing | 1.2s" / "queue: 1/2" overlay is gone."""
+        """The element's text once Gradio's overlay is gone: "processing | 1.2s", "queue: 1/2", or a gr.Progress
+        line ("decoding your held-out items - 0.0%") over the text an earlier event left."""
         t = self.text(elem_id)
-        return None if "processing |" in t or "queue:" in t else t
+        return None if "processing |" in t or "queue:" in t or re.search(r" - \d+(\.\d+)?%", t) else t
 
     def until_text(self, elem_id, *needles) -> str:
         return self.wait.until(lambda d: (t := self.settled(elem_id)) is not None and any(n in t for n in needles) and t)
 
     def fit(self, name) -> str:
-        """Fit my style for the named person; the page's report once it says they were fitted."""
+        """Fit my style for the named person; the page's new report once it says they were fitted (an earlier fit's
+        report stays on the page, under a progress overlay, while the new fit runs)."""
         self.tab("Fit my style")
+        before = self.text("fit-status")
         self.click("fit-button")
-        fit = self.until_text("fit-status", f"Fitted {name}", "⚠️")
+        fit = self.wait.until(lambda d: (t := self.settled("fit-status")) is not None and t != before
+                              and (f"Fitted {name}" in t or "⚠️" in t) and t)
         assert f"Fitted {name}" in fit, fit
         return fit
 

@@ -22,12 +22,13 @@ from personalize.studio.service import Service
 
 
 def fit_verdict(diagnostics: dict | None, cold_start: bool = False, fallback: bool = True, n_votes: int = 0,
-                why_kept: str | None = None) -> str:
+                why_kept: str | None = None, base_name: str = "your cluster's model") -> str:
     """In plain words: does the user's vector beat their cluster's model on their held-out items, how sure that is
     (`own_minus_cluster`, held_out_interval's, when the fit measured it), and what CARD then decodes. Reads
     `helps` (own vector vs no head, set by the fit) with `acc_own` and `acc_no_head`; `fallback`: whether this
     build's CARD then shows the cluster model's output (StyleSettings.fallback, chosen by tune); `why_kept`:
-    why a build without the fallback keeps a losing style (kept_reason), said beside it, never left out."""
+    why a build without the fallback keeps a losing style (kept_reason), said beside it, never left out; `base_name`:
+    what the style was judged against (a cluster of one's own adapter, where they have one)."""
     d = diagnostics or {}
     if cold_start:
         return "Your history is too short to fit your own vector yet, so CARD uses your cluster's shared head."
@@ -38,14 +39,14 @@ def fit_verdict(diagnostics: dict | None, cold_start: bool = False, fallback: bo
     a, b = _percents(float(own), float(base))
     sure = _uncertainty(d.get("own_minus_cluster"))
     if helps:
-        return f"Your vector helps: it predicts {a} of your held-out words vs {b} for your cluster's model{sure}."
+        return f"Your vector helps: it predicts {a} of your held-out words vs {b} for {base_name}{sure}."
     if n_votes:
-        return (f"Your style does not beat your cluster's model on your held-out writing ({a} vs {b}), but your "
+        return (f"Your style does not beat {base_name} on your held-out writing ({a} vs {b}), but your "
                 f"{n_votes} vote{'s' * (n_votes != 1)} ask for it, so CARD decodes with your style.")
     if fallback:
-        return (f"Your vector does not beat your cluster's model on your held-out items ({a} vs {b}{sure}), so CARD "
+        return (f"Your vector does not beat {base_name} on your held-out items ({a} vs {b}{sure}), so CARD "
                 "will show the cluster model's output for you; a 👍 on a CARD output asks for your style instead.")
-    return (f"Your vector does not beat your cluster's model on your held-out items ({a} vs {b}{sure}); this build "
+    return (f"Your vector does not beat {base_name} on your held-out items ({a} vs {b}{sure}); this build "
             f"still decodes CARD with it: {why_kept or 'it was built to keep every style'}. For your cluster "
             "model's output, set α = 0 in Compare.")
 
@@ -62,6 +63,11 @@ def _uncertainty(interval: dict | None) -> str:
             "clearly better" if lo > 0 else "clearly worse")  # a bootstrap over 2 alike items has no width
     return (f"; a difference of {100 * interval['mean']:+.0f} points, 95 % interval {lo:+.0f} to {hi:+.0f} over "
             f"your {interval['items']} held-out items: {sure}")
+
+
+def base_name(style) -> str:
+    """What a style decodes over at α = 0, in the page's words: the person's own adapter, else their cluster's."""
+    return "your own adapter" if style is not None and getattr(style, "own", None) else "your cluster's model"
 
 
 def decoded_verdict(check, fallback: bool) -> str:
@@ -267,7 +273,7 @@ class Fits(Service):
                                      extras, source="vote", note=f"history + {r.n_votes} vote{'s' * (r.n_votes != 1)}")
         return Refit(vid, r.n_votes, round(r.seconds, 3), r.diagnostics,
                      fit_verdict(r.diagnostics, fallback=self.engine.cfg.style.fallback, n_votes=r.n_votes,
-                                 why_kept=kept_reason(self.engine.meta)))
+                                 why_kept=kept_reason(self.engine.meta), base_name=base_name(r.style)))
 
     def versions(self, name: str) -> list[dict]:
         """The user's styles under this build, newest first: id, time, source, note, votes, helps, current."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from personalize.methods.card.head import opening_key
 from personalize.display import md
 from personalize.methods.card.onboard import UserFit
-from personalize.studio.fits import fit_verdict, kept_reason
+from personalize.studio.fits import base_name, fit_verdict, kept_reason
 from personalize.studio.histories import Saved, UserState
 
 
@@ -59,7 +59,8 @@ def fit_message(studio, name: str, fit: UserFit, total_s: float, shown_name: str
         lines.append(f"\n**Cold start**: fewer than {studio.served.cfg.min_fit_items} items, so λ = 1 "
                      "(your cluster's shared head). Add more writing and refit.")
     else:  # the answer first, in plain words: does the vector beat the cluster model?
-        verdict = fit_verdict(d, fallback=studio.served.cfg.style.fallback, why_kept=kept_reason(studio.served.meta))
+        verdict = fit_verdict(d, fallback=studio.served.cfg.style.fallback, why_kept=kept_reason(studio.served.meta),
+                              base_name=base_name(fit.style))
         lines.insert(1, f"\nTeacher-forced, on your held-out words: **{verdict}**\n")
         if d.get("n"):
             lines.append(f"\nHeld-out accuracy ({d.get('unit', 'tokens')}, n = {d['n']}): own style "

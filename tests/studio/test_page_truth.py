@@ -315,6 +315,18 @@ def test_the_verdict_says_clearly_only_with_enough_held_out_items():
     assert "too few" in _uncertainty({"mean": 0.1, "ci95": [-0.1, 0.3], "items": 8})
 
 
+def test_the_verdict_names_the_base_a_cluster_of_one_was_judged_against(studio, fitted):
+    """A person over their own adapter had their style judged against it, not against their cluster's model: the
+    teacher-forced verdict on the Fit page says so (issue 48, item 4), and a person without one keeps the cluster."""
+    from personalize.ui import text as page_text
+
+    over_own = dataclasses.replace(fitted, style=dataclasses.replace(fitted.style, own="u_vera_own"))
+    own_page, cluster_page = (page_text.fit_message(studio, "vera", f, 1.0) for f in (over_own, fitted))
+    said = lambda page: page.split("Teacher-forced, on your held-out words:")[1].split("\n\n")[0]  # noqa: E731
+    assert "your own adapter" in said(own_page) and "cluster's model" not in said(own_page)
+    assert "your cluster's model" in said(cluster_page) and "own adapter" not in said(cluster_page)
+
+
 def test_the_fit_page_says_how_far_the_person_is_what_they_get_and_what_alpha_does(studio, fitted, monkeypatch):
     """The Fit report's form paragraph: the person's closeness in the cluster's words, the words they open with
     (from their fitted form bias), and what α does; a person far from every cluster is told the cluster model
