@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from personalize.methods.card import onboard
 from personalize.methods.card.adapters import BASE_ADAPTER, ClusterJob, adapter_name, adapter_state, add_warm_adapter, \
-    new_peft_model, put_adapter, save_adapters, train_adapter, train_cluster_adapter
+    cluster_adapter, new_peft_model, put_adapter, save_adapters, train_adapter, train_cluster_adapter
 from personalize.methods.card.cluster import fit_clusters, user_embeddings
 from personalize.methods.card.config import FORMAT_VERSION, CardConfig
 from personalize.data import Item, Query, read_lamp, select_sources
@@ -315,7 +315,7 @@ def head_data(engine: Engine, users: dict[str, list[Item]], cluster: dict[str, i
     for i, n in enumerate(tqdm(users, desc=f"features ({obj})", mininterval=2.0)):
         if on_user is not None:
             on_user(i, len(users))
-        engine.use_adapter(adapter_name(kd, cluster[n]) if kd > 1 else BASE_ADAPTER)
+        engine.use_adapter(cluster_adapter(kd, cluster[n]))
         data[n] = onboard.user_data(engine, users[n], obj)
     if obj == "hard_pairs" and cfg.head.n_other:
         data = _other_users_negatives(data, cluster, cfg.head.n_other, seed)
