@@ -98,8 +98,7 @@ STEPS = ("repetition", "style", "alpha", "knn_weight", "fallback")
 
 def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str], fits: Sequence[UserFit],
                     items: Sequence[Sequence[Item]], progress=None, steps: Sequence[str] = STEPS,
-                    alphas: Sequence[float] = ALPHAS, guard: bool = True,
-                    decoder: Trials | None = None) -> tuple[Engine, dict]:
+                    alphas: Sequence[float] = ALPHAS, decoder: Trials | None = None) -> tuple[Engine, dict]:
     """The greedy pass above on (prompt, gold) of validation people fitted on `items`, then the harm guard;
     returns the engine with the chosen settings in engine.cfg and the sweep. `steps` re-runs only some steps,
     the others kept as built."""
@@ -146,15 +145,14 @@ def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str]
              lambda w: replace(engine.cfg, style=replace(engine.cfg.style, knn_weight=w)))
     pick("fallback", [("off", False), ("on", True)],
          lambda v: replace(engine.cfg, style=replace(engine.cfg.style, fallback=v)))
-    if guard:
-        engine, report["guard"] = harm_guard(engine, prompts, golds, fits, items, decoder=dec,
-                                             apart=report.get("far_users", 0))
+    engine, report["guard"] = harm_guard(engine, prompts, golds, fits, items, decoder=dec,
+                                         apart=report.get("far_users", 0))
+    if progress:
+        progress(f"guard: {report['guard']['why']}")
+    if "far_users" in report:  # the far people's default, on them
+        engine, report["own"] = own_guard(engine, *far_people)
         if progress:
-            progress(f"guard: {report['guard']['why']}")
-        if "far_users" in report:  # the far people's default, on them
-            engine, report["own"] = own_guard(engine, *far_people)
-            if progress:
-                progress(f"own adapters: {report['own']['why']}")
+            progress(f"own adapters: {report['own']['why']}")
     report["chosen_decoding"] = {k: v for k, v in asdict(engine.cfg.decoding).items()
                                  if k in ("alpha", "repetition_penalty", "no_repeat_ngram")}
     report["chosen_style"] = asdict(engine.cfg.style)  # (report["style"] is the style step's sweep)
