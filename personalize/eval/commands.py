@@ -155,8 +155,7 @@ def cmd_bench(a) -> None:
 
 
 def cmd_simulate_feedback(a) -> None:
-    from personalize.data import select_sources
-    from personalize.data import read_lamp
+    from personalize.data import read_lamp, select_sources
     from personalize.methods.card.votes import FeedbackSettings, SimulationSettings, simulate
 
     s = SimulationSettings(checkpoints=ints(a.votes), n_eval=a.eval_items, n_vote=a.vote_items,

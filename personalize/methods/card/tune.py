@@ -35,7 +35,8 @@ from personalize.data import Item, read_lamp, select_sources
 from personalize.serving.settings import DecodingSettings
 from personalize.methods.engine import Engine
 from personalize.methods.card.onboard import UserFit
-from personalize.metrics import looping, rouge_per_query, rouge_scores
+from personalize.methods.card.person import fit_with_own
+from personalize.metrics import looping, paired_interval, rouge_per_query, rouge_scores
 from personalize.methods.card import card_decode
 
 REPETITION = ((1.0, 0), (1.0, 4), (1.0, 3), (1.2, 4))  # (penalty on generated tokens, no-repeat n-gram)
@@ -182,9 +183,6 @@ def own_guard(engine: Engine, prompts: Sequence[str], golds: Sequence[str], fits
     own adapter and their style over it, card over it is decoded at the chosen α against the cluster model; the own
     adapters stay on unless that loses (the interval below 0). OPPU-class training for people no cluster fits is the
     product's decision; this guard only keeps it from harming. Too few far people to judge: the default stands."""
-    from personalize.methods.card.person import fit_with_own
-    from personalize.metrics import paired_interval
-
     if len(fits) < FAR_MIN_PEOPLE:
         return engine, {"kept": True, "people": len(fits),
                         "why": f"own adapters kept for far people: {len(fits)} far validation people, fewer than the "
@@ -207,8 +205,6 @@ def guard_verdict(card: Sequence[float], cluster: Sequence[float], alpha: float,
                   apart: int = 0) -> dict:
     """The harm guard's rule on per-person scores: keep α only when the paired bootstrap 95 % interval of
     card − cluster lies above 0; in plain words, why. `apart`: validation people beyond the clusters, judged apart."""
-    from personalize.metrics import paired_interval
-
     gain = paired_interval(np.asarray(card, float) - np.asarray(cluster, float), n_boot)
     kept = alpha > 0 and gain["ci95"][0] > 0
     where = f"on {len(card)} validation people" + (

@@ -38,7 +38,7 @@ from personalize.serving.settings import DecodingSettings
 from personalize.methods.engine import Engine
 from personalize.methods.card.onboard import UserFit
 from personalize.methods.card.head import PairData, TokenData, fit_user
-from personalize.metrics import rouge_per_query
+from personalize.metrics import paired_interval, rouge_per_query
 from personalize.methods.card.style import UserStyle, style_diagnostics
 from personalize.methods.card import card_decode
 
@@ -242,8 +242,6 @@ def simulate(engine: Engine, people: Sequence[tuple[str, Sequence[Item], str, st
              progress: Callable[[int, int, str], None] | None = None) -> dict:
     """`people`: (name, profile items with prompts, query prompt, gold). Returns per-person curves, the mean
     curve and paired bootstrap intervals of each checkpoint against 0 votes."""
-    from personalize.metrics import paired_interval
-
     if "tokens" not in engine.heads:
         raise ValueError("the feedback simulation needs a tokens head in the artifacts")
     decoding = decoding or engine.cfg.decoding
