@@ -11,7 +11,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from personalize.catalog import BY_NAME
+from personalize.catalog import BENCH_METHODS, BY_NAME
 from personalize.flags import add_flags
 from personalize.methods.oppu_config import OppuConfig
 from personalize.fitting.plan import DEMO_ARTIFACTS, UsageError, comma_list, comma_names, decoding, decoding_args, \
@@ -125,7 +125,6 @@ def _objectives_first(a) -> tuple[str, ...]:
 
 def cmd_bench(a) -> None:
     from personalize.data import read_lamp
-    from personalize.catalog import BENCH_METHODS
     from personalize.eval.bench import format_bench, run_bench
 
     methods = comma_names(a.methods)
