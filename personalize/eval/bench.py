@@ -14,14 +14,13 @@ from typing import Sequence
 
 from tqdm import tqdm
 
-from personalize.methods.card import onboard
+from personalize.methods.card import card_decode, onboard
 from personalize.methods.card.adapters import cluster_adapter
 from personalize.catalog import BENCH_METHODS, CARD_ROWS
 from personalize.data import Item
 from personalize.eval.loops import Person, format_loops, loop_shares
 from personalize.lm.models import static_cache, uses_static_cache
 from personalize.methods.base import UserContext
-from personalize.methods.card import card_decode
 from personalize.methods.card.own import owner_key
 from personalize.methods.engine import Engine
 from personalize.methods.card.onboard import UserFit

@@ -30,12 +30,11 @@ from tqdm import tqdm
 from personalize.methods.card import onboard
 from personalize.methods.card.adapters import BASE_ADAPTER, ClusterJob, adapter_name, adapter_state, add_warm_adapter, \
     cluster_adapter, new_peft_model, put_adapter, save_adapters, train_adapter, train_cluster_adapter
-from personalize.methods.card.cluster import fit_clusters, user_embeddings
+from personalize.methods.card.cluster import Clusters, fit_clusters, user_embeddings
 from personalize.methods.card.config import FORMAT_VERSION, CardConfig
 from personalize.data import Item, Query, read_lamp, select_sources
 from personalize.methods.engine import Engine
 from personalize.methods.card.onboard import split_held_out
-from personalize.methods.card.cluster import Clusters
 from personalize.methods.card.head import PairData, PersonalizationHead, diagnostics, train_population
 from personalize.methods import p2p as p2p_mod
 from personalize.methods.p2p import P2PConfig, train_p2p

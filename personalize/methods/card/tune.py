@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from personalize.methods.card import onboard
+from personalize.methods.card import card_decode, onboard
 from personalize.methods.card.config import FORMAT_VERSION
 from personalize.data import Item, read_lamp, select_sources
 from personalize.serving.settings import DecodingSettings
@@ -37,7 +37,6 @@ from personalize.methods.engine import Engine
 from personalize.methods.card.onboard import UserFit
 from personalize.methods.card.person import fit_with_own
 from personalize.metrics import looping, paired_interval, rouge_per_query, rouge_scores
-from personalize.methods.card import card_decode
 
 REPETITION = ((1.0, 0), (1.0, 4), (1.0, 3), (1.2, 4))  # (penalty on generated tokens, no-repeat n-gram)
 STYLES = {  # candidates for `card`, simplest first

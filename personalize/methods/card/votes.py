@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from personalize.methods.card import onboard
+from personalize.methods.card import card_decode, onboard
 from personalize.methods.card.adapters import adapter_name
 from personalize.data import Item
 from personalize.serving.settings import DecodingSettings
@@ -40,7 +40,6 @@ from personalize.methods.card.onboard import UserFit
 from personalize.methods.card.head import PairData, TokenData, fit_user
 from personalize.metrics import paired_interval, rouge_per_query
 from personalize.methods.card.style import UserStyle, style_diagnostics
-from personalize.methods.card import card_decode
 
 
 @dataclass(frozen=True)
