@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from personalize.catalog import CORE_METHODS
+from personalize.catalog import CARD_METHODS, COMPARED, CORE_METHODS
 from personalize.eval import commands
 from personalize.fitting.plan import (DEFAULT_DB, DEMO_ARTIFACTS, DEMO_DATA, UsageError, add_build_args, comma_list, comma_names,
                                       decoding, decoding_args, ensure_demo, load_engine, run_build)
@@ -93,13 +93,11 @@ def _user_state(engine, store, name, k):
 
 
 def cmd_generate(a) -> None:
+    from personalize.methods.artifacts import require_parts
     from personalize.store import Store
 
     if not a.prompt.strip():
         raise UsageError("--prompt is empty")
-    from personalize.catalog import CARD_METHODS, COMPARED
-    from personalize.methods.artifacts import require_parts
-
     methods = comma_names(a.methods)
     known = [*CORE_METHODS, *CARD_METHODS[1:], *COMPARED]
     unknown = [m for m in methods if m not in known]

@@ -14,14 +14,13 @@ from typing import Sequence
 
 from tqdm import tqdm
 
-from personalize.methods.card import onboard
-from personalize.methods.card.adapters import adapter_name, cluster_adapter
+from personalize.methods.card import card_decode, onboard
+from personalize.methods.card.adapters import cluster_adapter
 from personalize.catalog import BENCH_METHODS, CARD_ROWS
 from personalize.data import Item
 from personalize.eval.loops import Person, format_loops, loop_shares
 from personalize.lm.models import static_cache, uses_static_cache
 from personalize.methods.base import UserContext
-from personalize.methods.card import card_decode
 from personalize.methods.card.own import owner_key
 from personalize.methods.engine import Engine
 from personalize.methods.card.onboard import UserFit
@@ -59,7 +58,7 @@ def run_bench(engine: Engine, users: dict[str, list[Item]], prompt: str, repeats
 
         # λ fit alone, repeated on one user's features
         n0 = names[0]
-        engine.use_adapter(adapter_name(fits[n0].k, fits[n0].cluster) if fits[n0].k > 1 else "k1c0")
+        engine.use_adapter(cluster_adapter(fits[n0].k, fits[n0].cluster))
         obj = engine.cfg.objectives[0]
         data = onboard.user_data(engine, engine.prepare_items(users[n0]), obj)
         fit_ms = []
@@ -92,7 +91,7 @@ def run_bench(engine: Engine, users: dict[str, list[Item]], prompt: str, repeats
         def switch(name):
             lam, _ = store.vector(name, engine.artifacts_id)
             a = store.assignment(name, engine.artifacts_id, fits[name].k)
-            engine.use_adapter(adapter_name(fits[name].k, a["cluster"]) if fits[name].k > 1 else "k1c0")
+            engine.use_adapter(cluster_adapter(fits[name].k, a["cluster"]))
             return lam
 
         same, cross = [], []

@@ -184,9 +184,8 @@ def fit_tflop(studio, name: str, shared_prefix: bool = False) -> float:
     beginning (the chat template's system turn, the rewrite instruction) counted once, as a cache could."""
     from os.path import commonprefix
 
-    from personalize.methods.card.neutral import plain
     from personalize.lm.tokens import prompt_ids, target_ids
-    from personalize.methods.card.neutral import NEUTRAL_TEMPLATE
+    from personalize.methods.card.neutral import NEUTRAL_TEMPLATE, plain
 
     e = studio.runtime.engine
     tok, budget = e.tok, e.cfg.budget

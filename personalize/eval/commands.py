@@ -11,7 +11,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from personalize.catalog import BY_NAME
+from personalize.catalog import BENCH_METHODS, BY_NAME
 from personalize.flags import add_flags
 from personalize.methods.oppu_config import OppuConfig
 from personalize.fitting.plan import DEMO_ARTIFACTS, UsageError, comma_list, comma_names, decoding, decoding_args, \
@@ -69,10 +69,15 @@ def cmd_eval(a) -> None:
         print(f"  {pair:<28} gold log-prob {d['mean']:+.4f}  95% CI [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]")
     print("seconds per person:", json.dumps({m: v["seconds_per_person"] for m, v in result["methods"].items()}))
     print("user-specificity:", json.dumps(result["specificity"]))
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(result, indent=2))
-        print(f"wrote {a.json}")
+    _write_json(a.json, result)
+
+
+def _write_json(path: str | None, result: dict) -> None:
+    """--json PATH: the whole result written there (nothing without the flag)."""
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(result, indent=2))
+        print(f"wrote {path}")
 
 
 def _ray_shards(a, engine):
@@ -120,10 +125,10 @@ def _objectives_first(a) -> tuple[str, ...]:
 
 def cmd_bench(a) -> None:
     from personalize.data import read_lamp
-    from personalize.catalog import BENCH_METHODS
     from personalize.eval.bench import format_bench, run_bench
 
-    unknown = [m for m in comma_names(a.methods) if m not in BENCH_METHODS]
+    methods = comma_names(a.methods)
+    unknown = [m for m in methods if m not in BENCH_METHODS]
     if unknown:
         raise UsageError(f"bench --methods: unknown {unknown}; choose from {list(BENCH_METHODS)}")
     if a.repeats < 1 or a.users < 1 or a.items < 2 or a.serving_people < 1 or a.start_repeats < 0:
@@ -139,22 +144,17 @@ def cmd_bench(a) -> None:
     users = {(q.user or q.id): list(q.profile[: a.items]) for q in queries}
     if not queries:
         raise UsageError(f"no users with at least 2 profile items in {meta_data}")
-    methods = comma_names(a.methods)
     t0 = time.perf_counter()
     b = run_bench(engine, users, queries[0].input, repeats=a.repeats, methods=methods, method_configs=configs,
                   prompts=[q.input for q in queries], loops=not a.no_loops, static=a.static_cache,
                   serving={"n_people": a.serving_people, "exact_pairs": a.exact_pairs, "start_repeats": a.start_repeats})
     b["settings"]["wall_s"] = round(time.perf_counter() - t0, 1)
     print(format_bench(b))
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(b, indent=2))
-        print(f"wrote {a.json}")
+    _write_json(a.json, b)
 
 
 def cmd_simulate_feedback(a) -> None:
-    from personalize.data import select_sources
-    from personalize.data import read_lamp
+    from personalize.data import read_lamp, select_sources
     from personalize.methods.card.votes import FeedbackSettings, SimulationSettings, simulate
 
     s = SimulationSettings(checkpoints=ints(a.votes), n_eval=a.eval_items, n_vote=a.vote_items,
@@ -186,10 +186,7 @@ def cmd_simulate_feedback(a) -> None:
     for pair, d in res["differences"].items():
         print(f"  {pair:<26} {d['mean']:+.4f}  95% CI [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]  "
               f"wins/losses {d['wins']}/{d['losses']}")
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(res, indent=2))
-        print(f"wrote {a.json}")
+    _write_json(a.json, res)
 
 
 def add_eval(sub) -> None:

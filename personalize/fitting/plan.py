@@ -49,13 +49,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="decode with a fixed-size KV cache (on a GPU, compiled into CUDA graphs)")
 
 
-def model_config(a, base=None):
+def model_config(a):
     from personalize.lm.model_config import ModelConfig
 
-    base = base or ModelConfig()
     changes = {k: v for k, v in {"name_or_path": a.model, "device": a.device, "dtype": a.dtype}.items() if v}
     changes |= {k: True for k in ("load_in_4bit", "static_cache") if getattr(a, k, False)}
-    return replace(base, **changes) if changes else None
+    return replace(ModelConfig(), **changes) if changes else None
 
 
 DECODING_FLAGS = {"alpha": "--alpha", "top_k": "--top-k", "max_new_tokens": "--max-tokens"}
@@ -183,7 +182,7 @@ DEMO_MIN_PEOPLE = 40  # real people the first start wants before it builds on th
 DEMO_POPULATION = 48  # of them in the build; the others choose its decoding (30) or are new people to try
 
 
-def write_demo_people(demo: Path, docs: str | Path | None = None) -> str:
+def write_demo_people(demo: Path) -> str:
     """The first start's people: real ones where the machine has them (every Debian system ships its
     maintainers' changelogs), else the synthetic tweet writers. Returns which, in words."""
     import shutil
@@ -193,18 +192,17 @@ def write_demo_people(demo: Path, docs: str | Path | None = None) -> str:
     from personalize.demo import write_demo
     from personalize.fitting.changelogs import DEBIAN_DOCS, from_changelogs
 
-    docs = docs or DEBIAN_DOCS
     demo.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=demo.parent, prefix=f".{demo.name}."))
     try:
-        report = from_changelogs(docs, tmp, min_items=12, max_items=24)
+        report = from_changelogs(DEBIAN_DOCS, tmp, min_items=12, max_items=24)
         if report.people >= DEMO_MIN_PEOPLE:
             try:
                 os.replace(tmp, demo)
             except OSError:  # another process wrote it first: theirs stands
                 pass
-            return f"{report.people} Debian maintainers' changelog entries from {docs} ({report.summary()})"
-        why = f"only {report.people} maintainers with 12 or more entries under {docs}"
+            return f"{report.people} Debian maintainers' changelog entries from {DEBIAN_DOCS} ({report.summary()})"
+        why = f"only {report.people} maintainers with 12 or more entries under {DEBIAN_DOCS}"
     except HistoryError as e:
         why = str(e)
     finally:

@@ -1,7 +1,5 @@
-"""The contract every method keeps, the person as the methods see them (UserContext), and the helpers the
-methods share.
-
-The contract every method keeps (CARD's three core methods and the six compared ones alike).
+"""The contract every method keeps (CARD's three core methods and the six compared ones alike), the person as the
+methods see them (UserContext), and the helpers the methods share.
 
 A method is made as `Cls(engine, store=None, cfg=Cls.config_class())`; `prepare` does its per-user work
 (an index, an attribute search, a LoRA), `is_prepared` says whether that work is done for this history,
@@ -16,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Protocol, Sequence, runtime_checkable
 
@@ -23,7 +22,7 @@ import numpy as np
 
 from personalize.data import Item, Task
 from personalize.lm.tokens import TokenBudget
-from personalize.store import StoredItem
+from personalize.store import StoreError, StoredItem
 
 from personalize.serving.rows import DecodeRow
 from personalize.serving.generation import Generation
@@ -116,6 +115,13 @@ def words(text: str) -> list[str]:
 def widened(budget: TokenBudget, extra: int) -> TokenBudget:
     """The prompt budget plus the tokens a method adds, so prompt_ids never cuts the task input away."""
     return dataclasses.replace(budget, max_prompt_tokens=budget.max_prompt_tokens + extra)
+
+
+def record_report(method, user, info: dict) -> None:
+    """A method's report of its per-user work as a store blob (kind: the method's name, key: the artifacts id)."""
+    if method.store is not None:
+        with suppress(StoreError):  # users not in the store (evaluation populations)
+            method.store.put_blob(user.name, method.name, str(method.engine.artifacts_id), info)
 
 
 def fingerprint(texts: Sequence[str]) -> str:

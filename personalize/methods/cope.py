@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from personalize.methods.card.adapters import BASE_ADAPTER, adapter_name
+from personalize.methods.card.adapters import BASE_ADAPTER, cluster_adapter
 from personalize.serving.row_lora import NO_ADAPTER
 from personalize.serving.rows import DecodeRow, Steer
 from personalize.serving.generation import Generation, repetition_processors
@@ -108,7 +108,7 @@ class CopeMethod:
 
     def adapters(self, user: UserContext) -> tuple[str, str]:
         """(π_user, π_base) adapter names, checked against the loaded ones."""
-        name = adapter_name(user.k, user.cluster) if user.k > 1 else BASE_ADAPTER
+        name = cluster_adapter(user.k, user.cluster)
         loaded = self.engine.loaded_adapters() | {NO_ADAPTER}
         for n in (name, self.cfg.base_adapter):
             if n not in loaded:

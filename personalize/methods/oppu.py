@@ -43,7 +43,7 @@ from personalize.methods.card.adapters import BASE_ADAPTER, add_warm_adapter, lo
 from personalize.serving.rows import DecodeRow
 from personalize.serving.generation import Generation, generate
 from personalize.serving.settings import DecodingSettings
-from personalize.methods.base import UserContext, fingerprint
+from personalize.methods.base import UserContext, fingerprint, record_report
 from personalize.methods.oppu_config import OppuConfig
 
 META = "oppu.json"
@@ -155,7 +155,7 @@ class OppuMethod:
             info = {"method": self.name, "n_items": len(user.items), "cold_start": True, "adapter": BASE_ADAPTER,
                     "reason": f"{len(user.items)} item(s) < min_items={self.cfg.min_items}: the K = 1 model is used",
                     "prepare_s": round(time.perf_counter() - t0, 4)}
-            self._record(user, info)
+            record_report(self, user, info)
             return info
         eng, ada = self.engine, adapter_id(user.name)
         examples = [(it.x, it.y) for it in user.items]
@@ -194,7 +194,7 @@ class OppuMethod:
         self.save(ada, info)
         info["disk_bytes"] = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
         info["prepare_s"] = round(time.perf_counter() - t0, 4)
-        self._record(user, info)
+        record_report(self, user, info)
         return info
 
     def save(self, ada: str, info: dict) -> Path:
@@ -246,17 +246,6 @@ class OppuMethod:
             if meta is not None:
                 return old, meta
         return None
-
-    def _record(self, user, info: dict) -> None:
-        """The report as a store blob (kind "oppu", key = artifacts id); users not in the store are skipped."""
-        if self.store is None:
-            return
-        from personalize.store import StoreError
-
-        try:
-            self.store.put_blob(user.name, self.name, str(self.engine.artifacts_id), info)
-        except StoreError:
-            pass  # e.g. evaluation users that were never added to the store
 
     def is_current(self, user: UserContext) -> bool:
         """True when the user's saved adapter was trained on their present history (or none is needed)."""

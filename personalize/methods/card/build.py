@@ -16,6 +16,7 @@ import random
 import shutil
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,13 +29,12 @@ from tqdm import tqdm
 
 from personalize.methods.card import onboard
 from personalize.methods.card.adapters import BASE_ADAPTER, ClusterJob, adapter_name, adapter_state, add_warm_adapter, \
-    new_peft_model, put_adapter, save_adapters, train_adapter, train_cluster_adapter
-from personalize.methods.card.cluster import fit_clusters, user_embeddings
+    cluster_adapter, new_peft_model, put_adapter, save_adapters, train_adapter, train_cluster_adapter
+from personalize.methods.card.cluster import Clusters, fit_clusters, user_embeddings
 from personalize.methods.card.config import FORMAT_VERSION, CardConfig
 from personalize.data import Item, Query, read_lamp, select_sources
 from personalize.methods.engine import Engine
 from personalize.methods.card.onboard import split_held_out
-from personalize.methods.card.cluster import Clusters
 from personalize.methods.card.head import PairData, PersonalizationHead, diagnostics, train_population
 from personalize.methods import p2p as p2p_mod
 from personalize.methods.p2p import P2PConfig, train_p2p
@@ -79,8 +79,11 @@ def _log(msg: str) -> None:
     print(f"[build {datetime.now():%H:%M:%S}] {msg}", flush=True)
 
 
-def _bar(desc: str, total: int):
-    return tqdm(total=total, desc=desc, leave=False, mininterval=2.0)
+@contextmanager
+def _bar(desc: str, total: int, on_step: Callable[[float], None], fmt: str = ".3f"):
+    """A training loop's tqdm bar, and its progress hook (step, steps, loss) that also reports the share done."""
+    with tqdm(total=total, desc=desc, leave=False, mininterval=2.0) as bar:
+        yield lambda s, n, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:{fmt}}"), on_step(s / n))
 
 
 def build(data_dir: str | Path, split: str, out: str | Path, cfg: CardConfig = CardConfig(),
@@ -132,17 +135,16 @@ def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, 
     t_all = time.perf_counter()
     report: dict = {"stages_s": {}}
 
+    @contextmanager
     def timed(name):
-        class T:
-            def __enter__(s):
-                step(name)
-                s.t = time.perf_counter()
-                _log(f"{name} ...")
-
-            def __exit__(s, *e):
-                report["stages_s"][name] = round(time.perf_counter() - s.t, 2)
-                _log(f"{name} done in {report['stages_s'][name]:.1f} s")
-        return T()
+        step(name)
+        t = time.perf_counter()
+        _log(f"{name} ...")
+        try:
+            yield
+        finally:
+            report["stages_s"][name] = round(time.perf_counter() - t, 2)
+            _log(f"{name} done in {report['stages_s'][name]:.1f} s")
 
     task, queries = read_lamp(data_dir, split)
     queries = select_sources(queries, sources, exclude_sources)
@@ -184,11 +186,9 @@ def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, 
     report["adapters"] = []
     with timed("K=1 adapter"):
         ex = [(it.x, it.y) for n in train_names for it in users[n]]
-        bar = _bar("K=1 adapter", cfg.lora.base_steps)
-        r = train_adapter(model, lm.tokenizer, BASE_ADAPTER, ex, cfg.lora.base_steps, cfg.lora, cfg.budget,
-                          held_out, progress=lambda s, n, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:.3f}"),
-                                                                 step("K=1 adapter", s / n)))
-        bar.close()
+        with _bar("K=1 adapter", cfg.lora.base_steps, lambda f: step("K=1 adapter", f)) as tick:
+            r = train_adapter(model, lm.tokenizer, BASE_ADAPTER, ex, cfg.lora.base_steps, cfg.lora, cfg.budget,
+                              held_out, progress=tick)
         report["adapters"].append(r)
         _log(f"K=1: {r['tokens']} tokens, held-out loss {r['held_out_loss']}")
     with timed("cluster adapters"):
@@ -211,12 +211,8 @@ def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, 
             fit_data, held_data = head_data(engine, {n: users[n] for n in train_names}, cluster, obj, seed,
                                             on_user=lambda i, n: step(f"head ({obj})", 0.5 * i / n))
             head = PersonalizationHead(lm.hidden_size * cfg.head.n_layers, lm.model.config.vocab_size, cfg.head.d)
-            bar = _bar(f"head {obj}", cfg.head.epochs)
-            lams, curve = train_population(
-                head, fit_data, cfg.head, held_out=held_data,
-                progress=lambda e, n, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:.4f}"),
-                                             step(f"head ({obj})", 0.5 + 0.5 * e / n)))
-            bar.close()
+            with _bar(f"head {obj}", cfg.head.epochs, lambda f: step(f"head ({obj})", 0.5 + 0.5 * f), ".4f") as tick:
+                lams, curve = train_population(head, fit_data, cfg.head, held_out=held_data, progress=tick)
             head.eval().requires_grad_(False)
             diag = _population_diagnostics(head, held_data, lams, cfg)
             report["head"][obj] = {"loss_curve": curve, "held_out": diag}
@@ -298,12 +294,9 @@ def _train_p2p(engine: Engine, users: dict[str, list[Item]], train_names: list[s
                p2p: P2PConfig, seed: int, step: _Steps = _NO_HOOKS):
     """f_θ on the adapters' training users, on top of the K = 1 adapter; the α users give its held-out curve."""
     p2p = replace(p2p, base_adapter=BASE_ADAPTER, budget=None, seed=seed, folder=None)
-    bar = _bar("p2p hypernetwork", p2p.steps)
-    hyper, r = train_p2p(engine, engine.encoder, {n: users[n] for n in train_names}, p2p,
-                         progress=lambda s, n, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:.3f}"),
-                                                      step("p2p hypernetwork", s / n)),
-                         held_out_users={n: users[n] for n in val_names})
-    bar.close()
+    with _bar("p2p hypernetwork", p2p.steps, lambda f: step("p2p hypernetwork", f)) as tick:
+        hyper, r = train_p2p(engine, engine.encoder, {n: users[n] for n in train_names}, p2p, progress=tick,
+                             held_out_users={n: users[n] for n in val_names})
     loss = r["train_users_loss"]
     _log(f"p2p: {r['users']} users, {r['steps']} steps, {r['tokens']} tokens, {r['seconds']} s, "
          f"training users' loss {loss['before']} -> {loss['after']}, held-out {r['held_out_loss'][:1] + r['held_out_loss'][-1:]}")
@@ -321,7 +314,7 @@ def head_data(engine: Engine, users: dict[str, list[Item]], cluster: dict[str, i
     for i, n in enumerate(tqdm(users, desc=f"features ({obj})", mininterval=2.0)):
         if on_user is not None:
             on_user(i, len(users))
-        engine.use_adapter(adapter_name(kd, cluster[n]) if kd > 1 else BASE_ADAPTER)
+        engine.use_adapter(cluster_adapter(kd, cluster[n]))
         data[n] = onboard.user_data(engine, users[n], obj)
     if obj == "hard_pairs" and cfg.head.n_other:
         data = _other_users_negatives(data, cluster, cfg.head.n_other, seed)

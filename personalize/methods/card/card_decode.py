@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from personalize.methods.card.decoding import card_generate
-from personalize.methods.card.adapters import BASE_ADAPTER, adapter_name
+from personalize.methods.card.adapters import cluster_adapter
 from personalize.serving import generation
 from personalize.serving.generation import Generation
 from personalize.serving.settings import DecodingSettings
@@ -36,9 +36,7 @@ def rows_kind(method: str) -> CardRows:
 
 def _adapter(kind: CardRows, k: int, cluster: int | None) -> str | None:
     """The adapter the rows run: None for the frozen LM, else the person's cluster LoRA (K = 1's for k = 1)."""
-    if not kind.cluster_lora:
-        return None
-    return adapter_name(k, cluster or 0) if k > 1 else BASE_ADAPTER
+    return cluster_adapter(k, cluster or 0) if kind.cluster_lora else None
 
 
 def base_adapter(engine, kind: CardRows, k: int, cluster: int | None, style) -> str | None:

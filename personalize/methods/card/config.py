@@ -9,7 +9,6 @@ run (onboard, generate, eval, the app) uses exactly the settings of the build.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,9 +178,6 @@ class CardConfig:
     def from_dict(cls, d: dict) -> "CardConfig":
         return _build(cls, d)
 
-    def replace(self, **changes) -> "CardConfig":
-        return dataclasses.replace(self, **changes)
-
 
 def _build(cls, d: dict[str, Any]):
     """Rebuild nested frozen dataclasses from JSON (lists become tuples)."""
@@ -197,7 +193,3 @@ def _build(cls, d: dict[str, Any]):
             value = tuple(value)
         kwargs[name] = value
     return cls(**kwargs)
-
-
-def dumps(cfg: CardConfig) -> str:
-    return json.dumps(cfg.to_dict(), indent=2, sort_keys=True)

@@ -75,12 +75,10 @@ def draw_negatives(engine: Engine, items: Sequence[Item], objective: str) -> lis
 
 def user_data(engine: Engine, items: Sequence[Item], objective: str, negatives=None):
     """The head's training signal for these items under the active cluster model."""
-    ex = [(it.x, it.y) for it in items]
-    hs = engine.cfg.head
     if objective == "tokens":
-        feats = teacher_forced(engine.model, engine.tok, ex, hs.n_layers, engine.cfg.budget, top_k=hs.top_k)
-        return TokenData.from_features(feats)
-    chosen = teacher_forced(engine.model, engine.tok, ex, hs.n_layers, engine.cfg.budget)
+        return TokenData.from_features(features(engine, items))
+    chosen = teacher_forced(engine.model, engine.tok, [(it.x, it.y) for it in items], engine.cfg.head.n_layers,
+                            engine.cfg.budget)
     if negatives is None:
         negatives = draw_negatives(engine, items, objective)
     return PairData([chosen[i] for i, _ in negatives], [f for _, f in negatives], [i for i, _ in negatives],
@@ -128,12 +126,7 @@ def fit(engine: Engine, items: Sequence[Item], k: int | None = None, objective: 
         data = stage("features", lambda: user_data(engine, items, objective, negatives=negs))
     else:
         data = stage("features", lambda: user_data(engine, items, objective))
-    diag = {}
-    if n_hold:
-        fit_part, held = split_held_out(data, n_hold, len(items))
-        lam_fit, _ = fit_user(head, fit_part, engine.cfg.head)
-        others = list(engine.population_lams.get(objective, {}).values())[:16]
-        diag = diagnostics(head, held, lam_fit, [torch.as_tensor(o) for o in others], engine.cfg.head)
+    diag = held_out_pairs(engine, objective, data, n_hold, len(items))
     lam, curve = stage("fit", lambda: fit_user(head, data, engine.cfg.head))
     lam = lam.numpy().astype(np.float32)
     return UserFit(cluster, distances, k, lam, objective, len(items), stages, diag, curve, style=UserStyle.of(lam))
@@ -219,6 +212,17 @@ def held_out_style(engine: Engine, feats, n_hold: int, head: PersonalizationHead
                            engine.cfg.head)
     diag |= {"lambda_only": {k_: v for k_, v in lam_only.items() if isinstance(v, (int, float))}}
     return diag, own, held
+
+
+def held_out_pairs(engine: Engine, objective: str, data: PairData, n_hold: int, n_items: int) -> dict:
+    """A pair head's diagnostics on the first n_hold items, λ fitted without them, against 16 population λ."""
+    if not n_hold:
+        return {}
+    head, hs = engine.heads[objective], engine.cfg.head
+    fit_part, held = split_held_out(data, n_hold, n_items)
+    lam_fit, _ = fit_user(head, fit_part, hs)
+    others = list(engine.population_lams.get(objective, {}).values())[:16]
+    return diagnostics(head, held, lam_fit, [torch.as_tensor(o) for o in others], hs)
 
 
 def split_held_out(data, n_hold: int, n_items: int):

@@ -31,9 +31,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from personalize.data import Item
-from personalize.lm.tokens import left_pad, prompt_ids, target_ids
 from personalize.methods.base import fingerprint
-from personalize.methods.card.adapters import BASE_ADAPTER, add_warm_adapter, answer_loss, put_adapter, train_adapter
+from personalize.methods.card.adapters import BASE_ADAPTER, add_warm_adapter, answer_loss, put_adapter, sft_batch, \
+    train_adapter
 from personalize.methods.oppu import adapter_id
 
 SUFFIX = ".own.safetensors"
@@ -243,19 +243,11 @@ def lower_states(model, tok, examples: Sequence[tuple[str, str]], budget, first:
     out = []
     with torch.no_grad():
         for j in range(0, len(examples), batch_size):
-            chunk = examples[j: j + batch_size]
-            seqs, n_prompt = [], []
-            for x, y in chunk:
-                p = prompt_ids(tok, x, budget)
-                seqs.append(p + target_ids(tok, y, budget))
-                n_prompt.append(len(p))
-            ids, mask = left_pad(seqs, tok.pad_token_id, model.device)
+            ids, mask, labels = sft_batch(tok, examples[j: j + batch_size], budget, model.device)
             hidden = model(input_ids=ids, attention_mask=mask, output_hidden_states=True, logits_to_keep=1,
                            use_cache=False).hidden_states[first]  # no vocabulary's logits: only the states
-            for i, s in enumerate(seqs):
-                h = hidden[i, ids.shape[1] - len(s):].clone()
-                labels = torch.tensor([-100] * n_prompt[i] + s[n_prompt[i]:], dtype=torch.long)
-                out.append((h, labels))
+            for i, n in enumerate(mask.sum(1).tolist()):  # a row's own n tokens: its last n columns
+                out.append((hidden[i, ids.shape[1] - n:].clone(), labels[i, ids.shape[1] - n:].cpu().clone()))
     return out
 
 

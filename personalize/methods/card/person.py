@@ -64,15 +64,15 @@ def store_assignments(engine: Engine, store: Store, name: str, embedding: np.nda
     return out
 
 
-def fit_person(engine: Engine, store: Store, name: str, k: int | None = None, objective: str | None = None,
-               progress=None, kept_pass=None) -> tuple[UserFit, list[Item]]:
+def fit_person(engine: Engine, store: Store, name: str, k: int | None = None, progress=None,
+               kept_pass=None) -> tuple[UserFit, list[Item]]:
     """The person's fit, stored, and the items it was fitted on (the request's one read of the person).
     `kept_pass`: onboard.fit's, a teacher-forced pass made before (the studio's read-ahead after Save)."""
     t0 = time.perf_counter()
     items = prepared_items(engine, store, name, progress)
     rewrite_s = time.perf_counter() - t0
     own = owner_key(name) if engine.own.is_current(name, items) else None  # a cluster of one: their own adapter
-    fit = onboard.fit(engine, items, k=k, objective=objective, progress=progress, kept_pass=kept_pass, own=own)
+    fit = onboard.fit(engine, items, k=k, progress=progress, kept_pass=kept_pass, own=own)
     if rewrite_s > 0.01:
         fit.stages_s = {"neutral rewrites": round(rewrite_s, 4), **fit.stages_s}
     emb = engine.embed(items)

@@ -9,12 +9,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from personalize.methods.card.decoding import CardLogitsProcessor
-
 from personalize.serving.settings import DecodingSettings
 from personalize.methods.card.head import PersonalizationHead
-from personalize.methods.card.config import PAIR_OBJECTIVES
+from personalize.methods.card.config import PAIR_OBJECTIVES, StyleSettings
 from personalize.methods.card.style import StyleTensors, UserStyle, variant
-from personalize.methods.card.config import StyleSettings
 from personalize.serving.rows import Steer
 
 

@@ -212,7 +212,8 @@ class StyleTensors:
     @classmethod
     def of(cls, styles: Sequence[UserStyle], s: StyleSettings) -> "StyleTensors":
         lam = torch.stack([torch.as_tensor(st.lam, dtype=torch.float32) for st in styles])
-        bias = [_sorted_bias(st) if s.bias else (torch.zeros(0, dtype=torch.long), torch.zeros(0)) for st in styles]
+        bias = [_sorted(st.bias_ids, st.bias) if s.bias else (torch.zeros(0, dtype=torch.long), torch.zeros(0))
+                for st in styles]
         weights = [st.memory_weight(s) for st in styles]
         memory = [(torch.as_tensor(st.keys).float(), torch.as_tensor(st.values)) if w and len(st.values)
                   else None for st, w in zip(styles, weights)]
@@ -229,12 +230,8 @@ def _form_by_opening(st: UserStyle) -> dict[int, tuple[torch.Tensor, torch.Tenso
     return out
 
 
-def _sorted_bias(st: UserStyle) -> tuple[torch.Tensor, torch.Tensor]:
-    """The bias as (ids ascending, values), sorted once per decode rather than at every step."""
-    return _sorted(st.bias_ids, st.bias)
-
-
 def _sorted(ids, vals) -> tuple[torch.Tensor, torch.Tensor]:
+    """A bias as (ids ascending, values), sorted once per decode rather than at every step."""
     ids, vals = torch.as_tensor(ids, dtype=torch.long), torch.as_tensor(vals, dtype=torch.float32)
     order = ids.argsort()
     return ids[order], vals[order]

@@ -29,14 +29,14 @@ from typing import Callable, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from personalize.methods.card import onboard
+from personalize.methods.card import card_decode, onboard
 from personalize.methods.card.config import FORMAT_VERSION
 from personalize.data import Item, read_lamp, select_sources
 from personalize.serving.settings import DecodingSettings
 from personalize.methods.engine import Engine
 from personalize.methods.card.onboard import UserFit
-from personalize.metrics import looping, rouge_per_query, rouge_scores
-from personalize.methods.card import card_decode
+from personalize.methods.card.person import fit_with_own
+from personalize.metrics import looping, paired_interval, rouge_per_query, rouge_scores
 
 REPETITION = ((1.0, 0), (1.0, 4), (1.0, 3), (1.2, 4))  # (penalty on generated tokens, no-repeat n-gram)
 STYLES = {  # candidates for `card`, simplest first
@@ -98,8 +98,7 @@ STEPS = ("repetition", "style", "alpha", "knn_weight", "fallback")
 
 def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str], fits: Sequence[UserFit],
                     items: Sequence[Sequence[Item]], progress=None, steps: Sequence[str] = STEPS,
-                    alphas: Sequence[float] = ALPHAS, guard: bool = True,
-                    decoder: Trials | None = None) -> tuple[Engine, dict]:
+                    alphas: Sequence[float] = ALPHAS, decoder: Trials | None = None) -> tuple[Engine, dict]:
     """The greedy pass above on (prompt, gold) of validation people fitted on `items`, then the harm guard;
     returns the engine with the chosen settings in engine.cfg and the sweep. `steps` re-runs only some steps,
     the others kept as built."""
@@ -146,15 +145,14 @@ def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str]
              lambda w: replace(engine.cfg, style=replace(engine.cfg.style, knn_weight=w)))
     pick("fallback", [("off", False), ("on", True)],
          lambda v: replace(engine.cfg, style=replace(engine.cfg.style, fallback=v)))
-    if guard:
-        engine, report["guard"] = harm_guard(engine, prompts, golds, fits, items, decoder=dec,
-                                             apart=report.get("far_users", 0))
+    engine, report["guard"] = harm_guard(engine, prompts, golds, fits, items, decoder=dec,
+                                         apart=report.get("far_users", 0))
+    if progress:
+        progress(f"guard: {report['guard']['why']}")
+    if "far_users" in report:  # the far people's default, on them
+        engine, report["own"] = own_guard(engine, *far_people)
         if progress:
-            progress(f"guard: {report['guard']['why']}")
-        if "far_users" in report:  # the far people's default, on them
-            engine, report["own"] = own_guard(engine, *far_people)
-            if progress:
-                progress(f"own adapters: {report['own']['why']}")
+            progress(f"own adapters: {report['own']['why']}")
     report["chosen_decoding"] = {k: v for k, v in asdict(engine.cfg.decoding).items()
                                  if k in ("alpha", "repetition_penalty", "no_repeat_ngram")}
     report["chosen_style"] = asdict(engine.cfg.style)  # (report["style"] is the style step's sweep)
@@ -184,9 +182,6 @@ def own_guard(engine: Engine, prompts: Sequence[str], golds: Sequence[str], fits
     own adapter and their style over it, card over it is decoded at the chosen α against the cluster model; the own
     adapters stay on unless that loses (the interval below 0). OPPU-class training for people no cluster fits is the
     product's decision; this guard only keeps it from harming. Too few far people to judge: the default stands."""
-    from personalize.methods.card.person import fit_with_own
-    from personalize.metrics import paired_interval
-
     if len(fits) < FAR_MIN_PEOPLE:
         return engine, {"kept": True, "people": len(fits),
                         "why": f"own adapters kept for far people: {len(fits)} far validation people, fewer than the "
@@ -209,8 +204,6 @@ def guard_verdict(card: Sequence[float], cluster: Sequence[float], alpha: float,
                   apart: int = 0) -> dict:
     """The harm guard's rule on per-person scores: keep α only when the paired bootstrap 95 % interval of
     card − cluster lies above 0; in plain words, why. `apart`: validation people beyond the clusters, judged apart."""
-    from personalize.metrics import paired_interval
-
     gain = paired_interval(np.asarray(card, float) - np.asarray(cluster, float), n_boot)
     kept = alpha > 0 and gain["ci95"][0] > 0
     where = f"on {len(card)} validation people" + (

@@ -31,16 +31,15 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from personalize.methods.card import onboard
+from personalize.methods.card import card_decode, onboard
 from personalize.methods.card.adapters import adapter_name
 from personalize.data import Item
 from personalize.serving.settings import DecodingSettings
 from personalize.methods.engine import Engine
-from personalize.methods.card.onboard import UserFit, split_held_out
-from personalize.methods.card.head import PairData, TokenData, diagnostics, fit_user
-from personalize.metrics import rouge_per_query
+from personalize.methods.card.onboard import UserFit
+from personalize.methods.card.head import PairData, TokenData, fit_user
+from personalize.metrics import paired_interval, rouge_per_query
 from personalize.methods.card.style import UserStyle, style_diagnostics
-from personalize.methods.card import card_decode
 
 
 @dataclass(frozen=True)
@@ -153,14 +152,8 @@ def refine_pairs(engine: Engine, objective: str, history: PairData, n_items: int
     chosen = feats.get(k, cluster, [(v.prompt, a) for v, a in zip(votes, (p[0] for p in pairs))])
     rejected = feats.get(k, cluster, [(v.prompt, b) for v, b in zip(votes, (p[1] for p in pairs))])
     data = history.with_votes(chosen, rejected, s.vote_weight)
-    head, hs = engine.heads[objective], engine.cfg.head
-    diag = {}
-    if n_hold:
-        fit_part, held = split_held_out(data, n_hold, n_items)
-        lam_fit, _ = fit_user(head, fit_part, hs)
-        others = list(engine.population_lams.get(objective, {}).values())[:16]
-        diag = diagnostics(head, held, lam_fit, [torch.as_tensor(o) for o in others], hs)
-    lam, curve = fit_user(head, data, hs)
+    diag = onboard.held_out_pairs(engine, objective, data, n_hold, n_items)
+    lam, curve = fit_user(engine.heads[objective], data, engine.cfg.head)
     style = UserStyle.of(lam.numpy().astype(np.float32))
     style.helps = True if votes else diag.get("helps")
     return Refinement(style, diag, curve, len(votes), time.perf_counter() - t0)
@@ -248,8 +241,6 @@ def simulate(engine: Engine, people: Sequence[tuple[str, Sequence[Item], str, st
              progress: Callable[[int, int, str], None] | None = None) -> dict:
     """`people`: (name, profile items with prompts, query prompt, gold). Returns per-person curves, the mean
     curve and paired bootstrap intervals of each checkpoint against 0 votes."""
-    from personalize.metrics import paired_interval
-
     if "tokens" not in engine.heads:
         raise ValueError("the feedback simulation needs a tokens head in the artifacts")
     decoding = decoding or engine.cfg.decoding

@@ -22,9 +22,9 @@ Choices where the paper is silent or does not fit this project (METHOD preamble)
   the K = 1 adapter by default (`base_adapter`, the same starting point as OPPU); A and B may carry a
   batch dimension, so one training batch holds rows of different users.
 
-What is where (the layout of peft's tuners): config.py (P2PConfig, file names), hypernet.py (HyperLoRA),
+What is where (the layout of peft's tuners): p2p_config.py (P2PConfig, file names), hypernet.py (HyperLoRA),
 hooks.py (applying a generated LoRA to a model, to all rows or to chosen rows), train.py (losses, train_p2p),
-io.py (save, load), method.py (P2PMethod).
+io.py (save, load), p2p_method.py (P2PMethod), p2p_steer.py (its rows' steer in a mixed batch).
 """
 
 from personalize.methods.p2p.p2p_config import ARTIFACTS_DIR, CONFIG, FORMAT, WEIGHTS, LoRA, P2PConfig

@@ -3,7 +3,7 @@ of a batch (`applied`) or only for chosen rows of a mixed batch (`applied_rows`)
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Sequence
 
 import torch
@@ -53,15 +53,11 @@ def _hook(A: torch.Tensor, B: torch.Tensor, scale: float):
 def applied(model, lora: LoRA, scale: float):
     """The generated LoRA on the model while the block runs: out += scale · (x Aᵀ) Bᵀ at each target.
     A and B have a batch dimension of 1 (one user for every row) or of the batch size (a user per row)."""
-    handles = []
-    try:
+    with ExitStack() as hooks:
         for mod, m, l in lora_targets(model, list(lora)):
             A, B = lora[m]
-            handles.append(mod.register_forward_hook(_hook(A[:, l], B[:, l], scale)))
+            hooks.callback(mod.register_forward_hook(_hook(A[:, l], B[:, l], scale)).remove)
         yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 @contextmanager
@@ -76,15 +72,11 @@ def applied_rows(model, loras: Sequence[tuple[int, LoRA]], scale: float):
         yield
         return
     modules = list(next(iter(groups.values()))[0])
-    handles = []
-    try:
+    with ExitStack() as hooks:
         for mod, m, layer in lora_targets(model, modules):
             parts = [(torch.tensor(rows), lora[m][0][:, layer], lora[m][1][:, layer]) for lora, rows in groups.values()]
-            handles.append(mod.register_forward_hook(_rows_hook(parts, scale)))
+            hooks.callback(mod.register_forward_hook(_rows_hook(parts, scale)).remove)
         yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def _rows_hook(parts, scale: float):

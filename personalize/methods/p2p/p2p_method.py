@@ -17,7 +17,7 @@ from personalize.methods.card.cluster import user_embeddings
 from personalize.serving.rows import DecodeRow
 from personalize.serving.generation import Generation, generate
 from personalize.serving.settings import DecodingSettings
-from personalize.methods.base import UserContext, fingerprint
+from personalize.methods.base import UserContext, fingerprint, record_report
 from personalize.methods.p2p.p2p_config import ARTIFACTS_DIR, CONFIG, WEIGHTS, LoRA, P2PConfig
 from personalize.methods.p2p.hooks import applied, model_shapes
 from personalize.methods.p2p.hypernet import HyperLoRA, lora_nbytes
@@ -108,13 +108,7 @@ class P2PMethod:
         info = {"method": self.name, "n_items": len(user.items), "cold_start": cold,
                 "embed_s": round(t1 - t0, 4), "generate_lora_s": round(t2 - t1, 4), "prepare_s": round(t2 - t0, 4),
                 "lora_bytes": lora_nbytes(lora), "profile_bytes": int(profile.astype(np.float32).nbytes)}
-        if self.store is not None:
-            from personalize.store import StoreError
-
-            try:
-                self.store.put_blob(user.name, self.name, str(self.engine.artifacts_id), info)
-            except StoreError:
-                pass  # users not in the store (evaluation populations)
+        record_report(self, user, info)
         return info
 
     # ------------------------------------------------------------ generation
