@@ -566,3 +566,10 @@ def test_repetition_processors_see_the_generated_tokens_only():
     scores = torch.full((1, 10), 4.0)
     out = penalty(ids, scores.clone())[0]
     assert out[5] == out[6] == 2.0 and out[1] == out[2] == out[3] == 4.0
+
+
+def test_no_features_make_an_empty_problem():
+    """A pass with nothing to learn from (no items, or no target tokens) is an empty problem, not a TypeError."""
+    from personalize.methods.card.head import TokenData
+
+    assert len(TokenData.from_features([])) == 0

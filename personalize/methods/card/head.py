@@ -121,7 +121,7 @@ class TokenData:
                 key = next_opening(key, t)
             opening.append(torch.tensor(keys, dtype=torch.long)[keep])
         if not hs:
-            return cls.empty(feats)
+            return cls.empty()
         target = torch.cat(tgts)
         return cls(torch.cat(hs), torch.cat(cands), torch.cat(bases), target,
                    None if weight is None else torch.full((len(target),), float(weight)), torch.cat(opening))
