@@ -79,7 +79,8 @@ def explore_figures(res) -> tuple[go.Figure, go.Figure]:
     fa.add_scatter(x=[r.alpha for r in a], y=[r.rougeL for r in a], name="ROUGE-L", mode="lines+markers")
     fa.add_scatter(x=[r.alpha for r in a], y=[r.length for r in a], name="words", mode="lines+markers",
                    yaxis="y2")
-    fa.update_layout(title="CARD vs steering strength α (α = 0: the cluster model)", xaxis_title="α",
+    base = "your own adapter" if res.own else "the cluster model"  # a cluster of one decodes over their own at α = 0
+    fa.update_layout(title=f"CARD vs steering strength α (α = 0: {base})", xaxis_title="α",
                      yaxis={"title": "ROUGE-L"}, yaxis2={"title": "words", "overlaying": "y", "side": "right"},
                      height=380)
     fk = go.Figure()
