@@ -81,8 +81,8 @@ def decoded_verdict(check, fallback: bool) -> str:
             f"α = {check.alpha:g} scores ROUGE-L {check.card:.3f} against {check.base:.3f} for your base at α = 0 "
             f"({base}); a difference of {d['mean']:+.3f}, 95 % interval {lo:+.3f} to {hi:+.3f} over {n} items: "
             f"{sure}. Compare decodes card by this build's rule, the one that measured best over its validation "
-            f"people: α = {check.alpha:g}" + (", or your cluster's model where your style loses to it on your "
-                                              "held-out words (the fallback)" if fallback else "")
+            f"people: α = {check.alpha:g}" + (f", or {base} where your style loses to it on your held-out words "
+                                              "(the fallback)" if fallback else "")
             + "; an α chosen per person from a few decoded items measured no better there (docs/RESULTS.md). "
             "α = 0 in Compare gives your base.")
 

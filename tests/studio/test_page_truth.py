@@ -431,3 +431,18 @@ def test_explores_alpha_plot_names_the_base_at_alpha_zero():
     for own, base in ((True, "your own adapter"), (False, "the cluster model")):
         fa, _ = explore_figures(SimpleNamespace(alpha=[row], k=[], own=own))
         assert fa.layout.title.text.endswith(f"(α = 0: {base})")
+
+
+def test_the_decoded_verdicts_fallback_is_the_persons_base():
+    """Card's fallback decodes over the person's base (card_decode: their own adapter where they have one), so the
+    decoded verdict names that base in both places, never the cluster model for a cluster of one."""
+    from types import SimpleNamespace
+
+    from personalize.studio.fits import decoded_verdict
+
+    for own, base in ((True, "your own adapter"), (False, "your cluster's model")):
+        check = SimpleNamespace(difference={"n": 8, "mean": 0.0, "ci95": [0.0, 0.0]}, own=own, alpha=1.0,
+                                card=0.5, base=0.5)
+        said = decoded_verdict(check, fallback=True)
+        assert f"({base})" in said and f"or {base} where your style loses" in said
+        assert own is False or "cluster's model" not in said
