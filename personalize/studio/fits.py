@@ -17,6 +17,7 @@ from personalize.lm.cpu_threads import trim_memory
 from personalize.methods.card.votes import Refinement, Vote, VoteFeatures, refine_pairs, refine_tokens
 from personalize.methods.base import fingerprint
 from personalize.methods.card.onboard import UserFit
+from personalize.methods.card.style import UserStyle
 from personalize.studio.histories import Histories
 from personalize.studio.service import Service
 
@@ -174,13 +175,13 @@ class Fits(Service):
             k = self.rt.snap_k(None)
             placed = self.store.assignment(name, self.engine.artifacts_id, k)
             if placed is not None and len(items) >= self.engine.cfg.min_fit_items:
-                self._history_data(name, k, int(placed["cluster"]), objective, items)
+                self._history_data(name, adapter_name(k, int(placed["cluster"])), objective, items)
                 self._trim_history()
 
     def _kept_pass(self, name: str):
         """onboard.fit's kept_pass: the pass read ahead (or kept from an earlier fit) for these items, if any."""
         def kept(k: int, cluster: int, items: Sequence[Item]):
-            got = self._history.get(self._history_key(name, k, cluster, "tokens", items))
+            got = self._history.get(self._history_key(name, adapter_name(k, cluster), "tokens", items))
             return got[0] if got is not None else None
         return kept
 
@@ -194,7 +195,7 @@ class Fits(Service):
                 fit, items = fit_person(self.engine, self.store, name, k=self.rt.snap_k(k), progress=progress,
                                         kept_pass=self._kept_pass(name))
                 if fit.features is not None:
-                    self._remember_history(name, fit.k, fit.cluster, fit.features, fit.n_hold, items)
+                    self._remember_history(name, self._fitted_over(fit), fit.features, fit.n_hold, items)
                 if not fit.cold_start and self.store.feedback(name):  # the votes already cast count from the first fit
                     if progress:
                         progress("your votes")
@@ -205,8 +206,14 @@ class Fits(Service):
         finally:
             trim_memory()  # a fit's freed activations back to the system: the soak's rise came with the fits
 
-    def _history_key(self, name: str, k: int, cluster: int, objective: str, items: Sequence[Item]) -> tuple:
-        return (self.engine.artifacts_id, name, k, cluster, objective, fingerprint([f"{s.x}\n{s.y}" for s in items]))
+    def _history_key(self, name: str, adapter: str, objective: str, items: Sequence[Item]) -> tuple:
+        """A pass is the adapter's it was made under: a cluster of one's own adapter is not their cluster's."""
+        return (self.engine.artifacts_id, name, adapter, objective, fingerprint([f"{s.x}\n{s.y}" for s in items]))
+
+    def _fitted_over(self, fit) -> str:
+        """The adapter a fit's style was fitted over: the person's own (a cluster of one), else their cluster's."""
+        own = fit.style.own if fit.style is not None else None
+        return self.engine.own.peft_name(own) if own else adapter_name(fit.k, fit.cluster)
 
     def refit_over_own(self, name: str) -> None:
         """The person's own adapter is ready: a style fitted over their cluster's is fitted again over it (a new
@@ -221,19 +228,20 @@ class Fits(Service):
         if self._vote_features is not None:
             self._vote_features.clear()
 
-    def _remember_history(self, name: str, k: int, cluster: int, feats, n_hold: int, items: Sequence[Item]) -> None:
-        self._history[self._history_key(name, k, cluster, "tokens", items)] = (feats, n_hold)
+    def _remember_history(self, name: str, adapter: str, feats, n_hold: int, items: Sequence[Item]) -> None:
+        self._history[self._history_key(name, adapter, "tokens", items)] = (feats, n_hold)
         self._trim_history()
 
     def _trim_history(self) -> None:
         while len(self._history) > 32:
             self._history.pop(next(iter(self._history)))
 
-    def _history_data(self, name: str, k: int, cluster: int, objective: str, items: Sequence[Item]):
-        """(history data of the head, n items, n held out): kept from the fit, else one pass (after a restart)."""
-        key = self._history_key(name, k, cluster, objective, items)
+    def _history_data(self, name: str, adapter: str, objective: str, items: Sequence[Item]):
+        """(history data of the head, n items, n held out) under `adapter`: kept from the fit, else one pass (after a
+        restart)."""
+        key = self._history_key(name, adapter, objective, items)
         if key not in self._history:
-            self.engine.use_adapter(adapter_name(k, cluster))
+            self.engine.use_adapter(adapter)
             data = onboard.features(self.engine, items) if objective == "tokens" else onboard.user_data(self.engine, items, objective)
             self._history[key] = (data, onboard.n_held_out(self.engine, len(items)))
         data, n_hold = self._history[key]
@@ -257,14 +265,20 @@ class Fits(Service):
             if self._vote_features is None or self._vote_features.engine is not self.engine:
                 self._vote_features = VoteFeatures(self.engine)
             items = items if items is not None else prepared_items(self.engine, self.store, name)
-            data, n_items, n_hold = self._history_data(name, k, cluster, objective, items)
+            # the votes refit the style over what it was fitted over: a cluster of one's own adapter stays theirs
+            stored = self.store.style(name, self.engine.artifacts_id)
+            own = UserStyle.from_stored(stored).own if stored is not None else None
+            over_own = self.engine.own.activate(own) if own else None
+            adapter = over_own or adapter_name(k, cluster)
+            data, n_items, n_hold = self._history_data(name, adapter, objective, items)
             fs = self.cfg.feedback
             if objective in PAIR_OBJECTIVES:
                 r: Refinement = refine_pairs(self.engine, objective, data, n_items, n_hold, votes, k, cluster,
-                                             self._vote_features, fs)
+                                             self._vote_features, fs, adapter=adapter)
             else:
-                r = refine_tokens(self.engine, data, n_hold, votes, k, cluster, self._vote_features, fs,
+                r = refine_tokens(self.engine, data, n_hold, votes, adapter, self._vote_features, fs,
                                   far=bool(stats.get("far")))
+            r.style.own = own if over_own else None
         trim_memory()  # as after a fit
         keep = dict(stats, diagnostics=r.diagnostics, loss_curve=r.curve, n_votes=r.n_votes,
                     stages_s={"refit on votes": round(r.seconds, 4)})

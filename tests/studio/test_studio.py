@@ -599,6 +599,11 @@ def test_a_cluster_of_one_trains_in_the_background_refits_the_style_over_it_and_
     assert card_row.adapter == eng.own.peft_name(owner_key("solo"))
     assert studio.comparisons.rows("cluster", state, prompt, s)[0].adapter != card_row.adapter
     assert "your own adapter" in jobs.base_words("solo", True)
+    # a vote refits the style over what it was fitted over: the person stays a cluster of one
+    studio.votes.thumb("solo", True, s, method="card")
+    voted = studio.histories.user_state("solo")
+    assert voted.lam.own == owner_key("solo") and voted.fit_stats["n_votes"] == 1
+    assert studio.comparisons.rows("card", voted, prompt, s)[0].adapter == card_row.adapter
     # Explore decodes as Compare does, over an adapter of their own, but one that never saw the held-out items
     trained, real_train = [], eng.own.train
     monkeypatch.setattr(eng.own, "train", lambda n, items, *a, **kw: (trained.append((n, [i.y for i in items])),

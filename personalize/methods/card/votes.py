@@ -87,17 +87,18 @@ class Refinement:
 
 
 class VoteFeatures:
-    """Teacher-forced features of vote texts under one cluster model, computed once per (text, model)."""
+    """Teacher-forced features of vote texts under the adapter a style is fitted over (a cluster's, or a cluster of
+    one's own), computed once per (text, adapter)."""
 
     def __init__(self, engine: Engine, max_entries: int = 4096):
         self.engine, self.max_entries = engine, max_entries
         self._cache: dict[tuple, object] = {}
 
-    def get(self, k: int, cluster: int, pairs: Sequence[tuple[str, str]]) -> list:
-        key = lambda p: (self.engine.artifacts_id, k, cluster, p)  # noqa: E731
+    def get(self, adapter: str, pairs: Sequence[tuple[str, str]]) -> list:
+        key = lambda p: (self.engine.artifacts_id, adapter, p)  # noqa: E731
         todo = list(dict.fromkeys(p for p in pairs if key(p) not in self._cache))
         if todo:
-            self.engine.use_adapter(adapter_name(k, cluster))
+            self.engine.use_adapter(adapter)
             for p, f in zip(todo, onboard.features(self.engine, [Item(y=y, x=x) for x, y in todo])):
                 self._cache[key(p)] = f
             while len(self._cache) > self.max_entries:
@@ -108,7 +109,7 @@ class VoteFeatures:
         self._cache.clear()
 
 
-def vote_rows(feats: VoteFeatures, votes: Sequence[Vote], k: int, cluster: int, weight: float,
+def vote_rows(feats: VoteFeatures, votes: Sequence[Vote], adapter: str, weight: float,
               rejected_weight: float = 0.0) -> TokenData:
     """The tokens head's rows of the votes: preferred texts raised, thumbs-down texts lowered, and with
     `rejected_weight` the other text of a two-text vote lowered too."""
@@ -120,19 +121,20 @@ def vote_rows(feats: VoteFeatures, votes: Sequence[Vote], k: int, cluster: int, 
                 texts.append((v.prompt, v.other)), weights.append(-rejected_weight)
         else:
             texts.append((v.prompt, v.other)), weights.append(-weight)
-    parts = [TokenData.from_features([f], weight=w) for f, w in zip(feats.get(k, cluster, texts), weights)]
+    parts = [TokenData.from_features([f], weight=w) for f, w in zip(feats.get(adapter, texts), weights)]
     return TokenData.cat(parts)
 
 
-def refine_tokens(engine: Engine, history, n_hold: int, votes: Sequence[Vote], k: int, cluster: int,
+def refine_tokens(engine: Engine, history, n_hold: int, votes: Sequence[Vote], adapter: str,
                   feats: VoteFeatures, s: FeedbackSettings = FeedbackSettings(), far: bool = False) -> Refinement:
-    """The tokens head's style refitted on the history's features (one pass, kept from the fit) and the votes;
-    `far`: the person's fit found them beyond the build's clusters (their memory at its own weight)."""
+    """The tokens head's style refitted on the history's features (one pass, kept from the fit) and the votes, both
+    under `adapter`, the one the style is fitted over; `far`: the person's fit found them beyond the build's
+    clusters (their memory at its own weight)."""
     t0 = time.perf_counter()
     votes = list(votes)[-s.max_votes:]
     head = engine.heads["tokens"]
-    rows = vote_rows(feats, votes, k, cluster, s.vote_weight, s.rejected_weight)
-    engine.use_adapter(adapter_name(k, cluster))
+    rows = vote_rows(feats, votes, adapter, s.vote_weight, s.rejected_weight)
+    engine.use_adapter(adapter)
     diag, _, _ = onboard.held_out_style(engine, history, n_hold, head, rows, far=far)
     style, curve = onboard.fit_style(engine, history, head, rows, far=far)
     style.helps = True if votes else diag.get("helps")  # the person asked for their style: no fallback
@@ -141,16 +143,17 @@ def refine_tokens(engine: Engine, history, n_hold: int, votes: Sequence[Vote], k
 
 def refine_pairs(engine: Engine, objective: str, history: PairData, n_items: int, n_hold: int,
                  votes: Sequence[Vote], k: int, cluster: int, feats: VoteFeatures,
-                 s: FeedbackSettings = FeedbackSettings()) -> Refinement:
-    """A pair head's λ refitted on the history's pairs and one pair per vote."""
+                 s: FeedbackSettings = FeedbackSettings(), adapter: str | None = None) -> Refinement:
+    """A pair head's λ refitted on the history's pairs and one pair per vote, under `adapter` (the one the style is
+    fitted over; None: the cluster's); a vote without a second text is paired with the cluster model's output."""
     t0 = time.perf_counter()
     votes = list(votes)[-s.max_votes:]
-    engine.use_adapter(adapter_name(k, cluster))
+    adapter = adapter or adapter_name(k, cluster)
     missing = [v.prompt for v in votes if not (v.preferred and v.other)]
     greedy = dict(zip(missing, card_decode.generate(engine, missing, "cluster", cluster, k=k))) if missing else {}
     pairs = [(v.preferred or greedy[v.prompt].text, v.other or greedy[v.prompt].text) for v in votes]
-    chosen = feats.get(k, cluster, [(v.prompt, a) for v, a in zip(votes, (p[0] for p in pairs))])
-    rejected = feats.get(k, cluster, [(v.prompt, b) for v, b in zip(votes, (p[1] for p in pairs))])
+    chosen = feats.get(adapter, [(v.prompt, a) for v, a in zip(votes, (p[0] for p in pairs))])
+    rejected = feats.get(adapter, [(v.prompt, b) for v, b in zip(votes, (p[1] for p in pairs))])
     data = history.with_votes(chosen, rejected, s.vote_weight)
     diag = onboard.held_out_pairs(engine, objective, data, n_hold, n_items)
     lam, curve = fit_user(engine.heads[objective], data, engine.cfg.head)
@@ -223,7 +226,8 @@ def simulate_person(engine: Engine, items: Sequence[Item], query_prompt: str, go
                         continue
                     win = ra > rb
                 votes.append(Vote(it.x, a if win else b, b if win else a))
-            style = refine_tokens(engine, fit.features, fit.n_hold, votes, k, cluster, feats, fs, far=fit.far).style
+            style = refine_tokens(engine, fit.features, fit.n_hold, votes, adapter_name(k, cluster), feats, fs,
+                                  far=fit.far).style
         engine.use_adapter(adapter_name(k, cluster))
         diag = style_diagnostics(head, eval_rows, style, [], engine.cfg.style, 1.0)
         scored = {}
