@@ -68,7 +68,7 @@ class _Steps:
             self.progress(stage, self.shown)
 
 
-# trains cluster adapters elsewhere (distributed.adapters.RayAdapters: as Ray tasks): (jobs, the K = 1 adapter's
+# trains cluster adapters elsewhere (distributed/adapter_jobs.py: as Ray tasks): (jobs, the K = 1 adapter's
 # weights, the settings) -> (the adapter's weights, its report) per job, in the jobs' order
 ClusterTrainer = Callable[[Sequence[ClusterJob], dict, CardConfig], list[tuple[dict, dict]]]
 
