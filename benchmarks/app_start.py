@@ -3,6 +3,7 @@ The first start (--first-start): a fresh clone of this repository's HEAD, `make 
 
     .venv/bin/python benchmarks/app_start.py [--repeats 5] [-- app.py flags]
     .venv/bin/python benchmarks/app_start.py --first-start [--repeats 3] [--venv .venv] [--json first.json]
+        [--shots OUT --history subjects.txt --prompt "..."]
 
 Later starts: run after the first start has built the demo artifacts (it refuses to time a build). The machines
 here are shared and noisy, so it prints every run and the median, and the part spent before the models load
@@ -12,6 +13,9 @@ The first start: from `make run` on the clone, when pip ended (the venv's .insta
 answered HTTP 200 (the first start's page, ui/waiting.py), when the studio itself answered (its page's title is the
 studio's), the build's stages as its log reports them ("<stage> done in X s"), then --repeats later starts of the
 same clone. --venv copies a built venv instead of pip's install (to time the rest on a busy day); it says so.
+--shots: headless Chromium on the first start: each tab's waiting state while the build runs, the studio once it
+serves, then a new person's history saved and the first Compare of the methods ticked by default, timed to its
+Done line (one text a line in --history).
 """
 
 from __future__ import annotations
@@ -62,9 +66,10 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def make_run(clone: Path, log: Path, timeout: float, stamp: Path | None = None) -> dict:
+def make_run(clone: Path, log: Path, timeout: float, stamp: Path | None = None, walk=None) -> dict:
     """`make run` in `clone` until the studio answers: seconds to pip's end (stamp), to the first HTTP 200, to the
-    studio's own page; then stopped as Ctrl-C stops it."""
+    studio's own page; then stopped as Ctrl-C stops it. `walk`: a browser's (waiting(url), studio(url) → dict),
+    called when the first start's page answers and when the studio does."""
     from personalize.ui.waiting import TITLE as WAITING
 
     port, t0, out = _port(), time.perf_counter(), {}
@@ -80,9 +85,13 @@ def make_run(clone: Path, log: Path, timeout: float, stamp: Path | None = None) 
                 out["pip_s"] = now
             title = _title(port)
             if title is not None:
+                if "page_s" not in out and walk is not None and title == WAITING:
+                    walk[0](f"http://127.0.0.1:{port}/")
                 out.setdefault("page_s", now)
                 if title != WAITING:
                     out["studio_s"] = now
+                    if walk is not None:
+                        out["browser"] = walk[1](f"http://127.0.0.1:{port}/")
             if now > timeout:
                 raise SystemExit(f"the studio did not answer within {timeout:.0f} s:\n{log.read_text()[-3000:]}")
             time.sleep(0.5)
@@ -105,7 +114,9 @@ def first_start(a) -> dict:
         (clone / ".venv" / "bin" / ".installed").touch()
     res = {"commit": subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=clone, text=True).strip(),
            "venv": "copied (pip not timed)" if a.venv else "pip install"}
-    res |= make_run(clone, root / "first.log", a.timeout, None if a.venv else clone / ".venv" / "bin" / ".installed")
+    walk = browser_walk(Path(a.shots), a.history, a.prompt) if a.shots else None
+    res |= make_run(clone, root / "first.log", a.timeout, None if a.venv else clone / ".venv" / "bin" / ".installed",
+                    walk)
     log = (root / "first.log").read_text()
     res["stages_s"] = {m.group(1): float(m.group(2)) for m in re.finditer(r"\] (.+?) done in ([\d.]+) s", log)}
     if "pip_s" in res:
@@ -124,6 +135,48 @@ def first_start(a) -> dict:
     return res
 
 
+def browser_walk(shots: Path, history: str, prompt: str):
+    """The first start as a person sees it (make_run's `walk`): the waiting page's tabs, then the studio: a history
+    saved under a new name and Compare pressed at once with the methods ticked by default."""
+    from personalize.ui.waiting import TITLE as WAITING, WAITS
+    from tools.browser import Page, chromium
+
+    d = chromium(shots)
+    p = Page(d, shots)
+
+    def waiting(url: str) -> None:
+        d.get(url)
+        p.until_text("first-start-status", "Building", "writing")
+        for i, (tab, _) in enumerate(WAITS):
+            p.tab(tab)
+            time.sleep(0.5)
+            p.shot(f"waiting-{i:02d}-{tab.lower().replace(' ', '-')}")
+
+    def studio(url: str) -> dict:
+        out = {}
+        p.wait.until(lambda _: d.title != WAITING)  # the page reloads itself into the studio
+        p.el("#user-name")
+        p.shot("studio-1-served")
+        text = "\n".join(line.strip() for line in open(history) if line.strip())
+        p.type("user-name", "first-hour")
+        p.type("history", text)
+        t0 = time.perf_counter()
+        p.click("save-history")
+        out["saved"] = p.until_text("writing-status", "Saved", "⚠️")
+        out["save_s"] = round(time.perf_counter() - t0, 1)
+        p.tab("Compare")
+        p.type("prompt", prompt)
+        t1 = time.perf_counter()
+        p.click("compare-button")
+        out["compare"] = p.until_text("compare-status", "Done:", "⚠️")
+        out["first_compare_s"] = round(time.perf_counter() - t1, 1)
+        p.shot("studio-2-first-compare")
+        d.quit()
+        return out
+
+    return waiting, studio
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=5)
@@ -132,6 +185,9 @@ def main() -> None:
     p.add_argument("--venv", default=None, help="--first-start: copy this venv instead of pip's install")
     p.add_argument("--json", default=None, help="--first-start: write the figures here")
     p.add_argument("--keep", action="store_true", help="--first-start: keep the clone and its logs")
+    p.add_argument("--shots", default=None, help="--first-start: a browser's screenshots go here (see above)")
+    p.add_argument("--history", default=None, help="--shots: the new person's texts, one a line")
+    p.add_argument("--prompt", default="Fix the parser's handling of empty lines", help="--shots: Compare's prompt")
     p.add_argument("app_args", nargs="*", help="flags passed to app.py (after --)")
     a = p.parse_args()
     if a.first_start:
