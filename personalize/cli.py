@@ -12,11 +12,12 @@ import argparse
 import json
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 
 from personalize.catalog import CARD_METHODS, COMPARED, CORE_METHODS
 from personalize.eval import commands
-from personalize.fitting.plan import (DEFAULT_DB, DEMO_ARTIFACTS, DEMO_DATA, UsageError, add_build_args, comma_list, comma_names,
+from personalize.fitting.plan import (DEFAULT_DB, DEMO_ARTIFACTS, DEMO_DATA, UsageError, add_build_args, comma_list,
                                       decoding, decoding_args, ensure_demo, load_engine, run_build)
 
 
@@ -98,7 +99,7 @@ def cmd_generate(a) -> None:
 
     if not a.prompt.strip():
         raise UsageError("--prompt is empty")
-    methods = comma_names(a.methods)
+    methods = comma_list(a.methods)
     known = [*CORE_METHODS, *CARD_METHODS[1:], *COMPARED]
     unknown = [m for m in methods if m not in known]
     if unknown:
@@ -159,8 +160,8 @@ def cmd_style_key(a) -> None:
 
     if not (Path(a.artifacts) / "config.json").exists():
         raise UsageError(f"no artifacts at {a.artifacts}: a style key belongs to a build; give --artifacts DIR")
-    build, store = BuildInfo.of_folder(a.artifacts), Store(a.db)
-    try:
+    build = BuildInfo.of_folder(a.artifacts)
+    with closing(Store(a.db)) as store:
         if a.action == "export":
             text = export_keys(store, build, a.user, a.all_versions)
             Path(a.out).parent.mkdir(parents=True, exist_ok=True)
@@ -177,20 +178,15 @@ def cmd_style_key(a) -> None:
             print(f"imported {len(res.versions)} version(s) for {res.user} (current: version "
                   f"{res.versions[-1]})" + (f"; {res.trimmed} smallest bias entries were left out of the key"
                                             if res.trimmed else ""))
-    finally:
-        store.close()
 
 
 def cmd_forget(a) -> None:
     from personalize.studio.own_data import forget_user
     from personalize.store import Store
 
-    store = Store(a.db)
-    try:
+    with closing(Store(a.db)) as store:
         root = Path(a.db).parent  # every file of a studio lives beside its database
         res = forget_user(store, a.user, root / "oppu", Path(a.export_dir or root / "exports"), root / "cache")
-    finally:
-        store.close()
     removed = ", ".join(f"{v} {k}" for k, v in res.deleted.items() if v)
     print(f"forgot {a.user}: {removed or 'no rows'} deleted; {res.ratings_anonymised} rating(s) and "
           f"{res.campaign_items_anonymised} campaign item(s) anonymised; {res.rater_ids_anonymised} vote(s) cast under "
@@ -204,8 +200,7 @@ def cmd_campaign(a) -> None:
     from personalize.humaneval import campaign, campaign_files, campaign_pool, campaign_report
     from personalize.store import Store
 
-    store = Store(a.db)
-    try:
+    with closing(Store(a.db)) as store:
         camps = campaign.Campaigns(store)
         if a.action == "create":
             from personalize.methods.artifacts import artifacts_meta
@@ -213,7 +208,7 @@ def cmd_campaign(a) -> None:
             meta = artifacts_meta(Path(a.artifacts))
             c = campaign_pool.create_from_lamp(
                 store, a.name, a.data, a.split, a.limit, a.artifacts, meta.get("id", "unbuilt"), meta["task"],
-                sources=comma_list(a.sources), methods=comma_names(a.methods), reference=a.reference, mode=a.mode, raters_per_item=a.raters_per_item,
+                sources=comma_list(a.sources), methods=comma_list(a.methods), reference=a.reference, mode=a.mode, raters_per_item=a.raters_per_item,
                 attention_every=a.attention_every, alpha=a.alpha, top_k=a.top_k, max_new_tokens=a.max_tokens,
                 min_raters_per_unit=a.min_raters_per_unit)
             out = camps.outputs(a.name)
@@ -267,8 +262,6 @@ def cmd_campaign(a) -> None:
         elif a.action in ("close", "open"):
             camps.set_status(a.name, "closed" if a.action == "close" else "open")
             print(f"campaign {a.name!r} is {'closed' if a.action == 'close' else 'open'}")
-    finally:
-        store.close()
 
 
 def cmd_population(a) -> None:

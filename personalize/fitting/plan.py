@@ -36,10 +36,6 @@ def comma_list(s: str | None) -> tuple[str, ...]:
     return tuple(x.strip() for x in (s or "").split(",") if x.strip())
 
 
-def comma_names(s: str) -> list[str]:
-    return [m.strip() for m in s.split(",") if m.strip()]
-
-
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="LM: 'bundled' (SmolLM2-135M-Instruct GGUF), a Hugging Face id or a folder")
     p.add_argument("--device", default=None, help="auto | cpu | cuda | cuda:N")
