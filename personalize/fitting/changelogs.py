@@ -67,12 +67,8 @@ def parse_changelog(text: str) -> tuple[list[ChangelogEntry], int]:
 def changelog_body(lines: Sequence[str], limit: int = 400) -> str:
     """The maintainer's own text: the two-space indent of the format removed, their bullets and
     'Closes: #' kept exactly, cut at a line boundary."""
-    body = [re.sub(r"^ {1,2}", "", ln.rstrip()) for ln in lines]
-    while body and not body[0].strip():
-        body.pop(0)
-    while body and not body[-1].strip():
-        body.pop()
-    return cut_lines("\n".join(body), limit).rstrip("\n")
+    body = "\n".join(re.sub(r"^ {1,2}", "", ln.rstrip()) for ln in lines).strip("\n")  # blank lines are "" here
+    return cut_lines(body, limit).rstrip("\n")
 
 
 def _is_rebuild(e: ChangelogEntry, body: str) -> bool:

@@ -133,15 +133,20 @@ def _git_env(repo: Path) -> dict[str, str]:
     return env
 
 
-def _git(repo: Path, *args: str) -> str:
+def _git(repo: Path, *args: str, fail: str | None = None) -> str:
+    """git's output; `fail`: what a non-zero exit says (else git's last line of error)."""
     try:
         r = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, env=_git_env(repo))
     except FileNotFoundError:
         raise HistoryError("git is not installed (it reads the repositories)") from None
     if r.returncode:
-        err = r.stderr.decode("utf-8", "replace").strip().splitlines()
-        raise HistoryError(f"{repo}: git {args[0]} failed: {err[-1] if err else f'exit {r.returncode}'}")
+        raise HistoryError(fail or _git_failed(repo, args[0], r.stderr, r.returncode))
     return r.stdout.decode("utf-8", "replace")
+
+
+def _git_failed(repo: Path, command: str, stderr: bytes, rc: int) -> str:
+    err = stderr.decode("utf-8", "replace").strip().splitlines()
+    return f"{repo}: git {command} failed: {err[-1] if err else f'exit {rc}'}"
 
 
 def repo_source(repo: Path) -> str:
@@ -164,12 +169,7 @@ def repo_source(repo: Path) -> str:
 def _check_repo(repo: Path) -> None:
     if not repo.exists():
         raise HistoryError(f"{repo}: no such folder")
-    try:
-        r = subprocess.run(["git", "-C", str(repo), "rev-parse", "--git-dir"], capture_output=True, env=_git_env(repo))
-    except FileNotFoundError:
-        raise HistoryError("git is not installed (it reads the repositories)") from None
-    if r.returncode:
-        raise HistoryError(f"{repo}: not a git repository")
+    _git(repo, "rev-parse", "--git-dir", fail=f"{repo}: not a git repository")
 
 
 def _commit_changes(repo: Path, hashes: Sequence[str], stat_chars: int, diff_chars: int) -> dict[str, tuple[str, str]]:
@@ -210,8 +210,7 @@ def _commit_changes(repo: Path, hashes: Sequence[str], stat_chars: int, diff_cha
         rc = proc.wait()
         if rc:
             stderr.seek(0)
-            err = stderr.read().decode("utf-8", "replace").strip().splitlines()
-            raise HistoryError(f"{repo}: git log failed: {err[-1] if err else f'exit {rc}'}")
+            raise HistoryError(_git_failed(repo, "log", stderr.read(), rc))
     result = {}
     for h, (stat, diff) in out.items():
         s = "".join(stat)
