@@ -116,10 +116,9 @@ def _run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequenc
                             "teacher_forced": teacher_forced_specificity(engine, fits, partner)},
             "settings": {"artifacts": engine.artifacts_id, "data": str(data_dir), "split": split, "n": len(queries),
                          "sources": sorted({q.source for q in queries if q.source}), "sources_in_build": seen,
-                         "max_items": max_items, "alpha": engine.cfg.decoding.alpha, "top_k": engine.cfg.decoding.top_k,
-                         "max_new_tokens": engine.cfg.decoding.max_new_tokens,
-                         "repetition_penalty": engine.cfg.decoding.repetition_penalty,
-                         "no_repeat_ngram": engine.cfg.decoding.no_repeat_ngram, "k": engine.cfg.default_k,
+                         "max_items": max_items, **{k: getattr(engine.cfg.decoding, k) for k in (
+                             "alpha", "top_k", "max_new_tokens", "repetition_penalty", "no_repeat_ngram")},
+                         "k": engine.cfg.default_k,
                          "objective": engine.cfg.objectives[0], "style": dataclasses.asdict(engine.cfg.style),
                          "onboarding_s_total": round(onboard_s, 1), "method_configs": method_configs or {}},
             "predictions": [{"id": q.id, "user": q.user, "source": q.source, "gold": q.gold,
