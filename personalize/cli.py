@@ -36,17 +36,13 @@ def cmd_onboard(a) -> None:
     """A missing build, a bad history file or a taken name is refused before the models load (seconds, not ten)."""
     from personalize.data import TASKS, read_history_file
     from personalize.methods.artifacts import artifacts_meta
-    from personalize.store import Store, StoreError
+    from personalize.store import Store
 
     items = read_history_file(a.history, task=TASKS[artifacts_meta(Path(a.artifacts))["task"]])
     name = a.user or Path(a.history).stem
     store = Store(a.db)
-    try:
-        store.user(name)
-        if not a.replace:
-            raise UsageError(f"user {name!r} exists: pass --replace to replace their history and style")
-    except StoreError:
-        pass  # a new user
+    if store.may_reach(name) and not a.replace:  # the CLI reaches every stored user
+        raise UsageError(f"user {name!r} exists: pass --replace to replace their history and style")
     from personalize.methods.card.person import fit_person
 
     engine = load_engine(a)

@@ -185,7 +185,6 @@ def cmd_simulate_feedback(a) -> None:
 
 
 def add_eval(sub) -> None:
-    """`eval`'s parser."""
     e = sub.add_parser("eval", help="ROUGE-1/ROUGE-L per method on LaMP-format data", description="Evaluate methods (Table 1 layout).")
     e.add_argument("--artifacts", required=True)
     e.add_argument("--data", required=True)
@@ -205,7 +204,6 @@ def add_eval(sub) -> None:
 
 
 def add_bench(sub) -> None:
-    """`bench`'s parser."""
     n = sub.add_parser("bench", help="efficiency table measured in one run", description="Onboarding, fit, decoding overhead, switching, storage.")
     n.add_argument("--artifacts", required=True)
     n.add_argument("--data", default=None, help="users to onboard (default: the build's data)")
@@ -228,7 +226,6 @@ def add_bench(sub) -> None:
 
 
 def add_simulate_feedback(sub) -> None:
-    """`simulate-feedback`'s parser."""
     f = sub.add_parser("simulate-feedback", help="votes refine λ: a simulated person votes, held-out ROUGE-L per vote count",
                        description="A simulated person prefers, of two CARD samples, the one closer to their held-out "
                                    "text; their style is refitted after each round of votes and scored on other "
