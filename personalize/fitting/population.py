@@ -9,8 +9,6 @@ words of, and every rule's toll is counted so a thin population can be explained
 
 from __future__ import annotations
 
-import csv
-import io
 import os
 import re
 import subprocess
@@ -21,7 +19,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
-from personalize.data import TASKS, HistoryError, Item, Query, Task, parse_json, short_text, task_named, write_lamp
+from personalize.data import (TASKS, HistoryError, Item, Query, Task, csv_rows, parse_json, short_text, task_named,
+                              write_lamp)
 from personalize.methods.card.neutral import plain
 
 COMMIT_PROMPT = TASKS["commit_subjects"].instruction + "\nFiles changed:\n{stat}Diff excerpt:\n{diff}"
@@ -269,14 +268,13 @@ def from_git(repos: Sequence[str | Path], out: str | Path, split: str = "dev", m
                 commits[key].append((ri, h, float(t or 0), subject, name.strip()))
     # Only the commits that will be written get their stat and diff read.
     chosen: dict[str, list[tuple[int, str, float, str, str]]] = {}
+    need: dict[int, list[str]] = defaultdict(list)
     for key, cs in commits.items():
         cs.sort(key=lambda c: -c[2])
-        chosen[key] = cs[: max_items + 1] if len(cs) - 1 >= min_items else cs
-    need: dict[int, list[str]] = defaultdict(list)
-    for cs in chosen.values():
-        if len(cs) - 1 >= min_items:
-            for ri, h, *_ in cs:
-                need[ri].append(h)
+        enough = len(cs) - 1 >= min_items
+        chosen[key] = cs[: max_items + 1] if enough else cs
+        for ri, h, *_ in chosen[key] if enough else ():
+            need[ri].append(h)
     changes: dict[str, tuple[str, str]] = {}
     for ri, hashes in need.items():
         changes |= _commit_changes(repos[ri], hashes, stat_chars, diff_chars)
@@ -306,11 +304,7 @@ def _read_table(path: Path) -> tuple[list[str], list[dict[str, object]]]:
     if not text.strip():
         raise HistoryError(f"{path.name} is empty")
     if path.suffix.lower() == ".csv":
-        reader = csv.reader(io.StringIO(text, newline=""))
-        try:
-            rows = list(reader)
-        except csv.Error as e:
-            raise HistoryError(f"{path.name} line {reader.line_num}: not valid CSV ({e})") from None
+        rows = csv_rows(text, path.name)
         header = [h.strip().lower() for h in rows[0]]
         return header, [{h: r[i] for i, h in enumerate(header) if i < len(r)}
                         for r in rows[1:] if any(c.strip() for c in r)]
