@@ -40,16 +40,12 @@ def _words(s: str) -> list[str]:
     return s.lower().split()
 
 
-def bm25_scores(query: str, profile: Sequence[Item]) -> np.ndarray:
-    """Each profile item's BM25 score for the query (its input, else its output; lowercase words)."""
-    docs = [_words(it.x or it.y) for it in profile]
-    return BM25Okapi(docs).get_scores(_words(query)) if docs else np.zeros(0)
-
-
 def bm25_copy(query: str, profile: Sequence[Item]) -> str:
-    """The no-model floor of shared/data/README: copy the output of the BM25-nearest profile item."""
-    scores = bm25_scores(query, profile)
-    return profile[int(np.argmax(scores))].y if len(scores) else ""
+    """The no-model floor of shared/data/README: copy the output of the BM25-nearest profile item (scored on its
+    input, else its output; lowercase words)."""
+    if not profile:
+        return ""
+    return profile[int(np.argmax(BM25Okapi([_words(it.x or it.y) for it in profile]).get_scores(_words(query))))].y
 
 
 def run_eval(engine: Engine, *args, **kwargs) -> dict:
@@ -227,9 +223,7 @@ def decode_batches(engine: Engine, method: str, fits: Sequence[UserFit], batch: 
 def decodes_alone(engine: Engine, method: str) -> bool:
     """A CARD that retrieves the person's items decodes one person a call; at α = 0 it decodes as the cluster
     model does, in its batches (the same padding: the same tokens)."""
-    if engine.cfg.decoding.alpha == 0:
-        return False
-    return method in CARD_METHODS and variant(method, engine.cfg.style).retrieval
+    return engine.cfg.decoding.alpha != 0 and method in CARD_METHODS and variant(method, engine.cfg.style).retrieval
 
 
 def shuffled_partners(clusters: Sequence[int], seed: int = 0) -> list[int]:
