@@ -14,8 +14,7 @@ from personalize.humaneval.bradley_terry import LeaderboardConfig, leaderboard
 
 
 def results(camps, name: str, cfg: LeaderboardConfig = LeaderboardConfig()) -> dict:
-    """The study's figures: strengths or rubric means with intervals, the reference's place, agreement
-    (Krippendorff's α, position bias, each rater against the others), attention checks, the LLM judge."""
+    """The study's figures (the module's first line) for the campaign `name`."""
     c = camps.get(name)
     conf: CampaignConfig = c["config"]
     rows = camps.judgments(name)
