@@ -97,9 +97,8 @@ def changelog_prompt(e: ChangelogEntry) -> str:
 def from_changelogs(docs: str | Path, out: str | Path, split: str = "dev", min_items: int = 8, max_items: int = 24,
                     body_chars: int = 400) -> PopulationReport:
     """Debian changelog entries per maintainer (the signer, keyed by name: a maintainer's several e-mail
-    addresses are one person, _person_key): every Debian system ships
-    hundreds of people's writing under /usr/share/doc. Team uploads (several authors' "[ Name ]" sections)
-    and rebuilds (no words of the signer) are left out; an entry several binary packages share counts once."""
+    addresses are one person, _person_key). Team uploads (several authors' "[ Name ]" sections) and rebuilds
+    (no words of the signer) are left out; an entry several binary packages share counts once."""
     check_limits(min_items, max_items)
     docs = Path(docs)
     if not docs.is_dir():

@@ -372,17 +372,12 @@ def from_table(path: str | Path, out: str | Path, task: str | None = None, split
         r = rows[i]
         user, y = text_of(r.get("user")).strip(), text_of(r.get("text")).strip()
         raw_x = text_of(r.get("input")).strip()
-        if not user:
-            dropped["rows without a user"] += 1
-            continue
-        if not y:
-            dropped["rows without text"] += 1
-            continue
-        if has_input and not raw_x:
-            dropped["rows without an input"] += 1
-            continue
-        if (user, raw_x, y) in seen:  # a repeat in the profile would let the query be answered by copying
-            dropped["repeated rows"] += 1
+        why = ("rows without a user" if not user else "rows without text" if not y
+               else "rows without an input" if has_input and not raw_x
+               else "repeated rows" if (user, raw_x, y) in seen  # in the profile, it would answer the query by copying
+               else None)
+        if why:
+            dropped[why] += 1
             continue
         seen.add((user, raw_x, y))
         x = "" if not has_input else raw_x if not chosen.prefix or raw_x.startswith(chosen.prefix) \
