@@ -82,14 +82,13 @@ def _run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequenc
         fits.append(fit_with_own(engine, q.user or q.id, profiles[-1]))
     onboard_s = time.perf_counter() - t0
     partner = shuffled_partners([f.cluster for f in fits], seed)
-    preds: dict[str, list[str]] = {}
-    gold_lp: dict[str, list[float | None]] = {}  # each gold's log-prob per token under the method's own rows
+    preds: dict[str, list[str]] = {m: [""] * len(queries) for m in methods}
+    # each gold's log-prob per token under the method's own rows
+    gold_lp: dict[str, list[float | None]] = {m: [None] * len(queries) for m in methods}
     no_gold_lp: dict[str, str] = {}  # methods whose rows the scorer cannot read, and why
     seconds: dict[str, float] = {}
     for m in methods:
-        preds[m] = [""] * len(queries)
         t_method = time.perf_counter()
-        gold_lp[m] = [None] * len(queries)
         (shards.predict if shards is not None else partial(_predict, engine))(
             m, task, queries, profiles, fits, partner, method_configs, preds[m], gold_lp[m])
         seconds[m] = (time.perf_counter() - t_method) / len(queries)
