@@ -58,11 +58,10 @@ def cmd_onboard(a) -> None:
         print(f"  cold start: fewer than {engine.cfg.min_fit_items} items, λ = 1 (the cluster's shared head)")
     d = fit.diagnostics
     if d.get("n"):
+        optional = {"acc_logprob_rule": "log-prob rule", "acc_covariate_only": "γ·Δlogp alone", "acc_no_head": "no head"}
         print(f"  held-out {d['unit']} (n={d['n']}): accuracy own style {d['acc_own']:.3f}, λ=1 {d['acc_ones']:.3f}, "
               f"other users' λ {d.get('acc_other', float('nan')):.3f}"
-              + (f", log-prob rule {d['acc_logprob_rule']:.3f}" if "acc_logprob_rule" in d else "")
-              + (f", γ·Δlogp alone {d['acc_covariate_only']:.3f}" if "acc_covariate_only" in d else "")
-              + (f", no head {d['acc_no_head']:.3f}" if "acc_no_head" in d else ""))
+              + "".join(f", {label} {d[k]:.3f}" for k, label in optional.items() if k in d))
         if "specificity_gap" in d:
             print(f"  user-specificity gap (own − others' margin): {d['specificity_gap']:+.4f}")
         if "helps" in d:
