@@ -292,6 +292,6 @@ def format_table(result: dict) -> str:
     methods = list(result["methods"])
     head = "| task | " + " | ".join(methods) + " |"
     sep = "|---" * (len(methods) + 1) + "|"
-    r1 = f"| {result['task']} R-1 | " + " | ".join(f"{result['methods'][m]['rouge1']:.4f}" for m in methods) + " |"
-    rl = f"| {result['task']} R-L | " + " | ".join(f"{result['methods'][m]['rougeL']:.4f}" for m in methods) + " |"
-    return "\n".join([head, sep, r1, rl])
+    rows = [f"| {result['task']} {label} | " + " | ".join(f"{result['methods'][m][key]:.4f}" for m in methods) + " |"
+            for label, key in (("R-1", "rouge1"), ("R-L", "rougeL"))]
+    return "\n".join([head, sep, *rows])
