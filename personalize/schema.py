@@ -235,7 +235,7 @@ def migrate(db: sqlite_utils.Database, path: Path, parts: Sequence[Tables] = ())
 
 class PeopleTables:
     """Store's person rules: reach (`_require`, `may_reach`, `_claim`) and replaced histories. Uses the store's
-    connection (`db`), lock (`_lock`), write transaction (`_write`) and rule (`access`)."""
+    connection (`db`), lock (`_lock`), reads (`query`), write transaction (`_write`) and rule (`access`)."""
 
     def _require(self, name: str) -> str:
         """The stored person's name; "unknown" when there is none, "taken" when the current login may not reach
@@ -289,10 +289,8 @@ class PeopleTables:
 
     def replaced_histories(self, name: str) -> list[dict]:
         """[{"id", "replaced", "task", "n_items"}] of the histories Saves replaced, newest first."""
-        with self._lock:
-            name = self._require(name)
-            return list(self.db.query("SELECT id, replaced, task, json_array_length(items) AS n_items FROM replaced"
-                                      " WHERE user = ? ORDER BY id DESC", [name]))
+        return self.query("SELECT id, replaced, task, json_array_length(items) AS n_items FROM replaced"
+                          " WHERE user = ? ORDER BY id DESC", [self._require(name)])
 
     def restore_history(self, name: str, replaced_id: int) -> int:
         """Brings a replaced history back (the one it replaces is kept in turn); returns its number of items."""
