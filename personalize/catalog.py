@@ -20,6 +20,7 @@ class CardRows:
 
 
 _FROZEN, _CLUSTER, _STEERED = CardRows(False, False), CardRows(True, False), CardRows(True, True)
+_LAMBDA_ALONE = dict(bias=False, memory=False, retrieval=False, fallback=False, form=False, far_knn_weight=0.0)
 
 
 @dataclass(frozen=True)
@@ -60,14 +61,11 @@ CATALOG: tuple[MethodInfo, ...] = (
     MethodInfo("p2p", "compared", "a hypernetwork's LoRA from the person's profile", column=8, needs="p2p",
                bench=2, serving_bench=True),
     # CARD's variants compared on dev (METHOD §1.10): the paper's CARD is λ alone; `card` is CardConfig.style
-    MethodInfo("card_paper", "variant", "λ alone (the paper's CARD)", rows=_STEERED,
-               style=dict(bias=False, memory=False, retrieval=False, fallback=False, form=False, far_knn_weight=0.0)),
-    MethodInfo("card_bias", "variant", "λ and the token bias", rows=_STEERED,
-               style=dict(bias=True, memory=False, retrieval=False, fallback=False, form=False, far_knn_weight=0.0)),
-    MethodInfo("card_knn", "variant", "λ and the kNN memory", rows=_STEERED,
-               style=dict(bias=False, memory=True, retrieval=False, fallback=False, form=False, far_knn_weight=0.0)),
+    MethodInfo("card_paper", "variant", "λ alone (the paper's CARD)", rows=_STEERED, style=_LAMBDA_ALONE),
+    MethodInfo("card_bias", "variant", "λ and the token bias", rows=_STEERED, style=_LAMBDA_ALONE | dict(bias=True)),
+    MethodInfo("card_knn", "variant", "λ and the kNN memory", rows=_STEERED, style=_LAMBDA_ALONE | dict(memory=True)),
     MethodInfo("card_rag", "variant", "λ with the person's nearest items in the prompt", rows=_STEERED,
-               style=dict(bias=False, memory=False, retrieval=True, fallback=False, form=False, far_knn_weight=0.0)),
+               style=_LAMBDA_ALONE | dict(retrieval=True)),
     # `card` without the person's form (their openings' bias): what the form adds at decoding
     MethodInfo("card_no_form", "variant", "the build's style without the bias on the person's openings", rows=_STEERED,
                style=dict(form=False)),

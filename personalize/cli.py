@@ -12,11 +12,12 @@ import argparse
 import json
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 
 from personalize.catalog import CARD_METHODS, COMPARED, CORE_METHODS
 from personalize.eval import commands
-from personalize.fitting.plan import (DEFAULT_DB, DEMO_ARTIFACTS, DEMO_DATA, UsageError, add_build_args, comma_list, comma_names,
+from personalize.fitting.plan import (DEFAULT_DB, DEMO_ARTIFACTS, DEMO_DATA, UsageError, add_build_args, comma_list,
                                       decoding, decoding_args, ensure_demo, load_engine, run_build)
 
 
@@ -35,17 +36,13 @@ def cmd_onboard(a) -> None:
     """A missing build, a bad history file or a taken name is refused before the models load (seconds, not ten)."""
     from personalize.data import TASKS, read_history_file
     from personalize.methods.artifacts import artifacts_meta
-    from personalize.store import Store, StoreError
+    from personalize.store import Store
 
     items = read_history_file(a.history, task=TASKS[artifacts_meta(Path(a.artifacts))["task"]])
     name = a.user or Path(a.history).stem
     store = Store(a.db)
-    try:
-        store.user(name)
-        if not a.replace:
-            raise UsageError(f"user {name!r} exists: pass --replace to replace their history and style")
-    except StoreError:
-        pass  # a new user
+    if store.may_reach(name) and not a.replace:  # the CLI reaches every stored user
+        raise UsageError(f"user {name!r} exists: pass --replace to replace their history and style")
     from personalize.methods.card.person import fit_person
 
     engine = load_engine(a)
@@ -61,11 +58,10 @@ def cmd_onboard(a) -> None:
         print(f"  cold start: fewer than {engine.cfg.min_fit_items} items, λ = 1 (the cluster's shared head)")
     d = fit.diagnostics
     if d.get("n"):
+        optional = {"acc_logprob_rule": "log-prob rule", "acc_covariate_only": "γ·Δlogp alone", "acc_no_head": "no head"}
         print(f"  held-out {d['unit']} (n={d['n']}): accuracy own style {d['acc_own']:.3f}, λ=1 {d['acc_ones']:.3f}, "
               f"other users' λ {d.get('acc_other', float('nan')):.3f}"
-              + (f", log-prob rule {d['acc_logprob_rule']:.3f}" if "acc_logprob_rule" in d else "")
-              + (f", γ·Δlogp alone {d['acc_covariate_only']:.3f}" if "acc_covariate_only" in d else "")
-              + (f", no head {d['acc_no_head']:.3f}" if "acc_no_head" in d else ""))
+              + "".join(f", {label} {d[k]:.3f}" for k, label in optional.items() if k in d))
         if "specificity_gap" in d:
             print(f"  user-specificity gap (own − others' margin): {d['specificity_gap']:+.4f}")
         if "helps" in d:
@@ -98,7 +94,7 @@ def cmd_generate(a) -> None:
 
     if not a.prompt.strip():
         raise UsageError("--prompt is empty")
-    methods = comma_names(a.methods)
+    methods = comma_list(a.methods)
     known = [*CORE_METHODS, *CARD_METHODS[1:], *COMPARED]
     unknown = [m for m in methods if m not in known]
     if unknown:
@@ -159,8 +155,8 @@ def cmd_style_key(a) -> None:
 
     if not (Path(a.artifacts) / "config.json").exists():
         raise UsageError(f"no artifacts at {a.artifacts}: a style key belongs to a build; give --artifacts DIR")
-    build, store = BuildInfo.of_folder(a.artifacts), Store(a.db)
-    try:
+    build = BuildInfo.of_folder(a.artifacts)
+    with closing(Store(a.db)) as store:
         if a.action == "export":
             text = export_keys(store, build, a.user, a.all_versions)
             Path(a.out).parent.mkdir(parents=True, exist_ok=True)
@@ -177,20 +173,15 @@ def cmd_style_key(a) -> None:
             print(f"imported {len(res.versions)} version(s) for {res.user} (current: version "
                   f"{res.versions[-1]})" + (f"; {res.trimmed} smallest bias entries were left out of the key"
                                             if res.trimmed else ""))
-    finally:
-        store.close()
 
 
 def cmd_forget(a) -> None:
     from personalize.studio.own_data import forget_user
     from personalize.store import Store
 
-    store = Store(a.db)
-    try:
+    with closing(Store(a.db)) as store:
         root = Path(a.db).parent  # every file of a studio lives beside its database
         res = forget_user(store, a.user, root / "oppu", Path(a.export_dir or root / "exports"), root / "cache")
-    finally:
-        store.close()
     removed = ", ".join(f"{v} {k}" for k, v in res.deleted.items() if v)
     print(f"forgot {a.user}: {removed or 'no rows'} deleted; {res.ratings_anonymised} rating(s) and "
           f"{res.campaign_items_anonymised} campaign item(s) anonymised; {res.rater_ids_anonymised} vote(s) cast under "
@@ -204,8 +195,7 @@ def cmd_campaign(a) -> None:
     from personalize.humaneval import campaign, campaign_files, campaign_pool, campaign_report
     from personalize.store import Store
 
-    store = Store(a.db)
-    try:
+    with closing(Store(a.db)) as store:
         camps = campaign.Campaigns(store)
         if a.action == "create":
             from personalize.methods.artifacts import artifacts_meta
@@ -213,7 +203,7 @@ def cmd_campaign(a) -> None:
             meta = artifacts_meta(Path(a.artifacts))
             c = campaign_pool.create_from_lamp(
                 store, a.name, a.data, a.split, a.limit, a.artifacts, meta.get("id", "unbuilt"), meta["task"],
-                sources=comma_list(a.sources), methods=comma_names(a.methods), reference=a.reference, mode=a.mode, raters_per_item=a.raters_per_item,
+                sources=comma_list(a.sources), methods=comma_list(a.methods), reference=a.reference, mode=a.mode, raters_per_item=a.raters_per_item,
                 attention_every=a.attention_every, alpha=a.alpha, top_k=a.top_k, max_new_tokens=a.max_tokens,
                 min_raters_per_unit=a.min_raters_per_unit)
             out = camps.outputs(a.name)
@@ -267,8 +257,6 @@ def cmd_campaign(a) -> None:
         elif a.action in ("close", "open"):
             camps.set_status(a.name, "closed" if a.action == "close" else "open")
             print(f"campaign {a.name!r} is {'closed' if a.action == 'close' else 'open'}")
-    finally:
-        store.close()
 
 
 def cmd_population(a) -> None:

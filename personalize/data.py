@@ -351,12 +351,16 @@ def _from_jsonl(text: str, name: str) -> list[Item]:
     return items
 
 
-def _from_csv(text: str, name: str) -> list[Item]:
+def csv_rows(text: str, name: str) -> list[list[str]]:
     reader = csv.reader(io.StringIO(text, newline=""))
     try:
-        rows = list(reader)
+        return list(reader)
     except csv.Error as e:
         raise HistoryError(f"{name} line {reader.line_num}: not valid CSV ({e})") from None
+
+
+def _from_csv(text: str, name: str) -> list[Item]:
+    rows = csv_rows(text, name)
     if not rows:
         raise HistoryError(f"{name} is empty")
     header, rows = [h.strip().lower() for h in rows[0]], rows[1:]

@@ -52,11 +52,6 @@ def add_overrides(p: argparse.ArgumentParser, cls, flags: Mapping[str, str]) -> 
                        help=f"{f.metadata.get('help', '')} (default: the build's; {f.default} unless it chose another)")
 
 
-def override_values(a: argparse.Namespace, flags: Mapping[str, str]) -> dict[str, Any]:
-    """The override flags given, by field name."""
-    return {k: v for k, v in flag_values(a, flags).items() if v is not None}
-
-
 def flag_values(a: argparse.Namespace, flags: Mapping[str, str]) -> dict[str, Any]:
     """The parsed values of `flags` (field → "--flag") by field name, for dataclasses.replace (which validates)."""
     return {name: getattr(a, flag.lstrip("-").replace("-", "_")) for name, flag in flags.items()}

@@ -19,23 +19,22 @@ def _scorer():
     return rouge_scorer.RougeScorer(["rouge1", "rougeL"], use_stemmer=True)
 
 
-def rouge_per_query(predictions: Sequence[str], golds: Sequence[str]) -> list[float]:
-    """ROUGE-L F1 of each query (for paired bootstrap intervals)."""
+def _scores(predictions: Sequence[str], golds: Sequence[str]) -> list[dict]:
     if len(predictions) != len(golds):
         raise ValueError("predictions and golds differ in length")
-    return [_scorer().score(g, p)["rougeL"].fmeasure for p, g in zip(predictions, golds)]
+    return [_scorer().score(g, p) for p, g in zip(predictions, golds)]
+
+
+def rouge_per_query(predictions: Sequence[str], golds: Sequence[str]) -> list[float]:
+    """ROUGE-L F1 of each query (for paired bootstrap intervals)."""
+    return [s["rougeL"].fmeasure for s in _scores(predictions, golds)]
 
 
 def rouge_scores(predictions: Sequence[str], golds: Sequence[str]) -> dict[str, float]:
-    if len(predictions) != len(golds):
-        raise ValueError("predictions and golds differ in length")
-    if not golds:
+    scores = _scores(predictions, golds)
+    if not scores:
         return {"rouge1": 0.0, "rougeL": 0.0, "n": 0}
-    r1 = rl = 0.0
-    for p, g in zip(predictions, golds):
-        s = _scorer().score(g, p)
-        r1, rl = r1 + s["rouge1"].fmeasure, rl + s["rougeL"].fmeasure
-    return {"rouge1": r1 / len(golds), "rougeL": rl / len(golds), "n": len(golds)}
+    return {k: sum(s[k].fmeasure for s in scores) / len(scores) for k in ("rouge1", "rougeL")} | {"n": len(scores)}
 
 
 _UNIT = re.compile(r"\w+|[^\w\s]+")  # a word, or a run of punctuation ("...", "****" are one unit each)

@@ -68,10 +68,7 @@ class Access:
         object.__setattr__(self, "admins", frozenset(self.admins))
 
     def may_reach(self, owner: str | None, campaign: bool = False) -> bool:
-        who = current_login()
-        if not self.logins or who is None or who in self.admins:
-            return True
-        return campaign or owner == who
+        return self.sees_everyone() or campaign or owner == current_login()
 
     def sees_everyone(self) -> bool:
         who = current_login()
@@ -238,7 +235,7 @@ def migrate(db: sqlite_utils.Database, path: Path, parts: Sequence[Tables] = ())
 
 class PeopleTables:
     """Store's person rules: reach (`_require`, `may_reach`, `_claim`) and replaced histories. Uses the store's
-    connection (`db`), lock (`_lock`), write transaction (`_write`) and rule (`access`)."""
+    connection (`db`), lock (`_lock`), reads (`query`), write transaction (`_write`) and rule (`access`)."""
 
     def _require(self, name: str) -> str:
         """The stored person's name; "unknown" when there is none, "taken" when the current login may not reach
@@ -277,20 +274,23 @@ class PeopleTables:
         return row is not None
 
     @staticmethod
-    def _keep_replaced(db, name: str, at: str) -> None:
-        """The history a Save replaces, kept so that it can be restored (restore_history); its styles stay as
-        versions."""
-        task = db.execute("SELECT task FROM users WHERE name = ?", [name]).fetchone()[0]
+    def _replace_history(db, name: str, task: str, rows: list[dict]) -> None:
+        """The user's history becomes `rows`; the one it replaces is kept so that it can be restored
+        (restore_history), its styles stay as versions, and the current style and clusters, fitted on it, go."""
+        at = now()
+        old_task = db.execute("SELECT task FROM users WHERE name = ?", [name]).fetchone()[0]
         old = [{"x": r["x"], "y": r["y"]} for r in db["items"].rows_where("user = ?", [name], order_by="position")]
         if old:
-            db["replaced"].insert({"user": name, "replaced": at, "task": task, "items": _dumps(old)})
+            db["replaced"].insert({"user": name, "replaced": at, "task": old_task, "items": _dumps(old)})
+        for table in ("items", "vectors", "assignments"):
+            db[table].delete_where("user = ?", [name])
+        db["users"].update(name, {"task": task, "updated": at})
+        db["items"].insert_all(rows)
 
     def replaced_histories(self, name: str) -> list[dict]:
         """[{"id", "replaced", "task", "n_items"}] of the histories Saves replaced, newest first."""
-        with self._lock:
-            name = self._require(name)
-            return list(self.db.query("SELECT id, replaced, task, json_array_length(items) AS n_items FROM replaced"
-                                      " WHERE user = ? ORDER BY id DESC", [name]))
+        return self.query("SELECT id, replaced, task, json_array_length(items) AS n_items FROM replaced"
+                          " WHERE user = ? ORDER BY id DESC", [self._require(name)])
 
     def restore_history(self, name: str, replaced_id: int) -> int:
         """Brings a replaced history back (the one it replaces is kept in turn); returns its number of items."""
@@ -300,14 +300,9 @@ class PeopleTables:
                              [int(replaced_id), name]).fetchone()
             if row is None:
                 raise StoreError(f"user '{name}' has no replaced history {replaced_id}")
-            at = now()
-            self._keep_replaced(db, name, at)
             db["replaced"].delete(int(replaced_id))
-            for table in ("items", "vectors", "assignments"):
-                db[table].delete_where("user = ?", [name])
-            db["users"].update(name, {"task": row[0], "updated": at})
             items = [Item(x=i["x"], y=i["y"]) for i in json.loads(row[1])]
-            db["items"].insert_all(_item_rows(name, items, 0))
+            self._replace_history(db, name, row[0], _item_rows(name, items, 0))
             return len(items)
 
 

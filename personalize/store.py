@@ -34,6 +34,11 @@ def decodes_own(stats: dict) -> bool | None:
     return True if stats.get("n_votes") else stats.get("diagnostics", {}).get("helps")
 
 
+def _floats(blob: bytes) -> np.ndarray:
+    """A stored λ as a writable float32 copy."""
+    return np.frombuffer(blob, dtype="<f4").astype(np.float32)
+
+
 @dataclass(frozen=True)
 class StoredItem:
     """A history item as stored: its row id (for edits) and position in the user's history."""
@@ -67,14 +72,11 @@ class Store(PeopleTables, RecordTables):
         try:
             self.db.enable_wal()
             self.db.execute("PRAGMA foreign_keys = ON")
-            self._init_schema()
+            with self._write() as db:
+                migrate(db, self.path, tuple(self.parts.values()))
         except BaseException:
             conn.close()
             raise
-
-    def _init_schema(self) -> None:
-        with self._write() as db:
-            migrate(db, self.path, tuple(self.parts.values()))
 
     def attach(self, part: Tables) -> None:
         """Makes a higher package's tables (the migration step, once per Store) and has forget clear them."""
@@ -89,12 +91,6 @@ class Store(PeopleTables, RecordTables):
         with self._lock:
             self.db.close()
 
-    @contextmanager
-    def transaction(self) -> Iterator[sqlite_utils.Database]:
-        """One write transaction for the modules that keep their own tables here (humaneval/campaign.py)."""
-        with self._write() as db:
-            yield db
-
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[dict]:
         """Rows of a read as dicts, under the connection's lock."""
         with self._lock:
@@ -106,6 +102,8 @@ class Store(PeopleTables, RecordTables):
         with self._lock, self.db.conn:
             self.db.conn.execute("BEGIN IMMEDIATE")
             yield self.db
+
+    transaction = _write  # the write transaction of the modules that keep their own tables here (humaneval/campaign.py)
 
     def _get(self, table: str, *pk: Any) -> dict | None:
         with self._lock:
@@ -129,27 +127,23 @@ class Store(PeopleTables, RecordTables):
             raise StoreError(f"user '{name}' needs at least one history item")
         rows = _item_rows(name, items, 0)
         with self._write() as db:
-            at = now()
-            if self._claim(db, name):
-                if not replace:
-                    raise StoreError(f"user '{name}' exists")
-                self._keep_replaced(db, name, at)
-                for table in ("items", "vectors", "assignments"):
-                    db[table].delete_where("user = ?", [name])
-                db["users"].update(name, {"task": task, "updated": at})
+            if not self._claim(db, name):
+                self._insert_user(db, name, task, now())
+                db["items"].insert_all(rows)
+            elif not replace:
+                raise StoreError(f"user '{name}' exists")
             else:
-                db["users"].insert({"name": name, "task": task, "created": at, "updated": at,
-                                    "owner": self.access.new_owner()})
-            db["items"].insert_all(rows)
+                self._replace_history(db, name, task, rows)
+
+    def _insert_user(self, db, name: str, task: str, at: str) -> None:
+        db["users"].insert({"name": name, "task": task, "created": at, "updated": at, "owner": self.access.new_owner()})
 
     def ensure_user(self, name: str, task: str) -> str:
         """The user, created without history when new (a style imported from a key needs no texts)."""
         name = _name(name)
         with self._write() as db:
             if not self._claim(db, name):
-                at = now()
-                db["users"].insert({"name": name, "task": task, "created": at, "updated": at,
-                                    "owner": self.access.new_owner()})
+                self._insert_user(db, name, task, now())
         return name
 
     def users(self, campaign: bool = False) -> list[dict]:
@@ -317,23 +311,21 @@ class Store(PeopleTables, RecordTables):
         if r is None:
             raise StoreError(f"user '{name}' has no version {version} under artifacts {artifacts}")
         stats = json.loads(r[2])
-        helps = decodes_own(stats)
-        return StoredStyle(np.frombuffer(r[0], dtype="<f4").astype(np.float32), r[1], helps), stats
+        return StoredStyle(_floats(r[0]), r[1], decodes_own(stats)), stats
 
     def vector(self, name: str, artifacts: str) -> tuple[np.ndarray, dict] | None:
         r = self._get("vectors", self._require(name), artifacts)
         if r is None:
             return None
-        vec = np.frombuffer(r["vector"], dtype="<f4").astype(np.float32)  # writable copy
-        return vec, {k: r[k] for k in ("d", "model_id", "updated", "version")} | {"stats": json.loads(r["stats"])}
+        return _floats(r["vector"]), {k: r[k] for k in ("d", "model_id", "updated", "version")} | {
+            "stats": json.loads(r["stats"])}
 
     def style(self, name: str, artifacts: str) -> StoredStyle | None:
         """The person's whole style as stored (style.UserStyle.from_stored makes it a style), None if not fitted."""
         r = self._get("vectors", self._require(name), artifacts)
         if r is None:
             return None
-        helps = decodes_own(json.loads(r["stats"]))
-        return StoredStyle(np.frombuffer(r["vector"], dtype="<f4").astype(np.float32), r.get("style"), helps)
+        return StoredStyle(_floats(r["vector"]), r.get("style"), decodes_own(json.loads(r["stats"])))
 
     def vector_bytes(self, name: str, artifacts: str) -> int:
         """Bytes stored for the person's style: λ and, when fitted, the token bias and memory."""

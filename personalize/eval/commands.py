@@ -14,8 +14,7 @@ from pathlib import Path
 from personalize.catalog import BENCH_METHODS, BY_NAME
 from personalize.flags import add_flags
 from personalize.methods.oppu_config import OppuConfig
-from personalize.fitting.plan import DEMO_ARTIFACTS, UsageError, comma_list, comma_names, decoding, decoding_args, \
-    ints, load_engine
+from personalize.fitting.plan import DEMO_ARTIFACTS, UsageError, comma_list, decoding, decoding_args, ints, load_engine
 
 
 def _method_configs(a) -> dict[str, dict]:
@@ -50,10 +49,15 @@ def cmd_eval(a) -> None:
         engine.meta.get("report", {}).get("alpha_by_objective", {}).get(objectives[0], {}).get("alpha")
     if alpha is not None:
         engine.cfg = replace(engine.cfg, decoding=replace(engine.cfg.decoding, alpha=alpha))
-    shards = _ray_shards(a, engine)
+
+    def ray_shards(cfg):  # --ray: eval's onboarding and decoding as Ray tasks
+        from personalize.eval.ray_eval import RayShards
+
+        return RayShards(engine, cfg)
+    shards = on_ray(a, ray_shards)
     t0 = time.perf_counter()
     try:
-        result = run_eval(engine, a.data, a.split, comma_names(a.methods), a.limit, method_configs=configs,
+        result = run_eval(engine, a.data, a.split, comma_list(a.methods), a.limit, method_configs=configs,
                           sources=comma_list(a.sources), shards=shards)
     finally:
         if shards is not None:
@@ -78,15 +82,6 @@ def _write_json(path: str | None, result: dict) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(result, indent=2))
         print(f"wrote {path}")
-
-
-def _ray_shards(a, engine):
-    """--ray ADDRESS: eval's onboarding and decoding as Ray tasks (eval.ray_eval)."""
-    def make(cfg):
-        from personalize.eval.ray_eval import RayShards
-
-        return RayShards(engine, cfg)
-    return on_ray(a, make)
 
 
 def on_ray(a, make):
@@ -127,7 +122,7 @@ def cmd_bench(a) -> None:
     from personalize.data import read_lamp
     from personalize.eval.bench import format_bench, run_bench
 
-    methods = comma_names(a.methods)
+    methods = comma_list(a.methods)
     unknown = [m for m in methods if m not in BENCH_METHODS]
     if unknown:
         raise UsageError(f"bench --methods: unknown {unknown}; choose from {list(BENCH_METHODS)}")
@@ -190,7 +185,6 @@ def cmd_simulate_feedback(a) -> None:
 
 
 def add_eval(sub) -> None:
-    """`eval`'s parser."""
     e = sub.add_parser("eval", help="ROUGE-1/ROUGE-L per method on LaMP-format data", description="Evaluate methods (Table 1 layout).")
     e.add_argument("--artifacts", required=True)
     e.add_argument("--data", required=True)
@@ -210,7 +204,6 @@ def add_eval(sub) -> None:
 
 
 def add_bench(sub) -> None:
-    """`bench`'s parser."""
     n = sub.add_parser("bench", help="efficiency table measured in one run", description="Onboarding, fit, decoding overhead, switching, storage.")
     n.add_argument("--artifacts", required=True)
     n.add_argument("--data", default=None, help="users to onboard (default: the build's data)")
@@ -233,7 +226,6 @@ def add_bench(sub) -> None:
 
 
 def add_simulate_feedback(sub) -> None:
-    """`simulate-feedback`'s parser."""
     f = sub.add_parser("simulate-feedback", help="votes refine λ: a simulated person votes, held-out ROUGE-L per vote count",
                        description="A simulated person prefers, of two CARD samples, the one closer to their held-out "
                                    "text; their style is refitted after each round of votes and scored on other "

@@ -40,16 +40,12 @@ def _words(s: str) -> list[str]:
     return s.lower().split()
 
 
-def bm25_scores(query: str, profile: Sequence[Item]) -> np.ndarray:
-    """Each profile item's BM25 score for the query (its input, else its output; lowercase words)."""
-    docs = [_words(it.x or it.y) for it in profile]
-    return BM25Okapi(docs).get_scores(_words(query)) if docs else np.zeros(0)
-
-
 def bm25_copy(query: str, profile: Sequence[Item]) -> str:
-    """The no-model floor of shared/data/README: copy the output of the BM25-nearest profile item."""
-    scores = bm25_scores(query, profile)
-    return profile[int(np.argmax(scores))].y if len(scores) else ""
+    """The no-model floor of shared/data/README: copy the output of the BM25-nearest profile item (scored on its
+    input, else its output; lowercase words)."""
+    if not profile:
+        return ""
+    return profile[int(np.argmax(BM25Okapi([_words(it.x or it.y) for it in profile]).get_scores(_words(query))))].y
 
 
 def run_eval(engine: Engine, *args, **kwargs) -> dict:
@@ -86,14 +82,13 @@ def _run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequenc
         fits.append(fit_with_own(engine, q.user or q.id, profiles[-1]))
     onboard_s = time.perf_counter() - t0
     partner = shuffled_partners([f.cluster for f in fits], seed)
-    preds: dict[str, list[str]] = {}
-    gold_lp: dict[str, list[float | None]] = {}  # each gold's log-prob per token under the method's own rows
+    preds: dict[str, list[str]] = {m: [""] * len(queries) for m in methods}
+    # each gold's log-prob per token under the method's own rows
+    gold_lp: dict[str, list[float | None]] = {m: [None] * len(queries) for m in methods}
     no_gold_lp: dict[str, str] = {}  # methods whose rows the scorer cannot read, and why
     seconds: dict[str, float] = {}
     for m in methods:
-        preds[m] = [""] * len(queries)
         t_method = time.perf_counter()
-        gold_lp[m] = [None] * len(queries)
         (shards.predict if shards is not None else partial(_predict, engine))(
             m, task, queries, profiles, fits, partner, method_configs, preds[m], gold_lp[m])
         seconds[m] = (time.perf_counter() - t_method) / len(queries)
@@ -116,10 +111,9 @@ def _run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequenc
                             "teacher_forced": teacher_forced_specificity(engine, fits, partner)},
             "settings": {"artifacts": engine.artifacts_id, "data": str(data_dir), "split": split, "n": len(queries),
                          "sources": sorted({q.source for q in queries if q.source}), "sources_in_build": seen,
-                         "max_items": max_items, "alpha": engine.cfg.decoding.alpha, "top_k": engine.cfg.decoding.top_k,
-                         "max_new_tokens": engine.cfg.decoding.max_new_tokens,
-                         "repetition_penalty": engine.cfg.decoding.repetition_penalty,
-                         "no_repeat_ngram": engine.cfg.decoding.no_repeat_ngram, "k": engine.cfg.default_k,
+                         "max_items": max_items, **{k: getattr(engine.cfg.decoding, k) for k in (
+                             "alpha", "top_k", "max_new_tokens", "repetition_penalty", "no_repeat_ngram")},
+                         "k": engine.cfg.default_k,
                          "objective": engine.cfg.objectives[0], "style": dataclasses.asdict(engine.cfg.style),
                          "onboarding_s_total": round(onboard_s, 1), "method_configs": method_configs or {}},
             "predictions": [{"id": q.id, "user": q.user, "source": q.source, "gold": q.gold,
@@ -228,9 +222,7 @@ def decode_batches(engine: Engine, method: str, fits: Sequence[UserFit], batch: 
 def decodes_alone(engine: Engine, method: str) -> bool:
     """A CARD that retrieves the person's items decodes one person a call; at α = 0 it decodes as the cluster
     model does, in its batches (the same padding: the same tokens)."""
-    if engine.cfg.decoding.alpha == 0:
-        return False
-    return method in CARD_METHODS and variant(method, engine.cfg.style).retrieval
+    return engine.cfg.decoding.alpha != 0 and method in CARD_METHODS and variant(method, engine.cfg.style).retrieval
 
 
 def shuffled_partners(clusters: Sequence[int], seed: int = 0) -> list[int]:
@@ -300,6 +292,6 @@ def format_table(result: dict) -> str:
     methods = list(result["methods"])
     head = "| task | " + " | ".join(methods) + " |"
     sep = "|---" * (len(methods) + 1) + "|"
-    r1 = f"| {result['task']} R-1 | " + " | ".join(f"{result['methods'][m]['rouge1']:.4f}" for m in methods) + " |"
-    rl = f"| {result['task']} R-L | " + " | ".join(f"{result['methods'][m]['rougeL']:.4f}" for m in methods) + " |"
-    return "\n".join([head, sep, r1, rl])
+    rows = [f"| {result['task']} {label} | " + " | ".join(f"{result['methods'][m][key]:.4f}" for m in methods) + " |"
+            for label, key in (("R-1", "rouge1"), ("R-L", "rougeL"))]
+    return "\n".join([head, sep, *rows])

@@ -67,12 +67,8 @@ def parse_changelog(text: str) -> tuple[list[ChangelogEntry], int]:
 def changelog_body(lines: Sequence[str], limit: int = 400) -> str:
     """The maintainer's own text: the two-space indent of the format removed, their bullets and
     'Closes: #' kept exactly, cut at a line boundary."""
-    body = [re.sub(r"^ {1,2}", "", ln.rstrip()) for ln in lines]
-    while body and not body[0].strip():
-        body.pop(0)
-    while body and not body[-1].strip():
-        body.pop()
-    return cut_lines("\n".join(body), limit).rstrip("\n")
+    body = "\n".join(re.sub(r"^ {1,2}", "", ln.rstrip()) for ln in lines).strip("\n")  # blank lines are "" here
+    return cut_lines(body, limit).rstrip("\n")
 
 
 def _is_rebuild(e: ChangelogEntry, body: str) -> bool:
@@ -101,9 +97,8 @@ def changelog_prompt(e: ChangelogEntry) -> str:
 def from_changelogs(docs: str | Path, out: str | Path, split: str = "dev", min_items: int = 8, max_items: int = 24,
                     body_chars: int = 400) -> PopulationReport:
     """Debian changelog entries per maintainer (the signer, keyed by name: a maintainer's several e-mail
-    addresses are one person, _person_key): every Debian system ships
-    hundreds of people's writing under /usr/share/doc. Team uploads (several authors' "[ Name ]" sections)
-    and rebuilds (no words of the signer) are left out; an entry several binary packages share counts once."""
+    addresses are one person, _person_key). Team uploads (several authors' "[ Name ]" sections) and rebuilds
+    (no words of the signer) are left out; an entry several binary packages share counts once."""
     check_limits(min_items, max_items)
     docs = Path(docs)
     if not docs.is_dir():

@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from personalize.flags import add_flags, add_overrides, flag_values, override_values
+from personalize.flags import add_flags, add_overrides, flag_values
 
 if TYPE_CHECKING:
     from personalize.methods.card.config import CardConfig
@@ -34,10 +34,6 @@ def ints(s: str) -> tuple[int, ...]:
 
 def comma_list(s: str | None) -> tuple[str, ...]:
     return tuple(x.strip() for x in (s or "").split(",") if x.strip())
-
-
-def comma_names(s: str) -> list[str]:
-    return [m.strip() for m in s.split(",") if m.strip()]
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -68,8 +64,8 @@ def decoding_args(p: argparse.ArgumentParser) -> None:
 
 
 def decoding(engine, a):
-    """The build's decoding settings with the command's changes."""
-    return replace(engine.cfg.decoding, **override_values(a, DECODING_FLAGS))
+    """The build's decoding settings with the command's changes (the override flags given)."""
+    return replace(engine.cfg.decoding, **{k: v for k, v in flag_values(a, DECODING_FLAGS).items() if v is not None})
 
 
 def load_engine(a):

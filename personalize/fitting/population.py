@@ -9,8 +9,6 @@ words of, and every rule's toll is counted so a thin population can be explained
 
 from __future__ import annotations
 
-import csv
-import io
 import os
 import re
 import subprocess
@@ -21,7 +19,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
-from personalize.data import TASKS, HistoryError, Item, Query, Task, parse_json, short_text, task_named, write_lamp
+from personalize.data import (TASKS, HistoryError, Item, Query, Task, csv_rows, parse_json, short_text, task_named,
+                              write_lamp)
 from personalize.methods.card.neutral import plain
 
 COMMIT_PROMPT = TASKS["commit_subjects"].instruction + "\nFiles changed:\n{stat}Diff excerpt:\n{diff}"
@@ -133,15 +132,20 @@ def _git_env(repo: Path) -> dict[str, str]:
     return env
 
 
-def _git(repo: Path, *args: str) -> str:
+def _git(repo: Path, *args: str, fail: str | None = None) -> str:
+    """git's output; `fail`: what a non-zero exit says (else git's last line of error)."""
     try:
         r = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, env=_git_env(repo))
     except FileNotFoundError:
         raise HistoryError("git is not installed (it reads the repositories)") from None
     if r.returncode:
-        err = r.stderr.decode("utf-8", "replace").strip().splitlines()
-        raise HistoryError(f"{repo}: git {args[0]} failed: {err[-1] if err else f'exit {r.returncode}'}")
+        raise HistoryError(fail or _git_failed(repo, args[0], r.stderr, r.returncode))
     return r.stdout.decode("utf-8", "replace")
+
+
+def _git_failed(repo: Path, command: str, stderr: bytes, rc: int) -> str:
+    err = stderr.decode("utf-8", "replace").strip().splitlines()
+    return f"{repo}: git {command} failed: {err[-1] if err else f'exit {rc}'}"
 
 
 def repo_source(repo: Path) -> str:
@@ -164,12 +168,7 @@ def repo_source(repo: Path) -> str:
 def _check_repo(repo: Path) -> None:
     if not repo.exists():
         raise HistoryError(f"{repo}: no such folder")
-    try:
-        r = subprocess.run(["git", "-C", str(repo), "rev-parse", "--git-dir"], capture_output=True, env=_git_env(repo))
-    except FileNotFoundError:
-        raise HistoryError("git is not installed (it reads the repositories)") from None
-    if r.returncode:
-        raise HistoryError(f"{repo}: not a git repository")
+    _git(repo, "rev-parse", "--git-dir", fail=f"{repo}: not a git repository")
 
 
 def _commit_changes(repo: Path, hashes: Sequence[str], stat_chars: int, diff_chars: int) -> dict[str, tuple[str, str]]:
@@ -210,8 +209,7 @@ def _commit_changes(repo: Path, hashes: Sequence[str], stat_chars: int, diff_cha
         rc = proc.wait()
         if rc:
             stderr.seek(0)
-            err = stderr.read().decode("utf-8", "replace").strip().splitlines()
-            raise HistoryError(f"{repo}: git log failed: {err[-1] if err else f'exit {rc}'}")
+            raise HistoryError(_git_failed(repo, "log", stderr.read(), rc))
     result = {}
     for h, (stat, diff) in out.items():
         s = "".join(stat)
@@ -270,14 +268,13 @@ def from_git(repos: Sequence[str | Path], out: str | Path, split: str = "dev", m
                 commits[key].append((ri, h, float(t or 0), subject, name.strip()))
     # Only the commits that will be written get their stat and diff read.
     chosen: dict[str, list[tuple[int, str, float, str, str]]] = {}
+    need: dict[int, list[str]] = defaultdict(list)
     for key, cs in commits.items():
         cs.sort(key=lambda c: -c[2])
-        chosen[key] = cs[: max_items + 1] if len(cs) - 1 >= min_items else cs
-    need: dict[int, list[str]] = defaultdict(list)
-    for cs in chosen.values():
-        if len(cs) - 1 >= min_items:
-            for ri, h, *_ in cs:
-                need[ri].append(h)
+        enough = len(cs) - 1 >= min_items
+        chosen[key] = cs[: max_items + 1] if enough else cs
+        for ri, h, *_ in chosen[key] if enough else ():
+            need[ri].append(h)
     changes: dict[str, tuple[str, str]] = {}
     for ri, hashes in need.items():
         changes |= _commit_changes(repos[ri], hashes, stat_chars, diff_chars)
@@ -307,11 +304,7 @@ def _read_table(path: Path) -> tuple[list[str], list[dict[str, object]]]:
     if not text.strip():
         raise HistoryError(f"{path.name} is empty")
     if path.suffix.lower() == ".csv":
-        reader = csv.reader(io.StringIO(text, newline=""))
-        try:
-            rows = list(reader)
-        except csv.Error as e:
-            raise HistoryError(f"{path.name} line {reader.line_num}: not valid CSV ({e})") from None
+        rows = csv_rows(text, path.name)
         header = [h.strip().lower() for h in rows[0]]
         return header, [{h: r[i] for i, h in enumerate(header) if i < len(r)}
                         for r in rows[1:] if any(c.strip() for c in r)]
@@ -379,17 +372,12 @@ def from_table(path: str | Path, out: str | Path, task: str | None = None, split
         r = rows[i]
         user, y = text_of(r.get("user")).strip(), text_of(r.get("text")).strip()
         raw_x = text_of(r.get("input")).strip()
-        if not user:
-            dropped["rows without a user"] += 1
-            continue
-        if not y:
-            dropped["rows without text"] += 1
-            continue
-        if has_input and not raw_x:
-            dropped["rows without an input"] += 1
-            continue
-        if (user, raw_x, y) in seen:  # a repeat in the profile would let the query be answered by copying
-            dropped["repeated rows"] += 1
+        why = ("rows without a user" if not user else "rows without text" if not y
+               else "rows without an input" if has_input and not raw_x
+               else "repeated rows" if (user, raw_x, y) in seen  # in the profile, it would answer the query by copying
+               else None)
+        if why:
+            dropped[why] += 1
             continue
         seen.add((user, raw_x, y))
         x = "" if not has_input else raw_x if not chosen.prefix or raw_x.startswith(chosen.prefix) \

@@ -63,8 +63,7 @@ def draw_methods(methods: Sequence[str], rng: random.Random) -> tuple[str, str]:
     pool = list(dict.fromkeys(methods))
     if len(pool) < 2:
         raise ValueError("a blind pair needs at least two different methods")
-    a, b = rng.sample(pool, 2)
-    return a, b
+    return tuple(rng.sample(pool, 2))
 
 
 class Arena:

@@ -62,14 +62,13 @@ class Campaigns:
                 if cfg.reference:
                     self._output(db, iid, REFERENCE, it.reference, 0.0)
                 pairs = combinations(sorted(arms), 2) if cfg.mode == "pairwise" else ((a, "") for a in sorted(arms))
-                for a, b in pairs:
-                    db["campaign_units"].insert({"campaign": cid, "item": iid, "method_a": a, "method_b": b,
-                                                 "attention": 0})
+                units = [(a, b, 0) for a, b in pairs]
                 if cfg.attention_every:
                     self._output(db, iid, DEGENERATE, degenerate(it.reference), 0.0)
-                    a, b = (REFERENCE, DEGENERATE) if cfg.mode == "pairwise" else (DEGENERATE, "")
+                    units.append((REFERENCE, DEGENERATE, 1) if cfg.mode == "pairwise" else (DEGENERATE, "", 1))
+                for a, b, attention in units:
                     db["campaign_units"].insert({"campaign": cid, "item": iid, "method_a": a, "method_b": b,
-                                                 "attention": 1})
+                                                 "attention": attention})
         return self.get(name)
 
     def get(self, name: str) -> dict:

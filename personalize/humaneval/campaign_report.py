@@ -14,8 +14,7 @@ from personalize.humaneval.bradley_terry import LeaderboardConfig, leaderboard
 
 
 def results(camps, name: str, cfg: LeaderboardConfig = LeaderboardConfig()) -> dict:
-    """The study's figures: strengths or rubric means with intervals, the reference's place, agreement
-    (Krippendorff's α, position bias, each rater against the others), attention checks, the LLM judge."""
+    """The study's figures (the module's first line) for the campaign `name`."""
     c = camps.get(name)
     conf: CampaignConfig = c["config"]
     rows = camps.judgments(name)
@@ -26,10 +25,7 @@ def results(camps, name: str, cfg: LeaderboardConfig = LeaderboardConfig()) -> d
            "items": len(camps.items(name)), "outputs": camps.outputs(name), "judgments": len(main),
            "raters": len({r["rater"] for r in main}), "attention": _attention(checks, conf.mode),
            "min_raters_per_unit": conf.min_raters_per_unit}
-    by_unit: dict[tuple, set] = {}
-    for r in main:
-        by_unit.setdefault((r["first"], r["second"], r["item"]), set()).add(r["rater"])
-    shared = sum(len(v) >= 2 for v in by_unit.values())  # α is defined only over units two raters judged
+    shared = lambda units: sum(len(v) >= 2 for v in units.values())  # noqa: E731  α's units: two raters judged them
     if conf.mode == "pairwise":
         human = _strengths(main, cfg)
         units = {}
@@ -37,7 +33,7 @@ def results(camps, name: str, cfg: LeaderboardConfig = LeaderboardConfig()) -> d
             units.setdefault((r["first"], r["second"], r["item"]), {})[r["rater"]] = canonical_label(r)
         res["agreement"] = {"krippendorff_alpha": agreement.krippendorff_alpha(units, "nominal"),
                             "position_bias": agreement.position_bias([r["verdict"] for r in main]),
-                            "raters": agreement.rater_agreement(units), "shared_units": shared}
+                            "raters": agreement.rater_agreement(units), "shared_units": shared(units)}
         res["leaderboard"] = human["methods"]
         judge_scores = _judge_wins(judge_rows) or {
             m["method"]: m["strength"] for m in _strengths(judge_rows, cfg)["methods"]}
@@ -52,7 +48,7 @@ def results(camps, name: str, cfg: LeaderboardConfig = LeaderboardConfig()) -> d
         res["agreement"] = {"krippendorff_alpha": {k: agreement.krippendorff_alpha(u, "interval")
                                                    for k, u in per.items()},
                             "position_bias": None,
-                            "raters": agreement.rater_agreement(per["style"]), "shared_units": shared}
+                            "raters": agreement.rater_agreement(per["style"]), "shared_units": shared(per["style"])}
         judge_scores = {m["method"]: m["mean"] for m in agreement.rubric_means(
             [{"method": r["method_a"], **r["scores"]} for r in judge_rows if r["scores"]], CRITERIA, n_boot=1)}
         human_scores = {m["method"]: m["mean"] for m in res["leaderboard"]}

@@ -67,9 +67,7 @@ class Judge:
 
     @property
     def label(self) -> str:
-        if self.lm.model_id == BUNDLED_ID:
-            return "SmolLM2-135M-Instruct (bundled; a weak judge)"
-        return self.lm.model_id
+        return "SmolLM2-135M-Instruct (bundled; a weak judge)" if self.lm.model_id == BUNDLED_ID else self.lm.model_id
 
     def _answer_id(self, prefix: str, answer: str) -> int:
         tok = self.lm.tokenizer
