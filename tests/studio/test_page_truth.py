@@ -421,16 +421,18 @@ def test_fit_verdict_by_decoding_lets_a_person_in_between_its_steps(studio, monk
     assert events == ["check", "person", "check"], events
 
 
-def test_explores_alpha_plot_names_the_base_at_alpha_zero():
-    """α = 0 is a cluster of one's own adapter, not the cluster model: the sweep's plot says which."""
+def test_explores_plots_name_the_base():
+    """α = 0 is a cluster of one's own adapter, not the cluster model, and their card decodes over it at every K:
+    the sweep's plots say which."""
     from types import SimpleNamespace
 
     from personalize.ui.figures import explore_figures
 
     row = SimpleNamespace(alpha=0.0, rougeL=0.5, length=6)
     for own, base in ((True, "your own adapter"), (False, "the cluster model")):
-        fa, _ = explore_figures(SimpleNamespace(alpha=[row], k=[], own=own))
+        fa, fk = explore_figures(SimpleNamespace(alpha=[row], k=[], own=own))
         assert fa.layout.title.text.endswith(f"(α = 0: {base})")
+        assert ("own adapter at every K" in fk.layout.title.text) == own
 
 
 def test_the_decoded_verdicts_fallback_is_the_persons_base():
