@@ -48,31 +48,28 @@ class PagMethod(RagMethod):
 
     def is_prepared(self, user: UserContext) -> bool:
         """True when this history's summary exists (else the first use writes it: one short decode)."""
-        if not user.items:
-            return True
+        return not user.items or self._kept(user)[1] is not None
+
+    def _kept(self, user: UserContext) -> tuple[str, dict | None]:
+        """(this history and LM's key, the summary kept for them: in memory, else stored; None: none matches)."""
         key = fingerprint([it.y for it in user.items] + [self.engine.lm.model_id])
         value = self._summaries.get(user.name)
         if (value is None or value["history"] != key) and self.store is not None:
             value = self.store.blob(user.name, SUMMARY_KIND, SUMMARY_KEY)
-        return value is not None and value.get("history") == key
+        return key, value if value is not None and value.get("history") == key else None
 
     def summary(self, user: UserContext) -> tuple[dict, bool]:
         """The stored summary when it matches this history and LM, else a new one; (value, newly made)."""
         if not user.items:
             raise ValueError(f"{self.name} needs at least one history item for user {user.name!r}")
-        key = fingerprint([it.y for it in user.items] + [self.engine.lm.model_id])
-        value = self._summaries.get(user.name)
-        if (value is None or value["history"] != key) and self.store is not None:
-            value = self.store.blob(user.name, SUMMARY_KIND, SUMMARY_KEY)
-        if value is not None and value.get("history") == key:
-            self._summaries[user.name] = value
-            return value, False
-        value = {"summary": self._summarize([it.y for it in user.items]), "history": key,
-                 "model_id": self.engine.lm.model_id, "n_items": len(user.items)}
-        if self.store is not None:
-            self.store.put_blob(user.name, SUMMARY_KIND, SUMMARY_KEY, value)
+        key, value = self._kept(user)
+        if made := value is None:
+            value = {"summary": self._summarize([it.y for it in user.items]), "history": key,
+                     "model_id": self.engine.lm.model_id, "n_items": len(user.items)}
+            if self.store is not None:
+                self.store.put_blob(user.name, SUMMARY_KIND, SUMMARY_KEY, value)
         self._summaries[user.name] = value
-        return value, True
+        return value, made
 
     def summary_prompt(self, texts: list[str]) -> str:
         """The instruction and as many of the user's texts (newest first) as fit the prompt budget."""
