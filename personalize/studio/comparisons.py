@@ -74,6 +74,12 @@ def _jsonable(trace) -> dict:
         return {}
 
 
+def generation_settings(state: UserState, s: DecodingSettings) -> dict:
+    """What a stored generation was decoded with (a Quick pair reuses an output only under the same)."""
+    return {"alpha": s.alpha, "top_k": s.top_k, "max_new_tokens": s.max_new_tokens, "k": state.k,
+            "cluster": state.cluster, "fitted": state.fitted}
+
+
 def text_pieces(tok, steps: Sequence[dict]) -> list[tuple[str, bool]]:
     """(text, changed) per displayed piece: byte-level tokens that only together form a character (an
     emoji is often 2-4 tokens) are merged, changed if any of them was; special tokens are dropped."""
@@ -141,10 +147,8 @@ class Comparisons(Service):
         note = getattr(g, "note", None)  # why the method did what it did (CARD falling back to the cluster model)
         if note:
             info["note"] = str(note)
-        settings = {"alpha": s.alpha, "top_k": s.top_k, "max_new_tokens": s.max_new_tokens, "k": state.k,
-                    "cluster": state.cluster, "fitted": state.fitted}
-        gid = self.store.add_generation(state.name, self.engine.artifacts_id, method, prompt, g.text, settings,
-                                        g.latency_s, g.n_tokens, info)
+        gid = self.store.add_generation(state.name, self.engine.artifacts_id, method, prompt, g.text,
+                                        generation_settings(state, s), g.latency_s, g.n_tokens, info)
         return MethodOutput(method, g.text, g.latency_s, g.n_tokens, gid, info)
 
     def compare(self, name: str, prompt: str, methods: Sequence[str], s: DecodingSettings,
