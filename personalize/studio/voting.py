@@ -128,7 +128,7 @@ class Votes(Service):
             raise ValueError("this column has no output to vote on")
         state = self.histories.user_state(name, k)
         if before is None and state.fitted:
-            before = self.card_text(state, prompt, s)
+            before = self.comparisons.decode("card", state, prompt, s).text
         self.store.add_feedback(state.name, "up" if up else "down", prompt, text if up else None, None if up else text)
         try:
             r = self.fits.refine(state.name)
@@ -151,6 +151,3 @@ class Votes(Service):
                                                        ("max_new_tokens", s.max_new_tokens)))
         card = [c for c in self.store.generations(user=g["user"], method="card", limit=20) if same(c)]
         return g["prompt"], g["output"], card[0]["output"] if card else None
-
-    def card_text(self, state: UserState, prompt: str, s: DecodingSettings) -> str:
-        return self.comparisons.decode("card", state, prompt, s).text
