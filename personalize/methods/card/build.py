@@ -425,10 +425,6 @@ def _save(out: Path, cfg, task, names, head_users, clusters, model, heads, lambd
 
 
 def _json_default(o):
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return float(o)
-    if isinstance(o, np.ndarray):
+    if isinstance(o, (np.number, np.ndarray)):  # numpy scalars and arrays as Python numbers and lists
         return o.tolist()
     raise TypeError(type(o))

@@ -41,17 +41,14 @@ class _Core:
         """Whether its rows read the person's history (a CARD style that retrieves their items into the prompt)."""
         return False
 
-    def _items(self, user: UserContext):
-        return user.items if self.needs_items else None
-
     def generate(self, user: UserContext, prompts: list[str], settings: DecodingSettings) -> list[Generation]:
         return card_decode.generate(self.engine, prompts, self.name, user.cluster, user.lam, k=user.k, settings=settings,
-                                    items=self._items(user))
+                                    items=user.items if self.needs_items else None)
 
     def rows(self, user: UserContext, prompts: list[str], settings: DecodingSettings,
              trace: bool = False) -> list[DecodeRow]:
         return card_decode.rows(self.engine, prompts, self.name, user.cluster, user.lam, k=user.k, settings=settings, trace=trace,
-                                items=self._items(user))
+                                items=user.items if self.needs_items else None)
 
 
 class BaseMethod(_Core):
