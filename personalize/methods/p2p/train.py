@@ -11,6 +11,7 @@ import torch
 from transformers import get_cosine_schedule_with_warmup
 
 from personalize.methods.card.adapters import answer_loss, sft_batch
+from personalize.methods.card.cluster import item_embeddings
 from personalize.lm.tokens import TokenBudget
 from personalize.methods.p2p.p2p_config import P2PConfig
 from personalize.methods.p2p.hooks import applied, model_shapes
@@ -55,18 +56,6 @@ def profile_loss(model, tok, hyper: HyperLoRA, profile, examples: Sequence[tuple
 
 def _normalize(v: np.ndarray) -> np.ndarray:
     return (v / (np.linalg.norm(v) + 1e-12)).astype(np.float32)
-
-
-def _item_embeddings(encoder, users: Mapping[str, Sequence]) -> dict[str, np.ndarray]:
-    """Enc(y_i) of every item, normalised, in one encoder call (cluster.user_embeddings' convention)."""
-    names = list(users)
-    flat = [it.y for n in names for it in users[n]]
-    emb = encoder.encode(flat, batch_size=64, convert_to_numpy=True, normalize_embeddings=True)
-    out, i = {}, 0
-    for n in names:
-        out[n] = np.asarray(emb[i: i + len(users[n])], dtype=np.float32)
-        i += len(users[n])
-    return out
 
 
 def _leave_out(embs: np.ndarray, targets: Sequence[int]) -> np.ndarray:
@@ -122,7 +111,9 @@ def train_p2p(target, encoder, users: Mapping[str, Sequence], cfg: P2PConfig = P
     n_layers, shapes = model_shapes(model, cfg.modules)
     t0 = time.perf_counter()
     held = {n: list(v) for n, v in held_out_users.items() if len(v) >= 2}
-    embs = _item_embeddings(encoder, usable | held)
+    pool = usable | held  # Enc(y_i) of every item, normalised (cluster.user_embeddings' convention)
+    embs = {n: np.asarray(e, dtype=np.float32)
+            for n, e in zip(pool, item_embeddings(encoder, [[it.y for it in items] for items in pool.values()]))}
     names = sorted(usable)
     emb_dim = next(iter(embs.values())).shape[1]
 
