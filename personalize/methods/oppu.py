@@ -125,10 +125,8 @@ def _abandoned(pid: int | None) -> bool:
         return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:  # exists, owned by someone else
-        return False
+    except OSError as e:  # gone, or (any other error) alive and owned by someone else
+        return isinstance(e, ProcessLookupError)
     return False
 
 
