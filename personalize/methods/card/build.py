@@ -72,8 +72,6 @@ class _Steps:
 # weights, the settings) -> (the adapter's weights, its report) per job, in the jobs' order
 ClusterTrainer = Callable[[Sequence[ClusterJob], dict, CardConfig], list[tuple[dict, dict]]]
 
-_NO_HOOKS = _Steps(None, None)  # reports nothing and is never cancelled (shared: it keeps no state without hooks)
-
 
 def _log(msg: str) -> None:
     print(f"[build {datetime.now():%H:%M:%S}] {msg}", flush=True)
@@ -130,8 +128,7 @@ def _signature(path: Path) -> tuple[int, int] | None:
 
 
 def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, sources, exclude_sources,
-           step: _Steps = _NO_HOOKS, cluster_trainer: ClusterTrainer | None = None,
-           tune_steps: Sequence[str] | None = None) -> Path:
+           step: _Steps, cluster_trainer: ClusterTrainer | None, tune_steps: Sequence[str] | None) -> Path:
     t_all = time.perf_counter()
     report: dict = {"stages_s": {}}
 
@@ -291,7 +288,7 @@ def _cluster_adapters(model, tok, jobs: list[ClusterJob], cfg: CardConfig, step:
 
 
 def _train_p2p(engine: Engine, users: dict[str, list[Item]], train_names: list[str], val_names: list[str],
-               p2p: P2PConfig, seed: int, step: _Steps = _NO_HOOKS):
+               p2p: P2PConfig, seed: int, step: _Steps):
     """f_θ on the adapters' training users, on top of the K = 1 adapter; the α users give its held-out curve."""
     p2p = replace(p2p, base_adapter=BASE_ADAPTER, budget=None, seed=seed, folder=None)
     with _bar("p2p hypernetwork", p2p.steps, lambda f: step("p2p hypernetwork", f)) as tick:
@@ -372,7 +369,7 @@ def _population_diagnostics(head, held: dict, lams: dict, cfg: CardConfig) -> di
 
 
 def _choose_decoding(engine: Engine, val: list[tuple[str, str, list[Item]]], cfg: CardConfig,
-                     step: _Steps = _NO_HOOKS, steps: Sequence[str] | None = None) -> tuple[CardConfig, dict]:
+                     step: _Steps, steps: Sequence[str] | None) -> tuple[CardConfig, dict]:
     """Repetition, the style's parts, α, the memory weight and the fallback chosen on the validation people (never
     on queries that eval scores, §1.9.2), then the harm guard: card stays the cluster model unless it beats it."""
     from personalize.methods.card.tune import STEPS, choose_decoding
@@ -390,7 +387,7 @@ def _choose_decoding(engine: Engine, val: list[tuple[str, str, list[Item]]], cfg
 
 
 def _save(out: Path, cfg, task, names, head_users, clusters, model, heads, lambdas, report, data_dir, split,
-          hyper=None, step: _Steps = _NO_HOOKS) -> Path:
+          hyper, step: _Steps) -> Path:
     tmp = out.with_name(out.name + ".partial")
     if tmp.exists():
         shutil.rmtree(tmp)
