@@ -226,8 +226,19 @@ def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, 
     report["validation_people"] = ([n for n in sorted(val_users) if len(users[n]) >= 3]
                                    + [q.user or q.id for q in chosen_on[: len(outside)]])
     if val and any(a > 0 for a in cfg.alphas):
-        with timed("decoding choice"):  # tune's whole choice, then the harm guard (tune.py)
-            cfg, report["tune"] = _choose_decoding(engine, val, cfg, step, tune_steps)
+        with timed("decoding choice"):  # tune.py's whole choice, then its harm guard (never on eval's queries, §1.9.2)
+            from personalize.methods.card.tune import STEPS, choose_decoding
+
+            prompts, golds, items, fits = [], [], [], []
+            for i, (prompt, gold, profile) in enumerate(tqdm(val, desc="validation people", mininterval=2.0)):
+                step("decoding choice", 0.5 * i / len(val))
+                prompts.append(prompt), golds.append(gold), items.append(engine.prepare_items(profile))
+                fits.append(onboard.fit(engine, items[-1]))
+            engine.cfg = cfg
+            engine, report["tune"] = choose_decoding(
+                engine, prompts, golds, fits, items, progress=lambda m: (step("decoding choice", 0.5), _log(f"  {m}")),
+                alphas=[a for a in cfg.alphas if a > 0], steps=STEPS if tune_steps is None else tune_steps)
+            cfg = engine.cfg
             report["alpha_sweep"] = report["tune"].get("alpha", {}).get("sweep")
             report["alpha_by_objective"] = {cfg.objectives[0]: {"alpha": cfg.decoding.alpha,
                                                                 "sweep": report["alpha_sweep"]}}
@@ -246,8 +257,15 @@ def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, 
         report["p2p"] = {"skipped": "no training user has 2 items (a profile and a target)"}
         _log(f"P2P hypernetwork skipped: {report['p2p']['skipped']}")
     else:
-        with timed("p2p hypernetwork"):
-            hyper, report["p2p"] = _train_p2p(engine, users, train_names, sorted(val_users), p2p, seed, step)
+        with timed("p2p hypernetwork"):  # f_θ over the K = 1 adapter; the α users give its held-out curve
+            p2p = replace(p2p, base_adapter=BASE_ADAPTER, budget=None, seed=seed, folder=None)
+            with _bar("p2p hypernetwork", p2p.steps, lambda f: step("p2p hypernetwork", f)) as tick:
+                hyper, r = train_p2p(engine, engine.encoder, {n: users[n] for n in train_names}, p2p,
+                                     progress=tick, held_out_users={n: users[n] for n in sorted(val_users)})
+            loss, curve = r["train_users_loss"], r["held_out_loss"]
+            _log(f"p2p: {r['users']} users, {r['steps']} steps, {r['tokens']} tokens, {r['seconds']} s, "
+                 f"training users' loss {loss['before']} -> {loss['after']}, held-out {curve[:1] + curve[-1:]}")
+            report["p2p"] = {**r, "folder": p2p_mod.ARTIFACTS_DIR}
 
     report["val_users"] = sorted(val_users)  # `tune` re-chooses decoding settings on them
     report["sources"] = {"only": list(sources), "excluded": list(exclude_sources),
@@ -285,19 +303,6 @@ def _cluster_adapters(model, tok, jobs: list[ClusterJob], cfg: CardConfig, step:
         _log(f"{job.name}: {len(job.examples)} examples, {r['tokens']} tokens, {r['seconds']} s, "
              f"held-out loss {r['held_out_loss'][:1] + r['held_out_loss'][-1:]}")
     return reports
-
-
-def _train_p2p(engine: Engine, users: dict[str, list[Item]], train_names: list[str], val_names: list[str],
-               p2p: P2PConfig, seed: int, step: _Steps):
-    """f_θ on the adapters' training users, on top of the K = 1 adapter; the α users give its held-out curve."""
-    p2p = replace(p2p, base_adapter=BASE_ADAPTER, budget=None, seed=seed, folder=None)
-    with _bar("p2p hypernetwork", p2p.steps, lambda f: step("p2p hypernetwork", f)) as tick:
-        hyper, r = train_p2p(engine, engine.encoder, {n: users[n] for n in train_names}, p2p, progress=tick,
-                             held_out_users={n: users[n] for n in val_names})
-    loss = r["train_users_loss"]
-    _log(f"p2p: {r['users']} users, {r['steps']} steps, {r['tokens']} tokens, {r['seconds']} s, "
-         f"training users' loss {loss['before']} -> {loss['after']}, held-out {r['held_out_loss'][:1] + r['held_out_loss'][-1:]}")
-    return hyper, {**r, "folder": p2p_mod.ARTIFACTS_DIR}
 
 
 def head_data(engine: Engine, users: dict[str, list[Item]], cluster: dict[str, int], obj: str,
@@ -366,24 +371,6 @@ def _population_diagnostics(head, held: dict, lams: dict, cfg: CardConfig) -> di
         rows.append(diagnostics(head, held[n], lams[n], others, cfg.head))
     keys = sorted({k for r in rows for k, v in r.items() if isinstance(v, (int, float))})
     return {k: round(float(np.mean([r[k] for r in rows if k in r])), 4) for k in keys} | {"users": len(rows)}
-
-
-def _choose_decoding(engine: Engine, val: list[tuple[str, str, list[Item]]], cfg: CardConfig,
-                     step: _Steps, steps: Sequence[str] | None) -> tuple[CardConfig, dict]:
-    """Repetition, the style's parts, α, the memory weight and the fallback chosen on the validation people (never
-    on queries that eval scores, §1.9.2), then the harm guard: card stays the cluster model unless it beats it."""
-    from personalize.methods.card.tune import STEPS, choose_decoding
-
-    prompts, golds, items, fits = [], [], [], []
-    for i, (prompt, gold, profile) in enumerate(tqdm(val, desc="validation people", mininterval=2.0)):
-        step("decoding choice", 0.5 * i / len(val))
-        prompts.append(prompt), golds.append(gold), items.append(engine.prepare_items(profile))
-        fits.append(onboard.fit(engine, items[-1]))
-    engine.cfg = cfg
-    engine, report = choose_decoding(engine, prompts, golds, fits, items,
-                                     progress=lambda m: (step("decoding choice", 0.5), _log(f"  {m}")),
-                                     alphas=[a for a in cfg.alphas if a > 0], steps=STEPS if steps is None else steps)
-    return engine.cfg, report
 
 
 def _save(out: Path, cfg, task, names, head_users, clusters, model, heads, lambdas, report, data_dir, split,
