@@ -161,8 +161,7 @@ class Explorer(Service):
     def _own_without_held_out(self, name: str) -> str | None:
         """For a person card decodes over their own adapter: the name of a sweep's own adapter trained on `rest`
         alone (the person's saw the held-out items); None for everyone else."""
-        state = self.store.style(name, self.engine.artifacts_id)
-        style = UserStyle.from_stored(state) if state is not None else None
+        style = UserStyle.from_stored(self.store.style(name, self.engine.artifacts_id))  # None: not fitted
         return f"{name} · explore" if style is not None and style.own else None
 
     def check(self, name: str, progress: Callable[[float, str], None] | None = None) -> HeldOutCheck | None:

@@ -266,8 +266,7 @@ class Fits(Service):
                 self._vote_features = VoteFeatures(self.engine)
             items = items if items is not None else prepared_items(self.engine, self.store, name)
             # the votes refit the style over what it was fitted over: a cluster of one's own adapter stays theirs
-            stored = self.store.style(name, self.engine.artifacts_id)
-            own = UserStyle.from_stored(stored).own if stored is not None else None
+            own = getattr(UserStyle.from_stored(self.store.style(name, self.engine.artifacts_id)), "own", None)
             over_own = self.engine.own.activate(own) if own else None
             adapter = over_own or adapter_name(k, cluster)
             data, n_items, n_hold = self._history_data(name, adapter, objective, items)
