@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -86,11 +86,9 @@ def _remove_stale(cache: Path, name: str) -> None:
     """Temp and set-aside folders of a conversion killed midway: never read, removed once old."""
     now = time.time()
     for p in [*cache.glob(f".{name}.tmp-*"), *cache.glob(f".{name}.old-*"), cache / f"{name}.tmp"]:
-        try:
+        with suppress(OSError):
             if p.is_dir() and now - p.stat().st_mtime > STALE_TMP_S:
                 shutil.rmtree(p, ignore_errors=True)
-        except OSError:
-            pass
 
 
 def bundled_lm_folder(cache_dir: str | Path) -> Path:

@@ -34,7 +34,7 @@ import shutil
 import time
 import warnings
 from collections import OrderedDict
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -103,9 +103,8 @@ def _fsync(path: Path) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        with suppress(OSError):
+            os.fsync(fd)
     finally:
         os.close(fd)
 
