@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from personalize.serving.generation import Generation, generate
+from personalize.serving.generation import generate
 from personalize.serving.settings import DecodingSettings
 from personalize.methods.base import UserContext, clip, fingerprint, n_tokens
 from personalize.methods.rag import SLACK, RagConfig, RagMethod
@@ -94,16 +94,8 @@ class PagMethod(RagMethod):
     def extra_tokens(self) -> int:
         return super().extra_tokens + self.cfg.summary_tokens + SLACK
 
-    def generate(self, user: UserContext, prompts: list[str], settings: DecodingSettings) -> list[Generation]:
-        """RAG's prompt after a line with the summary; trace adds {"summary": ...}."""
-        built, summary = self._built(user, prompts)
-        return self._decode(user, built, self.extra_tokens, settings, info={"summary": summary})
-
-    def rows(self, user: UserContext, prompts: list[str], settings: DecodingSettings, trace: bool = False):
-        built, summary = self._built(user, prompts)
-        return self._rows(user, built, self.extra_tokens, settings, info={"summary": summary})
-
-    def _built(self, user: UserContext, prompts: list[str]):
+    def _built(self, user: UserContext, prompts: list[str], prefix: str = "", info: dict | None = None):
+        """RAG's prompts after a line with the summary; the trace adds {"summary": ...}."""
         summary = self.summary(user)[0]["summary"]
         prefix = f"{PROFILE_PREFIX} {clip(self.engine.tok, summary, self.cfg.summary_tokens)}" if summary else ""
-        return [self.build_prompt(user, p, prefix=prefix) for p in prompts], summary
+        return super()._built(user, prompts, prefix, {"summary": summary})
