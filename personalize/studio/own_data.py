@@ -64,11 +64,8 @@ def export_keys(store: Store, build: BuildInfo, name: str, all_versions: bool = 
     if not rows:
         raise ValueError(f"{name!r} has no fitted style under the artifacts {build.artifacts}: fit it first")
     chosen = rows if all_versions else ([r for r in rows if r["current"]] or rows[-1:])
-    clusters = {}
-    for k in build.ks:
-        a = store.assignment(name, build.artifacts, k)
-        if a is not None:
-            clusters[k] = {"cluster": a["cluster"], "distances": a["distances"]}
+    placed = {k: store.assignment(name, build.artifacts, k) for k in build.ks}
+    clusters = {k: {"cluster": a["cluster"], "distances": a["distances"]} for k, a in placed.items() if a is not None}
     task = store.user(name)["task"]
     keys = []
     for r in chosen:
