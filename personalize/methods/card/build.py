@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from personalize.methods.card import onboard
 from personalize.methods.card.adapters import BASE_ADAPTER, ClusterJob, adapter_name, adapter_state, add_warm_adapter, \
-    cluster_adapter, new_peft_model, put_adapter, save_adapters, train_adapter, train_cluster_adapter
+    cluster_adapter, new_peft_model, put_adapter, train_adapter, train_cluster_adapter
 from personalize.methods.card.cluster import Clusters, fit_clusters, user_embeddings
 from personalize.methods.card.config import FORMAT_VERSION, CardConfig
 from personalize.data import Item, Query, read_lamp, select_sources
@@ -379,7 +379,7 @@ def _save(out: Path, cfg, task, names, head_users, clusters, model, heads, lambd
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    save_adapters(model, tmp / "adapters")
+    model.save_pretrained(str(tmp / "adapters"), selected_adapters=list(model.peft_config))  # every adapter
     np.savez(tmp / "clusters.npz", embeddings=clusters.embeddings,
              **{f"centroids_k{k}": c for k, c in clusters.centroids.items()},
              **{f"labels_k{k}": l for k, l in clusters.labels.items()})
