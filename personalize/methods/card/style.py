@@ -223,11 +223,8 @@ class StyleTensors:
 
 def _form_by_opening(st: UserStyle) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """The form bias per opening key, each as (ids ascending, values)."""
-    out = {}
-    for key in np.unique(st.form_keys):
-        at = st.form_keys == key
-        out[int(key)] = _sorted(st.form_ids[at], st.form_bias[at])
-    return out
+    masks = ((int(key), st.form_keys == key) for key in np.unique(st.form_keys))
+    return {key: _sorted(st.form_ids[at], st.form_bias[at]) for key, at in masks}
 
 
 def _sorted(ids, vals) -> tuple[torch.Tensor, torch.Tensor]:
