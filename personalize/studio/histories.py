@@ -67,13 +67,10 @@ def item_number(value: str | float | None) -> int | None:
     text = str(value if value is not None else "").strip()
     if not text:
         return None
-    try:
-        number = float(text)
-    except ValueError:
-        number = None
-    if number is None or not number.is_integer():
-        raise ValueError(f"an item number is a whole number from the table's first column, such as 3 (got {text!r})")
-    return int(number)
+    with suppress(ValueError):  # not a number: refused below, as a fraction is
+        if (number := float(text)).is_integer():
+            return int(number)
+    raise ValueError(f"an item number is a whole number from the table's first column, such as 3 (got {text!r})")
 
 
 class Histories(Service):
