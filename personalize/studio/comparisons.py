@@ -66,14 +66,6 @@ class Explanation:
     k: int
 
 
-def _jsonable(trace) -> dict:
-    """A method's trace, kept in the store only when it is plain JSON (CARD's tensors are not)."""
-    try:
-        return {"trace": trace} if trace and json.dumps(trace) else {}
-    except TypeError:
-        return {}
-
-
 def generation_settings(state: UserState, s: DecodingSettings) -> dict:
     """What a stored generation was decoded with (a Quick pair reuses an output only under the same)."""
     return {"alpha": s.alpha, "top_k": s.top_k, "max_new_tokens": s.max_new_tokens, "k": state.k,
@@ -143,7 +135,10 @@ class Comparisons(Service):
         return self.stored(method, state, prompt, s, g)
 
     def stored(self, method: str, state: UserState, prompt: str, s: DecodingSettings, g: Generation) -> MethodOutput:
-        info = _jsonable(g.trace)
+        try:  # a method's trace, kept in the store only when it is plain JSON (CARD's tensors are not)
+            info = {"trace": g.trace} if g.trace and json.dumps(g.trace) else {}
+        except TypeError:
+            info = {}
         note = getattr(g, "note", None)  # why the method did what it did (CARD falling back to the cluster model)
         if note:
             info["note"] = str(note)

@@ -64,14 +64,6 @@ def _leave_out(embs: np.ndarray, targets: Sequence[int]) -> np.ndarray:
     return _normalize(embs[keep].mean(0))
 
 
-def _unpack(target, cfg: P2PConfig):
-    """(model, tok, budget, engine or None) from an Engine or a (model, tokenizer) pair."""
-    if isinstance(target, tuple):
-        model, tok = target
-        return model, tok, cfg.budget or TokenBudget(), None
-    return target.model, target.tok, cfg.budget or target.cfg.budget, target
-
-
 def _activate(model, engine, name: str | None) -> None:
     """The adapter under the generated LoRA: through the engine when there is one (it tracks the
     active adapter), else on a bare peft model; a plain transformers model needs base_adapter=None."""
@@ -98,7 +90,10 @@ def train_p2p(target, encoder, users: Mapping[str, Sequence], cfg: P2PConfig = P
     fewer than 2 items cannot give both and are skipped (listed in the report). `target` is an Engine
     or a (model, tokenizer) pair. Returns the hypernetwork (eval mode) and its report.
     """
-    model, tok, budget, engine = _unpack(target, cfg)
+    if isinstance(target, tuple):  # a (model, tokenizer) pair
+        (model, tok), budget, engine = target, cfg.budget or TokenBudget(), None
+    else:
+        model, tok, budget, engine = target.model, target.tok, cfg.budget or target.cfg.budget, target
     bad = [n for n, items in {**users, **(held_out_users or {})}.items() if any(not it.x for it in items)]
     if bad:
         raise ValueError(f"items need their prompt x (neutral rewrites first); users without: {bad[:5]}")
