@@ -34,11 +34,8 @@ def for_decoding(f: UserFit) -> UserFit:
 def onboard_shard(folder: str, cfg, profiles: list[list[Item]], max_items: int | None) -> list[tuple[list, UserFit]]:
     """On a worker: each person's items (neutral rewrites filled) and fit."""
     engine = workers.engine(folder, cfg)
-    out = []
-    for profile in profiles:
-        items = engine.prepare_items(profile[:max_items])
-        out.append((items, light(onboard.fit(engine, items))))
-    return out
+    people = (engine.prepare_items(profile[:max_items]) for profile in profiles)  # each prepared, then fitted
+    return [(items, light(onboard.fit(engine, items))) for items in people]
 
 
 def decode_each_shard(folder: str, cfg, method: str, prompts, fits, items, s: DecodingSettings) -> list[str]:

@@ -81,13 +81,8 @@ def shard_count(ray, cfg: RayConfig, n_items: int) -> int:
 def split(items: Sequence, n: int) -> list[list]:
     """items in n consecutive runs of near-equal length (order kept; no empty run unless there are no items)."""
     n = max(1, min(n, len(items)))
-    q, r = divmod(len(items), n)
-    out, at = [], 0
-    for i in range(n):
-        size = q + (i < r)
-        out.append(list(items[at: at + size]))
-        at += size
-    return out
+    q, r = divmod(len(items), n)  # the first r runs take one more
+    return [list(items[i * q + min(i, r): (i + 1) * q + min(i + 1, r)]) for i in range(n)]
 
 
 def map_shards(ray, cfg: RayConfig, fn: Callable, shards: Sequence[tuple], weights: Sequence[int] | None = None,

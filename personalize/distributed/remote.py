@@ -56,10 +56,6 @@ class RemoteDecoder:
                 self._deployed = self.engine.artifacts_id
             return self.handle
 
-    def replicated(self, rows: Sequence[DecodeRow]) -> bool:
-        """Whether the replicas hold every adapter the rows read (serve.held_by_build)."""
-        return held_by_build(self.engine, rows)
-
     def submit(self, build: Callable[[], Sequence[DecodeRow]],
                on_step: Callable[[int, int], None] | None = None) -> Future:
         return self.pool.submit(self._run, build, on_step)
@@ -72,7 +68,7 @@ class RemoteDecoder:
     def _run(self, build, on_step) -> list[Generation]:
         with self.lock:  # building may load an adapter or prepare a method on the studio's own model
             rows = list(build())
-        if not rows or not self.replicated(rows):
+        if not rows or not held_by_build(self.engine, rows):  # an adapter the replicas lack: here
             return self.local.run(lambda: rows, on_step)
         handle, packed = self._ensure_deployed(), pack_rows(self.engine, rows)
         shown = [0] * len(packed)  # tokens per row already passed to on_step: a retry does not repeat them

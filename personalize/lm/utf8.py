@@ -20,12 +20,8 @@ def _byte_decoder(tok) -> dict[str, int] | None:
     from transformers.convert_slow_tokenizer import bytes_to_unicode  # GPT-2's byte alphabet
 
     dec = {c: b for b, c in bytes_to_unicode().items()}
-    vocab = tok.get_vocab()
-    plain = [t for t in vocab if t not in tok.all_special_tokens]
-    sample = plain[: 2000]
-    if sample and all(all(ch in dec for ch in t) for t in sample):
-        return dec
-    return None
+    sample = [t for t in tok.get_vocab() if t not in tok.all_special_tokens][:2000]
+    return dec if sample and all(all(ch in dec for ch in t) for t in sample) else None
 
 
 def token_bytes(tok) -> list[bytes | None]:

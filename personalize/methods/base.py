@@ -25,7 +25,8 @@ from personalize.lm.tokens import TokenBudget
 from personalize.store import StoreError, StoredItem
 
 from personalize.serving.rows import DecodeRow
-from personalize.serving.generation import Generation
+from personalize.serving.generation import Generation, generate
+from personalize.methods.scaffold import scaffold_lines
 from personalize.serving.settings import DecodingSettings
 
 
@@ -115,6 +116,26 @@ def words(text: str) -> list[str]:
 def widened(budget: TokenBudget, extra: int) -> TokenBudget:
     """The prompt budget plus the tokens a method adds, so prompt_ids never cuts the task input away."""
     return dataclasses.replace(budget, max_prompt_tokens=budget.max_prompt_tokens + extra)
+
+
+def framed_generate(engine, built: Sequence[tuple[str, list]], extra: int,
+                    settings: DecodingSettings) -> list[Generation]:
+    """The prompts a method built (each with its trace) decoded on the frozen LM, the budget widened by `extra`
+    and the prompts' framing never the answer (methods/scaffold.py)."""
+    if not built:
+        return []
+    engine.use_adapter(None)
+    outs = generate(engine.model, engine.tok, [b for b, _ in built], widened(engine.cfg.budget, extra), settings,
+                    scaffold=scaffold_lines(engine.task))
+    for g, (_, trace) in zip(outs, built):
+        g.trace = trace
+    return outs
+
+
+def framed_rows(engine, built: Sequence[tuple[str, list]], extra: int, settings: DecodingSettings) -> list[DecodeRow]:
+    """framed_generate's decoding as rows of a mixed batch: plain rows on the frozen LM."""
+    budget, scaffold = widened(engine.cfg.budget, extra), scaffold_lines(engine.task)
+    return [DecodeRow(b, budget, settings, None, trace=t, scaffold=scaffold) for b, t in built]
 
 
 def record_report(method, user, info: dict) -> None:

@@ -30,13 +30,12 @@ import torch
 from transformers import DynamicCache
 
 from personalize.serving.rows import DecodeRow
-from personalize.serving.generation import Generation, generate
+from personalize.serving.generation import Generation
 from personalize.serving.settings import DecodingSettings
 from personalize.lm.features import teacher_forced
 from personalize.lm.onednn import onednn_linears
 from personalize.lm.tokens import prompt_ids, target_ids
-from personalize.methods.base import UserContext, clip, task_input, widened
-from personalize.methods.scaffold import scaffold_lines
+from personalize.methods.base import UserContext, clip, framed_generate, framed_rows, task_input, widened
 
 # the EXACT paper's Table 4 (42 attributes, from Drift); the descriptions are ours, for the app's "why" view.
 ATTRIBUTES: dict[str, str] = {
@@ -357,19 +356,8 @@ class ExactMethod:
 
     def generate(self, user: UserContext, prompts: list[str], settings: DecodingSettings) -> list[Generation]:
         """Base-model decoding with the retrieved attributes appended to each prompt."""
-        if not prompts:
-            return []
-        built = self._built(user, prompts)
-        self.engine.use_adapter(None)
-        outs = generate(self.engine.model, self.engine.tok, [b for b, _ in built],
-                        widened(self.engine.cfg.budget, ATTR_TOKENS), settings,
-                        scaffold=scaffold_lines(self.engine.task))
-        for g, (_, trace) in zip(outs, built):
-            g.trace = trace
-        return outs
+        return framed_generate(self.engine, self._built(user, prompts) if prompts else [], ATTR_TOKENS, settings)
 
     def rows(self, user: UserContext, prompts: list[str], settings: DecodingSettings,
              trace: bool = False) -> list[DecodeRow]:
-        budget = widened(self.engine.cfg.budget, ATTR_TOKENS)
-        scaffold = scaffold_lines(self.engine.task)  # the instruction: never the answer
-        return [DecodeRow(b, budget, settings, None, trace=t, scaffold=scaffold) for b, t in self._built(user, prompts)]
+        return framed_rows(self.engine, self._built(user, prompts), ATTR_TOKENS, settings)

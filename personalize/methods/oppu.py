@@ -34,7 +34,7 @@ import shutil
 import time
 import warnings
 from collections import OrderedDict
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -103,32 +103,27 @@ def _fsync(path: Path) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        with suppress(OSError):
+            os.fsync(fd)
     finally:
         os.close(fd)
 
 
-def _pid_of(path: Path, marker: str) -> int | None:
+def _abandoned(path: Path, marker: str) -> bool:
+    """True when the process that wrote a leftover folder (`<name><marker><pid>`) is gone (or was this one, or the
+    name holds no pid), so it may be removed."""
     try:
-        return int(path.name.rsplit(marker, 1)[1])
+        pid = int(path.name.rsplit(marker, 1)[1])
     except (IndexError, ValueError):
-        return None
-
-
-def _abandoned(pid: int | None) -> bool:
-    """True when the process that wrote a leftover folder is gone (or was this one), so it may be removed."""
-    if pid is None or pid == os.getpid():
+        return True
+    if pid == os.getpid():
         return True
     if os.name != "posix":  # os.kill(pid, 0) would terminate the process on Windows
         return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:  # exists, owned by someone else
-        return False
+    except OSError as e:  # gone, or (any other error) alive and owned by someone else
+        return isinstance(e, ProcessLookupError)
     return False
 
 
@@ -223,7 +218,7 @@ class OppuMethod:
         _fsync(self.folder)
         shutil.rmtree(staging, ignore_errors=True)  # now only peft's model card
         for left in [*self.folder.glob(f"{ada}{ASIDE}*"), *self.folder.glob(f"{ada}{PARTIAL}*")]:
-            if _abandoned(_pid_of(left, ASIDE if ASIDE in left.name else PARTIAL)):  # earlier kills' leftovers
+            if _abandoned(left, ASIDE if ASIDE in left.name else PARTIAL):  # earlier kills' leftovers
                 shutil.rmtree(left, ignore_errors=True)
         return final
 

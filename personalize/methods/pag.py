@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from personalize.serving.generation import Generation, generate
+from personalize.serving.generation import generate
 from personalize.serving.settings import DecodingSettings
 from personalize.methods.base import UserContext, clip, fingerprint, n_tokens
 from personalize.methods.rag import SLACK, RagConfig, RagMethod
@@ -48,31 +48,28 @@ class PagMethod(RagMethod):
 
     def is_prepared(self, user: UserContext) -> bool:
         """True when this history's summary exists (else the first use writes it: one short decode)."""
-        if not user.items:
-            return True
+        return not user.items or self._kept(user)[1] is not None
+
+    def _kept(self, user: UserContext) -> tuple[str, dict | None]:
+        """(this history and LM's key, the summary kept for them: in memory, else stored; None: none matches)."""
         key = fingerprint([it.y for it in user.items] + [self.engine.lm.model_id])
         value = self._summaries.get(user.name)
         if (value is None or value["history"] != key) and self.store is not None:
             value = self.store.blob(user.name, SUMMARY_KIND, SUMMARY_KEY)
-        return value is not None and value.get("history") == key
+        return key, value if value is not None and value.get("history") == key else None
 
     def summary(self, user: UserContext) -> tuple[dict, bool]:
         """The stored summary when it matches this history and LM, else a new one; (value, newly made)."""
         if not user.items:
             raise ValueError(f"{self.name} needs at least one history item for user {user.name!r}")
-        key = fingerprint([it.y for it in user.items] + [self.engine.lm.model_id])
-        value = self._summaries.get(user.name)
-        if (value is None or value["history"] != key) and self.store is not None:
-            value = self.store.blob(user.name, SUMMARY_KIND, SUMMARY_KEY)
-        if value is not None and value.get("history") == key:
-            self._summaries[user.name] = value
-            return value, False
-        value = {"summary": self._summarize([it.y for it in user.items]), "history": key,
-                 "model_id": self.engine.lm.model_id, "n_items": len(user.items)}
-        if self.store is not None:
-            self.store.put_blob(user.name, SUMMARY_KIND, SUMMARY_KEY, value)
+        key, value = self._kept(user)
+        if made := value is None:
+            value = {"summary": self._summarize([it.y for it in user.items]), "history": key,
+                     "model_id": self.engine.lm.model_id, "n_items": len(user.items)}
+            if self.store is not None:
+                self.store.put_blob(user.name, SUMMARY_KIND, SUMMARY_KEY, value)
         self._summaries[user.name] = value
-        return value, True
+        return value, made
 
     def summary_prompt(self, texts: list[str]) -> str:
         """The instruction and as many of the user's texts (newest first) as fit the prompt budget."""
@@ -97,16 +94,8 @@ class PagMethod(RagMethod):
     def extra_tokens(self) -> int:
         return super().extra_tokens + self.cfg.summary_tokens + SLACK
 
-    def generate(self, user: UserContext, prompts: list[str], settings: DecodingSettings) -> list[Generation]:
-        """RAG's prompt after a line with the summary; trace adds {"summary": ...}."""
-        built, summary = self._built(user, prompts)
-        return self._decode(user, built, self.extra_tokens, settings, info={"summary": summary})
-
-    def rows(self, user: UserContext, prompts: list[str], settings: DecodingSettings, trace: bool = False):
-        built, summary = self._built(user, prompts)
-        return self._rows(user, built, self.extra_tokens, settings, info={"summary": summary})
-
-    def _built(self, user: UserContext, prompts: list[str]):
+    def _built(self, user: UserContext, prompts: list[str], prefix: str = "", info: dict | None = None):
+        """RAG's prompts after a line with the summary; the trace adds {"summary": ...}."""
         summary = self.summary(user)[0]["summary"]
         prefix = f"{PROFILE_PREFIX} {clip(self.engine.tok, summary, self.cfg.summary_tokens)}" if summary else ""
-        return [self.build_prompt(user, p, prefix=prefix) for p in prompts], summary
+        return super()._built(user, prompts, prefix, {"summary": summary})

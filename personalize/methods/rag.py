@@ -19,10 +19,11 @@ from rank_bm25 import BM25Okapi
 
 from personalize.serving.rows import DecodeRow
 from personalize.data import Item
-from personalize.serving.generation import Generation, generate
+from personalize.serving.generation import Generation
 from personalize.serving.settings import DecodingSettings
-from personalize.methods.base import UserContext, clip, fingerprint, n_tokens, task_input, widened, words
-from personalize.methods.scaffold import HEADER, scaffold_lines
+from personalize.methods.base import UserContext, clip, fingerprint, framed_generate, framed_rows, n_tokens, \
+    task_input, words
+from personalize.methods.scaffold import HEADER
 
 SLACK = 16  # tokens for the header, newlines and re-tokenisation at the joins
 
@@ -116,8 +117,7 @@ class RagMethod:
     # ------------------------------------------------------------ generation
     def generate(self, user: UserContext, prompts: list[str], settings: DecodingSettings) -> list[Generation]:
         """Base-model decoding of the augmented prompts; trace = [{"retrieved": item ids, "scores": BM25}]."""
-        built = [self.build_prompt(user, p) for p in prompts]
-        return self._decode(user, built, self.extra_tokens, settings)
+        return framed_generate(self.engine, self._built(user, prompts), self.extra_tokens, settings)
 
     def is_prepared(self, user: UserContext) -> bool:
         return True  # the BM25 index is built on the fly (milliseconds)
@@ -125,23 +125,13 @@ class RagMethod:
     def rows(self, user: UserContext, prompts: list[str], settings: DecodingSettings,
              trace: bool = False) -> list[DecodeRow]:
         """`generate`'s decoding as mixed-batch rows: the augmented prompts on the frozen LM."""
-        return self._rows(user, [self.build_prompt(user, p) for p in prompts], self.extra_tokens, settings)
+        return framed_rows(self.engine, self._built(user, prompts), self.extra_tokens, settings)
 
-    def _rows(self, user, built, extra: int, settings, info: dict | None = None) -> list[DecodeRow]:
-        budget = widened(self.engine.cfg.budget, extra)
-        scaffold = scaffold_lines(self.engine.task)  # its header and instruction: never the answer
-        return [DecodeRow(b, budget, settings, None, trace=retrieved_trace(user, hits, info), scaffold=scaffold)
-                for b, hits in built]
-
-    def _decode(self, user, built, extra: int, settings, info: dict | None = None) -> list[Generation]:
-        if not built:
-            return []
-        self.engine.use_adapter(None)
-        outs = generate(self.engine.model, self.engine.tok, [b for b, _ in built],
-                        widened(self.engine.cfg.budget, extra), settings, scaffold=scaffold_lines(self.engine.task))
-        for g, (_, hits) in zip(outs, built):
-            g.trace = retrieved_trace(user, hits, info)
-        return outs
+    def _built(self, user: UserContext, prompts: list[str], prefix: str = "",
+               info: dict | None = None) -> list[tuple[str, list]]:
+        """(the prompt with the retrieved items, its trace) per prompt."""
+        built = [self.build_prompt(user, p, prefix=prefix) for p in prompts]
+        return [(b, retrieved_trace(user, hits, info)) for b, hits in built]
 
 
 def retrieved_trace(user: UserContext, hits, info: dict | None = None) -> list[dict]:

@@ -183,6 +183,14 @@ class Generation:
     note: str | None = None  # what the reader should know (CARD's fallback to the cluster model)
 
 
+def sampling(s: DecodingSettings, own_top_k: bool = True) -> dict:
+    """generate's temperature and top-k: the settings' when sampling (no top-k of its own where a processor keeps
+    one), none when greedy (the model's generation config must not add them)."""
+    if not s.do_sample:
+        return {"temperature": None, "top_k": None}
+    return {"temperature": s.temperature, "top_k": s.top_k if own_top_k else None}
+
+
 @torch.no_grad()
 def generate(model, tok, prompts: list[str], budget: TokenBudget, s: DecodingSettings, processors=(),
              scaffold: Sequence[str] = (), own_top_k: bool = True,
@@ -199,11 +207,7 @@ def generate(model, tok, prompts: list[str], budget: TokenBudget, s: DecodingSet
         repeats.append(EchoStop(tok, scaffold, ids.shape[1]))
     kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=s.max_new_tokens,
                   min_new_tokens=s.min_new_tokens or None, pad_token_id=tok.pad_token_id, do_sample=s.do_sample,
-                  repetition_penalty=None, top_p=None)
-    if s.do_sample:
-        kwargs |= {"temperature": s.temperature, "top_k": s.top_k if own_top_k else None}
-    else:
-        kwargs |= {"temperature": None, "top_k": None}
+                  repetition_penalty=None, top_p=None, **sampling(s, own_top_k))
     t0 = time.perf_counter()
     chain = LogitsProcessorList([*([utf8] if utf8 else []), *processors, *repeats])
     out = model.generate(**kwargs, **compile_switch(model), logits_processor=chain)

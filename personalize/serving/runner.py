@@ -27,7 +27,8 @@ from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList, Sto
     StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from personalize.serving.generation import EchoStop, Generation, MinNewTokens, repetition_processors, trim_echo
+from personalize.serving.generation import EchoStop, Generation, MinNewTokens, repetition_processors, sampling, \
+    trim_echo
 from personalize.serving.settings import DecodingSettings
 from personalize.lm.utf8 import utf8_guard
 from personalize.lm.features import HiddenCapture, position_ids
@@ -185,12 +186,8 @@ def _decode_group(model, tok, rows: Sequence[DecodeRow], on_step, fast: bool) ->
                       logits_processor=LogitsProcessorList([RowProcessors(chains)]),
                       stopping_criteria=StoppingCriteriaList(
                           [RowBudget(length, [r.settings.max_new_tokens for r in rows] +
-                                     [rows[i].settings.max_new_tokens for i in twins])]))
-        if s0.do_sample:
-            kwargs |= {"temperature": s0.temperature,
-                       "top_k": None if any(st.restricts_top_k for _, st in steered) else s0.top_k}
-        else:
-            kwargs |= {"temperature": None, "top_k": None}
+                                     [rows[i].settings.max_new_tokens for i in twins])]),
+                      **sampling(s0, not any(st.restricts_top_k for _, st in steered)))
         if not fast and hasattr(model, "peft_config"):
             stack.enter_context(peft_layers(model, on=True))  # peft's rows need them, whatever adapter is active
             kwargs["adapter_names"] = adapters

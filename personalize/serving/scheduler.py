@@ -136,10 +136,8 @@ class DecodeScheduler:
                 self._decode(chunk)
 
     def _decode(self, chunk: list[_Request]) -> None:
-        rows, owner = [], []
-        for r in chunk:
-            owner += [(r, j) for j in range(len(r.rows))]
-            rows += r.rows
+        rows = [row for r in chunk for row in r.rows]
+        owner = [(r, j) for r in chunk for j in range(len(r.rows))]  # the batch's row i is owner[i]'s row j
 
         def step(i: int, token: int) -> None:
             r, j = owner[i]
@@ -163,10 +161,9 @@ class DecodeScheduler:
             return
         self.batches = (self.batches + [{"requests": len(chunk), "rows": len(rows),
                                          "seconds": round(time.perf_counter() - t0, 3)}])[-100:]
-        at = 0
         for r in chunk:
-            r.future.set_result(gens[at: at + len(r.rows)])
-            at += len(r.rows)
+            r.future.set_result(gens[: len(r.rows)])
+            gens = gens[len(r.rows):]
 
 
 def _chunks(requests: list[_Request], max_rows: int):

@@ -4,6 +4,7 @@ and the population map."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import islice
 
 from personalize.studio.histories import Histories, UserState
 from personalize.studio.service import Service
@@ -38,14 +39,8 @@ class ClusterViews(Service):
 
     def cluster_examples(self, k: int, cluster: int, n: int = 4) -> list[tuple[str, str]]:
         """(population user, one of their texts) for up to n users of the cluster."""
-        users, labels = self.engine.clusters.users, self.engine.clusters.labels[k]
-        out = []
-        for u, c in zip(users, labels):
-            if int(c) == cluster and self.rt.population.get(u):
-                out.append((u, self.rt.population[u][0]))
-            if len(out) >= n:
-                break
-        return out
+        users, labels, texts = self.engine.clusters.users, self.engine.clusters.labels[k], self.rt.population
+        return list(islice(((u, texts[u][0]) for u, c in zip(users, labels) if int(c) == cluster and texts.get(u)), n))
 
     def population_map(self, name: str | None, k: int) -> PopulationMap:
         """2-D PCA of the population's user embeddings (and the user's), with cluster labels at K."""

@@ -66,12 +66,10 @@ class Explanation:
     k: int
 
 
-def _jsonable(trace) -> dict:
-    """A method's trace, kept in the store only when it is plain JSON (CARD's tensors are not)."""
-    try:
-        return {"trace": trace} if trace and json.dumps(trace) else {}
-    except TypeError:
-        return {}
+def generation_settings(state: UserState, s: DecodingSettings) -> dict:
+    """What a stored generation was decoded with (a Quick pair reuses an output only under the same)."""
+    return {"alpha": s.alpha, "top_k": s.top_k, "max_new_tokens": s.max_new_tokens, "k": state.k,
+            "cluster": state.cluster, "fitted": state.fitted}
 
 
 def text_pieces(tok, steps: Sequence[dict]) -> list[tuple[str, bool]]:
@@ -137,14 +135,15 @@ class Comparisons(Service):
         return self.stored(method, state, prompt, s, g)
 
     def stored(self, method: str, state: UserState, prompt: str, s: DecodingSettings, g: Generation) -> MethodOutput:
-        info = _jsonable(g.trace)
+        try:  # a method's trace, kept in the store only when it is plain JSON (CARD's tensors are not)
+            info = {"trace": g.trace} if g.trace and json.dumps(g.trace) else {}
+        except TypeError:
+            info = {}
         note = getattr(g, "note", None)  # why the method did what it did (CARD falling back to the cluster model)
         if note:
             info["note"] = str(note)
-        settings = {"alpha": s.alpha, "top_k": s.top_k, "max_new_tokens": s.max_new_tokens, "k": state.k,
-                    "cluster": state.cluster, "fitted": state.fitted}
-        gid = self.store.add_generation(state.name, self.engine.artifacts_id, method, prompt, g.text, settings,
-                                        g.latency_s, g.n_tokens, info)
+        gid = self.store.add_generation(state.name, self.engine.artifacts_id, method, prompt, g.text,
+                                        generation_settings(state, s), g.latency_s, g.n_tokens, info)
         return MethodOutput(method, g.text, g.latency_s, g.n_tokens, gid, info)
 
     def compare(self, name: str, prompt: str, methods: Sequence[str], s: DecodingSettings,

@@ -129,7 +129,31 @@ class Explorer(Service):
                     placed = onboard.fit(self.engine, rest)
                 self.engine.own.train(own, rest, cluster_adapter(placed.k, placed.cluster))  # locks by the step
                 tick("your own adapter, trained without the held-out items")
-            return self._sweep(rest, prompts, golds, alphas, ks, s, set_aside, own, tick, lock)
+            # the α and K points on the held-out prompts, the style fitted on `rest` (over `own`'s adapter if any)
+            with lock:
+                fit = onboard.fit(self.engine, rest, own=owner_key(own) if own else None)
+                emb = self.engine.embed(rest)
+            tick("fit the style on the other items")
+
+            def point(method, k, cluster, alpha) -> SweepPoint:
+                with lock:
+                    outs = card_decode.generate(self.engine, prompts, method, cluster, fit.style, k=k,
+                                                settings=replace(s, alpha=alpha), items=rest)
+                texts = [g.text for g in outs]
+                return SweepPoint(method, alpha, k, cluster, round(rouge_scores(texts, golds)["rougeL"], 4),
+                                  round(float(np.mean([len(t.split()) for t in texts])), 2), texts)
+
+            alpha_rows = []
+            for a in alphas:
+                alpha_rows.append(point("card", fit.k, fit.cluster, a))
+                tick(f"α = {a}")
+            k_rows = []
+            for k in ks:
+                c, _ = self.engine.assign(emb, k)
+                for m in ("cluster", "card"):
+                    k_rows.append(point(m, k, c, s.alpha))
+                    tick(f"K = {k} ({m})")
+            return Sweep(alpha_rows, k_rows, golds, prompts, len(rest), set_aside, s.alpha, own is not None)
         finally:
             if own:
                 self.engine.own.forget(own)  # the sweep's adapter: never the person's
@@ -137,8 +161,7 @@ class Explorer(Service):
     def _own_without_held_out(self, name: str) -> str | None:
         """For a person card decodes over their own adapter: the name of a sweep's own adapter trained on `rest`
         alone (the person's saw the held-out items); None for everyone else."""
-        state = self.store.style(name, self.engine.artifacts_id)
-        style = UserStyle.from_stored(state) if state is not None else None
+        style = UserStyle.from_stored(self.store.style(name, self.engine.artifacts_id))  # None: not fitted
         return f"{name} · explore" if style is not None and style.own else None
 
     def check(self, name: str, progress: Callable[[float, str], None] | None = None) -> HeldOutCheck | None:
@@ -163,33 +186,6 @@ class Explorer(Service):
         if self.engine.cfg.decoding.alpha <= 0:
             return "This build decodes card at α = 0, so your base is what it writes; Explore sweeps α for you."
         return "Too few items to hold some out and decode them (6 or more); Explore says what it needs."
-
-    def _sweep(self, rest, prompts, golds, alphas, ks, s, set_aside, own, tick, lock) -> Sweep:
-        """The α and K points on the held-out prompts, the style fitted on `rest` (over `own`'s adapter if any)."""
-        with lock:
-            fit = onboard.fit(self.engine, rest, own=owner_key(own) if own else None)
-            emb = self.engine.embed(rest)
-        tick("fit the style on the other items")
-
-        def point(method, k, cluster, alpha) -> SweepPoint:
-            with lock:
-                outs = card_decode.generate(self.engine, prompts, method, cluster, fit.style, k=k,
-                                            settings=replace(s, alpha=alpha), items=rest)
-            texts = [g.text for g in outs]
-            return SweepPoint(method, alpha, k, cluster, round(rouge_scores(texts, golds)["rougeL"], 4),
-                              round(float(np.mean([len(t.split()) for t in texts])), 2), texts)
-
-        alpha_rows = []
-        for a in alphas:
-            alpha_rows.append(point("card", fit.k, fit.cluster, a))
-            tick(f"α = {a}")
-        k_rows = []
-        for k in ks:
-            c, _ = self.engine.assign(emb, k)
-            for m in ("cluster", "card"):
-                k_rows.append(point(m, k, c, s.alpha))
-                tick(f"K = {k} ({m})")
-        return Sweep(alpha_rows, k_rows, golds, prompts, len(rest), set_aside, s.alpha, own is not None)
 
     def parse_alphas(self, text: str | None, most: int = 12) -> list[float]:
         """Explore's α values: finite numbers >= 0 separated by commas (or semicolons), at most `most` of them."""

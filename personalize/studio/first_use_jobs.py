@@ -101,13 +101,11 @@ class FirstUseJobs(Service):
 
     def after_fit(self, name: str) -> None:
         """The app's Fit: the methods' first use starts in the background now, not at Save (Save's own background
-        work, the rewrites and the fit's pass, comes first)."""
+        work, the rewrites and the fit's pass, comes first), for every method whose first use is per-user work."""
         if self.cfg.first_use_in_background:
-            self.prepare_first_use(name)
-
-    def prepare_first_use(self, name: str) -> list[dict]:
-        """Background first use of every method that needs per-user work (after a fit)."""
-        return [self.start_first_use(name, m) for m in SLOW_FIRST_USE if self.needs_indexing(name, m)]
+            for m in SLOW_FIRST_USE:
+                if self.needs_indexing(name, m):
+                    self.start_first_use(name, m)
 
     def wait_first_use(self, name: str, method: str, poll_s: float = 0.2) -> dict:
         """Starts (or joins) the method's first-use job for the person and waits for it."""

@@ -195,7 +195,9 @@ class Fits(Service):
                 fit, items = fit_person(self.engine, self.store, name, k=self.rt.snap_k(k), progress=progress,
                                         kept_pass=self._kept_pass(name))
                 if fit.features is not None:
-                    self._remember_history(name, self._fitted_over(fit), fit.features, fit.n_hold, items)
+                    key = self._history_key(name, self._fitted_over(fit), "tokens", items)
+                    self._history[key] = fit.features, fit.n_hold
+                    self._trim_history()
                 if not fit.cold_start and self.store.feedback(name):  # the votes already cast count from the first fit
                     if progress:
                         progress("your votes")
@@ -227,10 +229,6 @@ class Fits(Service):
         self._history = {k: v for k, v in self._history.items() if k[1] != name}
         if self._vote_features is not None:
             self._vote_features.clear()
-
-    def _remember_history(self, name: str, adapter: str, feats, n_hold: int, items: Sequence[Item]) -> None:
-        self._history[self._history_key(name, adapter, "tokens", items)] = (feats, n_hold)
-        self._trim_history()
 
     def _trim_history(self) -> None:
         while len(self._history) > 32:
@@ -266,8 +264,7 @@ class Fits(Service):
                 self._vote_features = VoteFeatures(self.engine)
             items = items if items is not None else prepared_items(self.engine, self.store, name)
             # the votes refit the style over what it was fitted over: a cluster of one's own adapter stays theirs
-            stored = self.store.style(name, self.engine.artifacts_id)
-            own = UserStyle.from_stored(stored).own if stored is not None else None
+            own = getattr(UserStyle.from_stored(self.store.style(name, self.engine.artifacts_id)), "own", None)
             over_own = self.engine.own.activate(own) if own else None
             adapter = over_own or adapter_name(k, cluster)
             data, n_items, n_hold = self._history_data(name, adapter, objective, items)

@@ -3,6 +3,7 @@ in the background), editing their own items, the demo people, and where the pers
 
 from __future__ import annotations
 
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -66,13 +67,10 @@ def item_number(value: str | float | None) -> int | None:
     text = str(value if value is not None else "").strip()
     if not text:
         return None
-    try:
-        number = float(text)
-    except ValueError:
-        number = None
-    if number is None or not number.is_integer():
-        raise ValueError(f"an item number is a whole number from the table's first column, such as 3 (got {text!r})")
-    return int(number)
+    with suppress(ValueError):  # not a number: refused below, as a fraction is
+        if (number := float(text)).is_integer():
+            return int(number)
+    raise ValueError(f"an item number is a whole number from the table's first column, such as 3 (got {text!r})")
 
 
 class Histories(Service):
@@ -223,13 +221,11 @@ class Histories(Service):
 
     def prepare_rewrites(self, name: str) -> None:
         """The neutral rewrites of a saved history (§1.8), in the background: the slow part of a first fit."""
-        try:
+        with suppress(ValueError, StoreError):  # deleted or replaced meanwhile: Fit redoes what is missing
             with self.model_lock.background:  # Save's work: a person's Compare or Fit waiting goes first
                 prepared_items(self.engine, self.store, name)
             for then in self.after_rewrites:  # the lock let go between: a waiting decode goes first
                 then(name)
-        except (ValueError, StoreError):
-            pass  # the user was deleted or replaced meanwhile; Fit redoes what is missing and reports errors
 
     def user_names(self) -> list[str]:
         """The stored users' names (the page's "open a stored user" list)."""

@@ -64,11 +64,8 @@ def export_keys(store: Store, build: BuildInfo, name: str, all_versions: bool = 
     if not rows:
         raise ValueError(f"{name!r} has no fitted style under the artifacts {build.artifacts}: fit it first")
     chosen = rows if all_versions else ([r for r in rows if r["current"]] or rows[-1:])
-    clusters = {}
-    for k in build.ks:
-        a = store.assignment(name, build.artifacts, k)
-        if a is not None:
-            clusters[k] = {"cluster": a["cluster"], "distances": a["distances"]}
+    placed = {k: store.assignment(name, build.artifacts, k) for k in build.ks}
+    clusters = {k: {"cluster": a["cluster"], "distances": a["distances"]} for k, a in placed.items() if a is not None}
     task = store.user(name)["task"]
     keys = []
     for r in chosen:
@@ -156,13 +153,16 @@ def forget_user(store: Store, name: str, oppu_root: Path, export_dir: Path, page
     outputs = [g["output"] for g in gens if len(g["output"].strip()) >= 16]  # what a predictions file quotes
     store.attach(campaign_schema.TABLES)  # a campaign's items hold the person's texts too
     out = store.forget(name)
-    needles = _needles(name, texts)
+    long_texts = [t for t in texts if len(t) >= 8]  # long enough to be theirs
+    # what marks a record as the person's: their name as a JSON value or a whole CSV field, or one of their texts
+    needles = [json.dumps(name, ensure_ascii=False), json.dumps(name), f",{name},", f",{name}\n", f"\n{name},",
+               *long_texts]
     removed, rewritten = [], {}
     oppu_root = Path(oppu_root)
-    for f in sorted(oppu_root.glob(f"*/{_adapter_id(name)}*")) if oppu_root.is_dir() else []:
+    from personalize.methods.oppu import adapter_id  # model code: imported once there is someone to forget
+    for f in sorted(oppu_root.glob(f"*/{adapter_id(name)}*")) if oppu_root.is_dir() else []:
         shutil.rmtree(f, ignore_errors=True) if f.is_dir() else f.unlink(missing_ok=True)
         removed.append(f)
-    long_texts = [t for t in texts if len(t) >= 8]
     for f in _quoting(Path(export_dir), needles + outputs):
         dropped = _drop_records(f, lambda r: _theirs(r, name, long_texts, gen_ids))
         if dropped is None or _quotes(f, needles + outputs):  # still quotes them
@@ -185,19 +185,6 @@ def forget_user(store: Store, name: str, oppu_root: Path, export_dir: Path, page
 def _quotes(f: Path, needles) -> bool:
     text = f.read_text(errors="ignore")
     return any(n in text for n in needles)
-
-
-def _adapter_id(name: str) -> str:
-    from personalize.methods.oppu import adapter_id
-
-    return adapter_id(name)
-
-
-def _needles(name: str, texts) -> list[str]:
-    """What marks a record as the person's: their name as a JSON value or a whole CSV field, and any of their
-    texts long enough to be theirs."""
-    return [json.dumps(name, ensure_ascii=False), json.dumps(name), f",{name},", f",{name}\n", f"\n{name},",
-            *(t for t in texts if len(t) >= 8)]
 
 
 def _quoting(export_dir: Path, needles) -> list[Path]:

@@ -261,13 +261,11 @@ class PopulationJobs(Service):
         cancel) with its own copy of the served build's model, so every tab keeps answering; served once written
         when `serve`. cfg / build_kwargs replace the app's build settings (tests)."""
         self.rt.need_admin("a population build (it reads folders of this machine)")
-        from personalize.studio import population_jobs
-
         with self._population_start:
             job = self._population_job
             if job is not None and job.running:
                 raise ValueError(f"the build of {job.name!r} is still running: wait for it, or cancel it")
-            self._population_job = population_jobs.start(
+            self._population_job = start(
                 name or "", source, paths.splitlines() if isinstance(paths, str) else list(paths or []),
                 self.served_builds.artifacts_root, self.served_builds.artifacts_root.parent / "populations", self.engine.cfg.model,
                 self.engine.cfg.encoder, self.served_builds.use_build, serve, cfg, build_kwargs)
@@ -288,17 +286,14 @@ class PopulationJobs(Service):
         for the builds that embed with the served build's encoder, nearest first, each with cluster.closeness's
         words. Returns {"user", "builds", "nearest", "other_encoder" (ids not comparable), "message": one line
         when another build is nearer than the served one, else ""}."""
-        from personalize.studio import population_jobs
-        from personalize.display import md
-
         name = self.store.user(name)["name"]
         enc, k, c = self.engine.meta.get("encoder_id"), self.engine.cfg.default_k, self.engine.clusters
         served = {"folder": self.served_builds.build.folder, "id": self.engine.artifacts_id, "task": self.task.name, "k": k,
                   "encoder_id": enc, "served": True, "embeddings": c.embeddings, "centroids": c.centroids[k],
                   "labels": c.labels[k]}
-        others = [x for _, f in self.served_builds.build_choices()[1:] if (x := population_jobs.build_centres(f)) is not None]
+        others = [x for _, f in self.served_builds.build_choices()[1:] if (x := build_centres(f)) is not None]
         embedding = self.histories.embed_history(name) if embedding is None else embedding  # Save has just computed it
-        res = population_jobs.nearest(embedding, [served, *(x for x in others if x["encoder_id"] == enc)])
+        res = nearest(embedding, [served, *(x for x in others if x["encoder_id"] == enc)])
         res |= {"user": name, "other_encoder": [x["id"] for x in others if x["encoder_id"] != enc], "message": ""}
         best, here = res["nearest"], next(r for r in res["builds"] if r["served"])
         if not best["served"]:

@@ -141,11 +141,9 @@ class Runtime:
 
     def settings(self, alpha: float | None = None, top_k: int | None = None,
                  max_new_tokens: int | None = None) -> DecodingSettings:
-        s = self.engine.cfg.decoding
-        changes = {k: v for k, v in {"alpha": alpha, "top_k": None if top_k is None else int(top_k),
-                                     "max_new_tokens": None if max_new_tokens is None else int(max_new_tokens)}.items()
-                   if v is not None}
-        return replace(s, **changes)
+        given = {"alpha": alpha, "top_k": top_k, "max_new_tokens": max_new_tokens}  # the sliders send floats
+        return replace(self.engine.cfg.decoding, **{k: v if k == "alpha" else int(v) for k, v in given.items()
+                                                    if v is not None})
 
     def need_admin(self, what: str) -> None:
         """What changes the studio for every session (the build served, populations, campaigns) is an admin's,

@@ -12,7 +12,7 @@ from personalize.humaneval.arena import BlindPair, rater_id
 from personalize.humaneval.bradley_terry import LeaderboardConfig, leaderboard
 from personalize.methods.base import UserContext
 from personalize.store import StoreError
-from personalize.studio.comparisons import Comparisons, MethodOutput
+from personalize.studio.comparisons import Comparisons, MethodOutput, generation_settings
 from personalize.studio.fits import Fits, Refit
 from personalize.studio.histories import Histories, UserState
 from personalize.studio.service import Service
@@ -62,15 +62,13 @@ class Votes(Service):
         failed = [o for o in outs if o.error]
         if failed:
             raise ValueError(f"{failed[0].method} could not run: {failed[0].error}")
-        settings = {"alpha": s.alpha, "top_k": s.top_k, "max_new_tokens": s.max_new_tokens, "k": state.k,
-                    "cluster": state.cluster, "fitted": state.fitted, "artifacts": self.engine.artifacts_id}
         pair = self.rt.arena.open(state.name, prompt, (a, b), (outs[0].text, outs[1].text),
-                                  (outs[0].gen_id, outs[1].gen_id), settings)
+                                  (outs[0].gen_id, outs[1].gen_id),
+                                  generation_settings(state, s) | {"artifacts": self.engine.artifacts_id})
         return DrawnPair(pair, who, who is not None and self.store.has_rating(who, *pair.gen_ids))
 
     def _reuse(self, state: UserState, method: str, prompt: str, s: DecodingSettings) -> MethodOutput | None:
-        want = {"alpha": s.alpha, "top_k": s.top_k, "max_new_tokens": s.max_new_tokens, "k": state.k,
-                "cluster": state.cluster, "fitted": state.fitted}
+        want = generation_settings(state, s)
         for g in self.store.generations(user=state.name, method=method, limit=50):
             if g["prompt"] == prompt and g["settings"] == want and g["artifacts"] == self.engine.artifacts_id:
                 return MethodOutput(method, g["output"], g["latency_s"], g["n_tokens"], g["id"], g["extra"])
@@ -130,7 +128,7 @@ class Votes(Service):
             raise ValueError("this column has no output to vote on")
         state = self.histories.user_state(name, k)
         if before is None and state.fitted:
-            before = self.card_text(state, prompt, s)
+            before = self.comparisons.decode("card", state, prompt, s).text
         self.store.add_feedback(state.name, "up" if up else "down", prompt, text if up else None, None if up else text)
         try:
             r = self.fits.refine(state.name)
@@ -153,6 +151,3 @@ class Votes(Service):
                                                        ("max_new_tokens", s.max_new_tokens)))
         card = [c for c in self.store.generations(user=g["user"], method="card", limit=20) if same(c)]
         return g["prompt"], g["output"], card[0]["output"] if card else None
-
-    def card_text(self, state: UserState, prompt: str, s: DecodingSettings) -> str:
-        return self.comparisons.decode("card", state, prompt, s).text

@@ -203,20 +203,16 @@ def build(studio: Studio, shared=None) -> None:
                 upload = gr.File(label="Judgments exported by another studio", file_types=[".jsonl", ".csv"],
                                  elem_id="campaign-upload")
                 imp = gr.Button("Import", elem_id="campaign-import")
-    results = [summary, plot, raters]
+    results, shown = [summary, plot, raters], functools.partial(show, studio)
     c_create.click(functools.partial(create, studio),
                    [c_name, c_data, c_split, c_sources, c_limit, c_methods, c_ref, c_mode, c_per, c_att, c_min],
                    [status, pick]
-                   ).then(functools.partial(show, studio), pick, results)
-    gen.click(bind(generate, studio), pick, status, concurrency_id="model"
-              ).then(functools.partial(show, studio), pick, results)
-    j_run.click(bind(judge, studio), [pick, j_model], status, concurrency_id="model"
-                ).then(functools.partial(show, studio), pick, results)
+                   ).then(shown, pick, results)
+    gen.click(bind(generate, studio), pick, status, concurrency_id="model").then(shown, pick, results)
+    j_run.click(bind(judge, studio), [pick, j_model], status, concurrency_id="model").then(shown, pick, results)
     for btn, state in ((close, "closed"), (reopen, "open")):
-        btn.click(functools.partial(set_status, studio, state), pick, status).then(
-            functools.partial(show, studio), pick, results)
+        btn.click(functools.partial(set_status, studio, state), pick, status).then(shown, pick, results)
     exp.click(functools.partial(export, studio), [pick, fmt], [status, files])
-    imp.click(functools.partial(import_file, studio), [pick, upload], status).then(
-        functools.partial(show, studio), pick, results)
+    imp.click(functools.partial(import_file, studio), [pick, upload], status).then(shown, pick, results)
     for trigger in (refresh.click, pick.change, tab.select):
-        trigger(functools.partial(show, studio), pick, results)
+        trigger(shown, pick, results)

@@ -42,13 +42,9 @@ def version_to_restore(table) -> int | None:
     rows = [dict(zip(VERSION_COLUMNS, r)) for r in rows if r and str(r[0]).strip() not in ("", "nan")]
     if not rows:
         return None
-    pick = next((r for r in rows if not _truthy(r.get("current"))), rows[0])
+    current = [str(r.get("current")).strip().lower() in ("true", "1", "yes") for r in rows]  # cells read back
+    pick = next((r for r, cur in zip(rows, current) if not cur), rows[0])
     return int(float(pick["version"]))
-
-
-def _truthy(value) -> bool:
-    """A table cell read back from the page: True, 1, "true" and "True" are all true."""
-    return str(value).strip().lower() in ("true", "1", "yes")
 
 
 def decoded_check(studio, name, fitted, progress=gr.Progress()):

@@ -62,15 +62,12 @@ def fit_message(studio, name: str, fit: UserFit, total_s: float, shown_name: str
         verdict = fit_verdict(d, fallback=studio.served.cfg.style.fallback, why_kept=kept_reason(studio.served.meta),
                               base_name=base_name(fit.style))
         lines.insert(1, f"\nTeacher-forced, on your held-out words: **{verdict}**\n")
-        if d.get("n"):
+        if d.get("n"):  # the own style's accuracy, then the others the diagnostics measured
+            others = (("acc_ones", "λ = 1"), ("acc_other", "other users' λ"), ("acc_no_head", "no head"),
+                      ("acc_logprob_rule", "likelihood rule"), ("acc_covariate_only", "γ·Δlogp alone"))
             lines.append(f"\nHeld-out accuracy ({d.get('unit', 'tokens')}, n = {d['n']}): own style "
                          f"**{d.get('acc_own', float('nan')):.3f}**"
-                         + (f", λ = 1 {d['acc_ones']:.3f}" if "acc_ones" in d else "")
-                         + (f", other users' λ {d['acc_other']:.3f}" if "acc_other" in d else "")
-                         + (f", no head {d['acc_no_head']:.3f}" if "acc_no_head" in d else "")
-                         + (f", likelihood rule {d['acc_logprob_rule']:.3f}" if "acc_logprob_rule" in d else "")
-                         + (f", γ·Δlogp alone {d['acc_covariate_only']:.3f}" if "acc_covariate_only" in d
-                            else "")
+                         + "".join(f", {label} {d[key]:.3f}" for key, label in others if key in d)
                          + (f"; your held-out words are {d['specificity_gap']:+.2f} nats a token likelier under "
                             "your style than under other people's (the user-specificity gap)" if "specificity_gap" in d
                             else ""))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-import personalize.methods.exact as exact_mod
+import personalize.methods.base as base_mod
 import personalize.methods.pag as pag_mod
 from personalize.methods.card.adapters import new_peft_model
 from personalize.methods.card.config import LoraSettings
@@ -202,13 +202,13 @@ def test_exact_memory_and_retrieval_of_the_nearest_prompts_attributes(engine, st
     assert info["memory"] == len(ITEMS) and len(store.blobs("ann", MEMORY_KIND)) == len(ITEMS)
     entry = store.blob("ann", MEMORY_KIND, ITEMS[1].x)
     assert entry["attributes"] == ["Vivid", "Storyteller", "Emotion"] and entry["source"] == "history"
-    seen, real = [], exact_mod.generate
+    seen, real = [], base_mod.generate  # EXACT decodes through base.framed_generate
 
     def recording(model, tok, prompts, *a, **kw):
         seen.extend(prompts)
         return real(model, tok, prompts, *a, **kw)
 
-    monkeypatch.setattr(exact_mod, "generate", recording)
+    monkeypatch.setattr(base_mod, "generate", recording)
     food, sport = TASK.prompt("bakery sells fresh bread every morning"), TASK.prompt("football team wins the cup")
     gens = m.generate(user(), [food, sport], SETTINGS)
     assert gens[0].trace[0]["attributes"] == ["Vivid", "Storyteller", "Emotion"]

@@ -201,10 +201,6 @@ def train_cluster_adapter(model: PeftModel, tok, job: ClusterJob, settings: Lora
                              job.held_out, progress=progress)
 
 
-def save_adapters(model: PeftModel, folder: Path) -> None:
-    model.save_pretrained(str(folder), selected_adapters=list(model.peft_config))
-
-
 def load_adapters(base_model, folder: Path, names: Sequence[str]) -> PeftModel:
     """Every adapter loaded once into one peft model; switching is then in memory. The first through peft,
     the others by add_adapters."""

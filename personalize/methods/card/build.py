@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from personalize.methods.card import onboard
 from personalize.methods.card.adapters import BASE_ADAPTER, ClusterJob, adapter_name, adapter_state, add_warm_adapter, \
-    cluster_adapter, new_peft_model, put_adapter, save_adapters, train_adapter, train_cluster_adapter
+    cluster_adapter, new_peft_model, put_adapter, train_adapter, train_cluster_adapter
 from personalize.methods.card.cluster import Clusters, fit_clusters, user_embeddings
 from personalize.methods.card.config import FORMAT_VERSION, CardConfig
 from personalize.data import Item, Query, read_lamp, select_sources
@@ -71,8 +71,6 @@ class _Steps:
 # trains cluster adapters elsewhere (distributed/adapter_jobs.py: as Ray tasks): (jobs, the K = 1 adapter's
 # weights, the settings) -> (the adapter's weights, its report) per job, in the jobs' order
 ClusterTrainer = Callable[[Sequence[ClusterJob], dict, CardConfig], list[tuple[dict, dict]]]
-
-_NO_HOOKS = _Steps(None, None)  # reports nothing and is never cancelled (shared: it keeps no state without hooks)
 
 
 def _log(msg: str) -> None:
@@ -130,8 +128,7 @@ def _signature(path: Path) -> tuple[int, int] | None:
 
 
 def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, sources, exclude_sources,
-           step: _Steps = _NO_HOOKS, cluster_trainer: ClusterTrainer | None = None,
-           tune_steps: Sequence[str] | None = None) -> Path:
+           step: _Steps, cluster_trainer: ClusterTrainer | None, tune_steps: Sequence[str] | None) -> Path:
     t_all = time.perf_counter()
     report: dict = {"stages_s": {}}
 
@@ -229,8 +226,19 @@ def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, 
     report["validation_people"] = ([n for n in sorted(val_users) if len(users[n]) >= 3]
                                    + [q.user or q.id for q in chosen_on[: len(outside)]])
     if val and any(a > 0 for a in cfg.alphas):
-        with timed("decoding choice"):  # tune's whole choice, then the harm guard (tune.py)
-            cfg, report["tune"] = _choose_decoding(engine, val, cfg, step, tune_steps)
+        with timed("decoding choice"):  # tune.py's whole choice, then its harm guard (never on eval's queries, §1.9.2)
+            from personalize.methods.card.tune import STEPS, choose_decoding
+
+            prompts, golds, items, fits = [], [], [], []
+            for i, (prompt, gold, profile) in enumerate(tqdm(val, desc="validation people", mininterval=2.0)):
+                step("decoding choice", 0.5 * i / len(val))
+                prompts.append(prompt), golds.append(gold), items.append(engine.prepare_items(profile))
+                fits.append(onboard.fit(engine, items[-1]))
+            engine.cfg = cfg
+            engine, report["tune"] = choose_decoding(
+                engine, prompts, golds, fits, items, progress=lambda m: (step("decoding choice", 0.5), _log(f"  {m}")),
+                alphas=[a for a in cfg.alphas if a > 0], steps=STEPS if tune_steps is None else tune_steps)
+            cfg = engine.cfg
             report["alpha_sweep"] = report["tune"].get("alpha", {}).get("sweep")
             report["alpha_by_objective"] = {cfg.objectives[0]: {"alpha": cfg.decoding.alpha,
                                                                 "sweep": report["alpha_sweep"]}}
@@ -249,8 +257,15 @@ def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, 
         report["p2p"] = {"skipped": "no training user has 2 items (a profile and a target)"}
         _log(f"P2P hypernetwork skipped: {report['p2p']['skipped']}")
     else:
-        with timed("p2p hypernetwork"):
-            hyper, report["p2p"] = _train_p2p(engine, users, train_names, sorted(val_users), p2p, seed, step)
+        with timed("p2p hypernetwork"):  # f_θ over the K = 1 adapter; the α users give its held-out curve
+            p2p = replace(p2p, base_adapter=BASE_ADAPTER, budget=None, seed=seed, folder=None)
+            with _bar("p2p hypernetwork", p2p.steps, lambda f: step("p2p hypernetwork", f)) as tick:
+                hyper, r = train_p2p(engine, engine.encoder, {n: users[n] for n in train_names}, p2p,
+                                     progress=tick, held_out_users={n: users[n] for n in sorted(val_users)})
+            loss, curve = r["train_users_loss"], r["held_out_loss"]
+            _log(f"p2p: {r['users']} users, {r['steps']} steps, {r['tokens']} tokens, {r['seconds']} s, "
+                 f"training users' loss {loss['before']} -> {loss['after']}, held-out {curve[:1] + curve[-1:]}")
+            report["p2p"] = {**r, "folder": p2p_mod.ARTIFACTS_DIR}
 
     report["val_users"] = sorted(val_users)  # `tune` re-chooses decoding settings on them
     report["sources"] = {"only": list(sources), "excluded": list(exclude_sources),
@@ -288,19 +303,6 @@ def _cluster_adapters(model, tok, jobs: list[ClusterJob], cfg: CardConfig, step:
         _log(f"{job.name}: {len(job.examples)} examples, {r['tokens']} tokens, {r['seconds']} s, "
              f"held-out loss {r['held_out_loss'][:1] + r['held_out_loss'][-1:]}")
     return reports
-
-
-def _train_p2p(engine: Engine, users: dict[str, list[Item]], train_names: list[str], val_names: list[str],
-               p2p: P2PConfig, seed: int, step: _Steps = _NO_HOOKS):
-    """f_θ on the adapters' training users, on top of the K = 1 adapter; the α users give its held-out curve."""
-    p2p = replace(p2p, base_adapter=BASE_ADAPTER, budget=None, seed=seed, folder=None)
-    with _bar("p2p hypernetwork", p2p.steps, lambda f: step("p2p hypernetwork", f)) as tick:
-        hyper, r = train_p2p(engine, engine.encoder, {n: users[n] for n in train_names}, p2p, progress=tick,
-                             held_out_users={n: users[n] for n in val_names})
-    loss = r["train_users_loss"]
-    _log(f"p2p: {r['users']} users, {r['steps']} steps, {r['tokens']} tokens, {r['seconds']} s, "
-         f"training users' loss {loss['before']} -> {loss['after']}, held-out {r['held_out_loss'][:1] + r['held_out_loss'][-1:]}")
-    return hyper, {**r, "folder": p2p_mod.ARTIFACTS_DIR}
 
 
 def head_data(engine: Engine, users: dict[str, list[Item]], cluster: dict[str, int], obj: str,
@@ -371,31 +373,13 @@ def _population_diagnostics(head, held: dict, lams: dict, cfg: CardConfig) -> di
     return {k: round(float(np.mean([r[k] for r in rows if k in r])), 4) for k in keys} | {"users": len(rows)}
 
 
-def _choose_decoding(engine: Engine, val: list[tuple[str, str, list[Item]]], cfg: CardConfig,
-                     step: _Steps = _NO_HOOKS, steps: Sequence[str] | None = None) -> tuple[CardConfig, dict]:
-    """Repetition, the style's parts, α, the memory weight and the fallback chosen on the validation people (never
-    on queries that eval scores, §1.9.2), then the harm guard: card stays the cluster model unless it beats it."""
-    from personalize.methods.card.tune import STEPS, choose_decoding
-
-    prompts, golds, items, fits = [], [], [], []
-    for i, (prompt, gold, profile) in enumerate(tqdm(val, desc="validation people", mininterval=2.0)):
-        step("decoding choice", 0.5 * i / len(val))
-        prompts.append(prompt), golds.append(gold), items.append(engine.prepare_items(profile))
-        fits.append(onboard.fit(engine, items[-1]))
-    engine.cfg = cfg
-    engine, report = choose_decoding(engine, prompts, golds, fits, items,
-                                     progress=lambda m: (step("decoding choice", 0.5), _log(f"  {m}")),
-                                     alphas=[a for a in cfg.alphas if a > 0], steps=STEPS if steps is None else steps)
-    return engine.cfg, report
-
-
 def _save(out: Path, cfg, task, names, head_users, clusters, model, heads, lambdas, report, data_dir, split,
-          hyper=None, step: _Steps = _NO_HOOKS) -> Path:
+          hyper, step: _Steps) -> Path:
     tmp = out.with_name(out.name + ".partial")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    save_adapters(model, tmp / "adapters")
+    model.save_pretrained(str(tmp / "adapters"), selected_adapters=list(model.peft_config))  # every adapter
     np.savez(tmp / "clusters.npz", embeddings=clusters.embeddings,
              **{f"centroids_k{k}": c for k, c in clusters.centroids.items()},
              **{f"labels_k{k}": l for k, l in clusters.labels.items()})
@@ -425,10 +409,6 @@ def _save(out: Path, cfg, task, names, head_users, clusters, model, heads, lambd
 
 
 def _json_default(o):
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return float(o)
-    if isinstance(o, np.ndarray):
+    if isinstance(o, (np.number, np.ndarray)):  # numpy scalars and arrays as Python numbers and lists
         return o.tolist()
     raise TypeError(type(o))

@@ -34,6 +34,11 @@ def rows_kind(method: str) -> CardRows:
     return CARD_ROWS[method]
 
 
+def _defaults(engine, method: str, k, settings, budget):
+    """(what the method decodes with, K, settings, budget): the build's where the caller gives none."""
+    return rows_kind(method), k or engine.cfg.default_k, settings or engine.cfg.decoding, budget or engine.cfg.budget
+
+
 def _adapter(kind: CardRows, k: int, cluster: int | None) -> str | None:
     """The adapter the rows run: None for the frozen LM, else the person's cluster LoRA (K = 1's for k = 1)."""
     return cluster_adapter(k, cluster or 0) if kind.cluster_lora else None
@@ -62,10 +67,7 @@ def generate(engine, prompts: Sequence[str], method: str, cluster: int | None = 
     `lam` is the person's style: a UserStyle, a λ array ([D], or [B, D] for one per prompt), a list of
     either, or None (λ = 1). With the style's fallback on, a person whose style lost to the cluster model
     on their held-out items gets the cluster model's output, with a note saying so."""
-    s = settings or engine.cfg.decoding
-    k = k or engine.cfg.default_k
-    budget = budget or engine.cfg.budget
-    kind = rows_kind(method)
+    kind, k, s, budget = _defaults(engine, method, k, settings, budget)
     if not kind.steered:
         engine.use_adapter(_adapter(kind, k, cluster))
         return generation.generate(engine.model, engine.tok, list(prompts), budget, s)
@@ -97,10 +99,7 @@ def rows(engine, prompts: Sequence[str], method: str, cluster: int | None = None
          settings: DecodingSettings | None = None, objective: str | None = None, trace: bool = False,
          budget=None, items: Sequence[Item] | None = None) -> list[DecodeRow]:
     """`generate`'s work as mixed-batch rows (serving/runner.py): the same prompts, adapters and CARD rule per row."""
-    s = settings or engine.cfg.decoding
-    k = k or engine.cfg.default_k
-    budget = budget or engine.cfg.budget
-    kind = rows_kind(method)
+    kind, k, s, budget = _defaults(engine, method, k, settings, budget)
     if not kind.steered:
         return [DecodeRow(p, budget, s, _adapter(kind, k, cluster)) for p in prompts]
     head, style, styles, s = card_parts(engine, method, lam, len(prompts), s, objective)

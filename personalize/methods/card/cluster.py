@@ -18,18 +18,20 @@ class Clusters:
     labels: dict[int, np.ndarray]  # K -> [N]
 
 
+def item_embeddings(encoder, histories: Sequence[Sequence[str]], batch_size: int = 64) -> list[np.ndarray]:
+    """Enc(y_i) of every text, normalised, one array per user; all texts encoded in one call."""
+    emb = encoder.encode([t for texts in histories for t in texts], batch_size=batch_size, convert_to_numpy=True,
+                         normalize_embeddings=True)
+    ends = np.cumsum([len(texts) for texts in histories])
+    return [emb[end - len(texts): end] for end, texts in zip(ends, histories)]
+
+
 def user_embeddings(encoder, histories: Sequence[Sequence[str]], batch_size: int = 64) -> np.ndarray:
     """e_u = normalize(mean_i Enc(y_i)) for each user, all texts encoded in one call."""
-    flat = [t for texts in histories for t in texts]
     if any(len(texts) == 0 for texts in histories):
         raise ValueError("every user needs at least one text to be embedded")
-    emb = encoder.encode(flat, batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=True)
-    out, i = [], 0
-    for texts in histories:
-        e = emb[i: i + len(texts)].mean(0)
-        out.append(e / (np.linalg.norm(e) + 1e-12))
-        i += len(texts)
-    return np.stack(out).astype(np.float32)
+    means = [e.mean(0) for e in item_embeddings(encoder, histories, batch_size)]
+    return np.stack([m / (np.linalg.norm(m) + 1e-12) for m in means]).astype(np.float32)
 
 
 def fit_clusters(embeddings: np.ndarray, ks: Sequence[int], seed: int = 0) -> dict[int, np.ndarray]:

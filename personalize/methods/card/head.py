@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from functools import reduce
+from itertools import accumulate
 from typing import Sequence
 
 import torch
@@ -82,10 +84,12 @@ OPENING_MOD = (1 << 61) - 1  # keys of openings: a polynomial hash mod a Mersenn
 
 def opening_key(ids: Sequence[int]) -> int:
     """The key of an answer's opening (its first tokens), the empty one included: the form bias's context."""
-    key = 1
-    for t in ids:
-        key = next_opening(key, t)
-    return key
+    return reduce(next_opening, ids, 1)
+
+
+def opening_keys(ids: Sequence[int]) -> list[int]:
+    """The key of the opening before each of `ids` (the empty one first), as decoding's form bias reads them."""
+    return list(accumulate(ids, next_opening, initial=opening_key(())))[:-1]
 
 
 def next_opening(key: int, token: int) -> int:
@@ -115,11 +119,7 @@ class TokenData:
             keep = hit.any(-1)
             hs.append(f.h[keep]), cands.append(f.top_ids[keep]), bases.append(f.top_logits[keep])
             tgts.append(hit[keep].float().argmax(-1))
-            keys, key = [], opening_key(())
-            for t in f.ids.tolist():
-                keys.append(key)
-                key = next_opening(key, t)
-            opening.append(torch.tensor(keys, dtype=torch.long)[keep])
+            opening.append(torch.tensor(opening_keys(f.ids.tolist()), dtype=torch.long)[keep])
         if not hs:
             return cls.empty()
         target = torch.cat(tgts)

@@ -6,7 +6,6 @@ They need no per-user work beyond the fit (the cluster and λ come with the User
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from personalize.serving.rows import DecodeRow
@@ -30,8 +29,7 @@ class _Core:
         self.engine, self.store, self.cfg = engine, store, cfg
 
     def prepare(self, user: UserContext, progress=None) -> dict:
-        t0 = time.perf_counter()
-        return {"method": self.name, "n_items": len(user.items), "prepare_s": round(time.perf_counter() - t0, 4)}
+        return {"method": self.name, "n_items": len(user.items), "prepare_s": 0.0}  # nothing to do: nothing timed
 
     def is_prepared(self, user: UserContext) -> bool:
         return True
@@ -41,17 +39,14 @@ class _Core:
         """Whether its rows read the person's history (a CARD style that retrieves their items into the prompt)."""
         return False
 
-    def _items(self, user: UserContext):
-        return user.items if self.needs_items else None
-
     def generate(self, user: UserContext, prompts: list[str], settings: DecodingSettings) -> list[Generation]:
         return card_decode.generate(self.engine, prompts, self.name, user.cluster, user.lam, k=user.k, settings=settings,
-                                    items=self._items(user))
+                                    items=user.items if self.needs_items else None)
 
     def rows(self, user: UserContext, prompts: list[str], settings: DecodingSettings,
              trace: bool = False) -> list[DecodeRow]:
         return card_decode.rows(self.engine, prompts, self.name, user.cluster, user.lam, k=user.k, settings=settings, trace=trace,
-                                items=self._items(user))
+                                items=user.items if self.needs_items else None)
 
 
 class BaseMethod(_Core):

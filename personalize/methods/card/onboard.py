@@ -16,7 +16,6 @@ from personalize.data import Item
 from personalize.lm.features import generate_with_states, teacher_forced
 from personalize.methods.card.adapters import adapter_name
 from personalize.methods.card.cluster import closeness
-from personalize.methods.card.config import PAIR_OBJECTIVES
 from personalize.methods.card.head import PairData, PersonalizationHead, TokenData, diagnostics, fit_user
 from personalize.methods.card.style import UserStyle, fit_form, fit_lambda_bias, memory_from_features, style_diagnostics
 from personalize.methods.engine import Engine
@@ -116,16 +115,20 @@ def fit(engine: Engine, items: Sequence[Item], k: int | None = None, objective: 
     base = engine.own.activate(own) if own else None
     engine.use_adapter(base or adapter_name(k, cluster))
     n_hold = n_held_out(engine, len(items))
-    if objective == "tokens":
-        kept = kept_pass(k, cluster, items) if kept_pass is not None and base is None else None
-        fit = _fit_tokens(engine, items, head, cluster, distances, k, n_hold, stage, stages, kept)
-        fit.style.own = own if base else None
-        return fit
-    if objective in PAIR_OBJECTIVES:
-        negs = stage("negatives", lambda: draw_negatives(engine, items, objective))
-        data = stage("features", lambda: user_data(engine, items, objective, negatives=negs))
-    else:
-        data = stage("features", lambda: user_data(engine, items, objective))
+    if objective == "tokens":  # one pass (or the one kept), then λ + bias + memory, judged under the decoding rule
+        feats = kept_pass(k, cluster, items) if kept_pass is not None and base is None else None
+        if feats is None:
+            feats = stage("features", lambda: features(engine, items))
+        else:
+            stages["features (made already)"] = 0.0
+        far = is_far(engine, k, distances)
+        diag, held_style, held = held_out_style(engine, feats, n_hold, head, far=far)
+        style, curve = stage("fit", lambda: fit_style(engine, feats, head, far=far))
+        style.helps, style.own = diag.get("helps"), own if base else None
+        return UserFit(cluster, distances, k, style.lam, "tokens", len(items), stages, diag, curve, style=style,
+                       held=held, held_style=held_style, features=feats, n_hold=n_hold, far=far)
+    negs = stage("negatives", lambda: draw_negatives(engine, items, objective))  # a pair head (config.OBJECTIVES)
+    data = stage("features", lambda: user_data(engine, items, objective, negatives=negs))
     diag = held_out_pairs(engine, objective, data, n_hold, len(items))
     lam, curve = stage("fit", lambda: fit_user(head, data, engine.cfg.head))
     lam = lam.numpy().astype(np.float32)
@@ -180,21 +183,6 @@ def fit_style(engine: Engine, feats, head: PersonalizationHead, votes: TokenData
         style.form_keys, style.form_ids, style.form_bias = fit_form(feats, st.form_positions, st.form_prior,
                                                                    st.form_cap)
     return style, curve
-
-
-def _fit_tokens(engine: Engine, items, head, cluster, distances, k, n_hold, stage, stages, feats=None) -> UserFit:
-    """The tokens head: one pass (or the one kept), then λ + bias + memory; held-out diagnostics under the
-    decoding rule."""
-    if feats is None:
-        feats = stage("features", lambda: features(engine, items))
-    else:
-        stages["features (made already)"] = 0.0
-    far = is_far(engine, k, distances)
-    diag, own, held = held_out_style(engine, feats, n_hold, head, far=far)
-    style, curve = stage("fit", lambda: fit_style(engine, feats, head, far=far))
-    style.helps = diag.get("helps")
-    return UserFit(cluster, distances, k, style.lam, "tokens", len(items), stages, diag, curve, style=style,
-                   held=held, held_style=own, features=feats, n_hold=n_hold, far=far)
 
 
 def held_out_style(engine: Engine, feats, n_hold: int, head: PersonalizationHead, votes: TokenData | None = None,

@@ -135,7 +135,7 @@ class OwnAdapters:
         with self.lock:
             eng.use_adapter(source)
             self._unload(ada)
-            self._make_room(keep=None)
+            self._make_room()
             add_warm_adapter(eng.model, ada, lora, source=source)
             self._loaded[ada] = None
             eng.use_adapter(ada)
@@ -210,17 +210,15 @@ class OwnAdapters:
         state = get_peft_model_state_dict(self.engine.model, adapter_name=meta["source"])
         with safe_open(str(self.path(key)), framework="pt") as f:
             state |= {k: f.get_tensor(k) for k in f.keys()}
-        self._make_room(keep=None)
+        self._make_room()
         put_adapter(self.engine.model, ada, self.engine.cfg.lora, state)
         self._loaded[ada] = None
         return ada
 
-    def _make_room(self, keep: str | None) -> None:
-        while len(self._loaded) >= self.max_in_memory:
-            victim = next((a for a in self._loaded if a != keep), None)
-            if victim is None:
-                return
-            self._unload(victim)
+    def _make_room(self) -> None:
+        """Deletes the least recently used adapters until one more fits."""
+        while self._loaded and len(self._loaded) >= self.max_in_memory:
+            self._unload(next(iter(self._loaded)))
 
     def _unload(self, ada: str) -> None:
         if ada in self.engine.model.peft_config:

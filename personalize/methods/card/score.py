@@ -10,7 +10,7 @@ from typing import Sequence
 
 import torch
 
-from personalize.methods.card.head import next_opening, opening_key
+from personalize.methods.card.head import opening_keys
 from personalize.methods.card.style import StyleTensors, style_scores
 from personalize.lm.features import HiddenCapture, position_ids
 from personalize.lm.onednn import onednn_linears
@@ -36,10 +36,7 @@ def card_logprobs(row: DecodeRow, logits: torch.Tensor, h: torch.Tensor, target:
     tokens) is one decoding never picks: −inf, or with `widen` its log-prob among the candidates and itself."""
     st, s = row.steer, row.settings
     vals, cand = logits.float().topk(min(s.top_k, logits.shape[-1]), dim=-1)
-    openings, key = [], opening_key(())  # the answer's tokens before each step, as decoding's form bias reads them
-    for t in target.tolist():
-        openings.append(key)
-        key = next_opening(key, t)
+    openings = opening_keys(target.tolist())  # the answer's tokens before each step
 
     def scored(rows, cand_, vals_):
         tensors = StyleTensors.of([st.style] * len(rows), st.settings)

@@ -134,11 +134,6 @@ def memory_from_features(feats: Sequence[SequenceFeatures], hidden: int, max_ent
         return memory_keys(h, hidden, key, head).half().numpy(), ids.numpy().astype(np.int64)
 
 
-def bias_support(data: TokenData) -> torch.Tensor:
-    """The tokens a bias may touch: those the person wrote and those the cluster model preferred."""
-    return torch.unique(torch.cat([data.cand.gather(1, data.target[:, None]).squeeze(1), data.cand[:, 0]]))
-
-
 def fit_lambda_bias(head: PersonalizationHead, data: TokenData, rho: float, rho_bias: float, max_bias_tokens: int,
               iters: int = 50, center: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[float]]:
     """λ and the token bias jointly (P, U frozen): the tokens head's convex conditional-logit objective,
@@ -147,7 +142,8 @@ def fit_lambda_bias(head: PersonalizationHead, data: TokenData, rho: float, rho_
     lam = torch.full((head.d,), float(center), requires_grad=True)
     if not len(data):
         return lam.detach(), torch.zeros(0, dtype=torch.long), torch.zeros(0), []
-    support = bias_support(data)
+    # the tokens a bias may touch: those the person wrote and those the cluster model preferred
+    support = torch.unique(torch.cat([data.cand.gather(1, data.target[:, None]).squeeze(1), data.cand[:, 0]]))
     with torch.no_grad():
         f = head.token_features(data.h, data.cand)
         pos = torch.searchsorted(support, data.cand).clamp(max=len(support) - 1)
@@ -223,11 +219,8 @@ class StyleTensors:
 
 def _form_by_opening(st: UserStyle) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """The form bias per opening key, each as (ids ascending, values)."""
-    out = {}
-    for key in np.unique(st.form_keys):
-        at = st.form_keys == key
-        out[int(key)] = _sorted(st.form_ids[at], st.form_bias[at])
-    return out
+    masks = ((int(key), st.form_keys == key) for key in np.unique(st.form_keys))
+    return {key: _sorted(st.form_ids[at], st.form_bias[at]) for key, at in masks}
 
 
 def _sorted(ids, vals) -> tuple[torch.Tensor, torch.Tensor]:

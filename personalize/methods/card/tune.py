@@ -128,23 +128,19 @@ def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str]
         engine.cfg = apply(chosen)
         report[name] = {"chosen": best, "sweep": scores}
 
-    def rep(v):
-        return replace(engine.cfg, decoding=replace(engine.cfg.decoding, repetition_penalty=v[0], no_repeat_ngram=v[1]))
-
-    pick("repetition", [(f"penalty {p}, no-repeat {n}", (p, n)) for p, n in REPETITION], rep, method="cluster")
+    decoding = lambda **v: replace(engine.cfg, decoding=replace(engine.cfg.decoding, **v))  # noqa: E731
+    style = lambda **v: replace(engine.cfg, style=replace(engine.cfg.style, **v))  # noqa: E731
+    pick("repetition", [(f"penalty {p}, no-repeat {n}", (p, n)) for p, n in REPETITION],
+         lambda v: decoding(repetition_penalty=v[0], no_repeat_ngram=v[1]), method="cluster")
     if "repetition" in report:
         report["cluster_rougeL"] = report["repetition"]["sweep"][report["repetition"]["chosen"]]["rougeL"]
     if "alpha" in steps:
-        engine.cfg = replace(engine.cfg, decoding=replace(engine.cfg.decoding, alpha=1.0))
-    pick("style", [(k, v) for k, v in STYLES.items()],
-         lambda v: replace(engine.cfg, style=replace(engine.cfg.style, fallback=False, **v)))
-    pick("alpha", [(str(a), a) for a in alphas if a > 0],
-         lambda a: replace(engine.cfg, decoding=replace(engine.cfg.decoding, alpha=a)))
+        engine.cfg = decoding(alpha=1.0)
+    pick("style", list(STYLES.items()), lambda v: style(fallback=False, **v))
+    pick("alpha", [(str(a), a) for a in alphas if a > 0], lambda a: decoding(alpha=a))
     if engine.cfg.style.memory:
-        pick("knn_weight", [(str(w), w) for w in KNN_WEIGHTS],
-             lambda w: replace(engine.cfg, style=replace(engine.cfg.style, knn_weight=w)))
-    pick("fallback", [("off", False), ("on", True)],
-         lambda v: replace(engine.cfg, style=replace(engine.cfg.style, fallback=v)))
+        pick("knn_weight", [(str(w), w) for w in KNN_WEIGHTS], lambda w: style(knn_weight=w))
+    pick("fallback", [("off", False), ("on", True)], lambda v: style(fallback=v))
     engine, report["guard"] = harm_guard(engine, prompts, golds, fits, items, decoder=dec,
                                          apart=report.get("far_users", 0))
     if progress:

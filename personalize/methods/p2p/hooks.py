@@ -16,13 +16,8 @@ from personalize.methods.p2p.p2p_config import LoRA
 def lora_targets(model, modules: Sequence[str]) -> list[tuple[nn.Module, str, int]]:
     """(module, module type, layer) for every q_proj/v_proj-like module; on a peft model these are the
     LoRA wrappers, so a hook's output already holds the active adapter's delta."""
-    out = []
-    for name, mod in model.named_modules():
-        leaf = name.rsplit(".", 1)[-1]
-        found = LAYER_NUMBER.search(name)
-        if leaf in modules and found:
-            out.append((mod, leaf, int(found.group(1))))
-    return out
+    named = ((mod, name.rsplit(".", 1)[-1], LAYER_NUMBER.search(name)) for name, mod in model.named_modules())
+    return [(mod, leaf, int(found.group(1))) for mod, leaf, found in named if leaf in modules and found]
 
 
 def model_shapes(model, modules: Sequence[str]) -> tuple[int, dict[str, tuple[int, int]]]:

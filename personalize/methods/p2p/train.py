@@ -11,6 +11,7 @@ import torch
 from transformers import get_cosine_schedule_with_warmup
 
 from personalize.methods.card.adapters import answer_loss, sft_batch
+from personalize.methods.card.cluster import item_embeddings
 from personalize.lm.tokens import TokenBudget
 from personalize.methods.p2p.p2p_config import P2PConfig
 from personalize.methods.p2p.hooks import applied, model_shapes
@@ -57,30 +58,10 @@ def _normalize(v: np.ndarray) -> np.ndarray:
     return (v / (np.linalg.norm(v) + 1e-12)).astype(np.float32)
 
 
-def _item_embeddings(encoder, users: Mapping[str, Sequence]) -> dict[str, np.ndarray]:
-    """Enc(y_i) of every item, normalised, in one encoder call (cluster.user_embeddings' convention)."""
-    names = list(users)
-    flat = [it.y for n in names for it in users[n]]
-    emb = encoder.encode(flat, batch_size=64, convert_to_numpy=True, normalize_embeddings=True)
-    out, i = {}, 0
-    for n in names:
-        out[n] = np.asarray(emb[i: i + len(users[n])], dtype=np.float32)
-        i += len(users[n])
-    return out
-
-
 def _leave_out(embs: np.ndarray, targets: Sequence[int]) -> np.ndarray:
     keep = np.ones(len(embs), bool)
     keep[list(targets)] = False
     return _normalize(embs[keep].mean(0))
-
-
-def _unpack(target, cfg: P2PConfig):
-    """(model, tok, budget, engine or None) from an Engine or a (model, tokenizer) pair."""
-    if isinstance(target, tuple):
-        model, tok = target
-        return model, tok, cfg.budget or TokenBudget(), None
-    return target.model, target.tok, cfg.budget or target.cfg.budget, target
 
 
 def _activate(model, engine, name: str | None) -> None:
@@ -109,7 +90,10 @@ def train_p2p(target, encoder, users: Mapping[str, Sequence], cfg: P2PConfig = P
     fewer than 2 items cannot give both and are skipped (listed in the report). `target` is an Engine
     or a (model, tokenizer) pair. Returns the hypernetwork (eval mode) and its report.
     """
-    model, tok, budget, engine = _unpack(target, cfg)
+    if isinstance(target, tuple):  # a (model, tokenizer) pair
+        (model, tok), budget, engine = target, cfg.budget or TokenBudget(), None
+    else:
+        model, tok, budget, engine = target.model, target.tok, cfg.budget or target.cfg.budget, target
     bad = [n for n, items in {**users, **(held_out_users or {})}.items() if any(not it.x for it in items)]
     if bad:
         raise ValueError(f"items need their prompt x (neutral rewrites first); users without: {bad[:5]}")
@@ -122,7 +106,9 @@ def train_p2p(target, encoder, users: Mapping[str, Sequence], cfg: P2PConfig = P
     n_layers, shapes = model_shapes(model, cfg.modules)
     t0 = time.perf_counter()
     held = {n: list(v) for n, v in held_out_users.items() if len(v) >= 2}
-    embs = _item_embeddings(encoder, usable | held)
+    pool = usable | held  # Enc(y_i) of every item, normalised (cluster.user_embeddings' convention)
+    embs = {n: np.asarray(e, dtype=np.float32)
+            for n, e in zip(pool, item_embeddings(encoder, [[it.y for it in items] for items in pool.values()]))}
     names = sorted(usable)
     emb_dim = next(iter(embs.values())).shape[1]
 
