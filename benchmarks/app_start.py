@@ -152,24 +152,22 @@ def browser_walk(shots: Path, history: str, prompt: str):
             time.sleep(0.5)
             p.shot(f"waiting-{i:02d}-{tab.lower().replace(' ', '-')}")
 
+    def pressed(button: str, status: str, *needles: str) -> tuple[str, float]:
+        t0 = time.perf_counter()
+        p.click(button)
+        return p.until_text(status, *needles), round(time.perf_counter() - t0, 1)
+
     def studio(url: str) -> dict:
         out = {}
         p.wait.until(lambda _: d.title != WAITING)  # the page reloads itself into the studio
         p.el("#user-name")
         p.shot("studio-1-served")
-        text = "\n".join(line.strip() for line in open(history) if line.strip())
         p.type("user-name", "first-hour")
-        p.type("history", text)
-        t0 = time.perf_counter()
-        p.click("save-history")
-        out["saved"] = p.until_text("writing-status", "Saved", "⚠️")
-        out["save_s"] = round(time.perf_counter() - t0, 1)
+        p.type("history", "\n".join(line.strip() for line in open(history) if line.strip()))
+        out["saved"], out["save_s"] = pressed("save-history", "writing-status", "Saved", "⚠️")
         p.tab("Compare")
         p.type("prompt", prompt)
-        t1 = time.perf_counter()
-        p.click("compare-button")
-        out["compare"] = p.until_text("compare-status", "Done:", "⚠️")
-        out["first_compare_s"] = round(time.perf_counter() - t1, 1)
+        out["compare"], out["first_compare_s"] = pressed("compare-button", "compare-status", "Done:", "⚠️")
         p.shot("studio-2-first-compare")
         d.quit()
         return out
