@@ -36,8 +36,11 @@ def ready_after_save(studio: Studio, name: str, texts: list[str], timeout: float
     job = jobs.own_job(name)
     while job["state"] in ("queued", "running") and time.perf_counter() - t0 < timeout:
         time.sleep(0.1)
+    ready = time.perf_counter() - t0
+    while "seconds" not in job and time.perf_counter() - t0 < timeout:  # written just after the state
+        time.sleep(0.01)
     return {**row, "far": True, "state": job["state"], "error": job["error"], "job_s": job.get("seconds"),
-            "ready_s": round(time.perf_counter() - t0, 2), "bytes": getattr(job.get("trained"), "bytes", None)}
+            "ready_s": round(ready, 2), "bytes": getattr(job.get("trained"), "bytes", None)}
 
 
 def main() -> None:
