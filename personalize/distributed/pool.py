@@ -38,8 +38,9 @@ def connect(cfg: RayConfig):
     cfg.address. Raises ConnectionError with the address and how to start one when Ray cannot be reached."""
     try:
         import ray
-    except ImportError as e:  # pragma: no cover - ray is in requirements.txt
-        raise ConnectionError("Ray is not installed: pip install -r requirements.txt") from e
+    except ImportError as e:  # Ray is optional weight: make run does not install it
+        raise ConnectionError("Ray is not installed here: run `make extra` (or .venv/bin/pip install -r "
+                              "requirements-extra.txt)") from e
     if ray.is_initialized():
         return ray
     if cfg.address != "auto":
