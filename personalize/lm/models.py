@@ -161,6 +161,9 @@ def load_lm(cfg: ModelConfig = ModelConfig()) -> LM:
     if cfg.load_in_4bit:
         if device.type != "cuda":
             raise ModelLoadError("4-bit loading (bitsandbytes) needs a CUDA GPU; this run is on the CPU: drop --load-in-4bit")
+        if importlib.util.find_spec("bitsandbytes") is None:  # optional weight: `make run` does not install it
+            raise ModelLoadError("4-bit loading needs bitsandbytes, which is not installed here: run `make extra` "
+                                 "(or .venv/bin/pip install -r requirements-extra.txt)")
         from transformers import BitsAndBytesConfig
 
         kwargs["quantization_config"] = BitsAndBytesConfig(

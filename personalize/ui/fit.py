@@ -14,8 +14,9 @@ from personalize.ui import text as page_text
 
 INTRO = ("Fits your style on your history: neutral rewrites of pasted items and one teacher-forced pass of your "
          "cluster's model (your own adapter, for a cluster of one; both started when you saved), then milliseconds "
-         "to fit your user vector λ (128 numbers) jointly with a sparse bias over the words you use, a bias on how you open a text (your first words, "
-         "counted from your history), and a memory of what you wrote after each state of that pass.")
+         "to fit your user vector λ (128 numbers) jointly with a sparse bias over the words you use, a bias on how "
+         "you open a text (your first words, counted from your history), and a memory of what you wrote after each "
+         "state of that pass.")
 STAGES = ["assign", "neutral rewrites", "negatives", "features", "fit"]  # studio.fits.fit's progress, in order
 
 

@@ -144,6 +144,15 @@ def test_campaign_pool_on_ray_is_the_serial_pool(ray_local, tiny_artifacts, tmp_
     assert pools[0] == pools[1]
 
 
+def test_without_ray_installed_the_error_says_how_to_install_it(monkeypatch):
+    """Ray is optional weight (requirements-extra.txt, not installed by `make run`): --ray / --decode say so."""
+    from personalize.distributed.pool import connect
+
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(ConnectionError, match="make extra"):
+        connect(RayConfig("auto"))
+
+
 def test_without_the_flag_ray_is_not_imported():
     code = ("import sys; from personalize.cli import build_parser; import personalize.eval.commands, "
             "personalize.studio.facade, personalize.methods.card.build, personalize.methods.card.tune, "

@@ -109,6 +109,17 @@ def test_cuda_mixed_batch_of_every_method_equals_each_alone(cuda_studio):
         assert (g.text, g.n_tokens, g.note) == (ref.text, ref.n_tokens, ref.note), (m, state.name, p)
 
 
+def test_4bit_without_bitsandbytes_says_how_to_install_it(monkeypatch):
+    """bitsandbytes is optional weight (requirements-extra.txt): on a GPU without it, one clear error, no traceback."""
+    from personalize.lm import models
+    from personalize.lm.model_config import ModelConfig
+
+    monkeypatch.setattr(models, "resolve_device", lambda _: torch.device("cuda"))
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)
+    with pytest.raises(models.ModelLoadError, match="make extra"):
+        models.load_lm(ModelConfig("no/such-model", load_in_4bit=True))
+
+
 @pytest.mark.cuda
 @needs_cuda
 def test_cuda_4bit_loads_and_decodes(tokenizer, tmp_path):
