@@ -1,7 +1,8 @@
 """How long after Save a far person's own adapter is ready (issue 48: ≤ 60 s for a 24-item history), in-process, as
 the app does it: Save a pasted history (texts only, so the neutral rewrites run first), then the own adapter's job
-(methods/card/own.py, started by Save's background work when the person is beyond the build's clusters) and the
-style refitted over it. Prints each person's seconds (Save, rewrites, the job, ready) and the medians.
+(methods/card/own.py, started by Save's background work when the person is beyond the build's clusters, or by
+Fit's button pressed at once where the build leaves that to the person) and the style refitted over it. Prints
+each person's seconds (Save, rewrites, the job, ready) and the medians.
 
     .venv/bin/python -m benchmarks.own_after_save --artifacts data/artifacts/demo --data G --sources encode/httpx --people 3
 
@@ -19,6 +20,7 @@ import time
 from pathlib import Path
 
 from personalize.data import Item, read_lamp, select_sources
+from personalize.methods.card import onboard
 from personalize.studio.facade import Studio, StudioConfig
 
 
@@ -27,9 +29,12 @@ def ready_after_save(studio: Studio, name: str, texts: list[str], timeout: float
     t0 = time.perf_counter()
     studio.histories.save_history(name, [Item(y=t) for t in texts], studio.runtime.task.name)
     row = {"name": name, "items": len(texts), "save_s": round(time.perf_counter() - t0, 2)}
-    jobs = studio.first_use_jobs
-    if jobs.own_job(name) is None and not jobs.wants_own(name):  # Save placed them: near, card over their cluster
+    jobs, engine = studio.first_use_jobs, studio.runtime.engine
+    placed = studio.runtime.store.assignment(name, engine.artifacts_id, engine.cfg.default_k)
+    if not onboard.is_far(engine, engine.cfg.default_k, placed["distances"]):  # near: card over their cluster
         return {**row, "far": False}
+    if not engine.cfg.own.far:  # a build without --own-adapters-for-far: Fit's button, pressed at once
+        jobs.start_own(name)
     while jobs.own_job(name) is None and time.perf_counter() - t0 < timeout:
         time.sleep(0.1)
     row["job_started_s"] = round(time.perf_counter() - t0, 2)  # the rewrites, then the job's queue

@@ -93,9 +93,11 @@ def test_build_flags_are_the_settings_fields(tmp_path):
     assert (cfg.ks, cfg.items_per_user, cfg.n_val_users, cfg.objectives) == (
         default.ks, default.items_per_user, default.n_val_users, default.objectives)
     assert cfg.lora == LoraSettings() and cfg.head == HeadSettings() and cfg.budget == TokenBudget()
+    assert not cfg.own.far  # a cluster of one after Save is a build's choice (docs/RESULTS.md "Who is far")
     _, _, cfg, _ = build_plan(build_args(["--data", str(tmp_path), "--ks", "1,2", "--objectives", "tokens, pairs",
                                           "--head-epochs", "3", "--layers", "2", "--max-target-tokens", "12",
-                                          "--cluster-steps", "5", "--val-users", "7"]))
+                                          "--cluster-steps", "5", "--val-users", "7", "--own-adapters-for-far"]))
+    assert cfg.own.far
     assert cfg.ks == (1, 2) and cfg.default_k == 2 and cfg.objectives == ("tokens", "pairs")
     assert (cfg.head.epochs, cfg.head.n_layers, cfg.budget.max_target_tokens, cfg.lora.cluster_steps,
             cfg.n_val_users) == (3, 2, 12, 5, 7)

@@ -84,12 +84,13 @@ LORA_FLAGS = {"base_steps": "--base-steps", "cluster_steps": "--cluster-steps"}
 HEAD_FLAGS = {"epochs": "--head-epochs", "weight_decay": "--head-weight-decay", "patience": "--head-patience", "d": "--d",
               "n_layers": "--layers"}
 BUDGET_FLAGS = {"max_prompt_tokens": "--max-prompt-tokens", "max_target_tokens": "--max-target-tokens"}
+OWN_FLAGS = {"far": "--own-adapters-for-far"}
 
 
 def add_build_args(p: argparse.ArgumentParser) -> None:
     """`build`'s arguments: the settings' own flags (add_flags) and what only a build is told."""
     from personalize.lm.tokens import TokenBudget  # settings only: no model code
-    from personalize.methods.card.config import CardConfig, HeadSettings, LoraSettings
+    from personalize.methods.card.config import CardConfig, HeadSettings, LoraSettings, OwnSettings
 
     p.add_argument("--data", required=True, help="folder with {split}_questions.json (and outputs, meta)")
     p.add_argument("--split", default="dev")
@@ -103,7 +104,7 @@ def add_build_args(p: argparse.ArgumentParser) -> None:
                                                           "them later as people the build never saw (eval --sources)")
     p.add_argument("--out", default=None, help="artifacts folder (default data/artifacts/<data folder name>)")
     for cls, flags in ((CardConfig, CARD_FLAGS), (LoraSettings, LORA_FLAGS), (HeadSettings, HEAD_FLAGS),
-                       (TokenBudget, BUDGET_FLAGS)):
+                       (TokenBudget, BUDGET_FLAGS), (OwnSettings, OWN_FLAGS)):
         add_flags(p, cls, flags)
     p.add_argument("--encoder", default=None, help="sentence encoder: 'bundled' (all-MiniLM-L6-v2) or a sentence-transformers id")
     p.add_argument("--p2p-steps", type=int, default=None,
@@ -129,7 +130,7 @@ def build_plan(a) -> tuple[Path, Path, CardConfig, dict]:
     data = Path(a.data)
     if not data.is_dir():  # told before the model code is imported
         raise UsageError(f"--data {data} is not a folder")
-    from personalize.methods.card.config import CardConfig, HeadSettings, LoraSettings
+    from personalize.methods.card.config import CardConfig, HeadSettings, LoraSettings, OwnSettings
     from personalize.methods.card.build import P2P_STEPS
     from personalize.lm.model_config import EncoderConfig, ModelConfig
     from personalize.lm.tokens import TokenBudget
@@ -140,7 +141,7 @@ def build_plan(a) -> tuple[Path, Path, CardConfig, dict]:
         cfg, **flag_values(a, CARD_FLAGS), default_k=a.default_k or (cfg.default_k if cfg.default_k in a.ks else max(a.ks)),
         model=model_config(a) or ModelConfig(), encoder=EncoderConfig(a.encoder) if a.encoder else cfg.encoder,
         budget=TokenBudget(**flag_values(a, BUDGET_FLAGS)), lora=replace(LoraSettings(), **flag_values(a, LORA_FLAGS)),
-        head=replace(HeadSettings(), **flag_values(a, HEAD_FLAGS)),
+        head=replace(HeadSettings(), **flag_values(a, HEAD_FLAGS)), own=replace(OwnSettings(), **flag_values(a, OWN_FLAGS)),
     )
     if a.skip_p2p and a.p2p_steps is not None:
         raise UsageError("--p2p-steps has no effect with --skip-p2p: give one of them")

@@ -73,7 +73,8 @@ class FirstUseJobs(Service):
         return self._submit(name, method, run)
 
     def _submit(self, name: str, what: str, run) -> dict:
-        """`run(job, progress)` as the person's background job `what`, one at a time behind the others; joins the
+        """`run(job, progress)` as the person's background job `what`, one at a time behind the others (a queued own
+        adapter before the methods' first uses: the walk's waited 241 s behind EXACT and OPPU); joins the
         job already queued or running. An error is the job's state: the page says it where it waits."""
         key = (name, what)
         job = self.rt.jobs.get(key)
@@ -86,6 +87,9 @@ class FirstUseJobs(Service):
             job["done"], job["total"] = done, total
 
         def work() -> None:
+            if what != OWN and self._own_queued():  # an own adapter someone asked for goes before a method's
+                self.rt.first_use.submit(work)      # first use (OPPU's training alone is minutes): to the back
+                return
             job["state"] = "running"
             try:
                 run(job, progress)
@@ -98,6 +102,9 @@ class FirstUseJobs(Service):
 
         self.rt.first_use.submit(work)
         return job
+
+    def _own_queued(self) -> bool:
+        return any(j["method"] == OWN and j["state"] == "queued" for j in list(self.rt.jobs.values()))
 
     def after_fit(self, name: str) -> None:
         """The app's Fit: the methods' first use starts in the background now, not at Save (Save's own background
@@ -156,10 +163,11 @@ class FirstUseJobs(Service):
     def base_words(self, name: str, own: bool) -> str:
         """What card decodes over for this person, in words (Fit says it; Compare's card column notes it)."""
         if own:
-            return ("CARD decodes over **your own adapter**: no cluster of this build fits you, so you are a cluster "
-                    "of one (an adapter trained on your history from your nearest cluster's), your style on top.")
+            return ("CARD decodes over **your own adapter**: you are a cluster of one (an adapter trained on your "
+                    "history from your nearest cluster's), your style on top.")
         training = own_line(self.own_job(name))
         if training:
             return training[0].upper() + training[1:] + "; your style is fitted again over it when it is."
+        by_itself = "; for people no cluster fits it starts by itself at Save" if self.engine.cfg.own.far else ""
         return ("CARD decodes over your cluster's adapter. *Train my own adapter* trains one on your history "
-                "(about a minute; for people no cluster fits it starts by itself at Save).")
+                f"(about a minute{by_itself}).")

@@ -90,7 +90,7 @@ def explore_figures(res) -> tuple[go.Figure, go.Figure]:
                        mode="lines+markers")
         fk.add_scatter(x=[r.k for r in rows], y=[r.length for r in rows], name=f"{m} words",
                        mode="lines+markers", yaxis="y2", line={"dash": "dot"})
-    own = " (card over your own adapter at every K: no cluster fits you)" if res.own else ""
+    own = " (card over your own adapter at every K: a cluster of one)" if res.own else ""
     fk.update_layout(title=f"Cluster count K{own}", xaxis_title="K", yaxis={"title": "ROUGE-L"},
                      yaxis2={"title": "words", "overlaying": "y", "side": "right"}, height=380)
     return fa, fk

@@ -13,7 +13,7 @@ from personalize.ui.figures import loss_figure
 from personalize.ui import text as page_text
 
 INTRO = ("Fits your style on your history: neutral rewrites of pasted items and one teacher-forced pass of your "
-         "cluster's model (your own adapter, for a cluster of one; both started when you saved), then milliseconds "
+         "cluster's model (of your own adapter, for a cluster of one), started when you saved, then milliseconds "
          "to fit your user vector λ (128 numbers) jointly with a sparse bias over the words you use, a bias on how "
          "you open a text (your first words, counted from your history), and a memory of what you wrote after each "
          "state of that pass.")

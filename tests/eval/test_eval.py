@@ -163,6 +163,7 @@ def test_eval_says_who_it_scored_as_a_cluster_of_one(engine, two_sources, monkey
     """Each prediction says whether its person was a cluster of one (their own adapter, card over it), so that a
     study reads the far and the near people's figures apart from the run itself."""
     folder, _ = two_sources
+    monkeypatch.setattr(engine, "cfg", replace(engine.cfg, own=replace(engine.cfg.own, far=True)))  # --own-adapters-for-far
     for far in (True, False):
         monkeypatch.setattr(onboard, "is_far", lambda e, k, d, far=far: far)
         res = run_eval(engine, folder, "dev", ["cluster", "card"], sources=["left/out"], limit=2, n_boot=10)

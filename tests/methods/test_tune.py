@@ -96,7 +96,7 @@ def test_each_kind_is_judged_on_its_own_kind(tiny_artifacts, monkeypatch):
 
     engine = Engine.load(tiny_artifacts["artifacts"])
     engine.cfg = replace(engine.cfg, decoding=replace(engine.cfg.decoding, max_new_tokens=4),
-                         own=replace(engine.cfg.own, steps=1))
+                         own=replace(engine.cfg.own, steps=1, far=True))  # a build with --own-adapters-for-far
     _, queries = read_lamp(tiny_artifacts["demo"], "dev")
     people = [q for q in queries if q.gold and len(q.profile) >= 3][:6]
     items = [engine.prepare_items(list(q.profile)) for q in people]

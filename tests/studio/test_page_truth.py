@@ -346,8 +346,14 @@ def test_the_fit_page_says_how_far_the_person_is_what_they_get_and_what_alpha_do
     assert "which is not yours" not in near
     assert "nats a token likelier under your style than under other people's" in near  # the gap, in words
     assert "your own past texts are mixed in" not in near  # a near person's style has no memory of their own
+    assert "makes you a cluster of one" not in near  # offered to the far alone (every page names the button)
     monkeypatch.setattr(studio.histories, "closeness", lambda k, d: "far from every cluster of this build: further out")
-    assert "which is not yours" in page_text.fit_message(studio, "vera", fitted, 1.0)
+    beyond = page_text.fit_message(studio, "vera", fitted, 1.0)
+    assert "which is not yours" in beyond
+    # a far person is offered a cluster of one (off by default: OwnSettings.far), with what it measured
+    assert "*Train my own adapter* makes you a cluster of one" in beyond and "30 % of outputs against 45 %" in beyond
+    assert "makes you a cluster of one" not in page_text.fit_message(
+        studio, "vera", dataclasses.replace(fitted, style=dataclasses.replace(st, own="own-vera")), 1.0)
     far = dataclasses.replace(fitted, style=dataclasses.replace(st, knn_weight=0.15), far=True)
     assert "your own past texts are mixed in" in page_text.fit_message(studio, "vera", far, 1.0)
     cfg = studio.runtime.engine.cfg  # a build whose guard kept card at the cluster model: the page does not promise the style

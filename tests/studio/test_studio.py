@@ -569,6 +569,28 @@ def test_rewrites_decode_in_one_batch_each_as_it_decodes_alone(studio):
         assert got == alone.text, t
 
 
+def test_an_own_adapter_asked_for_runs_before_the_methods_first_uses_queued_ahead_of_it(studio):
+    """Fit queues EXACT's and OPPU's first uses; *Train my own adapter* pressed after it must not wait minutes behind
+    them: the running job finishes, then the own adapter, then the rest, in the order they came."""
+    import threading
+
+    from personalize.studio.first_use_jobs import OWN
+
+    jobs, order, gate = studio.first_use_jobs, [], threading.Event()
+    first = jobs._submit("queue", "exact", lambda job, progress: (gate.wait(30), order.append("exact")))
+    deadline = time.time() + 60  # earlier tests' background work ahead of it
+    while first["state"] != "running" and time.time() < deadline:
+        time.sleep(0.05)
+    later = [jobs._submit("queue", m, lambda job, progress, m=m: order.append(m)) for m in ("oppu", "cope")]
+    own = jobs._submit("queue", OWN, lambda job, progress: order.append(OWN))
+    assert later[0]["state"] == own["state"] == "queued"
+    gate.set()
+    deadline = time.time() + 30
+    while any(j["state"] != "done" for j in (first, *later, own)) and time.time() < deadline:
+        time.sleep(0.05)
+    assert order == ["exact", OWN, "oppu", "cope"], [order, first, own]
+
+
 def test_a_cluster_of_one_trains_in_the_background_refits_the_style_over_it_and_is_forgotten(studio, monkeypatch):
     """A person beyond the build's clusters (the far test) gets their own adapter after Save, in the background;
     until it is ready Compare's card says it decodes over the nearest cluster, then their style is fitted again
@@ -578,6 +600,7 @@ def test_a_cluster_of_one_trains_in_the_background_refits_the_style_over_it_and_
     jobs, eng = studio.first_use_jobs, studio.runtime.engine
     monkeypatch.setattr(onboard, "is_far", lambda engine, k, d: True)  # everyone is far: the switch Save reads
     monkeypatch.setattr(studio.runtime, "cfg", dataclasses.replace(studio.runtime.cfg, own_adapters=True))
+    monkeypatch.setattr(eng, "cfg", dataclasses.replace(eng.cfg, own=dataclasses.replace(eng.cfg.own, far=True)))
     text = "\n".join(it.y for it in studio.histories.demo_items("formal_01"))
     studio.save_from("solo", text, None, "tweets")
     studio.histories.rewrites.result()

@@ -22,7 +22,7 @@ from personalize.serving.rows import DecodeRow
 
 FALLBACK_NOTE = ("your style did not beat your cluster's model on your own held-out items, "
                  "so this is the cluster model's output")
-OWN_NOTE = "over your own adapter (no cluster fits you: a cluster of one), with your style fitted on top of it"
+OWN_NOTE = "over your own adapter (a cluster of one), with your style fitted on top of it"
 OWN_FALLBACK_NOTE = ("your style did not beat your own adapter on your held-out items, so this is your own "
                      "adapter's output")
 

@@ -128,7 +128,11 @@ class StyleSettings:
 class OwnSettings:
     """A cluster of one (methods/card/own.py): who gets an adapter of their own, and what it costs to train."""
 
-    far: bool = setting(True, "a person beyond the build's clusters (StyleSettings.far_share) gets their own adapter")
+    # off by default, chosen on people the study never scores (benchmarks/far_sweep.py, docs/RESULTS.md "Who is far"):
+    # on 60 validation and tuning people no far_share beat no one far, and on the 154 left-out people card over an own
+    # adapter wrote no closer to them than card over the cluster (it copies their past subjects less often)
+    far: bool = setting(False, "a person beyond the build's clusters (StyleSettings.far_share) gets their own adapter "
+                               "after Save (Fit's button trains one for anyone)")
     layers: int = setting(6, "upper blocks of the nearest cluster's adapter trained on the person's items (the lower "
                              "blocks' states are computed once); 6 of SmolLM2's 30 keep the file under 1 MB")
     steps: int = setting(16, "optimiser steps from the cluster's weights (OPPU: up to 40 from the K = 1 adapter's)")
