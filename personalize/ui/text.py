@@ -112,9 +112,10 @@ def form_note(studio, fit: UserFit) -> str:
         lines[-1] += "."
     if far and not own:  # a cluster of one is the person's choice here (OwnSettings.far: measured, docs/RESULTS.md)
         lines.append("*Train my own adapter* makes you a cluster of one: an adapter trained on your history (about a "
-                     "minute, after any first use already training). On 83 people this far out (docs/RESULTS.md) card over their own adapters wrote as "
-                     "close to them as over their cluster's and repeated a past text word for word less often "
-                     "(30 % of outputs against 45 %).")
+                     "minute, after any first use already training); Fit's check and Explore then show, on your own "
+                     "held-out texts, whether it writes more like you. Over 83 people this far out from a study build "
+                     "(docs/RESULTS.md) it scored as card over their cluster did, on average, and repeated a past text "
+                     "word for word less often (30 % of outputs against 45 %).")
     w = st.memory_weight(studio.served.cfg.style)
     if st.knn_weight is not None and w:
         lines.append(f"Because you are this far out, your own past texts are mixed in as it writes: where a "

@@ -129,8 +129,8 @@ class OwnSettings:
     """A cluster of one (methods/card/own.py): who gets an adapter of their own, and what it costs to train."""
 
     # off by default, chosen on people the study never scores (benchmarks/far_sweep.py, docs/RESULTS.md "Who is far"):
-    # on 60 validation and tuning people no far_share beat no one far, and on the 154 left-out people card over an own
-    # adapter wrote no closer to them than card over the cluster (it copies their past subjects less often)
+    # on 60 validation and tuning people no far_share beat no one far, and on the 83 far of 154 left-out people card
+    # over an own adapter wrote no closer to them than card over the cluster (it copies their past subjects less often)
     far: bool = setting(False, "a person beyond the build's clusters (StyleSettings.far_share) gets their own adapter "
                                "after Save (Fit's button trains one for anyone)")
     layers: int = setting(6, "upper blocks of the nearest cluster's adapter trained on the person's items (the lower "
