@@ -1,10 +1,12 @@
 """Evaluation metrics (METHOD §6): ROUGE-1 / ROUGE-L F1 with stemming, macro-averaged over queries; whether an
+output repeats one of the person's past texts, and ROUGE-L that counts such a copy as a miss (issue 57); whether an
 output loops or echoes its prompt's scaffold (issue 36)."""
 
 from __future__ import annotations
 
 import re
 from collections import Counter
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
 
@@ -35,6 +37,61 @@ def rouge_scores(predictions: Sequence[str], golds: Sequence[str]) -> dict[str, 
     if not scores:
         return {"rouge1": 0.0, "rougeL": 0.0, "n": 0}
     return {k: sum(s[k].fmeasure for s in scores) / len(scores) for k in ("rouge1", "rougeL")} | {"n": len(scores)}
+
+
+NEAR = 0.8  # ROUGE-L F1 from which two texts count as the same text (issue 57's "within ROUGE-L 0.8")
+
+
+def plain_words(text: str) -> str:
+    """The text's words, lowercase, punctuation and spacing aside: what "word for word" compares."""
+    return " ".join(re.findall(r"\w+", text.lower()))
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """Which past text an output repeats (its index in the list given) and whether word for word."""
+
+    index: int
+    exact: bool
+
+
+def repeated_text(output: str, past: Sequence[str], near: float = NEAR) -> Repeat | None:
+    """The past text `output` repeats: the first one equal to it word for word, else the closest one within ROUGE-L
+    `near`; None when it repeats none (an empty output repeats nothing). Why: ROUGE-L against one gold scores a
+    person's old text handed back as a style match; the product counts it as a text not written for the prompt."""
+    words = plain_words(output)
+    if not words:
+        return None
+    texts = [plain_words(t) for t in past]
+    if words in texts:
+        return Repeat(texts.index(words), True)
+    scored = [(_scorer().score(t, output)["rougeL"].fmeasure, i) for i, t in enumerate(past) if texts[i]]
+    best = max(scored, default=(0.0, -1))
+    return Repeat(best[1], False) if best[0] >= near else None
+
+
+def copy_aware(predictions: Sequence[str], golds: Sequence[str], pasts: Sequence[Sequence[str]],
+               near: float = NEAR) -> dict:
+    """Copying, per query and on average: `rougeL_copy_aware` is ROUGE-L against the gold, 0 for an output that
+    repeats one of its person's past texts (`pasts[i]`) unless it is also within ROUGE-L `near` of the gold (the
+    answer itself); `repeats` / `repeats_near` the shares of outputs that repeat a past text word for word / at all.
+    `per_query`: the copy-aware scores (for paired intervals)."""
+    raw = rouge_per_query(predictions, golds)
+    found = [repeated_text(p, past, near) for p, past in zip(predictions, pasts)]
+    per = [0.0 if r is not None and s < near and plain_words(p) != plain_words(g) else s
+           for p, g, s, r in zip(predictions, golds, raw, found)]
+    return {"rougeL_copy_aware": sum(per) / max(len(per), 1), **_shares(found), "per_query": per}
+
+
+def repeat_shares(texts: Sequence[str], pasts: Sequence[Sequence[str]], near: float = NEAR) -> dict:
+    """The shares of `texts` that repeat their person's past text word for word and at all (the golds': how often
+    people repeat themselves, the rate a method's copying is held to)."""
+    return _shares([repeated_text(t, past, near) for t, past in zip(texts, pasts)])
+
+
+def _shares(found: Sequence[Repeat | None]) -> dict:
+    n = max(len(found), 1)
+    return {"repeats": sum(bool(r and r.exact) for r in found) / n, "repeats_near": sum(r is not None for r in found) / n}
 
 
 _UNIT = re.compile(r"\w+|[^\w\s]+")  # a word, or a run of punctuation ("...", "****" are one unit each)

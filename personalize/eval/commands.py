@@ -65,9 +65,11 @@ def cmd_eval(a) -> None:
     result["settings"]["wall_s"] = round(time.perf_counter() - t0, 1)
     print(format_table(result))
     print("held-out diagnostics (mean over users):", json.dumps(result["diagnostics"]))
-    for pair, d in result["differences"].items():
-        print(f"  {pair:<28} ROUGE-L {d['mean']:+.4f}  95% CI [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]"
-              f"  wins/losses {d['wins']}/{d['losses']}")
+    print("the people's own golds repeat a past text:", json.dumps(result["golds"]))
+    for label, key in (("copy-aware", "differences_copy_aware"), ("ROUGE-L", "differences")):
+        for pair, d in result[key].items():
+            print(f"  {pair:<28} {label} {d['mean']:+.4f}  95% CI [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]"
+                  f"  wins/losses {d['wins']}/{d['losses']}")
     print("gold log-prob per token under each method:", json.dumps(result["gold_logprob"]))
     for pair, d in result["gold_logprob_differences"].items():
         print(f"  {pair:<28} gold log-prob {d['mean']:+.4f}  95% CI [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]")

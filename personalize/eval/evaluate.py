@@ -25,7 +25,8 @@ from personalize.methods.engine import Engine
 from personalize.methods.card.onboard import UserFit
 from personalize.methods.registry import METHODS, get_method, local_config
 from personalize.methods.base import UserContext
-from personalize.metrics import looping, paired_interval, rouge_per_query, rouge_scores
+from personalize.metrics import copy_aware, looping, paired_interval, repeat_shares, repeated_text, rouge_per_query, \
+    rouge_scores
 from personalize.methods.card.style import style_diagnostics, variant
 from personalize.store import Store
 from personalize.methods.card import card_decode
@@ -95,19 +96,27 @@ def _run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequenc
         if any(v is None for v in gold_lp[m]):
             no_gold_lp[m] = NO_GOLD_LOGPROB.get(SHUFFLED.get(m, m), "its rows are not plain or CARD rows")
     golds = [q.gold for q in queries]
+    pasts = [[it.y for it in q.profile] for q in queries]  # what a method could hand back: the person's past texts
     scored = {m: v for m, v in gold_lp.items() if m not in no_gold_lp}
     per_query = {m: rouge_per_query(preds[m], golds) for m in methods}
-    table = {m: {k: round(v, 4) if isinstance(v, float) else v for k, v in rouge_scores(preds[m], golds).items()}
+    copies = {m: copy_aware(preds[m], golds, pasts) for m in methods}
+    table = {m: {"rougeL_copy_aware": round(copies[m]["rougeL_copy_aware"], 4)}
+             | {k: round(v, 4) if isinstance(v, float) else v for k, v in rouge_scores(preds[m], golds).items()}
+             | {k: round(copies[m][k], 4) for k in ("repeats", "repeats_near")}
              | {"looping": round(sum(looping(p) for p in preds[m]) / len(queries), 4),
                 "seconds_per_person": round(seconds[m], 3)} for m in methods}
+    aware = {m: c["per_query"] for m, c in copies.items()}
     diag_keys = sorted({k for f in fits for k in f.diagnostics if isinstance(f.diagnostics[k], (float, bool))})
     diag = {k: round(float(np.mean([f.diagnostics[k] for f in fits if k in f.diagnostics])), 4) for k in diag_keys}
     return {"task": task.name, "methods": table, "diagnostics": diag,
+            "golds": {k: round(v, 4) for k, v in repeat_shares(golds, pasts).items()},  # how often people repeat
+            "differences_copy_aware": paired_differences(aware, n_boot, seed),
             "differences": paired_differences(per_query, n_boot, seed),
             "gold_logprob": {m: round(float(np.mean(v)), 4) for m, v in scored.items()}
             | {m: {"none": why} for m, why in no_gold_lp.items()},
             "gold_logprob_differences": paired_differences(scored, n_boot, seed),
-            "specificity": {"decoded_rougeL": _gap(per_query, "card", "card_shuffled"),
+            "specificity": {"decoded_rougeL_copy_aware": _gap(aware, "card", "card_shuffled"),
+                            "decoded_rougeL": _gap(per_query, "card", "card_shuffled"),
                             "teacher_forced": teacher_forced_specificity(engine, fits, partner)},
             "settings": {"artifacts": engine.artifacts_id, "data": str(data_dir), "split": split, "n": len(queries),
                          "sources": sorted({q.source for q in queries if q.source}), "sources_in_build": seen,
@@ -119,8 +128,15 @@ def _run_eval(engine: Engine, data_dir: str | Path, split: str, methods: Sequenc
             "predictions": [{"id": q.id, "user": q.user, "source": q.source, "gold": q.gold,
                              "own": bool(fits[i].style is not None and fits[i].style.own),  # a cluster of one
                              **{m: preds[m][i] for m in methods},
+                             **{f"{m}_repeats": _repeat_index(preds[m][i], pasts[i]) for m in methods},
                              **{f"{m}_gold_logprob": round(v[i], 4) for m, v in scored.items()}}
                             for i, q in enumerate(queries)]}
+
+
+def _repeat_index(text: str, past: Sequence[str]) -> int | None:
+    """The 1-based number of the past text (the query's profile order) that `text` repeats, or None."""
+    r = repeated_text(text, past)
+    return None if r is None else r.index + 1
 
 
 NO_GOLD_LOGPROB = {  # methods whose gold log-prob eval does not report, and why
@@ -247,8 +263,8 @@ def shuffled_partners(clusters: Sequence[int], seed: int = 0) -> list[int]:
 
 
 def paired_differences(per_query: dict[str, list[float]], n_boot: int = 1000, seed: int = 0) -> dict:
-    """Mean ROUGE-L difference and its paired bootstrap 95 % interval (queries resampled) for each pair that
-    the comparison rests on, among the methods present."""
+    """Mean per-query score difference (ROUGE-L, or its copy-aware form) and its paired bootstrap 95 % interval
+    (queries resampled) for each pair that the comparison rests on, among the methods present."""
     pairs = [("card", "cluster"), ("cluster", "base"), ("card", "base"), ("card", "card_shuffled"),
              ("card", "bm25_copy"), ("card", "card_paper")]
     pairs += [(v, "cluster") for v in (*VARIANTS, "oppu")]
@@ -288,10 +304,12 @@ def teacher_forced_specificity(engine: Engine, fits: Sequence[UserFit], partner:
 
 
 def format_table(result: dict) -> str:
-    """The paper's Table 1 layout: one row per task, one column per method (ROUGE-1 / ROUGE-L)."""
+    """The paper's Table 1 layout: one row per task, one column per method, led by the copy-aware ROUGE-L (a past
+    text handed back scores 0), then ROUGE-1 / ROUGE-L and the shares of outputs that repeat a past text."""
     methods = list(result["methods"])
     head = "| task | " + " | ".join(methods) + " |"
     sep = "|---" * (len(methods) + 1) + "|"
     rows = [f"| {result['task']} {label} | " + " | ".join(f"{result['methods'][m][key]:.4f}" for m in methods) + " |"
-            for label, key in (("R-1", "rouge1"), ("R-L", "rougeL"))]
+            for label, key in (("R-L copy-aware", "rougeL_copy_aware"), ("R-1", "rouge1"), ("R-L", "rougeL"),
+                               ("repeats", "repeats"), ("repeats near", "repeats_near"))]
     return "\n".join([head, sep, *rows])

@@ -142,6 +142,8 @@ class Comparisons(Service):
         note = getattr(g, "note", None)  # why the method did what it did (CARD falling back to the cluster model)
         if note:
             info["note"] = str(note)
+        if repeat := self.histories.repeat_line(state.name, g.text):  # an old text handed back, for every method
+            info["repeats"] = repeat
         gid = self.store.add_generation(state.name, self.engine.artifacts_id, method, prompt, g.text,
                                         generation_settings(state, s), g.latency_s, g.n_tokens, info)
         return MethodOutput(method, g.text, g.latency_s, g.n_tokens, gid, info)

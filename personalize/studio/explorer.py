@@ -19,7 +19,7 @@ from personalize.methods.card import onboard
 from personalize.serving.settings import DecodingSettings
 from personalize.data import Item
 from personalize.methods.card.person import prepared_items
-from personalize.metrics import paired_interval, rouge_per_query, rouge_scores
+from personalize.metrics import copy_aware, paired_interval, rouge_scores
 from personalize.studio.fits import decoded_verdict
 from personalize.studio.service import Service
 from personalize.methods.card import card_decode
@@ -61,9 +61,12 @@ class SweepPoint:
     alpha: float
     k: int
     cluster: int
-    rougeL: float
+    copy_aware: float  # ROUGE-L, an output that repeats one of the fitted items' texts scoring 0 (metrics.copy_aware)
+    rougeL: float  # ROUGE-L as it is, beside it
+    repeats: float  # the share of outputs that repeat one of those texts (word for word or within ROUGE-L 0.8)
     length: float  # words per output, mean
     outputs: list[str]
+    per_item: tuple[float, ...] = ()  # each held-out item's copy-aware score (the check's paired interval)
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,8 @@ class Sweep:
     own: bool = False  # decoded over an own adapter trained without the held-out items (a cluster of one)
 
     def best_alpha(self) -> SweepPoint:
-        return max(self.alpha, key=lambda r: r.rougeL)
+        """Ranked by the copy-aware score: an α that wins by handing back old texts loses."""
+        return max(self.alpha, key=lambda r: r.copy_aware)
 
 
 @dataclass(frozen=True)
@@ -88,10 +92,12 @@ class HeldOutCheck:
     """card at the build's α against the person's base (α = 0) on their held-out items, decoded: Fit's verdict and
     Explore's two rows at those α are one computation."""
     alpha: float
-    card: float  # ROUGE-L, mean over the held-out items
+    card: float  # copy-aware ROUGE-L, mean over the held-out items
     base: float
     difference: dict  # metrics.paired_interval of card − base, item by item
     own: bool  # the base is the person's own adapter (else their cluster's model)
+    card_repeats: int = 0  # held-out items whose card output repeats one of the person's other texts
+    base_repeats: int = 0
 
 
 class Explorer(Service):
@@ -99,7 +105,8 @@ class Explorer(Service):
                 progress: Callable[[float, str], None] | None = None, with_k: bool = True, lock=None) -> Sweep:
         """α and K sweeps against the user's own held-out items: the style (λ, bias, memory) is refitted without
         them (not stored), then CARD (and the cluster model, for K) generates for their prompts, retrieving only
-        from the rest; ROUGE-L and output length per point. `with_k` False: the α points alone. The model lock
+        from the rest; per point the copy-aware ROUGE-L, raw ROUGE-L, the share of outputs that repeat one of the
+        rest's texts, and output length. `with_k` False: the α points alone. The model lock
         (`lock`: the runtime's, or its `.background` for work nobody waits on) is taken step by step, so a
         person's Compare gets in between."""
         s, lock = s or self.engine.cfg.decoding, lock or self.model_lock
@@ -113,6 +120,7 @@ class Explorer(Service):
                              f"{len(items)}" + (f", {set_aside} of them repeating a held-out one"
                                                 if set_aside else ""))
         prompts, golds = [it.x for it in held], [it.y for it in held]
+        pasts = [it.y for it in rest]  # what an output could hand back: the texts the style was fitted on
         own = self._own_without_held_out(name)
         ks = self.ks if with_k else ()
         total, done = len(alphas) + 2 * len(ks) + 1 + bool(own), 0
@@ -140,8 +148,11 @@ class Explorer(Service):
                     outs = card_decode.generate(self.engine, prompts, method, cluster, fit.style, k=k,
                                                 settings=replace(s, alpha=alpha), items=rest)
                 texts = [g.text for g in outs]
-                return SweepPoint(method, alpha, k, cluster, round(rouge_scores(texts, golds)["rougeL"], 4),
-                                  round(float(np.mean([len(t.split()) for t in texts])), 2), texts)
+                copies = copy_aware(texts, golds, [pasts] * len(texts))
+                return SweepPoint(method, alpha, k, cluster, round(copies["rougeL_copy_aware"], 4),
+                                  round(rouge_scores(texts, golds)["rougeL"], 4), round(copies["repeats_near"], 4),
+                                  round(float(np.mean([len(t.split()) for t in texts])), 2), texts,
+                                  tuple(copies["per_query"]))
 
             alpha_rows = []
             for a in alphas:
@@ -167,16 +178,18 @@ class Explorer(Service):
     def check(self, name: str, progress: Callable[[float, str], None] | None = None) -> HeldOutCheck | None:
         """Fit's verdict by decoding, as Explore does: card at the build's α against α = 0 (the person's base) on
         the same held-out items (a third of the history, 2 to 8), each item's ROUGE-L paired. None where the build
-        decodes card at α = 0 or the history is too short to hold any out."""
+        decodes card at α = 0 or the history is too short to hold any out. Scored copy-aware: an output that
+        repeats one of the person's other texts and is not the held-out answer counts as a miss."""
         a, n_items = self.engine.cfg.decoding.alpha, len(self.store.items(name))
         n_holdout = min(8, n_items // 3)
         if a <= 0 or n_holdout < 2:
             return None
         sweep = self.explore(name, [0.0, a], n_holdout, progress=progress, with_k=False,
                              lock=self.model_lock.background)  # nobody waits on it: a Compare goes first
-        base, card = (rouge_per_query(r.outputs, sweep.golds) for r in sweep.alpha)
-        return HeldOutCheck(a, sweep.alpha[1].rougeL, sweep.alpha[0].rougeL,
-                            paired_interval(np.subtract(card, base), n_boot=2000), sweep.own)
+        base, card = sweep.alpha
+        return HeldOutCheck(a, card.copy_aware, base.copy_aware,
+                            paired_interval(np.subtract(card.per_item, base.per_item), n_boot=2000), sweep.own,
+                            round(card.repeats * len(sweep.golds)), round(base.repeats * len(sweep.golds)))
 
     def verdict(self, name: str, progress: Callable[[float, str], None] | None = None) -> str:
         """Fit's verdict by decoding (check), in words; or why there is none."""

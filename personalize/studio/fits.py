@@ -52,18 +52,19 @@ def fit_verdict(diagnostics: dict | None, cold_start: bool = False, fallback: bo
             "model's output, set α = 0 in Compare.")
 
 
-MIN_SURE_ITEMS = 5  # fewer held-out items than this say nothing "clearly", whatever their interval
+def interval_word(lo: float, hi: float) -> str:
+    """The page's one reading of a 95 % interval of a difference: above 0 "better", below 0 "worse", across 0
+    "not sure", whatever the figure and however many items (the count stands beside it)."""
+    return "better" if lo > 0 else "worse" if hi < 0 else "not sure"
 
 
 def _uncertainty(interval: dict | None) -> str:
-    """", a difference of −6 points, 95 % interval −15 to +3 over your 5 held-out items: too few to be sure"."""
+    """", a difference of −6 points, 95 % interval −15 to +3 over your 5 held-out items: not sure"."""
     if not interval:
         return ""
     lo, hi = (100 * v for v in interval["ci95"])
-    sure = ("too few to be sure either way" if lo <= 0 <= hi or interval["items"] < MIN_SURE_ITEMS else
-            "clearly better" if lo > 0 else "clearly worse")  # a bootstrap over 2 alike items has no width
     return (f"; a difference of {100 * interval['mean']:+.0f} points, 95 % interval {lo:+.0f} to {hi:+.0f} over "
-            f"your {interval['items']} held-out items: {sure}")
+            f"your {interval['items']} held-out items: {interval_word(lo, hi)}")
 
 
 def base_name(style) -> str:
@@ -76,12 +77,12 @@ def decoded_verdict(check, fallback: bool) -> str:
     Explore's rows at α = 0 and the build's α show for the same held-out items, and what Compare then decodes."""
     d, n, base = check.difference, check.difference["n"], "your own adapter" if check.own else "your cluster's model"
     lo, hi = d["ci95"]
-    sure = ("too few to be sure either way" if lo <= 0 <= hi or n < MIN_SURE_ITEMS else
-            "clearly better" if lo > 0 else "clearly worse")
     return (f"Decoded on your {n} newest items, held out (Explore with {n} held out shows these two rows): card at "
-            f"α = {check.alpha:g} scores ROUGE-L {check.card:.3f} against {check.base:.3f} for your base at α = 0 "
-            f"({base}); a difference of {d['mean']:+.3f}, 95 % interval {lo:+.3f} to {hi:+.3f} over {n} items: "
-            f"{sure}. Compare decodes card by this build's rule, the one that measured best over its validation "
+            f"α = {check.alpha:g} scores {check.card:.3f} against {check.base:.3f} for your base at α = 0 "
+            f"({base}), in ROUGE-L against each held-out text where an output that repeats one of your other "
+            f"texts scores 0 (card repeated one in {check.card_repeats} of {n}, your base in {check.base_repeats}); "
+            f"a difference of {d['mean']:+.3f}, 95 % interval {lo:+.3f} to {hi:+.3f} over {n} items: "
+            f"{interval_word(lo, hi)}. Compare decodes card by this build's rule, the one that measured best over its validation "
             f"people: α = {check.alpha:g}" + (f", or {base} where your style loses to it on your held-out words "
                                               "(the fallback)" if fallback else "")
             + "; an α chosen per person from a few decoded items measured no better there (docs/RESULTS.md). "
@@ -92,7 +93,7 @@ def kept_reason(meta: dict) -> str:
     """Why this build decodes a style that lost on its person's held-out items, from what its tune measured on the
     validation people (the fallback step): a tie is said as a tie, never as a loss."""
     sweep = meta.get("report", {}).get("tune", {}).get("fallback", {}).get("sweep", {})
-    off, on = (sweep.get(v, {}).get("rougeL") for v in ("off", "on"))
+    off, on = (sweep.get(v, {}).get("rougeL_copy_aware", sweep.get(v, {}).get("rougeL")) for v in ("off", "on"))
     if off is None or on is None:
         return "its tuning did not try showing the cluster model instead"
     if off > on:

@@ -13,6 +13,7 @@ from personalize.methods.card.cluster import closeness, is_member
 from personalize.methods.card.style import UserStyle
 from personalize.data import TASKS, HistoryError, Item, history_text, parse_history, read_history_file
 from personalize.methods.card.person import prepared_items, store_assignments
+from personalize.metrics import repeated_text
 from personalize.store import StoreError
 from personalize.studio.service import Service
 
@@ -140,6 +141,18 @@ class Histories(Service):
             return [[s.position + 1, s.y, s.neutral or ""] for s in self.store.items(name)] if name else []
         except StoreError:  # not stored (yet), or not a valid name
             return []
+
+    def repeat_line(self, name: str | None, text: str) -> str | None:
+        """"repeats your text 12" (word for word, or "nearly": within ROUGE-L 0.8) when `text` is one of the
+        person's stored texts handed back, else None: the page marks it on every method's output (issue 57)."""
+        try:
+            items = self.store.items(name) if name else []
+        except StoreError:
+            return None
+        r = repeated_text(text, [s.y for s in items])
+        if r is None:
+            return None
+        return f"repeats your text {items[r.index].position + 1}" + ("" if r.exact else " nearly")
 
     def own_item(self, name: str | None, number: float | None):
         """The person's item with this number (item_rows), or None: another person's items are never reached."""

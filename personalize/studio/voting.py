@@ -91,6 +91,12 @@ class Votes(Service):
             self.rt.background.submit(self._exact_feedback, pair.user, pair.prompt, win, lose)
         return pair, rid, who
 
+    def repeat_marks(self, pair: BlindPair) -> list[str]:
+        """After the vote, which of the two outputs was one of the person's past texts handed back ("A repeats
+        your text 12"): a vote for a copy is then seen as one."""
+        return [f"{label} {line}" for label, out in zip("AB", pair.outputs)
+                if (line := self.histories.repeat_line(pair.user, out))]
+
     def _refine_quietly(self, name: str) -> None:
         try:
             self.fits.refine(name)

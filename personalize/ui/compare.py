@@ -28,6 +28,8 @@ def method_md(o) -> str:
         extra = f"\n\n*retrieved items:* {md(', '.join(map(str, tr['retrieved'])))}"
     if o.info and o.info.get("note"):
         extra += f"\n\n*note:* {md(o.info['note'])}"
+    if o.info and o.info.get("repeats"):  # one of the person's past texts handed back, not new text for this prompt
+        extra += f"\n\n⚠️ *{md(o.info['repeats'])}*"
     return (f"**{md(o.method)}** · {o.latency_s:.2f} s · {o.n_tokens} tok · {o.tokens_per_s:.1f} tok/s\n\n"
             f"{md(o.text) if o.text else '*(empty output)*'}{extra}")
 

@@ -73,10 +73,14 @@ def leaderboard_figures(lb: dict) -> tuple[go.Figure, go.Figure]:
 
 
 def explore_figures(res) -> tuple[go.Figure, go.Figure]:
-    """Explore's Sweep: ROUGE-L and output length against α, and against K (cluster model and CARD)."""
+    """Explore's Sweep: the copy-aware ROUGE-L (an old text handed back scores 0), raw ROUGE-L and output length
+    against α, and the copy-aware score and length against K (cluster model and CARD)."""
     a = res.alpha
     fa = go.Figure()
-    fa.add_scatter(x=[r.alpha for r in a], y=[r.rougeL for r in a], name="ROUGE-L", mode="lines+markers")
+    fa.add_scatter(x=[r.alpha for r in a], y=[r.copy_aware for r in a], name="ROUGE-L, copies count 0",
+                   mode="lines+markers")
+    fa.add_scatter(x=[r.alpha for r in a], y=[r.rougeL for r in a], name="ROUGE-L as it is", mode="lines+markers",
+                   line={"dash": "dash"})
     fa.add_scatter(x=[r.alpha for r in a], y=[r.length for r in a], name="words", mode="lines+markers",
                    yaxis="y2")
     base = "your own adapter" if res.own else "the cluster model"  # a cluster of one decodes over their own at α = 0
@@ -86,7 +90,7 @@ def explore_figures(res) -> tuple[go.Figure, go.Figure]:
     fk = go.Figure()
     for m in ("cluster", "card"):
         rows = [r for r in res.k if r.method == m]
-        fk.add_scatter(x=[r.k for r in rows], y=[r.rougeL for r in rows], name=f"{m} ROUGE-L",
+        fk.add_scatter(x=[r.k for r in rows], y=[r.copy_aware for r in rows], name=f"{m} ROUGE-L (copies 0)",
                        mode="lines+markers")
         fk.add_scatter(x=[r.k for r in rows], y=[r.length for r in rows], name=f"{m} words",
                        mode="lines+markers", yaxis="y2", line={"dash": "dot"})

@@ -39,8 +39,9 @@ def draw_pair(studio, name, rater, text, chosen, compare_text, templated, alpha,
 def vote(studio, winner, pair_id, rater, login: str | None = None):
     """(status, pair id): the vote stored (the pair is then closed) and the methods revealed."""
     pair, rid, who = studio.votes.vote(pair_id, winner, rater, login)  # with --auth: the logged-in user, always
+    copies = "".join(f" ⚠️ {md(m)}." for m in studio.votes.repeat_marks(pair))
     return (f"Vote #{rid} stored ({LABELS[winner]}, rater {md(who)}). **A was {md(pair.methods[0])}, "
-            f"B was {md(pair.methods[1])}.** Draw a new pair to go on.", None)
+            f"B was {md(pair.methods[1])}.**{copies} Draw a new pair to go on.", None)
 
 
 def build(studio, shared: Shared) -> None:

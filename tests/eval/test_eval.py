@@ -14,6 +14,7 @@ from personalize.data import select_sources
 from personalize.data import Query, read_lamp, write_lamp
 from personalize.methods.engine import Engine
 from personalize.eval.evaluate import paired_differences, run_eval, shuffled_partners
+from personalize.metrics import Repeat, copy_aware, repeated_text, rouge_per_query
 from personalize.methods.card.tune import choose_decoding, save_choice
 from personalize.methods.card import card_decode
 
@@ -39,6 +40,21 @@ def test_paired_bootstrap_interval_brackets_the_mean_and_sees_a_sure_gain():
     noise = d["cluster - base"]
     assert noise["ci95"][0] < 0 < noise["ci95"][1]  # no difference: the interval straddles 0
     assert "card - bm25_copy" not in d  # only pairs of methods that were run
+
+
+def test_a_past_text_handed_back_scores_nothing_unless_it_is_the_answer():
+    past = ["Fix typo in README", "Bump version to 1.18.2", "Add support for HTTP/3"]
+    assert repeated_text("fix typo in readme.", past) == Repeat(0, True)  # case and punctuation aside
+    assert repeated_text("Bump version to 1.18.3", past) == Repeat(1, False)  # within ROUGE-L 0.8
+    assert repeated_text("Add retries to the proxy pool", past) is None and repeated_text("", past) is None
+    golds = ["Fix typo in the docs", "Bump version to 1.18.2", "Add support for HTTP/3 proxies"]
+    outs = ["Fix typo in README", "bump version to 1.18.2", "Add HTTP/3 proxies"]
+    res = copy_aware(outs, golds, [past] * 3)
+    raw = rouge_per_query(outs, golds)
+    assert raw[0] > 0.4 and res["per_query"][0] == 0.0  # a copy that is not the answer is a miss, not a hit
+    assert res["per_query"][1] == raw[1] == 1.0  # a repeat that is the answer stays a hit
+    assert res["per_query"][2] == raw[2] > 0  # new text is scored as ROUGE-L scores it
+    assert res["repeats"] == res["repeats_near"] == pytest.approx(2 / 3)
 
 
 def test_sources_select_and_unknown_sources_are_refused():
@@ -75,7 +91,14 @@ def test_eval_scores_only_the_left_out_source_with_intervals_and_both_specificit
     for pair in ("card - cluster", "cluster - base", "card - card_shuffled", "card - bm25_copy"):
         d = res["differences"][pair]
         assert d["n"] == len(left_out) and d["ci95"][0] <= d["mean"] <= d["ci95"][1]
-    assert set(res["specificity"]) == {"decoded_rougeL", "teacher_forced"}
+    assert set(res["specificity"]) == {"decoded_rougeL_copy_aware", "decoded_rougeL", "teacher_forced"}
+    for m in methods:  # every method's copying beside its ROUGE-L, and the copy-aware differences with intervals
+        assert {"rougeL_copy_aware", "repeats", "repeats_near"} <= set(res["methods"][m])
+        assert res["methods"][m]["rougeL_copy_aware"] <= res["methods"][m]["rougeL"] + 1e-9
+    assert res["differences_copy_aware"]["card - cluster"]["n"] == len(left_out)
+    assert set(res["golds"]) == {"repeats", "repeats_near"}
+    copied = res["methods"]["bm25_copy"]  # the floor hands back a past text every time: every output a repeat
+    assert copied["repeats"] == 1.0 and all(p["bm25_copy_repeats"] for p in res["predictions"])
     scores = {m: res["methods"][m]["rougeL"] for m in ("card", "card_shuffled")}
     assert res["specificity"]["decoded_rougeL"] == pytest.approx(scores["card"] - scores["card_shuffled"], abs=1e-3)
 

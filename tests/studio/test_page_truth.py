@@ -303,16 +303,17 @@ def test_the_version_box_offers_a_version_that_exists():
     assert version_to_restore(restored) == 3
 
 
-def test_the_verdict_says_clearly_only_with_enough_held_out_items():
-    """Two held-out items that agree give a bootstrap interval of no width (+43 to +43): that is not "clearly"."""
-    from personalize.studio.fits import MIN_SURE_ITEMS, _uncertainty
+def test_one_reading_of_an_interval_on_every_verdict():
+    """Issue 59, item 1: an interval above 0 reads "better", below 0 "worse", across 0 "not sure", whatever the count
+    (it stands beside the words): "+7 to +40 over 4 items" and "+6 to +44 over 5" read alike."""
+    from personalize.studio.fits import _uncertainty, interval_word
 
-    few = _uncertainty({"mean": 0.43, "ci95": [0.43, 0.43], "items": 2})
-    assert "too few to be sure" in few and "clearly" not in few
-    enough = _uncertainty({"mean": 0.2, "ci95": [0.05, 0.3], "items": MIN_SURE_ITEMS})
-    assert "clearly better" in enough
-    assert "clearly worse" in _uncertainty({"mean": -0.2, "ci95": [-0.3, -0.05], "items": 8})
-    assert "too few" in _uncertainty({"mean": 0.1, "ci95": [-0.1, 0.3], "items": 8})
+    assert "over your 4 held-out items: better" in _uncertainty({"mean": 0.2, "ci95": [0.07, 0.4], "items": 4})
+    assert "over your 5 held-out items: better" in _uncertainty({"mean": 0.2, "ci95": [0.06, 0.44], "items": 5})
+    assert "worse" in _uncertainty({"mean": -0.2, "ci95": [-0.3, -0.05], "items": 8})
+    assert "not sure" in _uncertainty({"mean": 0.1, "ci95": [-0.1, 0.3], "items": 8})
+    assert [interval_word(*i) for i in ((0.01, 0.2), (-0.2, -0.01), (0.0, 0.2), (-0.1, 0.1))] == \
+        ["better", "worse", "not sure", "not sure"]
 
 
 def test_the_verdict_names_the_base_a_cluster_of_one_was_judged_against(studio, fitted):
@@ -375,6 +376,8 @@ def test_the_fit_page_says_how_far_the_person_is_what_they_get_and_what_alpha_do
 
 
 def test_fit_verdict_by_decoding_is_explores_rows(studio, monkeypatch):
+    from personalize.studio.fits import interval_word
+
     """Issue 48, item 5: Fit's decoded verdict and Explore's rows at α = 0 and the build's α are one computation on
     the same held-out items (a third of the history), said with its count and interval; a build at α = 0 and a
     history too short to hold items out say so instead of a figure."""
@@ -385,11 +388,13 @@ def test_fit_verdict_by_decoding_is_explores_rows(studio, monkeypatch):
     n = len(studio.runtime.store.items("judged")) // 3
     check = studio.explorer.check("judged")
     rows = studio.explorer.explore("judged", [0.0, 2.0], n_holdout=n, with_k=False).alpha
-    assert (check.base, check.card, check.alpha) == (rows[0].rougeL, rows[1].rougeL, 2.0) and not check.own
+    assert (check.base, check.card, check.alpha) == (rows[0].copy_aware, rows[1].copy_aware, 2.0) and not check.own
     assert check.difference["n"] == n and check.difference["mean"] == pytest.approx(check.card - check.base, abs=1e-3)
     words = studio.explorer.verdict("judged")
-    assert f"Explore with {n} held out" in words and f"over {n} items: too few to be sure" in words
-    assert f"ROUGE-L {check.card:.3f} against {check.base:.3f}" in words and "your cluster's model" in words
+    lo, hi = check.difference["ci95"]
+    assert f"Explore with {n} held out" in words and f"over {n} items: {interval_word(lo, hi)}" in words
+    assert f"scores {check.card:.3f} against {check.base:.3f}" in words and "your cluster's model" in words
+    assert f"card repeated one in {check.card_repeats} of {n}" in words  # the copying the score counted
 
     studio.histories.save_history("brief", studio.histories.demo_items("formal_01")[:4], "tweets")
     assert studio.explorer.check("brief") is None and "Too few items" in studio.explorer.verdict("brief")
@@ -434,7 +439,7 @@ def test_explores_plots_name_the_base():
 
     from personalize.ui.figures import explore_figures
 
-    row = SimpleNamespace(alpha=0.0, rougeL=0.5, length=6)
+    row = SimpleNamespace(alpha=0.0, rougeL=0.5, copy_aware=0.4, length=6)
     for own, base in ((True, "your own adapter"), (False, "the cluster model")):
         fa, fk = explore_figures(SimpleNamespace(alpha=[row], k=[], own=own))
         assert fa.layout.title.text.endswith(f"(α = 0: {base})")
@@ -450,7 +455,7 @@ def test_the_decoded_verdicts_fallback_is_the_persons_base():
 
     for own, base in ((True, "your own adapter"), (False, "your cluster's model")):
         check = SimpleNamespace(difference={"n": 8, "mean": 0.0, "ci95": [0.0, 0.0]}, own=own, alpha=1.0,
-                                card=0.5, base=0.5)
+                                card=0.5, base=0.5, card_repeats=1, base_repeats=0)
         said = decoded_verdict(check, fallback=True)
         assert f"({base})" in said and f"or {base} where your style loses" in said
         assert own is False or "cluster's model" not in said

@@ -114,7 +114,7 @@ def rows(engine, prompts: Sequence[str], method: str, cluster: int | None = None
         if style.retrieval and items and s.alpha > 0:
             (card_prompt,), card_budget, (chosen,) = retrieval_prompts(engine, items, [p], budget)
             scaffold = scaffold_lines(engine.task)  # the items' header: never the answer
-        steer = CardSteer(head, st, style, engine.cfg.head.n_layers)
+        steer = CardSteer(head, st, style, engine.cfg.head.n_layers, engine.tok.eos_token_id)
         out.append(DecodeRow(card_prompt, card_budget, s, ada, steer, trace=chosen, want_trace=trace,
                              scaffold=scaffold, note=OWN_NOTE if own else None))
     return out

@@ -110,8 +110,14 @@ class StyleSettings:
     # form that is not theirs, and their own past words are what carries them (0: off)
     far_knn_weight: float = 0.15
     far_share: float = 0.1
+    # no run of more than the person's own reuse (at least `copy_run_floor` tokens) of one of their past texts,
+    # unless the prompt holds it (no_copy.PastTextGuard): a past text handed back is not written for the prompt
+    no_copy: bool = True
+    copy_run_floor: int = 4
 
     def __post_init__(self):
+        if self.copy_run_floor < 1:
+            raise ValueError("copy_run_floor >= 1 (tokens)")
         if not 0 <= self.knn_weight <= 1 or self.knn_neighbours < 1 or self.knn_temperature <= 0:
             raise ValueError("knn_weight in [0, 1], knn_neighbours >= 1 and knn_temperature > 0")
         if self.rho_bias <= 0 or self.max_bias_tokens < 1 or self.max_memory < 1:

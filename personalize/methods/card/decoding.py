@@ -5,7 +5,8 @@ and re-ranked by the person's style (style.style_scores, the same rule the
 held-out diagnostics use): ℓ̃ = ℓ_T + α·(Δ_T + b[T]), with Δ_t = U((P h_t) ⊙ λ)
 exactly as the tokens head was trained (α = 1 as trained, docs/METHOD.md §1.9.2; pair
 heads, whose Δ has no logit scale, standardise it to the logits' spread), then
-mixed with the person's kNN memory (weight α·w). Only the k rows U[T_t] are
+mixed with the person's kNN memory (weight α·w), then no_copy.PastTextGuard keeps the
+output from completing one of the person's past texts. Only the k rows U[T_t] are
 multiplied. At α = 0 the processor passes ℓ on unchanged, so decoding returns the
 cluster model's output whatever the style holds. The hidden states come from forward hooks,
 so generate() keeps its KV cache.
@@ -22,6 +23,7 @@ from personalize.lm.features import HiddenCapture
 from personalize.methods.card.head import PersonalizationHead, next_opening, opening_key
 from personalize.methods.card.style import StyleTensors, UserStyle, style_scores
 from personalize.methods.card.config import StyleSettings
+from personalize.methods.card.no_copy import past_text_guard
 from personalize.lm.tokens import TokenBudget
 from personalize.serving import generation
 from personalize.serving.generation import Generation
@@ -88,12 +90,13 @@ def card_generate(model, tok, prompts: list[str], budget: TokenBudget, s: Decodi
         card = CardLogitsProcessor(head, StyleTensors.of(styles, style), style, cap, s.alpha, s.top_k,
                                    s.standardize, s.do_sample)
         card.trace = [] if trace else None
+        guard = past_text_guard(styles, style, tok.eos_token_id) if s.alpha > 0 else None  # at 0: the cluster's
 
         def chosen(out: torch.Tensor, start: int) -> None:
             for t, step in enumerate(card.trace or []):
                 step["chosen"] = out[:, start + t].cpu() if start + t < out.shape[1] else None
 
-        gens = generation.generate(model, tok, prompts, budget, s, [card], scaffold,
+        gens = generation.generate(model, tok, prompts, budget, s, [card, *([guard] if guard else [])], scaffold,
                                    own_top_k=False, after=chosen)
     for g in gens:
         g.trace = card.trace

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from personalize.methods.card.decoding import CardLogitsProcessor
+from personalize.methods.card.no_copy import past_text_guard
 from personalize.serving.settings import DecodingSettings
 from personalize.methods.card.head import PersonalizationHead
 from personalize.methods.card.config import PAIR_OBJECTIVES, StyleSettings
@@ -24,6 +25,7 @@ class CardSteer(Steer):
     style: UserStyle
     settings: StyleSettings
     n_layers: int
+    eos_token_id: int | None = None  # where the person's past texts end (no_copy.PastTextGuard)
     restricts_top_k = True  # CARD keeps the top-k candidates itself
 
     @property
@@ -39,7 +41,8 @@ class CardSteer(Steer):
                                    settings.alpha, settings.top_k, settings.standardize, settings.do_sample)
         if trace:
             proc.trace = []
-        return [*first, proc, *repeats], (proc if trace else None)
+        guard = past_text_guard([self.style], self.settings, self.eos_token_id) if settings.alpha > 0 else None
+        return [*first, proc, *([guard] if guard else []), *repeats], (proc if trace else None)
 
     def steps(self, tracer, new, k: int) -> list:
         """The Why view's dicts, each with the token chosen."""

@@ -1,7 +1,8 @@
 """Decoding settings chosen on validation people, never on the people eval scores (METHOD §1.9.2).
 
 One greedy pass over the settings that decide what a person sees, each step
-keeping the best validation ROUGE-L (ties: the simpler setting):
+keeping the best validation copy-aware ROUGE-L (metrics.copy_aware: an output that repeats
+one of the person's past texts and is not the answer scores 0; ties: the simpler setting):
 1. repetition control, on the cluster model (the same setting then serves every method);
 2. which parts of the person's style `card` decodes with (style.VARIANTS: λ alone,
    + token bias, + kNN memory, both, the retrieved items in the prompt);
@@ -36,7 +37,7 @@ from personalize.serving.settings import DecodingSettings
 from personalize.methods.engine import Engine
 from personalize.methods.card.onboard import UserFit
 from personalize.methods.card.person import fit_with_own
-from personalize.metrics import looping, paired_interval, rouge_per_query, rouge_scores
+from personalize.metrics import copy_aware, looping, paired_interval, rouge_scores
 
 REPETITION = ((1.0, 0), (1.0, 4), (1.0, 3), (1.2, 4))  # (penalty on generated tokens, no-repeat n-gram)
 STYLES = {  # candidates for `card`, simplest first
@@ -66,6 +67,7 @@ class Trials:
 
     def __init__(self, engine: Engine, prompts, golds, fits, items, decode: Callable | None = None):
         self.engine, self.prompts, self.golds, self.fits, self.items = engine, prompts, golds, fits, items
+        self.pasts = [[it.y for it in its] for its in items]  # what a setting could hand back instead of writing
         # decode(method, prompts, fits, items, settings) -> texts: decode_each here, or in shards (`tune --ray`)
         self.decode = decode or partial(decode_each, engine)
         self.outputs: dict = {}
@@ -85,12 +87,18 @@ class Trials:
         return self.outputs[key]
 
     def score(self, method: str) -> dict:
+        """The copy-aware ROUGE-L the choice is made on (a setting that wins only by copying loses), with the raw
+        figure, the repeat share and the loop share beside it."""
         outs = self.texts(method)
-        return {"rougeL": round(rouge_scores(outs, self.golds)["rougeL"], 4),
+        copies = copy_aware(outs, self.golds, self.pasts)
+        return {"rougeL_copy_aware": round(copies["rougeL_copy_aware"], 4),
+                "rougeL": round(rouge_scores(outs, self.golds)["rougeL"], 4),
+                "repeats_near": round(copies["repeats_near"], 4),
                 "looping": round(sum(looping(o) for o in outs) / max(len(outs), 1), 4)}
 
     def per_person(self, method: str) -> list[float]:
-        return rouge_per_query(self.texts(method), self.golds)
+        """Each person's copy-aware ROUGE-L (metrics.copy_aware), for the guard's paired interval."""
+        return copy_aware(self.texts(method), self.golds, self.pasts)["per_query"]
 
 
 STEPS = ("repetition", "style", "alpha", "knn_weight", "fallback")
@@ -123,7 +131,7 @@ def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str]
             scores[label] = dec.score(method)
             if progress:
                 progress(f"{name} {label}: {scores[label]}")
-        best = max(scores, key=lambda k: scores[k]["rougeL"])  # first of the ties: options go simplest first
+        best = max(scores, key=lambda k: scores[k]["rougeL_copy_aware"])  # first of ties: options go simplest first
         chosen = dict(options)[best]
         engine.cfg = apply(chosen)
         report[name] = {"chosen": best, "sweep": scores}
@@ -133,7 +141,7 @@ def choose_decoding(engine: Engine, prompts: Sequence[str], golds: Sequence[str]
     pick("repetition", [(f"penalty {p}, no-repeat {n}", (p, n)) for p, n in REPETITION],
          lambda v: decoding(repetition_penalty=v[0], no_repeat_ngram=v[1]), method="cluster")
     if "repetition" in report:
-        report["cluster_rougeL"] = report["repetition"]["sweep"][report["repetition"]["chosen"]]["rougeL"]
+        report["cluster_rougeL"] = report["repetition"]["sweep"][report["repetition"]["chosen"]]["rougeL_copy_aware"]
     if "alpha" in steps:
         engine.cfg = decoding(alpha=1.0)
     pick("style", list(STYLES.items()), lambda v: style(fallback=False, **v))
@@ -159,7 +167,8 @@ def harm_guard(engine: Engine, prompts: Sequence[str], golds: Sequence[str], fit
                items: Sequence[Sequence[Item]], n_boot: int = 2000,
                decoder: Trials | None = None, apart: int = 0) -> tuple[Engine, dict]:
     """`card` as chosen, or the cluster model (α = 0) unless the paired bootstrap 95 % interval of card −
-    cluster (ROUGE-L per person) lies above 0 on the validation people. Never a default that harms."""
+    cluster (copy-aware ROUGE-L per person: a past text handed back scores 0) lies above 0 on the validation
+    people. Never a default that harms."""
     s = engine.cfg.decoding
     dec = decoder or Trials(engine, prompts, golds, fits, items)
     card, cluster = dec.per_person("card"), dec.per_person("cluster")
@@ -184,11 +193,12 @@ def own_guard(engine: Engine, prompts: Sequence[str], golds: Sequence[str], fits
                                f"{FAR_MIN_PEOPLE} this guard judges on (a build can hold out whole sources for them)"}
     with engine.own.scratch():
         own = [fit_with_own(engine, f"validation {i}", it, f) for i, (f, it) in enumerate(zip(fits, items))]
-        card, cluster = (rouge_per_query(decode_each(engine, m, prompts, own, items, engine.cfg.decoding), golds)
-                         for m in ("card", "cluster"))
+        pasts = [[it.y for it in its] for its in items]
+        card, cluster = (copy_aware(decode_each(engine, m, prompts, own, items, engine.cfg.decoding), golds,
+                                    pasts)["per_query"] for m in ("card", "cluster"))
     gain = paired_interval(np.asarray(card, float) - np.asarray(cluster, float), n_boot)
     kept = gain["ci95"][1] >= 0
-    why = (f"own adapters {'kept' if kept else 'off'} for far people: card over them − cluster ROUGE-L "
+    why = (f"own adapters {'kept' if kept else 'off'} for far people: card over them − cluster copy-aware ROUGE-L "
            f"{gain['mean']:+.4f} {gain['ci95']} on {len(fits)} far validation people"
            + ("" if kept else ", an interval below 0"))
     if not kept:
@@ -206,10 +216,10 @@ def guard_verdict(card: Sequence[float], cluster: Sequence[float], alpha: float,
         f" near the clusters ({apart} beyond them judged apart, on their own adapters)" if apart else
         f" (fewer than the {MIN_PEOPLE} wanted: the data has no more)" if len(card) < MIN_PEOPLE else "")
     if kept:
-        why = f"card kept (α = {alpha}): card − cluster {gain['mean']:+.4f} {gain['ci95']} {where}"
+        why = f"card kept (α = {alpha}): card − cluster copy-aware ROUGE-L {gain['mean']:+.4f} {gain['ci95']} {where}"
     else:
         why = (f"card decodes as the cluster model (α = 0): the chosen setting (α = {alpha}) did not beat it, "
-               f"card − cluster ROUGE-L {gain['mean']:+.4f} {gain['ci95']} {where}, an interval not above 0")
+               f"card − cluster copy-aware ROUGE-L {gain['mean']:+.4f} {gain['ci95']} {where}, an interval not above 0")
     return {"kept": kept, "alpha_chosen": alpha, "alpha": alpha if kept else 0.0, "people": len(card),
             "card_minus_cluster": gain, "why": why}
 

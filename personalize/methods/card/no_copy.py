@@ -1,0 +1,100 @@
+"""CARD writes new text like the person, not one of their past texts handed back (issue 57; METHOD §1.10).
+
+The person's memory at α > 0 votes for the tokens that followed the nearest past states, so once an output starts
+like a past text the memory can walk it to the end: a third of card's outputs were a past subject word for word,
+where people repeat themselves in 1-6 %. PastTextGuard is a transformers LogitsProcessor, after CARD's, that masks
+the token which would make the output hold a run of more than `limit` tokens of one past text, unless the prompt
+holds that run too (a file name, an issue number the change names). `limit` is the person's own reuse: how long a
+run their texts typically share with another of their texts (own_reuse), never below StyleSettings.copy_run_floor.
+Their words and form stay; a past text as a whole does not.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import median
+from typing import Sequence
+
+import torch
+from transformers import LogitsProcessor
+
+from personalize.methods.card.config import StyleSettings
+
+
+def past_texts(values: Sequence[int], eos: int | None) -> list[list[int]]:
+    """The person's past texts as token ids, from their memory's values (every token they wrote, each text ending
+    at end-of-sequence, which stays: a short past text written out and ended is a copy too)."""
+    out, cur = [], []
+    for t in (int(v) for v in values):
+        cur.append(t)
+        if t == eos:
+            out.append(cur)
+            cur = []
+    return [t for t in out + [cur] if t]
+
+
+def own_reuse(texts: Sequence[Sequence[int]], floor: int) -> int:
+    """The run the person reuses: the median over their texts of the longest run each shares with another of them
+    (their phrases and templates), at least `floor`."""
+    where: dict[tuple[int, ...], set[int]] = {}  # every run of every text -> the texts that hold it
+    for i, t in enumerate(texts):
+        for a in range(len(t)):
+            for b in range(a + 1, len(t) + 1):
+                where.setdefault(tuple(t[a:b]), set()).add(i)
+    runs = [max((len(g) for g, held in where.items() if i in held and len(held) > 1), default=0)
+            for i in range(len(texts))]
+    return max(floor, int(median(runs)) if runs else 0)
+
+
+def _grams(texts: Sequence[Sequence[int]], n: int) -> dict[tuple[int, ...], set[int]]:
+    """Every run of n + 1 tokens of the texts, as its first n tokens -> the tokens that may not follow them."""
+    out: dict[tuple[int, ...], set[int]] = {}
+    for t in texts:
+        for i in range(len(t) - n):
+            out.setdefault(tuple(t[i: i + n]), set()).add(t[i + n])
+    return out
+
+
+class PastTextGuard(LogitsProcessor):
+    """Per row: no run of more than `limits[r]` tokens of one of its person's past texts (`pasts[r]`) in the
+    generated text, unless the row's prompt holds it. The first call sees the prompt alone (generate calls once
+    a step), which is where the prompt's runs are learnt. A row whose every candidate would copy ends there."""
+
+    def __init__(self, pasts: Sequence[Sequence[Sequence[int]]], limits: Sequence[int], eos: int | None):
+        self.limits, self.eos = list(limits), eos
+        self.grams = [_grams(texts, n) for texts, n in zip(pasts, limits)]
+        self.prompt_length: int | None = None
+        self.blocked = [0] * len(self.limits)  # tokens masked per row (what the guard did, for the Why view)
+
+    @torch.no_grad()
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.prompt_length is None:
+            self.prompt_length = input_ids.shape[1]
+            for r, row in enumerate(input_ids.tolist()):  # the prompt's own runs stay writable (not across padding)
+                for prefix, nxt in _grams([row], self.limits[r]).items():
+                    if prefix in self.grams[r] and self.eos not in prefix:
+                        self.grams[r][prefix] -= nxt - {self.eos}
+            return scores
+        out = None
+        for r, row in enumerate(input_ids[:, self.prompt_length:].tolist()):
+            n = self.limits[r]
+            banned = self.grams[r].get(tuple(row[-n:])) if len(row) >= n else None
+            if not banned:
+                continue
+            out = scores.clone() if out is None else out
+            out[r, list(banned)] = -math.inf
+            self.blocked[r] += len(banned)
+            if not torch.isfinite(out[r]).any() and self.eos is not None:
+                out[r, self.eos] = 0.0
+        return scores if out is None else out
+
+
+def past_text_guard(styles: Sequence, settings: StyleSettings, eos: int | None) -> PastTextGuard | None:
+    """The guard for rows decoded with these UserStyles (one per row), or None where it has nothing to do: off in
+    the settings, or no row's style holds past texts (no memory)."""
+    if not settings.no_copy:
+        return None
+    pasts = [past_texts(getattr(st, "values", ()), eos) for st in styles]
+    if not any(pasts):
+        return None
+    return PastTextGuard(pasts, [own_reuse(p, settings.copy_run_floor) for p in pasts], eos)
