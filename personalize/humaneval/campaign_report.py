@@ -1,4 +1,5 @@
-"""A campaign's results (METHOD §6): strengths or rubric means with intervals, the reference's place, agreement
+"""A campaign's results (METHOD §6): strengths or rubric means with intervals (pairwise: also without the pairs where
+an output repeats the person's past text, and how many votes went to such a copy), the reference's place, agreement
 (Krippendorff's α, position bias, each rater against the others), the attention checks and the LLM judge, from the
 judgments of a campaign.Campaigns; and the status as text for a terminal.
 """
@@ -11,6 +12,7 @@ from typing import Sequence
 from personalize.humaneval import agreement
 from personalize.humaneval.campaign_schema import CRITERIA, REFERENCE, CampaignConfig, canonical_label
 from personalize.humaneval.bradley_terry import LeaderboardConfig, leaderboard
+from personalize.humaneval.copies import copy_summary, mark_copies, without_copies
 
 
 def results(camps, name: str, cfg: LeaderboardConfig = LeaderboardConfig()) -> dict:
@@ -27,7 +29,11 @@ def results(camps, name: str, cfg: LeaderboardConfig = LeaderboardConfig()) -> d
            "min_raters_per_unit": conf.min_raters_per_unit}
     shared = lambda units: sum(len(v) >= 2 for v in units.values())  # noqa: E731  α's units: two raters judged them
     if conf.mode == "pairwise":
+        history = {it["position"]: it["history"] for it in camps.items(name)}  # the person's past texts, per item
+        marked = mark_copies(main, lambda r: history.get(r["item"], ()))  # votes on an old text handed back
         human = _strengths(main, cfg)
+        res["copies"] = copy_summary(marked, winner="verdict")  # verdict: a/b as the rater saw them
+        res["leaderboard_without_copies"] = _strengths(without_copies(marked), cfg)["methods"]
         units = {}
         for r in main:
             units.setdefault((r["first"], r["second"], r["item"]), {})[r["rater"]] = canonical_label(r)
@@ -103,6 +109,14 @@ def overlap_text(res: dict) -> str:
             f"them (a started unit goes to {m} rater{'' if m == 1 else 's'} before new ones open)")
 
 
+def copies_text(res: dict) -> str:
+    """"2 of 30 judged pairs hold an output that repeats the person's past text; 1 vote went to such a copy"."""
+    c = res["copies"]
+    return (f"{c['with_a_copy']} of {c['pairs']} judged pairs hold an output that repeats the person's past text; "
+            f"{c['won_by_a_copy']} vote{'' if c['won_by_a_copy'] == 1 else 's'} went to such a copy. Without "
+            "those pairs:")
+
+
 def format_status(res: dict) -> str:
     """`campaign status` for a terminal: progress, the leaderboard, agreement, attention, the judge."""
     def num(v, fmt="{:.3f}"):
@@ -116,6 +130,9 @@ def format_status(res: dict) -> str:
         lines.append("Bradley–Terry strength (Elo scale, 95% bootstrap interval):")
         lines += [f"  {m['method']:>10}  {m['strength']:7.1f}  [{m['lower']:.1f}, {m['upper']:.1f}]  {m['votes']} votes"
                   for m in res["leaderboard"]]
+        lines.append(copies_text(res))
+        lines += [f"  {m['method']:>10}  {m['strength']:7.1f}  [{m['lower']:.1f}, {m['upper']:.1f}]  {m['votes']} votes"
+                  for m in res["leaderboard_without_copies"]]
         pb = ag["position_bias"]
         lines.append(f"Krippendorff's α (nominal): {num(ag['krippendorff_alpha'])}; position bias: A won "
                      f"{num(pb['a_share'], '{:.0%}')} of {pb['n']} decided [{num(pb['lower'], '{:.0%}')}, "

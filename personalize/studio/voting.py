@@ -9,6 +9,7 @@ from typing import Sequence
 from personalize.serving.settings import DecodingSettings
 from personalize.methods.card.person import prepared_items
 from personalize.humaneval.arena import BlindPair, rater_id
+from personalize.humaneval.copies import copy_summary, mark_copies, stored_texts, without_copies
 from personalize.humaneval.bradley_terry import LeaderboardConfig, leaderboard
 from personalize.methods.base import UserContext
 from personalize.store import StoreError
@@ -117,8 +118,12 @@ class Votes(Service):
         """Blocks until queued EXACT updates are done (tests, shutdown)."""
         self.rt.background.submit(lambda: None).result()
 
-    def leaderboard(self, cfg: LeaderboardConfig = LeaderboardConfig()) -> dict:
-        return leaderboard(self.store.ratings(), cfg)
+    def leaderboard(self, cfg: LeaderboardConfig = LeaderboardConfig(), leave_out_copies: bool = False) -> dict:
+        """The blind votes' standings, with `copies` (humaneval.copies.copy_summary: pairs where an output repeats
+        the person's past text, votes won by such a copy); `leave_out_copies`: standings without those pairs."""
+        marked = mark_copies(self.store.ratings(), stored_texts(self.store))
+        lb = leaderboard(without_copies(marked) if leave_out_copies else marked, cfg)
+        return lb | {"copies": copy_summary(marked)}
 
     def thumb(self, name: str, up: bool, s: DecodingSettings, k: int | None = None, *, method: str | None = None,
               prompt: str | None = None, text: str | None = None, before: str | None = None) -> Thumb:

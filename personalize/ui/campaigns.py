@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 
 from personalize.humaneval import campaign_files
 from personalize.humaneval.campaign_schema import CRITERIA, DEFAULT_ITEMS, REFERENCE, CampaignConfig
-from personalize.humaneval.campaign_report import overlap_text
+from personalize.humaneval.campaign_report import copies_text, overlap_text
 from personalize.display import md, plot_text
 from personalize.catalog import ALL_METHODS, CORE_METHODS
 from personalize.studio.facade import Studio
@@ -39,6 +39,9 @@ def results_md(res: dict) -> str:
              f"{res['raters']} rater(s)"]
     if res["mode"] == "pairwise":
         pb = ag["position_bias"]
+        kept = ", ".join(f"{md(m['method'])} {m['strength']:.0f} [{m['lower']:.0f}, {m['upper']:.0f}]"
+                         for m in res["leaderboard_without_copies"])
+        lines.append(f"{copies_text(res)} {kept or 'no votes left'}.")
         lines.append(f"Agreement: Krippendorff's α (nominal) **{_num(ag['krippendorff_alpha'])}** · position bias: "
                      f"A won **{_pct(pb['a_share'])}** of {pb['n']} decided judgments "
                      f"[{_pct(pb['lower'])}, {_pct(pb['upper'])}] (50% = none)")

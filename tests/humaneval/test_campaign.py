@@ -327,6 +327,28 @@ def test_judge_rank_correlation_with_the_raters(tmp_path):
     assert res["judge"]["verdicts"] == {"a": 4, "b": 8}  # per item: card > cluster (a); base loses twice (b)
 
 
+def test_votes_for_a_persons_past_text_are_counted_and_can_be_left_out(tmp_path):
+    """Issue 57, item 5: card hands back one of the person's past texts on two of three items and a rater prefers it
+    every time: the report says how many judged pairs held a copy and how many votes it won, and ranks the arms
+    again without those pairs."""
+    from personalize.humaneval.campaign_report import format_status
+
+    store = Store(tmp_path / "studio.db")
+    camps = Campaigns(store, seed=0)
+    camps.create("t", _items(3), CampaignConfig(("base", "card")))
+    for item, m in camps.missing("t"):
+        pos = item["position"]
+        copied = m == "card" and pos < 2
+        camps.add_output(item["id"], m, f"History {pos}.2!" if copied else f"{m} writes anew for item {pos}", 0.1)
+    while (a := camps.next("t", "r1")) is not None:
+        camps.submit(a.id, "r1", "a" if a.arms[0] == "card" else "b")
+    res = camps.results("t")
+    assert res["copies"] == {"pairs": 3, "with_a_copy": 2, "won_by_a_copy": 2}
+    assert res["leaderboard"][0]["method"] == "card" and res["leaderboard"][0]["votes"] == 3
+    assert [m["votes"] for m in res["leaderboard_without_copies"]] == [1, 1]  # the one pair without a copy
+    assert "2 of 3 judged pairs hold an output that repeats the person's past text; 2 votes" in format_status(res)
+
+
 def test_campaign_people_are_kept_apart_from_the_studios_users(tiny_artifacts, tmp_path):
     """A campaign from the demo folder stores its people for generation, but not as the studio's users: the
     user list (studio.histories.user_names, the page's dropdown) names none of them, a studio user who has the name of one

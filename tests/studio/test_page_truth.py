@@ -459,3 +459,36 @@ def test_the_decoded_verdicts_fallback_is_the_persons_base():
         said = decoded_verdict(check, fallback=True)
         assert f"({base})" in said and f"or {base} where your style loses" in said
         assert own is False or "cluster's model" not in said
+
+
+def test_an_old_text_handed_back_is_marked_in_compare_quick_pair_and_the_leaderboard(studio):
+    """Issue 57, items 4-5: an output that repeats one of the person's past texts says so ("repeats your text 2"),
+    whichever method wrote it; after a blind vote the reveal says which output was one; the leaderboard counts the
+    votes that went to a copy and can leave those pairs out."""
+    from personalize.humaneval.arena import BlindPair
+    from personalize.serving.generation import Generation
+    from personalize.ui import compare, leaderboard_tab
+
+    texts = ["the harbour gulls at dawn again", "ropes coiled on the quay after rain", "tides turn slow in march",
+             "boats painted blue for the summer", "nets drying by the old church wall", "fog rolls over the pier"]
+    studio.histories.save_history("copied", [Item(x="", y=t) for t in texts], studio.runtime.task.name)
+    state = studio.histories.user_state("copied")
+    s = studio.runtime.settings(max_new_tokens=4)
+    for method in ("exact", "rag", "base"):  # the mark is the page's, for every method
+        out = studio.comparisons.stored(method, state, "a prompt", s, Generation("Ropes coiled on the quay, after rain", 5, 0.1))
+        assert out.info["repeats"] == "repeats your text 2" and "⚠️ *repeats your text 2*" in compare.method_md(out)
+    near = studio.comparisons.stored("card", state, "p", s, Generation("boats painted blue for summer", 5, 0.1))
+    assert near.info["repeats"] == "repeats your text 4 nearly"
+    new = studio.comparisons.stored("card", state, "p", s, Generation("a lighthouse keeper's first letter", 5, 0.1))
+    assert "repeats" not in new.info and "repeats your" not in compare.method_md(new)
+
+    pair = BlindPair("x", "copied", "p", ("base", "card"), ("a lighthouse at noon", "fog rolls over the pier"), (None, None), {})
+    assert studio.votes.repeat_marks(pair) == ["B repeats your text 6"]
+    store = studio.runtime.store
+    store.add_rating("r1", "p", "copied", "base", "a lighthouse at noon", "card", "fog rolls over the pier", "b", {})
+    store.add_rating("r1", "q", "copied", "base", "ropes for the new boat", "card", "a storm at sea", "a", {})
+    lb = studio.votes.leaderboard()
+    assert lb["copies"] == {"pairs": 2, "with_a_copy": 1, "won_by_a_copy": 1} and lb["n_votes"] == 2
+    assert studio.votes.leaderboard(leave_out_copies=True)["n_votes"] == 1
+    status, *_ = leaderboard_tab.standings(studio, True)
+    assert "1 of 2 voted pairs hold an output that repeats" in status and "1 vote went to the copy" in status
