@@ -3,7 +3,8 @@
 Each person of the build's validation people and of the sources kept for tuning is decoded both ways: as a near
 person (card over their cluster's adapter) and as a cluster of one (their own adapter, their style fitted over it as
 a far person's). A share t makes everyone whose closeness (cluster.closeness: the share of the build's own people
-further out than them) is below t a cluster of one; each t's score is the mean ROUGE-L of that rule, with the paired
+further out than them) is below t a cluster of one; each t's score is the mean copy-aware ROUGE-L of that rule
+(metrics.copy_aware: an old text handed back scores 0), with the paired
 interval against no one far and against the built default. The rule chosen is the best mean; the smallest share of
 the ties (fewer people trained).
 
@@ -26,7 +27,7 @@ from personalize.methods.card.adapters import cluster_adapter
 from personalize.methods.card.cluster import closeness
 from personalize.methods.card.own import owner_key
 from personalize.methods.card.tune import decode_each, validation_people
-from personalize.metrics import paired_interval, rouge_per_query
+from personalize.metrics import copy_aware, paired_interval
 
 SHARES = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0)
 
@@ -63,11 +64,13 @@ def main() -> None:
             card_own = decode_each(engine, "card", [prompt], [own], [items], built.decoding)[0]
             engine.own.forget(f"p{n}")
             rows.append({"user": user, "closeness": round(share, 4), "gold": gold, "cluster": cluster,
-                         "card": card, "card_own": card_own})
+                         "card": card, "card_own": card_own, "past": [it.y for it in items]})
             print(f"[{n + 1}/{len(people)}] {user}: closeness {share:.3f}, {time.perf_counter() - t0:.0f} s", flush=True)
     engine.cfg = built
     golds = [r["gold"] for r in rows]
-    scores = {m: np.asarray(rouge_per_query([r[m] for r in rows], golds)) for m in ("cluster", "card", "card_own")}
+    pasts = [r["past"] for r in rows]  # copy-aware (issue 57): an output handing back a past text scores 0
+    scores = {m: np.asarray(copy_aware([r[m] for r in rows], golds, pasts)["per_query"])
+              for m in ("cluster", "card", "card_own")}
     share = np.asarray([r["closeness"] for r in rows])
     rule = {t: np.where(share < t, scores["card_own"], scores["card"]) for t in SHARES}
     default = built.style.far_share
@@ -77,7 +80,7 @@ def main() -> None:
                       "minus_default": paired_interval(v - rule[default]),
                       "minus_cluster": paired_interval(v - scores["cluster"])} for t, v in sorted(rule.items())}
     best = max(sorted(rule), key=lambda t: round(float(rule[t].mean()), 4))  # the smallest share of the ties
-    print(f"\n| far_share | far people | ROUGE-L | − no one far | − far_share {default:g} | − cluster |\n|---|---|---|---|---|---|")
+    print(f"\n| far_share | far people | copy-aware ROUGE-L | − no one far | − far_share {default:g} | − cluster |\n|---|---|---|---|---|---|")
     for t, r in table.items():
         cells = [f"{r[k]['mean']:+.4f} [{r[k]['ci95'][0]:+.4f}, {r[k]['ci95'][1]:+.4f}]"
                  for k in ("minus_none_far", "minus_default", "minus_cluster")]
