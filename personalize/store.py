@@ -29,9 +29,15 @@ from personalize.schema import (  # noqa: F401 (the store's names, where its use
 
 
 def decodes_own(stats: dict) -> bool | None:
-    """UserStyle.helps from a fit's stats: whether the style beat the cluster model on held-out items. A person
-    who voted has asked for their own style, so CARD's fallback to the cluster model no longer applies to them."""
-    return True if stats.get("n_votes") else stats.get("diagnostics", {}).get("helps")
+    """UserStyle.helps from a fit's stats: whether CARD decodes with the style. A person who voted has asked for
+    their own style, so CARD's fallback to the cluster model no longer applies to them; else the decoded check
+    decides where it ran (Fit's first figure: card against the person's base on held-out items, decoded), and the
+    teacher-forced one until then (issue 59: one rule, the figure the page shows first)."""
+    if stats.get("n_votes"):
+        return True
+    if "decoded" in stats:
+        return stats["decoded"]["helps"]
+    return stats.get("diagnostics", {}).get("helps")
 
 
 def _floats(blob: bytes) -> np.ndarray:
@@ -280,6 +286,21 @@ class Store(PeopleTables, RecordTables):
             for k, (cluster, distances) in (assignments or {}).items():
                 self._upsert_assignment(db, name, artifacts, k, cluster, distances)
             return vid
+
+    def record_decoded_check(self, name: str, artifacts: str, version: int, decoded: dict) -> bool:
+        """The decoded check's verdict (`decoded["helps"]`: whether card decodes with the style) kept with style
+        `version`, in its version row and, while it is the current one, the person's style; False when a newer
+        version replaced it meanwhile (a check of a style no longer served decides nothing)."""
+        with self._write() as db:
+            name = self._require(name)
+            for table, key in (("versions", "id"), ("vectors", "version")):
+                r = db.execute(f"SELECT stats FROM {table} WHERE user = ? AND artifacts = ? AND {key} = ?",
+                               [name, artifacts, int(version)]).fetchone()
+                if r is None:
+                    return False
+                db.execute(f"UPDATE {table} SET stats = ? WHERE user = ? AND artifacts = ? AND {key} = ?",
+                           [_dumps(json.loads(r[0]) | {"decoded": decoded}), name, artifacts, int(version)])
+            return True
 
     def versions(self, name: str, artifacts: str) -> list[dict]:
         """[{"id", "created", "source", "note", "stats", "current"}] of the user's styles, oldest first."""

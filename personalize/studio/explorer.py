@@ -192,9 +192,18 @@ class Explorer(Service):
                             round(card.repeats * len(sweep.golds)), round(base.repeats * len(sweep.golds)))
 
     def verdict(self, name: str, progress: Callable[[float, str], None] | None = None) -> str:
-        """Fit's verdict by decoding (check), in words; or why there is none."""
+        """Fit's verdict by decoding (check), in words, and the decision it makes: card decodes with the style
+        unless the check's interval lies below 0 (then, with the build's fallback, the person's base), stored with
+        the style that was checked; or why there is none (the teacher-forced verdict then decides)."""
+        stored = self.store.vector(name, self.engine.artifacts_id)
         check = self.check(name, progress)
         if check is not None:
+            worse = check.difference["ci95"][1] < 0
+            if stored is not None:
+                d = check.difference
+                self.store.record_decoded_check(name, self.engine.artifacts_id, stored[1]["version"], {
+                    "helps": not worse, "card": check.card, "base": check.base, "mean": d["mean"],
+                    "ci95": d["ci95"], "n": d["n"], "alpha": check.alpha})
             return decoded_verdict(check, self.engine.cfg.style.fallback)
         if self.engine.cfg.decoding.alpha <= 0:
             return "This build decodes card at α = 0, so your base is what it writes; Explore sweeps α for you."

@@ -45,8 +45,9 @@ def fit_verdict(diagnostics: dict | None, cold_start: bool = False, fallback: bo
         return (f"Your style does not beat {base_name} on your held-out writing ({a} vs {b}), but your "
                 f"{n_votes} vote{'s' * (n_votes != 1)} ask for it, so CARD decodes with your style.")
     if fallback:
-        return (f"Your vector does not beat {base_name} on your held-out items ({a} vs {b}{sure}), so CARD "
-                "will show the cluster model's output for you; a 👍 on a CARD output asks for your style instead.")
+        return (f"Your vector does not beat {base_name} on your held-out items ({a} vs {b}{sure}). What CARD "
+                "decodes for you follows the decoded check where it ran; without one, CARD will show the cluster "
+                "model's output for you; a 👍 on a CARD output asks for your style instead.")
     return (f"Your vector does not beat {base_name} on your held-out items ({a} vs {b}{sure}); this build "
             f"still decodes CARD with it: {why_kept or 'it was built to keep every style'}. For your cluster "
             "model's output, set α = 0 in Compare.")
@@ -82,11 +83,12 @@ def decoded_verdict(check, fallback: bool) -> str:
             f"({base}), in ROUGE-L against each held-out text where an output that repeats one of your other "
             f"texts scores 0 (card repeated one in {check.card_repeats} of {n}, your base in {check.base_repeats}); "
             f"a difference of {d['mean']:+.3f}, 95 % interval {lo:+.3f} to {hi:+.3f} over {n} items: "
-            f"{interval_word(lo, hi)}. Compare decodes card by this build's rule, the one that measured best over its validation "
-            f"people: α = {check.alpha:g}" + (f", or {base} where your style loses to it on your held-out words "
-                                              "(the fallback)" if fallback else "")
-            + "; an α chosen per person from a few decoded items measured no better there (docs/RESULTS.md). "
-            "α = 0 in Compare gives your base.")
+            f"{interval_word(lo, hi)}. " + (
+                f"So Compare shows {base}'s output for card (the fallback): your style decoded worse here. A 👍 on a "
+                "card output asks for your style; α = 0 gives your base too." if fallback and hi < 0 else
+                f"So Compare decodes card with your style at this build's α = {check.alpha:g}, the strength that "
+                "measured best over its validation people (an α chosen per person from a few decoded items "
+                "measured no better there, docs/RESULTS.md); α = 0 in Compare gives your base."))
 
 
 def kept_reason(meta: dict) -> str:

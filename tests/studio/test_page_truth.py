@@ -454,10 +454,10 @@ def test_the_decoded_verdicts_fallback_is_the_persons_base():
     from personalize.studio.fits import decoded_verdict
 
     for own, base in ((True, "your own adapter"), (False, "your cluster's model")):
-        check = SimpleNamespace(difference={"n": 8, "mean": 0.0, "ci95": [0.0, 0.0]}, own=own, alpha=1.0,
-                                card=0.5, base=0.5, card_repeats=1, base_repeats=0)
+        check = SimpleNamespace(difference={"n": 8, "mean": -0.2, "ci95": [-0.3, -0.1]}, own=own, alpha=1.0,
+                                card=0.3, base=0.5, card_repeats=1, base_repeats=0)
         said = decoded_verdict(check, fallback=True)
-        assert f"({base})" in said and f"or {base} where your style loses" in said
+        assert f"({base})" in said and f"So Compare shows {base}'s output for card (the fallback)" in said
         assert own is False or "cluster's model" not in said
 
 
@@ -492,3 +492,41 @@ def test_an_old_text_handed_back_is_marked_in_compare_quick_pair_and_the_leaderb
     assert studio.votes.leaderboard(leave_out_copies=True)["n_votes"] == 1
     status, *_ = leaderboard_tab.standings(studio, True)
     assert "1 of 2 voted pairs hold an output that repeats" in status and "1 vote went to the copy" in status
+
+
+@pytest.mark.parametrize("teacher_forced_helps", [True, False])
+def test_the_decoded_check_decides_what_card_decodes(studio, monkeypatch, teacher_forced_helps):
+    """Issue 59, item 1: one rule, the figure Fit shows first. A decoded check whose interval lies below 0 makes
+    Compare's card the person's base (the fallback) even where the teacher-forced figure said the style helps; one
+    that is not below 0 keeps the style even where the teacher-forced figure lost; the verdict says which."""
+    from personalize.methods.card.card_decode import FALLBACK_NOTE
+    from personalize.studio.explorer import HeldOutCheck
+
+    cfg = studio.runtime.engine.cfg
+    monkeypatch.setattr(studio.runtime.engine, "cfg", dataclasses.replace(
+        cfg, style=dataclasses.replace(cfg.style, fallback=True), decoding=dataclasses.replace(cfg.decoding, alpha=1.0)))
+    name = f"decided-{teacher_forced_helps}"
+    studio.histories.save_history(name, studio.histories.demo_items("formal_01"), "tweets")
+    studio.fits.fit(name)
+    store, art = studio.runtime.store, studio.runtime.engine.artifacts_id
+    vec, meta = store.vector(name, art)
+    stats = meta["stats"] | {"diagnostics": meta["stats"].get("diagnostics", {}) | {"helps": teacher_forced_helps}}
+    store.save_vector(name, art, vec, meta["model_id"], stats, store.style(name, art).extras)
+    s = studio.runtime.settings(alpha=1.0, max_new_tokens=3)
+    prompt = studio.runtime.task.prompt("the bus")
+
+    def card_row():
+        (row,) = studio.comparisons.rows("card", studio.histories.user_state(name), prompt, s)
+        return row
+
+    assert (card_row().steer is not None) == teacher_forced_helps  # no decoded check yet: the teacher-forced figure
+    for lo, hi, steered in ((-0.3, -0.1, False), (-0.1, 0.2, True)):
+        check = HeldOutCheck(1.0, 0.1, 0.2, {"mean": (lo + hi) / 2, "ci95": [lo, hi], "n": 5}, False)
+        monkeypatch.setattr(studio.explorer, "check", lambda n, progress=None, c=check: c)
+        words = studio.explorer.verdict(name)
+        row = card_row()
+        assert (row.steer is not None) == steered and (row.note == FALLBACK_NOTE) != steered
+        if steered:
+            assert "not sure" in words and "So Compare decodes card with your style at this build's α = 1" in words
+        else:
+            assert "worse" in words and "So Compare shows your cluster's model's output for card" in words
