@@ -93,7 +93,7 @@ def test_build_flags_are_the_settings_fields(tmp_path):
     assert (cfg.ks, cfg.items_per_user, cfg.n_val_users, cfg.objectives) == (
         default.ks, default.items_per_user, default.n_val_users, default.objectives)
     assert cfg.lora == LoraSettings() and cfg.head == HeadSettings() and cfg.budget == TokenBudget()
-    assert not cfg.own.far  # a cluster of one after Save is a build's choice (docs/RESULTS.md "Who is far")
+    assert not cfg.own.far  # a cluster of one after Save is a build's choice (docs/results/2026-11-28-issue-48-far.md "Who is far")
     _, _, cfg, _ = build_plan(build_args(["--data", str(tmp_path), "--ks", "1,2", "--objectives", "tokens, pairs",
                                           "--head-epochs", "3", "--layers", "2", "--max-target-tokens", "12",
                                           "--cluster-steps", "5", "--val-users", "7", "--own-adapters-for-far"]))

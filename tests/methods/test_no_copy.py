@@ -29,7 +29,7 @@ PAST = "the quick brown fox jumps over the lazy dog near the river bank"
 def test_the_guard_masks_the_token_that_would_make_a_run_longer_than_the_limit_unless_the_prompt_holds_it():
     eos = 2
     texts = past_texts([5, 6, 7, 8, 9, eos, 5, 6, 7, 10, 11, eos, 20, 21, 22, eos], eos)
-    assert texts == [[5, 6, 7, 8, 9, eos], [5, 6, 7, 10, 11, eos], [20, 21, 22, eos]]
+    assert texts == ((5, 6, 7, 8, 9, eos), (5, 6, 7, 10, 11, eos), (20, 21, 22, eos))
     assert own_reuse(texts, 1) == 3 and own_reuse(texts, 4) == 4  # "5 6 7" is the phrase they reuse; the floor
     guard = PastTextGuard([texts], [3], eos)
     scores = torch.zeros(1, 30)

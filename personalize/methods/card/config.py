@@ -134,7 +134,8 @@ class StyleSettings:
 class OwnSettings:
     """A cluster of one (methods/card/own.py): who gets an adapter of their own, and what it costs to train."""
 
-    # off by default, chosen on people the study never scores (benchmarks/far_sweep.py, docs/RESULTS.md "Who is far"):
+    # off by default, chosen on people the study never scores (benchmarks/far_sweep.py,
+    # docs/results/2026-11-28-issue-48-far.md "Who is far", before issue 57 counted a copy as a loss):
     # on 60 validation and tuning people no far_share beat no one far, and on the 83 far of 154 left-out people card
     # over an own adapter wrote no closer to them than card over the cluster (it copies their past subjects less often)
     far: bool = setting(False, "a person beyond the build's clusters (StyleSettings.far_share) gets their own adapter "

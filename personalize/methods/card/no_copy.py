@@ -12,6 +12,7 @@ Their words and form stay; a past text as a whole does not.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from statistics import median
 from typing import Sequence
 
@@ -21,26 +22,30 @@ from transformers import LogitsProcessor
 from personalize.methods.card.config import StyleSettings
 
 
-def past_texts(values: Sequence[int], eos: int | None) -> list[list[int]]:
+def past_texts(values: Sequence[int], eos: int | None) -> tuple[tuple[int, ...], ...]:
     """The person's past texts as token ids, from their memory's values (every token they wrote, each text ending
     at end-of-sequence, which stays: a short past text written out and ended is a copy too)."""
     out, cur = [], []
     for t in (int(v) for v in values):
         cur.append(t)
         if t == eos:
-            out.append(cur)
+            out.append(tuple(cur))
             cur = []
-    return [t for t in out + [cur] if t]
+    return tuple(t for t in out + [tuple(cur)] if t)
 
 
-def own_reuse(texts: Sequence[Sequence[int]], floor: int) -> int:
-    """The run the person reuses: the median over their texts of the longest run each shares with another of them
-    (their phrases and templates), at least `floor`."""
+LONGEST_RUN = 32  # runs of more tokens than this count as this long (a cap on own_reuse's work for long texts)
+
+
+@lru_cache(maxsize=256)
+def own_reuse(texts: tuple[tuple[int, ...], ...], floor: int) -> int:
+    """The run the person reuses: the median over their texts of the longest run (up to LONGEST_RUN tokens) each
+    shares with another of them (their phrases and templates), at least `floor`. Cached: a person decodes often."""
     where: dict[tuple[int, ...], set[int]] = {}  # every run of every text -> the texts that hold it
     for i, t in enumerate(texts):
         for a in range(len(t)):
-            for b in range(a + 1, len(t) + 1):
-                where.setdefault(tuple(t[a:b]), set()).add(i)
+            for b in range(a + 1, min(len(t), a + LONGEST_RUN) + 1):
+                where.setdefault(t[a:b], set()).add(i)
     runs = [max((len(g) for g, held in where.items() if i in held and len(held) > 1), default=0)
             for i in range(len(texts))]
     return max(floor, int(median(runs)) if runs else 0)
@@ -64,7 +69,6 @@ class PastTextGuard(LogitsProcessor):
         self.limits, self.eos = list(limits), eos
         self.grams = [_grams(texts, n) for texts, n in zip(pasts, limits)]
         self.prompt_length: int | None = None
-        self.blocked = [0] * len(self.limits)  # tokens masked per row (what the guard did, for the Why view)
 
     @torch.no_grad()
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
@@ -83,7 +87,6 @@ class PastTextGuard(LogitsProcessor):
                 continue
             out = scores.clone() if out is None else out
             out[r, list(banned)] = -math.inf
-            self.blocked[r] += len(banned)
             if not torch.isfinite(out[r]).any() and self.eos is not None:
                 out[r, self.eos] = 0.0
         return scores if out is None else out
