@@ -7,9 +7,10 @@ Whose people a request may reach (`Access`, `acting_as`): with logins (app.py --
 that made them: another login cannot see, open, change, rate as, export or forget them (to it they are an unknown
 name); an admin login reaches everyone; a campaign's people are reachable by every login, since raters must read
 the histories of the items they judge. Without logins one person uses the studio at this machine and reaches
-everything. Work that no login runs (the CLI, background jobs a request started) runs as no one and reaches
-everything: every event of the page runs as its login (ui/common.run_as_login), so no handler can forget to say who
-asks. Here, beside the person rules, because the store applies it to every person it reads or writes by name.
+everything. Work that no login runs (the CLI) runs as no one and reaches everything: every event of the page runs as
+its login (ui/common.run_as_login), so no handler can forget to say who asks, and a job an event starts in another
+thread runs as that login too (`as_starter`: a new thread starts as no one). Here, beside the person rules, because
+the store applies it to every person it reads or writes by name.
 """
 
 from __future__ import annotations
@@ -53,6 +54,18 @@ def acting_as(login: str | None) -> Iterator[None]:
 
 def current_login() -> str | None:
     return _LOGIN.get()
+
+
+def as_starter(fn: Callable) -> Callable:
+    """`fn` run, wherever it runs, as the login that asks now: a background job reaches only its starter's people.
+    Why: a thread starts as no one, who reaches everyone; another login's Train my own adapter trained over a person
+    it could not open (issue 58)."""
+    login = current_login()
+
+    def run(*args, **kwargs):
+        with acting_as(login):
+            return fn(*args, **kwargs)
+    return run
 
 
 @dataclass(frozen=True)
