@@ -270,6 +270,13 @@ class PeopleTables:
             return False
         return True
 
+    def refuse_taken(self, name: str) -> str:
+        """The name, stripped, unless another login holds it: then the store's one wording (taken), before any work
+        under it starts (a job, a new person), as every read of that person would say."""
+        if self.taken(name):
+            raise _taken(_name(name))
+        return _name(name)
+
     def taken(self, name: str) -> bool:
         """Whether `name` belongs to a person the current login may not reach (a Save under it is refused, so the
         page says so before the Save; nothing else of the person is told)."""

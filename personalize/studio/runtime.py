@@ -160,7 +160,13 @@ class Runtime:
             raise ValueError(f"{what} changes the studio for everyone: only an admin login may (app.py --admin NAME)")
 
     def need_user(self, name: str | None) -> str:
-        """The user name typed at the top of the page, stripped; every tab that acts for a person needs one."""
+        """The user name typed at the top of the page, stripped; every tab that acts for a person needs one. A name
+        another login holds is refused here, as taken: the same words on every button, before anything starts."""
         if not name or not name.strip():
             raise ValueError("enter a user name first (top of the page)")
-        return name.strip()
+        return self.store.refuse_taken(name)
+
+    def need_person(self, name: str | None) -> str:
+        """A stored person the current login reaches (else unknown, or taken): what a job checks before it starts,
+        since its thread finds out only when the work is queued or done."""
+        return self.store.user(self.need_user(name))["name"]

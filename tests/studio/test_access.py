@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,39 @@ def test_a_login_reaches_only_the_people_it_made(studio):
     with acting_as("root"):  # an admin sees everyone
         assert studio.histories.user_names() == ["ana-notes", "ben-log"]
     assert studio.histories.user_names() == ["ana-notes", "ben-log"]  # so does work no login runs (the CLI, jobs)
+
+
+def test_a_job_checks_whose_person_it_is_and_runs_as_its_starter(studio, monkeypatch):
+    """Issue 58: ben's *Train my own adapter* on ana's person answered "training (0/? steps)" and trained over her,
+    since the job's thread ran as no one. Now starting any job for her is taken and queues nothing, her job is not
+    shown to him, and a job runs as the login that started it (background work too)."""
+    from personalize.schema import current_login
+    from personalize.studio.first_use_jobs import OWN
+
+    jobs, rt = studio.first_use_jobs, studio.runtime
+    with acting_as("ben"):
+        for start in (lambda: jobs.start_own("ana-notes"), lambda: jobs.start_first_use("ana-notes", "exact"),
+                      lambda: jobs.wait_first_use(" ana-notes ", "oppu")):
+            with pytest.raises(StoreError, match="is taken"):
+                start()
+        with pytest.raises(StoreError, match="is taken"):
+            studio.need_user("ana-notes")
+    assert not [key for key in rt.jobs if key[0] == "ana-notes"]
+
+    seen = []  # (login, reaches ben's person) where the training runs
+    monkeypatch.setattr(studio.served.own, "train", lambda name, *a, **kw: seen.append(
+        (current_login(), rt.store.may_reach("ben-log"))))
+    monkeypatch.setattr(jobs, "after_own", [])
+    with acting_as("ana"):
+        job = jobs.start_own("ana-notes")
+        assert rt.background.submit(current_login).result(30) == "ana"
+    with acting_as("ben"):
+        assert jobs.own_job("ana-notes") is None and jobs.base_words("ana-notes", False).startswith("CARD decodes")
+    deadline = time.time() + 120
+    while job["state"] in ("queued", "running") and time.time() < deadline:
+        time.sleep(0.1)
+    assert job["state"] == "done" and seen == [("ana", False)], (job, seen)
+    del rt.jobs[("ana-notes", OWN)]
 
 
 def test_what_changes_the_studio_for_everyone_is_an_admins(studio, tiny_artifacts):
