@@ -247,8 +247,8 @@ def migrate(db: sqlite_utils.Database, path: Path, parts: Sequence[Tables] = ())
 
 
 class PeopleTables:
-    """Store's person rules: reach (`_require`, `may_reach`, `_claim`) and replaced histories. Uses the store's
-    connection (`db`), lock (`_lock`), reads (`query`), write transaction (`_write`) and rule (`access`)."""
+    """Store's person rules: reach (`_require`, `may_reach`, `refuse_taken`, `_claim`) and replaced histories. Uses
+    the store's connection (`db`), lock (`_lock`), reads (`query`), write transaction (`_write`) and rule (`access`)."""
 
     def _require(self, name: str) -> str:
         """The stored person's name; "unknown" when there is none, "taken" when the current login may not reach
