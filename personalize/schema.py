@@ -7,9 +7,10 @@ Whose people a request may reach (`Access`, `acting_as`): with logins (app.py --
 that made them: another login cannot see, open, change, rate as, export or forget them (to it they are an unknown
 name); an admin login reaches everyone; a campaign's people are reachable by every login, since raters must read
 the histories of the items they judge. Without logins one person uses the studio at this machine and reaches
-everything. Work that no login runs (the CLI, background jobs a request started) runs as no one and reaches
-everything: every event of the page runs as its login (ui/common.run_as_login), so no handler can forget to say who
-asks. Here, beside the person rules, because the store applies it to every person it reads or writes by name.
+everything. Work that no login runs (the CLI) runs as no one and reaches everything: every event of the page runs as
+its login (ui/common.run_as_login), so no handler can forget to say who asks, and a job an event starts in another
+thread runs as that login too (`as_starter`: a new thread starts as no one). Here, beside the person rules, because
+the store applies it to every person it reads or writes by name.
 """
 
 from __future__ import annotations
@@ -53,6 +54,18 @@ def acting_as(login: str | None) -> Iterator[None]:
 
 def current_login() -> str | None:
     return _LOGIN.get()
+
+
+def as_starter(fn: Callable) -> Callable:
+    """`fn` run, wherever it runs, as the login that asks now: a background job reaches only its starter's people.
+    Why: a thread starts as no one, who reaches everyone; another login's Train my own adapter trained over a person
+    it could not open (issue 58)."""
+    login = current_login()
+
+    def run(*args, **kwargs):
+        with acting_as(login):
+            return fn(*args, **kwargs)
+    return run
 
 
 @dataclass(frozen=True)
@@ -234,8 +247,8 @@ def migrate(db: sqlite_utils.Database, path: Path, parts: Sequence[Tables] = ())
 
 
 class PeopleTables:
-    """Store's person rules: reach (`_require`, `may_reach`, `_claim`) and replaced histories. Uses the store's
-    connection (`db`), lock (`_lock`), reads (`query`), write transaction (`_write`) and rule (`access`)."""
+    """Store's person rules: reach (`_require`, `may_reach`, `refuse_taken`, `_claim`) and replaced histories. Uses
+    the store's connection (`db`), lock (`_lock`), reads (`query`), write transaction (`_write`) and rule (`access`)."""
 
     def _require(self, name: str) -> str:
         """The stored person's name; "unknown" when there is none, "taken" when the current login may not reach
@@ -256,6 +269,13 @@ class PeopleTables:
         except StoreError:
             return False
         return True
+
+    def refuse_taken(self, name: str) -> str:
+        """The name, stripped, unless another login holds it: then the store's one wording (taken), before any work
+        under it starts (a job, a new person), as every read of that person would say."""
+        if self.taken(name):
+            raise _taken(_name(name))
+        return _name(name)
 
     def taken(self, name: str) -> bool:
         """Whether `name` belongs to a person the current login may not reach (a Save under it is refused, so the

@@ -12,6 +12,7 @@ are decoded (a retried request goes on from the tokens already shown), so the Co
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Sequence
@@ -58,7 +59,7 @@ class RemoteDecoder:
 
     def submit(self, build: Callable[[], Sequence[DecodeRow]],
                on_step: Callable[[int, int], None] | None = None) -> Future:
-        return self.pool.submit(self._run, build, on_step)
+        return self.pool.submit(contextvars.copy_context().run, self._run, build, on_step)  # as the scheduler's
 
     def run(self, build: Callable[[], Sequence[DecodeRow]], on_step=None) -> list[Generation]:
         if self.local.caller_holds_lock():  # a fit that decodes holds the model: in-process, as the scheduler does

@@ -17,6 +17,8 @@ they run one at a time and a decode never waits for more than one of their steps
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import queue
 import threading
 import time
@@ -66,12 +68,13 @@ class DecodeScheduler:
     def submit(self, build: Callable[[], Sequence[DecodeRow]],
                on_step: Callable[[int, int], None] | None = None) -> Future:
         """`build()` makes the request's rows (in the worker, under the model lock: it may load an adapter);
-        the future gets their Generations. `on_step(row, token)` streams each row's tokens."""
+        the future gets their Generations. `on_step(row, token)` streams each row's tokens. `build` runs in the
+        caller's context (its context variables: the login whose people the rows may read), not the worker's."""
         with self._start_lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="decode-scheduler", daemon=True)
                 self._thread.start()
-        req = _Request(build, on_step, Future())
+        req = _Request(functools.partial(contextvars.copy_context().run, build), on_step, Future())
         self._queue.put(req)
         return req.future
 

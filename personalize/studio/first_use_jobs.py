@@ -60,7 +60,9 @@ class FirstUseJobs(Service):
 
     def start_first_use(self, name: str, method: str) -> dict:
         """The method's per-user work (EXACT's attribute search, OPPU's training) as a background job, started
-        once per user and history; the job dict shows its progress ("done" of "total") while it runs."""
+        once per user and history; the job dict shows its progress ("done" of "total") while it runs. Another
+        login's person is taken: their job is neither started, joined nor shown."""
+        name = self.rt.need_person(name)
 
         def run(job, progress) -> None:
             with self.model_lock.background:  # the rewrites: a few short decodes, once per history
@@ -75,7 +77,8 @@ class FirstUseJobs(Service):
     def _submit(self, name: str, what: str, run) -> dict:
         """`run(job, progress)` as the person's background job `what`, one at a time behind the others (a queued own
         adapter before the methods' first uses: the walk's waited 241 s behind EXACT and OPPU); joins the
-        job already queued or running. An error is the job's state: the page says it where it waits."""
+        job already queued or running. An error is the job's state: the page says it where it waits. The job runs
+        as the login that asked (runtime.StarterExecutor); the starts below check the person first."""
         key = (name, what)
         job = self.rt.jobs.get(key)
         if job is not None and job["state"] in ("queued", "running"):
@@ -144,7 +147,9 @@ class FirstUseJobs(Service):
     def start_own(self, name: str) -> dict:
         """Trains the person's own adapter in the background (one first-use job at a time), warm-started from
         their nearest cluster's at the build's K; a job dict shows its progress. Fit's switch starts it for anyone.
-        An error leaves card over the cluster's adapter, and the page says why."""
+        An error leaves card over the cluster's adapter, and the page says why. Another login's person is taken,
+        before anything is queued (issue 58: the job ran as no one and trained over them)."""
+        name = self.rt.need_person(name)
 
         def run(job, progress) -> None:
             with self.model_lock.background:
@@ -158,7 +163,8 @@ class FirstUseJobs(Service):
         return self._submit(name, OWN, run)
 
     def own_job(self, name: str) -> dict | None:
-        return self.rt.jobs.get((name, OWN))
+        """The person's own-adapter job; None for a person the login does not reach (jobs are keyed by name)."""
+        return self.rt.jobs.get((name, OWN)) if self.store.may_reach(name) else None
 
     def base_words(self, name: str, own: bool) -> str:
         """What card decodes over for this person, in words (Fit says it; Compare's card column notes it)."""

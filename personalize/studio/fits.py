@@ -299,8 +299,8 @@ class Fits(Service):
 
     def restore(self, name: str | None, version: float | None) -> str:
         """Makes an earlier version of the person's style the current one (the page gives its number)."""
+        name = self.rt.need_user(name)  # another login's person: taken, whatever the version box holds
         if version is None:
             raise ValueError("enter the number of the version to restore (first column of the table)")
-        name = self.rt.need_user(name)
         self.store.restore_version(name, self.engine.artifacts_id, int(version))
         return f"Version {int(version)} is {name}'s style again; CARD decodes with it from now on."

@@ -250,10 +250,10 @@ class Histories(Service):
 
     def demo_pick(self, demo: str | None, name: str | None) -> tuple[str, str]:
         """A demo user's history as the text to save, and the name to save it under (the typed one, else the
-        demo user's)."""
+        demo user's); one another login holds is refused as taken, as Save would."""
         if not demo:
             raise ValueError("pick a demo user first")
-        return self.demo_history(demo), (name or demo)
+        return self.demo_history(demo), self.rt.need_user(name or demo)
 
     def history_from(self, text: str | None, file: str | None = None, demo: str | None = None) -> list[Item]:
         """Which history Save stores: an uploaded file first; else the demo user's items (their prompts come with

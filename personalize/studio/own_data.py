@@ -253,6 +253,8 @@ class OwnData(Service):
         return export_keys(self.store, BuildInfo.of_engine(self.engine), name, all_versions)
 
     def import_style_key(self, text: str, name: str | None = None) -> ImportedKeys:
+        """The key's style for `name` (else the key's person); a name another login holds is refused first."""
+        name = self.rt.need_user(name) if name and name.strip() else None
         return import_keys(self.store, BuildInfo.of_engine(self.engine), text, name)
 
     def forget(self, name: str | None, confirmed: bool) -> Forgotten:

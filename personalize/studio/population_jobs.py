@@ -28,6 +28,7 @@ from personalize.methods.card.build import BuildCancelled, build
 from personalize.methods.card.cluster import closeness
 from personalize.data import HistoryError
 from personalize.display import md
+from personalize.schema import as_starter
 from personalize.lm.cpu_threads import lower_priority, release_team
 from personalize.studio.builds import Builds
 from personalize.studio.histories import Histories
@@ -199,7 +200,8 @@ def start(name: str, source: str, paths: Sequence[str], root: Path, data_root: P
         c, kwargs = app_build(data, job.out, report.people)
         return replace(c, model=model, encoder=encoder), kwargs | (build_kwargs or {})
 
-    job.thread = threading.Thread(target=job.run, args=(make, settings, on_built), daemon=True,
+    # as the (admin) login that started it, as every job a page event starts (schema.as_starter)
+    job.thread = threading.Thread(target=as_starter(job.run), args=(make, settings, on_built), daemon=True,
                                   name=f"population-build-{name}")
     job.thread.start()
     return job

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from personalize.schema import Access
+from personalize.schema import Access, as_starter
 from personalize.catalog import BY_NAME
 from personalize.serving.settings import DecodingSettings
 from personalize.data import Item
@@ -67,6 +67,14 @@ class StudioConfig:
             raise ValueError("history, item and prompt limits must be >= 1")
 
 
+class StarterExecutor(ReleasingExecutor):
+    """The studio's background executor: each job runs as the login that submitted it (schema.as_starter), so a
+    job a page event starts reaches only that login's people."""
+
+    def submit(self, fn, /, *args, **kwargs):
+        return super().submit(as_starter(fn), *args, **kwargs)
+
+
 class Runtime:
     """The loaded build and what owns its use: one per studio, shared by every service."""
 
@@ -84,10 +92,10 @@ class Runtime:
         self.methods: dict[str, object] = {}
         self.keep_own_adapters(engine)
         # first-use work (EXACT's attribute search, OPPU's training): one at a time, beside the decodes
-        self.first_use = ReleasingExecutor(max_workers=1, thread_name_prefix="studio-first-use")
+        self.first_use = StarterExecutor(max_workers=1, thread_name_prefix="studio-first-use")
         self.jobs: dict[tuple[str, str], dict] = {}  # (user, method) -> {"state", "done", "total", "error", ...}
         # one background worker for model work nobody waits on: EXACT feedback, the rewrites of a saved history
-        self.background = ReleasingExecutor(max_workers=1, thread_name_prefix="studio-background")
+        self.background = StarterExecutor(max_workers=1, thread_name_prefix="studio-background")
         self.feedback_log: list[dict] = []
         release_team()  # the thread that loaded the engine and made the studio (the main one) keeps no team
 
@@ -152,7 +160,13 @@ class Runtime:
             raise ValueError(f"{what} changes the studio for everyone: only an admin login may (app.py --admin NAME)")
 
     def need_user(self, name: str | None) -> str:
-        """The user name typed at the top of the page, stripped; every tab that acts for a person needs one."""
+        """The user name typed at the top of the page, stripped; every tab that acts for a person needs one. A name
+        another login holds is refused here, as taken: the same words on every button, before anything starts."""
         if not name or not name.strip():
             raise ValueError("enter a user name first (top of the page)")
-        return name.strip()
+        return self.store.refuse_taken(name)
+
+    def need_person(self, name: str | None) -> str:
+        """A stored person the current login reaches (else unknown, or taken): what a job checks before it starts,
+        since its thread finds out only when the work is queued or done."""
+        return self.store.user(self.need_user(name))["name"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,39 @@ def test_a_login_reaches_only_the_people_it_made(studio):
     with acting_as("root"):  # an admin sees everyone
         assert studio.histories.user_names() == ["ana-notes", "ben-log"]
     assert studio.histories.user_names() == ["ana-notes", "ben-log"]  # so does work no login runs (the CLI, jobs)
+
+
+def test_a_job_checks_whose_person_it_is_and_runs_as_its_starter(studio, monkeypatch):
+    """Issue 58: ben's *Train my own adapter* on ana's person answered "training (0/? steps)" and trained over her,
+    since the job's thread ran as no one. Now starting any job for her is taken and queues nothing, her job is not
+    shown to him, and a job runs as the login that started it (background work too)."""
+    from personalize.schema import current_login
+    from personalize.studio.first_use_jobs import OWN
+
+    jobs, rt = studio.first_use_jobs, studio.runtime
+    with acting_as("ben"):
+        for start in (lambda: jobs.start_own("ana-notes"), lambda: jobs.start_first_use("ana-notes", "exact"),
+                      lambda: jobs.wait_first_use(" ana-notes ", "oppu")):
+            with pytest.raises(StoreError, match="is taken"):
+                start()
+        with pytest.raises(StoreError, match="is taken"):
+            studio.need_user("ana-notes")
+    assert not [key for key in rt.jobs if key[0] == "ana-notes"]
+
+    seen = []  # (login, reaches ben's person) where the training runs
+    monkeypatch.setattr(studio.served.own, "train", lambda name, *a, **kw: seen.append(
+        (current_login(), rt.store.may_reach("ben-log"))))
+    monkeypatch.setattr(jobs, "after_own", [])
+    with acting_as("ana"):
+        job = jobs.start_own("ana-notes")
+        assert rt.background.submit(current_login).result(30) == "ana"
+    with acting_as("ben"):
+        assert jobs.own_job("ana-notes") is None and jobs.base_words("ana-notes", False).startswith("CARD decodes")
+    deadline = time.time() + 120
+    while job["state"] in ("queued", "running") and time.time() < deadline:
+        time.sleep(0.1)
+    assert job["state"] == "done" and seen == [("ana", False)], (job, seen)
+    del rt.jobs[("ana-notes", OWN)]
 
 
 def test_what_changes_the_studio_for_everyone_is_an_admins(studio, tiny_artifacts):
@@ -248,3 +282,98 @@ def test_a_name_another_login_holds_is_taken_on_every_tab(two_logins):
         assert "is taken" in line and "unknown" not in line, (tab, line)
     with acting_as("ana"):
         assert [s.y for s in studio.runtime.store.items("ana-sketches")] == ANA
+
+
+# ---------------------------------------------------------------- every route, as the other login
+
+NAME_BOXES = ("user-name", "stored-users")  # where the page takes a person's name: the user box, the stored picker
+# Views that answer a name they cannot reach with nothing (no status line of their own): the versions table, the
+# item picked as Compare's reference, the tabs emptied when the name changes. Any other route must say "taken".
+QUIET = {"version_rows", "version_rows_1", "pick_item", "switched"}
+
+
+def name_routes(config: dict) -> list[dict]:
+    """Every event of the page that takes a person's name, read from the server's own config: a route added later
+    is pressed too."""
+    boxes = {c["id"] for c in config["components"] if c.get("props", {}).get("elem_id") in NAME_BOXES}
+    return [d for d in config["dependencies"] if boxes & set(d["inputs"])]
+
+
+def route_inputs(route: dict, config: dict, name: str, values: dict) -> list:
+    """The route's inputs as a client sends them (State left out: the server keeps it): the person's name in its
+    name box (the user box when it has both), `values` by elem_id, else the component's own value."""
+    comps = {c["id"]: c for c in config["components"]}
+    given = [comps[i] for i in route["inputs"] if comps[i]["type"] != "state"]
+    box = next(c["id"] for c in given if c["props"].get("elem_id") in NAME_BOXES)
+    return [name if c["id"] == box else values.get(c["props"].get("elem_id"), c["props"].get("value")) for c in given]
+
+
+def footprint(studio, name: str) -> dict:
+    """All the studio keeps of a person, read as no one (who sees everyone) once the background work queued so far
+    is done: their rows in every table (versions, the current style, votes, generations, blobs...), the ratings
+    about them, their jobs, the own adapters on disk and every file under the data root that quotes them."""
+    from personalize.schema import USER_TABLES
+
+    store, rt = studio.runtime.store, studio.runtime
+    for queue in (rt.first_use, rt.background):
+        queue.submit(lambda: None).result(300)
+    rows = {t: store.query(f"SELECT * FROM {t} WHERE user = ?", [name]) for t in (*USER_TABLES, "ratings")}
+    rows["users"] = store.query("SELECT * FROM users WHERE name = ?", [name])
+    root = Path(rt.cfg.db).parent
+    own = sorted((str(p), p.stat().st_mtime_ns) for p in (root / "oppu").rglob("*") if p.is_file())
+    quoting = sorted((str(p), p.stat().st_size) for p in root.rglob("*")
+                     if p.is_file() and not p.name.startswith("studio.db") and name.encode() in p.read_bytes())
+    jobs = {k: dict(v) for k, v in rt.jobs.items() if k[0] == name}
+    return {"rows": rows, "own adapters": own, "files": quoting, "jobs": jobs}
+
+
+def test_every_route_of_every_tab_refuses_another_logins_person(two_logins):
+    """Issue 58: every tab but Fit's *Train my own adapter* said "taken" to ben for ana's person; that button
+    answered "training (0/? steps)" and, minutes later, she had a style version made over an adapter he started.
+    Now every route of the page that takes a person's name (read from the server's config), called by ben with her
+    person's name, says taken, and nothing of hers changes: rows, versions, jobs, own adapters, files."""
+    from gradio_client import Client
+    import httpx
+
+    studio, url = two_logins["studio"], two_logins["url"]
+    task, her, his = studio.runtime.task.name, "ana-quay", "ben-quay"
+    with acting_as("ana"):
+        studio.save_from(her, "\n".join(ANA[:4]), None, task)
+        studio.save_from(her, "\n".join(ANA), None, task, replace=True)
+        studio.histories.rewrites.result()
+        studio.fits.fit(her)
+        next(iter(studio.comparisons.compare(her, "the quay prompt of ana", ["base"],
+                                             studio.runtime.settings(max_new_tokens=3))))
+        version = studio.fits.versions(her)[0]["version"]
+        assert studio.histories.replaced_choices(her)  # an earlier history to restore
+    with acting_as("ben"):
+        studio.save_from(his, "\n".join(BEN), None, task)
+        studio.histories.rewrites.result()
+        studio.fits.fit(his)
+        his_key = studio.own_data.style_key(his)
+    before = footprint(studio, her)
+
+    cookies = httpx.post(f"{url}login", data={"username": "ben", "password": "pb"}).cookies
+    config = httpx.get(f"{url}config", cookies=cookies).json()
+    routes = name_routes(config)
+    names = {r["api_name"] for r in routes}
+    assert {"fit", "own_adapter", "save_history", "compare", "new_pair", "forget", "cluster", "restore",
+            "key_import", "explore", "why"} <= names, names  # the enumeration finds the tabs' buttons
+    demo = studio.histories.demo_choices()[0][1]
+    values = {"history": "\n".join(BEN), "version-id": version, "item-id": "1", "item-text": "ben's now",
+              "style-key": his_key, "forget-confirm": True, "prompt": "a prompt",
+              "pair-prompt": "a prompt", "fit-status": "Fitted", "demo-user": demo, "rater": "ben",
+              "alphas": "0, 1", "n-holdout": 2, "upload": None, "item-pick": None, "earlier-pick": None}
+    ben = Client(url, verbose=False, auth=("ben", "pb"))
+    said = {}
+    for route in routes:
+        args = route_inputs(route, config, her, values)
+        try:
+            said[route["api_name"]] = json.dumps(ben.predict(*args, fn_index=route["id"]), default=str)
+        except Exception as e:  # noqa: BLE001 (a refusal by Gradio itself: e.g. a name not among his choices)
+            said[route["api_name"]] = f"error: {e}"
+    for route, answer in said.items():  # the stored picker: Gradio refuses a name not among his choices itself
+        refused = ("is taken" in answer or route in QUIET
+                   or answer.startswith(f"error: Value: {her} is not in the list of choices"))
+        assert refused and not any(t in answer for t in ANA), (route, answer)
+    assert footprint(studio, her) == before  # nothing of hers changed, nor started to (his own adapter press)
