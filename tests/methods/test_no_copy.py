@@ -40,14 +40,20 @@ def test_the_guard_masks_the_token_that_would_make_a_run_longer_than_the_limit_u
     held = PastTextGuard([texts], [3], eos)
     held(torch.tensor([[1, 5, 6, 7, 8, 9]]), scores)  # a prompt that holds "5 6 7 8": that run stays writable
     assert torch.isinf(held(torch.tensor([[1, 5, 6, 7, 8, 9, 5, 6, 7]]), scores)[0]).nonzero().flatten().tolist() == [10]
+    retrieved = PastTextGuard([texts], [3], eos, prompt_exempt=False)  # the prompt holds their retrieved items
+    retrieved(torch.tensor([[1, 5, 6, 7, 8, 9]]), scores)
+    assert torch.isinf(retrieved(torch.tensor([[1, 5, 6, 7, 8, 9, 5, 6, 7]]), scores)[0]).nonzero().flatten().tolist() \
+        == [8, 10]
     one = torch.full((1, 30), -np.inf)
     one[0, 8] = 0.0  # the past text's next token is the only candidate: the row ends rather than copy it
     ended = PastTextGuard([texts], [3], eos)
     ended(torch.tensor([[1]]), one)
     assert ended(torch.tensor([[1, 5, 6, 7]]), one)[0].argmax().item() == eos
     assert past_text_guard([UserStyle(np.ones(4, np.float32))], StyleSettings(), eos) is None  # no memory: no guard
-    assert past_text_guard([UserStyle(np.ones(4, np.float32), values=np.array([5, 6, eos]))],
-                           StyleSettings(no_copy=False), eos) is None
+    remembered = [UserStyle(np.ones(4, np.float32), values=np.array([5, 6, eos]))]
+    assert past_text_guard(remembered, StyleSettings(no_copy=False), eos) is None
+    assert past_text_guard(remembered, StyleSettings(), eos).prompt_exempt
+    assert not past_text_guard(remembered, StyleSettings(retrieval=True), eos).prompt_exempt
 
 
 def _copying_person(model, tok):

@@ -63,10 +63,13 @@ def _grams(texts: Sequence[Sequence[int]], n: int) -> dict[tuple[int, ...], set[
 class PastTextGuard(LogitsProcessor):
     """Per row: no run of more than `limits[r]` tokens of one of its person's past texts (`pasts[r]`) in the
     generated text, unless the row's prompt holds it. The first call sees the prompt alone (generate calls once
-    a step), which is where the prompt's runs are learnt. A row whose every candidate would copy ends there."""
+    a step), which is where the prompt's runs are learnt. A row whose every candidate would copy ends there.
+    `prompt_exempt` False: the prompt holds the person's own past texts (their retrieved items), so it exempts
+    nothing."""
 
-    def __init__(self, pasts: Sequence[Sequence[Sequence[int]]], limits: Sequence[int], eos: int | None):
-        self.limits, self.eos = list(limits), eos
+    def __init__(self, pasts: Sequence[Sequence[Sequence[int]]], limits: Sequence[int], eos: int | None,
+                 prompt_exempt: bool = True):
+        self.limits, self.eos, self.prompt_exempt = list(limits), eos, prompt_exempt
         self.grams = [_grams(texts, n) for texts, n in zip(pasts, limits)]
         self.prompt_length: int | None = None
 
@@ -74,7 +77,7 @@ class PastTextGuard(LogitsProcessor):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if self.prompt_length is None:
             self.prompt_length = input_ids.shape[1]
-            for r, row in enumerate(input_ids.tolist()):  # the prompt's own runs stay writable (not across padding)
+            for r, row in enumerate(input_ids.tolist() if self.prompt_exempt else []):  # the prompt's own runs stay writable (not across padding)
                 for prefix, nxt in _grams([row], self.limits[r]).items():
                     if prefix in self.grams[r] and self.eos not in prefix:
                         self.grams[r][prefix] -= nxt - {self.eos}
@@ -94,10 +97,12 @@ class PastTextGuard(LogitsProcessor):
 
 def past_text_guard(styles: Sequence, settings: StyleSettings, eos: int | None) -> PastTextGuard | None:
     """The guard for rows decoded with these UserStyles (one per row), or None where it has nothing to do: off in
-    the settings, or no row's style holds past texts (no memory)."""
+    the settings, or no row's style holds past texts (no memory). A style that retrieves the person's items into
+    the prompt gets no exemption from the prompt (those items are the texts not to hand back)."""
     if not settings.no_copy:
         return None
     pasts = [past_texts(getattr(st, "values", ()), eos) for st in styles]
     if not any(pasts):
         return None
-    return PastTextGuard(pasts, [own_reuse(p, settings.copy_run_floor) for p in pasts], eos)
+    return PastTextGuard(pasts, [own_reuse(p, settings.copy_run_floor) for p in pasts], eos,
+                         prompt_exempt=not settings.retrieval)
