@@ -10,11 +10,18 @@ from typing import Sequence
 import numpy as np
 
 from personalize.methods.card.cluster import closeness, is_member
+from personalize.methods.card.neutral import keeps_content
 from personalize.methods.card.style import UserStyle
 from personalize.data import TASKS, HistoryError, Item, history_text, parse_history, read_history_file
 from personalize.methods.card.person import prepared_items, store_assignments
 from personalize.store import StoreError
 from personalize.studio.service import Service
+
+
+def shown_rewrite(item) -> str:
+    """A stored item's neutral rewrite as the page may show it (its table, a picked item's prompt): empty where it
+    adds content its text lacks (one stored before rewrites were checked for it; the next fit makes it again)."""
+    return item.neutral if item.neutral and keeps_content(item.y, item.neutral) else ""
 
 
 @dataclass
@@ -135,9 +142,11 @@ class Histories(Service):
 
     def item_rows(self, name: str | None) -> list[list]:
         """The stored items table: [number, text, neutral rewrite]; the number is the item's place in the person's
-        own history (1, 2, …; kept when others are deleted), the one Update, Delete and Compare's picker take."""
+        own history (1, 2, …; kept when others are deleted), the one Update, Delete and Compare's picker take. A
+        rewrite stored before rewrites had to keep their content and adding some is not shown (the next fit makes
+        it again)."""
         try:
-            return [[s.position + 1, s.y, s.neutral or ""] for s in self.store.items(name)] if name else []
+            return [[s.position + 1, s.y, shown_rewrite(s)] for s in self.store.items(name)] if name else []
         except StoreError:  # not stored (yet), or not a valid name
             return []
 
@@ -155,15 +164,21 @@ class Histories(Service):
         name = (name or "").strip()
         clear = shown_for is not None and name != shown_for
         rows = self.item_rows(name) if name else []
+        return NameSwitch(clear, None if clear else shown_for, rows, self.standing(name, len(rows)))
+
+    def standing(self, name: str | None, n_items: int | None = None) -> str:
+        """Where a typed name stands, in the words every tab uses for it (My writing, My cluster): one truth after
+        a Forget me or before a Save, never "New user" on one tab and "unknown user" on another. `n_items`: the
+        name's stored items, when the caller has them."""
+        name = (name or "").strip()
+        n = len(self.item_rows(name)) if name and n_items is None else (n_items or 0)
         if not name:
-            msg = ""
-        elif rows:
-            msg = f"**{name}** has {len(rows)} stored items (table below); paste new writing to replace them."
-        elif self._taken(name):
-            msg = f"The name **{name}** is taken: choose another user name."
-        else:
-            msg = f"New user **{name}**: paste your writing (or upload a file) and save it."
-        return NameSwitch(clear, None if clear else shown_for, rows, msg)
+            return ""
+        if n:
+            return f"**{name}** has {n} stored items (table below); paste new writing to replace them."
+        if self._taken(name):
+            return f"The name **{name}** is taken: choose another user name."
+        return f"New user **{name}**: paste your writing (or upload a file) and save it."
 
     def _taken(self, name: str) -> bool:
         try:
@@ -296,7 +311,7 @@ class Histories(Service):
             st = self.own_item(name, item_id)
             if st is None:
                 raise ValueError("that history item no longer exists")
-            return st.x or self.task.prompt(st.neutral or st.y), st.y
+            return st.x or self.task.prompt(shown_rewrite(st) or st.y), st.y
         text = self.rt.check_prompt(text)
         return (self.task.prompt(text) if templated else text), None
 
