@@ -24,6 +24,17 @@ def shown_rewrite(item) -> str:
     return item.neutral if item.neutral and keeps_content(item.y, item.neutral) else ""
 
 
+def number_ranges(numbers: Sequence[int]) -> str:
+    """[3, 18, 19, 20] -> "3, 18-20"."""
+    runs: list[list[int]] = []
+    for n in sorted(numbers):
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
 @dataclass
 class UserState:
     """Where a user stands under the loaded artifacts: cluster at K, and λ if fitted (else λ = 1)."""
@@ -149,6 +160,15 @@ class Histories(Service):
             return [[s.position + 1, s.y, shown_rewrite(s)] for s in self.store.items(name)] if name else []
         except StoreError:  # not stored (yet), or not a valid name
             return []
+
+    def held_out_line(self, name: str, n_hold: int) -> str:
+        """Which items a fit held out to judge itself, by their numbers in My writing: the first ones saved
+        (person.prepared_items): a paste's first lines, a dated file's newest (saved first) (issue 59)."""
+        if n_hold <= 0:
+            return ""
+        numbers = sorted(s.position + 1 for s in self.store.items(name)[:n_hold])
+        return (f"Held out to judge it: your first {len(numbers)} items as saved (a paste's first lines; a file "
+                f"with dates is saved newest first): {number_ranges(numbers)} in My writing.")
 
     def own_item(self, name: str | None, number: float | None):
         """The person's item with this number (item_rows), or None: another person's items are never reached."""

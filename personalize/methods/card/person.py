@@ -38,10 +38,17 @@ def stored_with_rewrites(engine: Engine, store: Store, name: str,
 
 
 def prepared_items(engine: Engine, store: Store, name: str, progress=None) -> list[Item]:
-    """The user's items with every prompt filled (stored_with_rewrites)."""
+    """The user's items with every prompt filled (stored_with_rewrites), in the order saved: a fit and Explore hold
+    out the first ones (onboard.split_held_out), a paste's first lines, or a dated file's newest, which it saves
+    first (data.newest_first)."""
     stored, neutral = stored_with_rewrites(engine, store, name, progress)
     # the item's number in the person's own history (as My writing and UserContext.of_stored number it)
     return engine.prepare_items([Item(y=s.y, x=s.x, id=str(s.position + 1)) for s in stored], neutral=neutral)
+
+
+def held_out_numbers(items: list[Item], n_hold: int) -> list[int]:
+    """The numbers (in the person's own history, as My writing shows them) of the items a fit holds out."""
+    return sorted(int(it.id) for it in items[:n_hold] if it.id.isdigit())
 
 
 def fit_with_own(engine: Engine, name: str, items: list[Item], fit: UserFit | None = None) -> UserFit:
