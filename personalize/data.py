@@ -339,7 +339,7 @@ def _blocks(text: str, max_items: int, source: str) -> list[Item]:
 
 
 def _from_jsonl(text: str, name: str) -> list[Item]:
-    items = []
+    items, dates = [], []
     for n, line in enumerate(re.split(r"\r\n?|\n", text), 1):  # not splitlines: JSON strings may hold \x85, \u2028
         if not line.strip():
             continue
@@ -348,7 +348,39 @@ def _from_jsonl(text: str, name: str) -> list[Item]:
         if item is None:
             raise HistoryError(f"{name} line {n}: expected a JSON string or an object with a \"text\" or \"output\" field")
         items.append(item)
-    return items
+        dates.append(_date_of(obj))
+    return newest_first(items, dates)
+
+
+DATE_KEYS = ("date", "time", "timestamp", "created_at", "created")
+
+
+def _date_of(record) -> Any:
+    return next((record[k] for k in DATE_KEYS if k in record), None) if isinstance(record, dict) else None
+
+
+def _when(value) -> float | None:
+    """A date as a number: ISO-8601 text (a day, or a time; no zone read as UTC) or seconds since 1970."""
+    from datetime import datetime, timezone
+
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if re.fullmatch(r"\d{9,}(\.\d*)?", str(value).strip()):  # seconds, as a CSV cell holds them
+        return float(value)
+    try:
+        t = datetime.fromisoformat(str(value).strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
+
+
+def newest_first(items: Sequence[Item], dates: Sequence[Any]) -> list[Item]:
+    """The items newest first (LaMP's order) when every one has a date, else in the order given: a fit holds out
+    the first items, so a dated history's are its newest whichever way its file is sorted (issue 59)."""
+    when = [_when(d) if d is not None else None for d in dates]
+    if not items or any(w is None for w in when):
+        return list(items)
+    return [it for _, it in sorted(zip(when, items), key=lambda p: -p[0])]
 
 
 def csv_rows(text: str, name: str) -> list[list[str]]:
@@ -373,7 +405,9 @@ def _from_csv(text: str, name: str) -> list[Item]:
         raise HistoryError(f"{name}: no usable column; expected a \"text\" or \"output\" column "
                            f"(found: {short_text(', '.join(header))})")
     x = next((header.index(k) for k in ("input", "x") if k in header), None)
-    return [Item(y=col(y, r), x=col(x, r) if x is not None else "") for r in rows]
+    d = next((header.index(k) for k in DATE_KEYS if k in header), None)
+    return newest_first([Item(y=col(y, r), x=col(x, r) if x is not None else "") for r in rows],
+                        [col(d, r) if d is not None else None for r in rows])
 
 
 def _from_json(text: str, name: str) -> list[Item]:
@@ -389,7 +423,7 @@ def _from_json(text: str, name: str) -> list[Item]:
         if item is None:
             raise HistoryError(f"{name}: item {j} has no \"text\", \"output\" or \"title\" field")
         items.append(item)
-    return items
+    return newest_first(items, [_date_of(p) for p in profile])
 
 
 def read_history_file(path: str | Path, task: Task | None = None, max_bytes: int = 5_000_000,

@@ -24,12 +24,13 @@ class PopulationMap:
 
 @dataclass(frozen=True)
 class ClusterView:
-    """My cluster: K as snapped to a built one, the map, the person's state at K (None: no name) and texts from their
-    cluster."""
+    """My cluster: K as snapped to a built one, the map, the person's state at K (None: no name, or no history under
+    it) and texts from their cluster; `message`: where a name without a history stands (Histories.standing)."""
     k: int
     map: PopulationMap
     state: UserState | None
     examples: list[tuple[str, str]]
+    message: str = ""
 
 
 class ClusterViews(Service):
@@ -60,8 +61,8 @@ class ClusterViews(Service):
         cluster."""
         k = self.rt.snap_k(k, previous)
         name = (name or "").strip() or None
+        if name is None or not self.histories.item_rows(name):  # nobody, or a name with no history (new, forgotten)
+            return ClusterView(k, self.population_map(None, k), None, [], self.histories.standing(name, 0))
         m = self.population_map(name, k)
-        if name is None:
-            return ClusterView(k, m, None, [])
         st = self.histories.user_state(name, k)
         return ClusterView(k, m, st, self.cluster_examples(k, st.cluster))

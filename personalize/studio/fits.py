@@ -78,8 +78,8 @@ def decoded_verdict(check, fallback: bool) -> str:
     Explore's rows at α = 0 and the build's α show for the same held-out items, and what Compare then decodes."""
     d, n, base = check.difference, check.difference["n"], "your own adapter" if check.own else "your cluster's model"
     lo, hi = d["ci95"]
-    return (f"Decoded on your {n} newest items, held out (Explore with {n} held out shows these two rows): card at "
-            f"α = {check.alpha:g} scores {check.card:.3f} against {check.base:.3f} for your base at α = 0 "
+    return (f"Decoded on your first {n} items as saved, held out (Explore with {n} held out shows these two rows): "
+            f"card at α = {check.alpha:g} scores {check.card:.3f} against {check.base:.3f} for your base at α = 0 "
             f"({base}), in ROUGE-L against each held-out text where an output that repeats one of your other "
             f"texts scores 0 (card repeated one in {check.card_repeats} of {n}, your base in {check.base_repeats}); "
             f"a difference of {d['mean']:+.3f}, 95 % interval {lo:+.3f} to {hi:+.3f} over {n} items: "

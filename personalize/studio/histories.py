@@ -10,12 +10,30 @@ from typing import Sequence
 import numpy as np
 
 from personalize.methods.card.cluster import closeness, is_member
+from personalize.methods.card.neutral import keeps_content
 from personalize.methods.card.style import UserStyle
 from personalize.data import TASKS, HistoryError, Item, history_text, parse_history, read_history_file
 from personalize.methods.card.person import prepared_items, store_assignments
 from personalize.metrics import repeated_text
 from personalize.store import StoreError
 from personalize.studio.service import Service
+
+
+def shown_rewrite(item) -> str:
+    """A stored item's neutral rewrite as the page may show it (its table, a picked item's prompt): empty where it
+    adds content its text lacks (one stored before rewrites were checked for it; the next fit makes it again)."""
+    return item.neutral if item.neutral and keeps_content(item.y, item.neutral) else ""
+
+
+def number_ranges(numbers: Sequence[int]) -> str:
+    """[3, 18, 19, 20] -> "3, 18-20"."""
+    runs: list[list[int]] = []
+    for n in sorted(numbers):
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 @dataclass
@@ -136,9 +154,11 @@ class Histories(Service):
 
     def item_rows(self, name: str | None) -> list[list]:
         """The stored items table: [number, text, neutral rewrite]; the number is the item's place in the person's
-        own history (1, 2, …; kept when others are deleted), the one Update, Delete and Compare's picker take."""
+        own history (1, 2, …; kept when others are deleted), the one Update, Delete and Compare's picker take. A
+        rewrite stored before rewrites had to keep their content and adding some is not shown (the next fit makes
+        it again)."""
         try:
-            return [[s.position + 1, s.y, s.neutral or ""] for s in self.store.items(name)] if name else []
+            return [[s.position + 1, s.y, shown_rewrite(s)] for s in self.store.items(name)] if name else []
         except StoreError:  # not stored (yet), or not a valid name
             return []
 
@@ -154,6 +174,15 @@ class Histories(Service):
             return None
         return f"repeats your text {items[r.index].position + 1}" + ("" if r.exact else " nearly")
 
+    def held_out_line(self, name: str, n_hold: int) -> str:
+        """Which items a fit held out to judge itself, by their numbers in My writing: the first ones saved
+        (person.prepared_items): a paste's first lines, a dated file's newest (saved first) (issue 59)."""
+        if n_hold <= 0:
+            return ""
+        numbers = sorted(s.position + 1 for s in self.store.items(name)[:n_hold])
+        return (f"Held out to judge it: your first {len(numbers)} items as saved (a paste's first lines; a file "
+                f"with dates is saved newest first): {number_ranges(numbers)} in My writing.")
+
     def own_item(self, name: str | None, number: float | None):
         """The person's item with this number (item_rows), or None: another person's items are never reached."""
         if number is None or not name or not name.strip():
@@ -168,15 +197,21 @@ class Histories(Service):
         name = (name or "").strip()
         clear = shown_for is not None and name != shown_for
         rows = self.item_rows(name) if name else []
+        return NameSwitch(clear, None if clear else shown_for, rows, self.standing(name, len(rows)))
+
+    def standing(self, name: str | None, n_items: int | None = None) -> str:
+        """Where a typed name stands, in the words every tab uses for it (My writing, My cluster): one truth after
+        a Forget me or before a Save, never "New user" on one tab and "unknown user" on another. `n_items`: the
+        name's stored items, when the caller has them."""
+        name = (name or "").strip()
+        n = len(self.item_rows(name)) if name and n_items is None else (n_items or 0)
         if not name:
-            msg = ""
-        elif rows:
-            msg = f"**{name}** has {len(rows)} stored items (table below); paste new writing to replace them."
-        elif self._taken(name):
-            msg = f"The name **{name}** is taken: choose another user name."
-        else:
-            msg = f"New user **{name}**: paste your writing (or upload a file) and save it."
-        return NameSwitch(clear, None if clear else shown_for, rows, msg)
+            return ""
+        if n:
+            return f"**{name}** has {n} stored items (table below); paste new writing to replace them."
+        if self._taken(name):
+            return f"The name **{name}** is taken: choose another user name."
+        return f"New user **{name}**: paste your writing (or upload a file) and save it."
 
     def _taken(self, name: str) -> bool:
         try:
@@ -309,7 +344,7 @@ class Histories(Service):
             st = self.own_item(name, item_id)
             if st is None:
                 raise ValueError("that history item no longer exists")
-            return st.x or self.task.prompt(st.neutral or st.y), st.y
+            return st.x or self.task.prompt(shown_rewrite(st) or st.y), st.y
         text = self.rt.check_prompt(text)
         return (self.task.prompt(text) if templated else text), None
 

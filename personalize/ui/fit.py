@@ -31,7 +31,8 @@ def fit(studio, name, k, progress=gr.Progress()):
         studio.first_use_jobs.after_fit(name)
     except EXPECTED as e:
         return _err(e) + " (the stored vector, if any, is unchanged)", gr.skip()
-    return (page_text.fit_message(studio, name, res, total, shown_name=md(name)),
+    held = studio.histories.held_out_line(name, res.n_hold)  # which of their lines judged it
+    return (page_text.fit_message(studio, name, res, total, shown_name=md(name)) + (f"\n\n{held}" if held else ""),
             loss_figure(res.loss_curve) if res.loss_curve else None)
 
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import gradio as gr
 
-from personalize.display import md
+from personalize.display import md, md_quoting
 from personalize.ui.common import Markdown, bind, guarded
 from personalize.ui.controls import Shared
 from personalize.ui.figures import cluster_figure
@@ -25,8 +25,9 @@ def show_cluster(studio, name, k, previous=None):
     """(status, examples, map, K, K): the K snapped to a built one goes to the user's K and back to the slider."""
     view = studio.clusters.cluster_view(name, k, previous)
     fig, k, st = cluster_figure(view.map), view.k, view.state
-    if st is None:
-        return "Enter a user name and save a history to see where you fall.", "", fig, k, k
+    if st is None:  # a name without a history is told what My writing tells it
+        return (md_quoting(view.message, (name or "").strip()) or
+                "Enter a user name and save a history to see where you fall."), "", fig, k, k
     return page_text.cluster_summary(studio, replace(st, name=md(st.name))), cluster_examples_md(view.examples), fig, k, k
 
 

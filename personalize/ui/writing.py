@@ -106,9 +106,10 @@ def open_user(studio, name):
             studio.histories.item_rows(name), item_choices(studio, name), replaced_choices(studio, name), "", None, "")
 
 
-@guarded(7)
+@guarded(8)
 def forget(studio, name, ok):
-    """Forget me: the status line, and the page no longer holds the person (name, history box, items)."""
+    """Forget me: the status line, and the page no longer holds the person (name, history box, items, and the line
+    above the items that counted them)."""
     res = studio.own_data.forget(name, ok)
     ids = (f"{res.rater_ids_anonymised} vote(s) cast with the name as rater id kept under an anonymous id, "
            if res.rater_ids_anonymised else "")
@@ -116,7 +117,8 @@ def forget(studio, name, ok):
             f"and {res.campaign_items_anonymised} campaign item(s) kept without texts or name, {ids}"
             f"{sum(res.exports.values())} of their record(s) taken out of {len(res.exports)} export(s), "
             f"{len(res.files)} file(s) removed, database compacted.",
-            False, [], gr.update(choices=studio.histories.user_names(), value=None), "", "", None)
+            False, [], gr.update(choices=studio.histories.user_names(), value=None), "", "", None,
+            studio.histories.standing(""))
 
 
 def build(studio, shared: Shared) -> None:
@@ -172,7 +174,7 @@ def build(studio, shared: Shared) -> None:
     stored.change(bind(open_user, studio), [stored], [status, user, items, pick, earlier, history, shown_for,
                                                     forget_status])
     forget_btn.click(bind(forget, studio), [user, forget_ok],
-                     [forget_status, forget_ok, items, stored, user, history, shown_for], concurrency_id="model",
+                     [forget_status, forget_ok, items, stored, user, history, shown_for, status], concurrency_id="model",
                      api_name="forget")
     # a page opened after a switch (in another session) shows the build now served
     shared.app.load(lambda: (*served(studio), studio.served.task.name), None, [*served_outputs, task])

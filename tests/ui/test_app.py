@@ -564,7 +564,7 @@ def test_browser_two_people_get_their_own_card_outputs_and_nothing_loops(server,
             assert "Teacher-forced" in fit, fit  # labelled as such; the decoded verdict leads (issue 48, item 5)
             check = p.until_text("fit-check", "Decoded on your", "Too few items", "α = 0", "⚠️")
             if studio.runtime.engine.cfg.decoding.alpha > 0:
-                assert "Decoded on your 3 newest items" in check and "95 % interval" in check, check
+                assert "Decoded on your first 3 items as saved" in check and "95 % interval" in check, check
             else:
                 assert "decodes card at α = 0" in check, check
 

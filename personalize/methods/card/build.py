@@ -37,6 +37,7 @@ from personalize.methods.engine import Engine
 from personalize.methods.card.onboard import split_held_out
 from personalize.methods.card.head import PairData, PersonalizationHead, diagnostics, train_population
 from personalize.methods import p2p as p2p_mod
+from personalize.methods.artifacts import portable
 from personalize.methods.p2p import P2PConfig, train_p2p
 from personalize.lm.models import file_lock, load_encoder, load_lm
 
@@ -395,7 +396,9 @@ def _save(out: Path, cfg, task, names, head_users, clusters, model, heads, lambd
             "settings": cfg.to_dict(), "report": report}
     if hyper is not None:
         p2p_mod.save(hyper, tmp / p2p_mod.ARTIFACTS_DIR, {"artifacts_id": meta["id"], "report": report["p2p"]})
-    (tmp / "config.json").write_text(json.dumps(meta, indent=2, default=_json_default))
+    # the paths inside the checkout it was built in (the working folder) relative to `out`: it moves with it
+    meta = portable(json.loads(json.dumps(meta, default=_json_default)), out, checkout=Path.cwd())
+    (tmp / "config.json").write_text(json.dumps(meta, indent=2))
     try:
         step("save")  # the last moment a cancel stops the build: the finished folder goes, `out` stays as it was
     except BuildCancelled:

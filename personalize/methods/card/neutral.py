@@ -5,7 +5,8 @@ or drops the content instead (SmolLM2-135M on emoji-heavy tweets answered
 "Rewrite the following text in plain, neutral English: ☺🔥🔥"). Such a rewrite
 would become the prompt of every pair, so it is checked, and when it fails the
 item gets a rule-based plain version: no emoji or hashtags marks, no shouting
-case, no repeated punctuation. Style gone, content kept, which is all §1.8 asks.
+case, no repeated punctuation. Style gone, content kept, which is all §1.8 asks. A rewrite that adds content
+the text lacks (a number, new words) fails the check too.
 """
 
 from __future__ import annotations
@@ -42,13 +43,36 @@ def plain(text: str) -> str:
     return t or text
 
 
+# words a plain rewrite may add without adding content ("gonna" -> "I am going to")
+_FUNCTION = frozenset("""a an the and or but so of to in on at for with by from as into about than then is are was
+were be been being am it its this that these those i you he she we they me him her us them my your his our their not
+no do does did have has had will would can could should may might just very really there here what which who""".split())
+
+
+def added_content(original: str, rewrite: str) -> set[str]:
+    """The rewrite's words that the original lacks, function words aside."""
+    return content_words(rewrite) - content_words(original) - _FUNCTION
+
+
+def keeps_content(original: str, rewrite: str, max_added: float = 1 / 3) -> bool:
+    """Whether a rewrite says no more than its text (issue 59): no number the text lacks, and at most a third as many
+    new words as the text has (2 for a short one). A small model invents ("The latest version of the game is
+    0.7.4"); a rewrite is shown to the person and is the prompt their style is fitted on, so it must not."""
+    added = added_content(original, rewrite)
+    if any(c.isdigit() for w in added for c in w):
+        return False
+    return len(added) <= max(2, max_added * len(content_words(original)))
+
+
 def accept(original: str, rewrite: str, min_recall: float = 0.5) -> bool:
-    """A rewrite is usable when it does not echo the instruction and keeps most of the content words."""
+    """A rewrite is usable when it does not echo the instruction, keeps most of the content words and adds none
+    of its own (keeps_content)."""
     low = rewrite.lower()
     if not rewrite.strip() or any(e in low for e in _ECHO):
         return False
     words = content_words(original)
-    return not words or len(words & content_words(rewrite)) >= min_recall * len(words)
+    kept = not words or len(words & content_words(rewrite)) >= min_recall * len(words)
+    return kept and keeps_content(original, rewrite)
 
 
 def neutral(original: str, rewrite: str) -> str:

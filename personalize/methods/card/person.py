@@ -14,6 +14,7 @@ import numpy as np
 from personalize.methods.card import onboard
 from personalize.data import Item
 from personalize.methods.card.adapters import cluster_adapter
+from personalize.methods.card.neutral import keeps_content
 from personalize.methods.card.own import owner_key
 from personalize.methods.engine import Engine
 from personalize.methods.card.onboard import UserFit
@@ -23,11 +24,12 @@ from personalize.store import Store, StoredItem
 def stored_with_rewrites(engine: Engine, store: Store, name: str,
                          progress=None) -> tuple[list[StoredItem], dict[int, str]]:
     """The user's stored items, read once, and their neutral rewrites (§1.8) by index: the missing ones are
-    generated once and stored, so every item without a prompt has one."""
+    generated once and stored, so every item without a prompt has one; one stored before rewrites had to keep
+    their content (keeps_content) is made again."""
     stored = store.items(name)
     if not stored:
         raise ValueError(f"user {name!r} has no history items")
-    todo = [i for i, s in enumerate(stored) if not s.x and not s.neutral]
+    todo = [i for i, s in enumerate(stored) if not s.x and not (s.neutral and keeps_content(s.y, s.neutral))]
     if todo and progress:
         progress("neutral rewrites")
     rewrites = engine.neutral_rewrites([stored[i].y for i in todo])
@@ -36,10 +38,17 @@ def stored_with_rewrites(engine: Engine, store: Store, name: str,
 
 
 def prepared_items(engine: Engine, store: Store, name: str, progress=None) -> list[Item]:
-    """The user's items with every prompt filled (stored_with_rewrites)."""
+    """The user's items with every prompt filled (stored_with_rewrites), in the order saved: a fit and Explore hold
+    out the first ones (onboard.split_held_out), a paste's first lines, or a dated file's newest, which it saves
+    first (data.newest_first)."""
     stored, neutral = stored_with_rewrites(engine, store, name, progress)
     # the item's number in the person's own history (as My writing and UserContext.of_stored number it)
     return engine.prepare_items([Item(y=s.y, x=s.x, id=str(s.position + 1)) for s in stored], neutral=neutral)
+
+
+def held_out_numbers(items: list[Item], n_hold: int) -> list[int]:
+    """The numbers (in the person's own history, as My writing shows them) of the items a fit holds out."""
+    return sorted(int(it.id) for it in items[:n_hold] if it.id.isdigit())
 
 
 def fit_with_own(engine: Engine, name: str, items: list[Item], fit: UserFit | None = None) -> UserFit:

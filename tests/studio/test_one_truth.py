@@ -1,0 +1,123 @@
+"""One truth on the page (issue 59): after Forget me every tab says the same of the name, and a neutral rewrite
+shown to a person says no more than their text. Library level on the tiny model; the handlers without a server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from personalize.data import Item
+from personalize.methods.card.neutral import accept, keeps_content, neutral, plain
+
+from conftest import tiny_studio
+
+LINES = [f"ok so the {w} was fine i guess" for w in ("bus", "tea", "rain", "film", "shop", "walk", "game", "cake")]
+
+
+@pytest.fixture(scope="module")
+def studio(tiny_artifacts, tmp_path_factory):
+    s = tiny_studio(tiny_artifacts, tmp_path_factory.mktemp("one-truth"))
+    yield s
+    s.runtime.store.close()
+
+
+# ---------------------------------------------------------------- rewrites keep their content
+
+@pytest.mark.parametrize("text, rewrite", [
+    ("new update on the game just dropped lol", "The latest version of the game is 0.7.4."),  # a number it lacks
+    ("exam went way better this time", "The new exam is better than the old one, says the teacher."),  # new words
+])
+def test_a_rewrite_that_adds_content_is_refused(text, rewrite):
+    assert not keeps_content(text, rewrite) and not accept(text, rewrite)
+    assert neutral(text, rewrite) == plain(text)
+
+
+@pytest.mark.parametrize("text, rewrite", [
+    ("omg the coffee was SO good today!!! 🔥🔥", "The coffee was very good today."),
+    ("cant wait for the weekend omg", "I cannot wait for the weekend."),  # a plain word or two is not content
+    ("bus 42 late again", "Bus 42 is late again."),  # its own number kept
+])
+def test_a_rewrite_that_only_rephrases_is_kept(text, rewrite):
+    assert keeps_content(text, rewrite) and neutral(text, rewrite) == rewrite
+
+
+def test_a_stored_rewrite_that_adds_content_is_not_shown_and_is_made_again(studio):
+    from personalize.methods.card.person import stored_with_rewrites
+
+    studio.histories.save_history("rex", [Item(t) for t in LINES[:4]], "tweets")
+    studio.histories.rewrites.result()  # the background rewrites of Save, done
+    store, first = studio.runtime.store, studio.runtime.store.items("rex")[0]
+    store.set_neutral([(first.id, "The bus was fine, says version 2.1 of the timetable.")])  # from before the check
+    assert studio.histories.item_rows("rex")[0][2] == ""
+    p, _ = studio.histories.resolve_prompt(None, True, 1, "rex")
+    assert "2.1" not in p and LINES[0] in p
+    stored_with_rewrites(studio.runtime.engine, store, "rex")  # the next fit's pass
+    assert keeps_content(LINES[0], store.items("rex")[0].neutral) and studio.histories.item_rows("rex")[0][2]
+
+
+# ---------------------------------------------------------------- after Forget me
+
+def test_after_forget_me_every_tab_says_the_same_of_the_name(studio):
+    from personalize.ui import my_cluster, writing
+
+    studio.histories.save_history("bayer", [Item(t) for t in LINES], "tweets")
+    assert "stored items" in studio.histories.switch_user("bayer", None).message
+    out = writing.forget(studio, "bayer", True)
+    assert out[0].startswith("Forgot") and out[2] == [] and out[4] == "" and out[-1] == ""  # the count line gone
+    typed = studio.histories.switch_user("bayer", None)  # the name typed again
+    view = studio.clusters.cluster_view("bayer", None)
+    assert typed.message.startswith("New user **bayer**") and view.state is None and view.map.user is None
+    assert view.message == typed.message
+    assert my_cluster.show_cluster(studio, "bayer", None)[0] == typed.message
+
+
+# ---------------------------------------------------------------- which items are held out
+
+def dated(tmp_path, name: str, newest_first: bool):
+    rows = [{"text": t, "date": f"2026-0{1 + i // 5}-{10 + i:02d}"} for i, t in enumerate(LINES + ["last one, newest"])]
+    path = tmp_path / name
+    path.write_text("\n".join(json.dumps(r) for r in (rows[::-1] if newest_first else rows)))
+    return path
+
+
+def test_a_dated_history_is_held_out_by_its_dates_whichever_way_it_is_sorted(studio, tmp_path):
+    from personalize.data import read_history_file
+    from personalize.methods.card.onboard import n_held_out
+    from personalize.methods.card.person import held_out_numbers, prepared_items
+
+    engine, held = studio.runtime.engine, {}
+    for order in ("oldest", "newest"):
+        items = read_history_file(dated(tmp_path, f"{order}.jsonl", order == "newest"))
+        assert [it.y for it in items] == (LINES + ["last one, newest"])[::-1]  # newest first, as LaMP lists them
+        studio.histories.save_history(f"dated-{order}", items, "tweets")
+        got = prepared_items(engine, studio.runtime.store, f"dated-{order}")
+        n = n_held_out(engine, len(got))
+        held[order] = [it.y for it in got[:n]]
+        assert n >= 2 and held_out_numbers(got, n) == list(range(1, n + 1))
+    assert held["oldest"] == held["newest"] and held["oldest"][0] == "last one, newest"
+
+
+def test_a_paste_holds_out_its_first_lines_and_fit_names_them(studio):
+    from personalize.ui import fit
+
+    studio.save_from("paster", "\n".join(LINES), None, "tweets")
+    line = studio.histories.held_out_line("paster", 3)
+    assert line.startswith("Held out to judge it: your first 3 items") and line.endswith(": 1-3 in My writing.")
+    msg = fit.fit(studio, "paster", None, progress=lambda *a, **k: None)[0]
+    assert "Held out to judge it: your first" in msg
+
+
+def test_number_ranges():
+    from personalize.studio.histories import number_ranges
+
+    assert number_ranges([20, 3, 18, 19]) == "3, 18-20" and number_ranges([7]) == "7"
+
+
+def test_a_csv_is_ordered_by_its_dates_and_an_undated_file_as_given(tmp_path):
+    from personalize.data import read_history_file
+
+    (tmp_path / "d.csv").write_text("text,date\nthird,2026-03-01T10:00:00Z\nfirst,2026-01-01\nsecond,1770000000\n")
+    assert [it.y for it in read_history_file(tmp_path / "d.csv")] == ["third", "second", "first"]
+    (tmp_path / "u.csv").write_text("text,date\nthird,2026-03-01\nfirst,\nsecond,2026-02-01\n")  # one undated
+    assert [it.y for it in read_history_file(tmp_path / "u.csv")] == ["third", "first", "second"]
