@@ -21,7 +21,7 @@ from personalize.methods.base import UserContext
 from personalize.store import StoreError
 from personalize.serving.scheduler import DecodeScheduler
 from personalize.studio.histories import Histories, UserState
-from personalize.studio.first_use_jobs import FirstUseJobs, job_line, own_line
+from personalize.studio.first_use_jobs import FirstUseJobs
 from personalize.studio.service import Service
 
 FAILED = (ValueError, StoreError, FileNotFoundError, RuntimeError)  # a method that cannot run: its column says why
@@ -109,7 +109,7 @@ class Comparisons(Service):
             m = self.rt.method(method)
             user = UserContext(state.name, person().items if m.needs_items else [], state.cluster, state.k, state.lam)
             rows = m.rows(user, [prompt], s, trace=trace)
-            training = own_line(self.first_use_jobs.own_job(state.name)) if CARD_ROWS[method].steered else ""
+            training = self.first_use_jobs.own_words(state.name) if CARD_ROWS[method].steered else ""
             return [replace(r, note="; ".join(filter(None, (r.note, training)))) if training else r for r in rows]
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose from {ALL_METHODS}")
@@ -245,7 +245,7 @@ class Comparisons(Service):
                 waiting = {m: job for m, job in waiting.items() if m not in ready}
             if kind is None or kind == "finished":
                 for m, job in waiting.items():
-                    yield "progress", m, job_line(job)
+                    yield "progress", m, self.first_use_jobs.line(job)
 
     def why(self, name: str | None, text: str | None, s: DecodingSettings, k: int | None = None,
             templated: bool = False, item_id: float | None = None) -> Explanation:

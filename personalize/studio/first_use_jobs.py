@@ -19,34 +19,79 @@ from personalize.studio.service import Service
 OWN = "own adapter"  # the job of a person's own adapter (a cluster of one), beside the methods' first uses
 
 
-def job_line(job: dict) -> str:
-    """A first-use job's progress as the Compare column shows it."""
-    what = {"exact": "searching your attributes", "oppu": "training your own LoRA",
-            OWN: "training your own adapter"}.get(job["method"], "preparing")
+WHAT = {"exact": "EXACT's attribute search", "oppu": "OPPU's training", OWN: "own adapter"}
+THEIRS = {"exact": "EXACT attribute search", "oppu": "OPPU training", OWN: "own adapter"}  # after "another person's"
+
+
+def job_what(job: dict, reached: bool, mine: bool = False) -> str:
+    """What a job does and for whom: "EXACT's attribute search for ana", "your own adapter"; a person the login
+    does not reach is "another person's" (store.may_reach), never named."""
+    what = WHAT.get(job["method"], f"{job['method']}'s first use")
+    if mine:
+        return f"your {what}" if job["method"] == OWN else what
+    if not reached:
+        return f"another person's {THEIRS.get(job['method'], what)}"
+    return f"{job['user']}'s own adapter" if job["method"] == OWN else f"{what} for {job['user']}"
+
+
+def ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 < 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def in_line(jobs: list[dict], job: dict | None = None) -> list[dict]:
+    """The jobs ahead of a queued one (None: every job waiting or running), in the order the one worker takes
+    them: the running job, then queued own adapters, then the methods' first uses, each as they came
+    (FirstUseJobs._submit's rule)."""
+    waiting = [j for j in jobs if j["state"] in ("queued", "running")]
+    order = sorted(waiting, key=lambda j: (j["state"] != "running", j["method"] != OWN, j["seq"]))
+    if job is None:
+        return order
+    return order[:order.index(job)] if job in order else []
+
+
+def left_s(job: dict, now: float) -> float | None:
+    """Seconds left, measured from this job's own steps (from its first progress report on), else None: a rate
+    taken over the time it queued told 1160 s for a minute's training (issue 59)."""
+    first = job.get("first_step")
+    if not first or not job["total"] or job["done"] <= first[1]:
+        return None
+    return (now - first[0]) / (job["done"] - first[1]) * (job["total"] - job["done"])
+
+
+def wait_line(job: dict, ahead: list[tuple[dict, bool]], what: str, now: float | None = None) -> str:
+    """A waiting job in words: what it waits for, its place in the queue (and behind what) and the seconds since
+    its own start; `ahead` pairs each job before it with whether the login reaches its person."""
+    now = now or time.time()
     if job["state"] == "queued":
-        return f"first use: {what} (queued behind other first-use work)…"
-    part = f" {job['done']}/{job['total']}" if job["total"] else ""
-    return f"first use: {what}{part}, {time.time() - job['started']:.0f} s so far; the other columns do not wait…"
+        place = (f"{ordinal(len(ahead) + 1)} in line, behind " + ", ".join(job_what(j, r) for j, r in ahead)
+                 if ahead else "next in line")
+        return f"{what}: queued for {now - job['queued']:.0f} s, {place}"
+    steps = f", {job['done']}/{job['total']} steps" if job["total"] else ""
+    left = left_s(job, now)
+    return (f"{what}: running for {now - job['started']:.0f} s{steps}"
+            + (f", about {left:.0f} s left" if left is not None else ""))
 
 
-def own_line(job: dict | None) -> str:
+def job_line(job: dict, ahead: list[tuple[dict, bool]] = ()) -> str:
+    """A first-use job's progress as the Compare column shows it (FirstUseJobs.line gives `ahead`)."""
+    return f"first use, {wait_line(job, list(ahead), job_what(job, True, mine=True))}; the other columns do not wait…"
+
+
+def own_line(job: dict | None, ahead: list[tuple[dict, bool]] = ()) -> str:
     """What card decodes over while a person's own adapter trains (Compare's card column and Fit say it)."""
     if job is None or job["state"] == "done":
         return ""
     if job["state"] == "error":
         return f"your own adapter could not be trained ({job['error']}): card decodes over your nearest cluster's"
-    left = ""
-    if job["done"] and job["total"]:
-        spent = time.time() - job["started"]
-        left = f", about {spent / job['done'] * (job['total'] - job['done']):.0f} s left"
-    return (f"your own adapter is training ({job['done']}/{job['total'] or '?'} steps{left}); until it is ready, "
-            "card decodes over your nearest cluster's adapter")
+    return (wait_line(job, list(ahead), "your own adapter") + "; until it is ready, card decodes over your nearest "
+            "cluster's adapter")
 
 
 class FirstUseJobs(Service):
     def __init__(self, rt):
         super().__init__(rt)
         self.after_own: list = []  # f(name), run when a person's own adapter is ready (Fits refits the style over it)
+        self._seq = 0  # the order jobs came in (in_line)
 
     def needs_indexing(self, name: str, method: str) -> bool:
         """True when a method's first use for this user will do minutes of per-user work (SLOW_FIRST_USE:
@@ -83,17 +128,19 @@ class FirstUseJobs(Service):
         job = self.rt.jobs.get(key)
         if job is not None and job["state"] in ("queued", "running"):
             return job
+        self._seq += 1
         job = self.rt.jobs[key] = {"user": name, "method": what, "state": "queued", "done": 0, "total": 0,
-                                   "error": None, "started": time.time()}
+                                   "error": None, "queued": time.time(), "started": None, "seq": self._seq}
 
         def progress(done: int, total: int) -> None:
+            job.setdefault("first_step", (time.time(), done))  # the remaining time is measured from here
             job["done"], job["total"] = done, total
 
         def work() -> None:
             if what != OWN and self._own_queued():  # an own adapter someone asked for goes before a method's
                 self.rt.first_use.submit(work)      # first use (OPPU's training alone is minutes): to the back
                 return
-            job["state"] = "running"
+            job["started"], job["state"] = time.time(), "running"
             try:
                 run(job, progress)
                 job["state"] = "done"
@@ -101,10 +148,27 @@ class FirstUseJobs(Service):
                 job["state"], job["error"] = "error", str(e)
             finally:
                 trim_memory()  # the training's freed activations back to the system, not kept by the heap
-            job["seconds"] = round(time.time() - job["started"], 1)
+            job["seconds"] = round(time.time() - job["queued"], 1)
 
         self.rt.first_use.submit(work)
         return job
+
+    def ahead_of(self, job: dict) -> list[tuple[dict, bool]]:
+        """The jobs before `job` in the queue, each with whether the current login reaches its person."""
+        return [(j, self.store.may_reach(j["user"])) for j in in_line(list(self.rt.jobs.values()), job)]
+
+    def line(self, job: dict) -> str:
+        """job_line with the job's place in the queue."""
+        return job_line(job, self.ahead_of(job))
+
+    def own_words(self, name: str) -> str:
+        """own_line for the person's own-adapter job, with its place in the queue."""
+        job = self.own_job(name)
+        return own_line(job, self.ahead_of(job) if job else ())
+
+    def running(self) -> list[tuple[dict, bool]]:
+        """Every first-use job queued or running, in the worker's order (what other background work waits behind)."""
+        return [(j, self.store.may_reach(j["user"])) for j in in_line(list(self.rt.jobs.values()))]
 
     def _own_queued(self) -> bool:
         return any(j["method"] == OWN and j["state"] == "queued" for j in list(self.rt.jobs.values()))
@@ -171,7 +235,7 @@ class FirstUseJobs(Service):
         if own:
             return ("CARD decodes over **your own adapter**: you are a cluster of one (an adapter trained on your "
                     "history from your nearest cluster's), your style on top.")
-        training = own_line(self.own_job(name))
+        training = self.own_words(name)
         if training:
             return training[0].upper() + training[1:] + "; your style is fitted again over it when it is."
         by_itself = "; for people no cluster fits it starts by itself at Save" if self.engine.cfg.own.far else ""

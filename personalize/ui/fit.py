@@ -49,16 +49,18 @@ def version_to_restore(table) -> int | None:
     return int(float(pick["version"]))
 
 
-def decoded_check(studio, name, fitted, progress=gr.Progress()):
-    """Fit's verdict by decoding the held-out items (Explore's computation at α = 0 and the build's α); nothing
-    after a fit that failed (its status says why, and the stored style is unchanged)."""
+def decoded_check(studio, name, fitted):
+    """Fit's verdict by decoding the held-out items (Explore's computation at α = 0 and the build's α), saying at
+    once that it waits and what for (studio.explorer.verdict_lines); nothing after a fit that failed (its status
+    says why, and the stored style is unchanged)."""
     if not str(fitted or "").startswith("Fitted"):
-        return ""
+        yield ""
+        return
     try:
-        progress(0, desc="decoding your held-out items")
-        return f"**{md(studio.explorer.verdict(studio.need_user(name), lambda f, w: progress(f, desc=w)))}**"
+        for final, line in studio.explorer.verdict_lines(studio.need_user(name)):
+            yield f"**{md(line)}**" if final else f"*{md(line)}*"
     except EXPECTED as e:
-        return _err(e)
+        yield _err(e)
 
 
 @guarded(1)

@@ -253,9 +253,9 @@ def test_a_failed_fit_is_not_followed_by_the_decoded_check(studio, monkeypatch):
 
     asked = []
     monkeypatch.setattr(studio.explorer, "verdict", lambda name, progress=None: asked.append(name) or "decoded")
-    progress = lambda *a, **k: None  # noqa: E731
-    assert fit.decoded_check(studio, "nobody", "⚠️ unknown user 'nobody' (the stored vector, if any, is unchanged)",
-                             progress) == "" and not asked
+    assert list(fit.decoded_check(studio, "nobody", "⚠️ unknown user 'nobody' (the stored vector, if any, is "
+                                  "unchanged)")) == [""] and not asked
     studio.histories.save_history("checked", studio.histories.demo_items("formal_01"), "tweets")
-    assert fit.decoded_check(studio, "checked", "Fitted **checked** in 0.5 s", progress) == "**decoded**"
+    lines = list(fit.decoded_check(studio, "checked", "Fitted **checked** in 0.5 s"))
+    assert lines[-1] == "**decoded**" and "queued for the model" in lines[0]  # said at once, then the verdict
     assert asked == ["checked"]
