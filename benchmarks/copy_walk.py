@@ -52,6 +52,7 @@ def main() -> None:
         said["fit_check"] = p.wait.until(lambda dr: (t := p.settled("fit-check")) and ("Decoded on your" in t or "⚠️"
                                                                                       in t or "Too few" in t) and t)
         p.shot("1-fit")
+        p.wait = WebDriverWait(d, 1200, poll_frequency=1)  # RAG's first Compare waits for Save's rewrites
         p.tab("Compare")
         p.choose_methods(METHODS)
         if p.el("#use-template input").is_selected():  # the change's text already holds the instruction
@@ -69,7 +70,6 @@ def main() -> None:
                                     "truth_repeats": repeated_text(change.y, pasted) is not None})
             p.shot(f"2-compare-{i}")
         p.tab("Explore")
-        p.wait = WebDriverWait(d, 1200, poll_frequency=1)
         p.click("explore-button")
         said["explore"] = p.until_text("explore-status", "Held out", "⚠️")
         time.sleep(2)
