@@ -59,9 +59,10 @@ def main() -> None:
             p.d.execute_script("arguments[0].click()", p.el("#use-template input"))
         for i, change in enumerate(changes, 1):
             p.type("prompt", change.x)
-            t0 = time.perf_counter()
+            before, t0 = p.text("compare-status"), time.perf_counter()
             p.click("compare-button")
-            status = p.until_text("compare-status", "Done:", "⚠️")
+            status = p.wait.until(lambda dr: (t := p.settled("compare-status")) and t != before
+                                  and ("Done:" in t or "⚠️" in t) and t)  # this Compare's, not the last one's
             time.sleep(1)
             columns = {m: p.text(f"out-{m}") for m in METHODS}
             said["changes"].append({"truth": change.y, "status": status, "seconds": round(time.perf_counter() - t0, 1),

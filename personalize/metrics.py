@@ -57,15 +57,17 @@ class Repeat:
 
 def repeated_text(output: str, past: Sequence[str], near: float = NEAR) -> Repeat | None:
     """The past text `output` repeats: the first one equal to it word for word, else the closest one within ROUGE-L
-    `near`; None when it repeats none (an empty output repeats nothing). Why: ROUGE-L against one gold scores a
-    person's old text handed back as a style match; the product counts it as a text not written for the prompt."""
-    words = plain_words(output)
-    if not words:
-        return None
+    `near`; None when it repeats none (an empty output repeats nothing). A line of two or more words counts on its
+    own too: a past text handed back with more lines after it is handed back all the same. Why: ROUGE-L against one
+    gold scores a person's old text handed back as a style match; the product counts it as a text not written for
+    the prompt."""
     texts = [plain_words(t) for t in past]
-    if words in texts:
-        return Repeat(texts.index(words), True)
-    scored = [(_scorer().score(t, output)["rougeL"].fmeasure, i) for i, t in enumerate(past) if texts[i]]
+    lines = [line for line in output.strip().splitlines() if len(plain_words(line).split()) >= 2]
+    parts = [p for p in [output, *(lines if "\n" in output.strip() else [])] if plain_words(p)]
+    for part in parts:
+        if plain_words(part) in texts:
+            return Repeat(texts.index(plain_words(part)), True)
+    scored = [(_scorer().score(t, part)["rougeL"].fmeasure, i) for part in parts for i, t in enumerate(past) if texts[i]]
     best = max(scored, default=(0.0, -1))
     return Repeat(best[1], False) if best[0] >= near else None
 

@@ -94,9 +94,10 @@ class Comparisons(Service):
         self.histories = histories
         self.first_use_jobs = first_use_jobs
 
-    def person(self, state: UserState) -> UserContext:
-        """The person as the methods see them: their history, read once, missing neutral rewrites filled."""
-        stored, neutral = stored_with_rewrites(self.engine, self.store, state.name)
+    def person(self, state: UserState, stored=None) -> UserContext:
+        """The person as the methods see them: their history, read once (`stored`: already read), missing neutral
+        rewrites filled."""
+        stored, neutral = stored_with_rewrites(self.engine, self.store, state.name, stored=stored)
         return UserContext.of_stored(state.name, stored, neutral, self.task, state.cluster, state.k, state.lam)
 
     def rows(self, method: str, state: UserState, prompt: str, s: DecodingSettings,
@@ -134,7 +135,10 @@ class Comparisons(Service):
             return MethodOutput(method, error=str(e))
         return self.stored(method, state, prompt, s, g)
 
-    def stored(self, method: str, state: UserState, prompt: str, s: DecodingSettings, g: Generation) -> MethodOutput:
+    def stored(self, method: str, state: UserState, prompt: str, s: DecodingSettings, g: Generation,
+               history=None) -> MethodOutput:
+        """The output stored as a generation, with its trace, note and whether it is one of the person's past texts
+        handed back (`history`: their stored items, when the caller has read them already)."""
         try:  # a method's trace, kept in the store only when it is plain JSON (CARD's tensors are not)
             info = {"trace": g.trace} if g.trace and json.dumps(g.trace) else {}
         except TypeError:
@@ -142,7 +146,7 @@ class Comparisons(Service):
         note = getattr(g, "note", None)  # why the method did what it did (CARD falling back to the cluster model)
         if note:
             info["note"] = str(note)
-        if repeat := self.histories.repeat_line(state.name, g.text):  # an old text handed back, for every method
+        if repeat := self.histories.repeat_line(state.name, g.text, history):  # an old text handed back, any method
             info["repeats"] = repeat
         gid = self.store.add_generation(state.name, self.engine.artifacts_id, method, prompt, g.text,
                                         generation_settings(state, s), g.latency_s, g.n_tokens, info)
@@ -165,7 +169,8 @@ class Comparisons(Service):
         same tokens, the row's note and what it retrieved), stored at once."""
         state, prompt = plan.state, plan.prompt
         # read by the first column that needs it, for all (they are built one at a time, under the model lock)
-        person = functools.cache(lambda: self.person(state))
+        history = functools.cache(lambda: self.store.items(state.name))  # read once, for every column and mark
+        person = functools.cache(lambda: self.person(state, history()))
         events: queue.Queue = queue.Queue()
         tok, eos = self.engine.tok, self.engine.tok.eos_token_id
         tokens: dict[str, list[int]] = {m: [] for m in plan.order}
@@ -205,7 +210,7 @@ class Comparisons(Service):
             if not isinstance(g, Exception):
                 try:
                     g = replace(g, latency_s=last_token.get(m, time.perf_counter()) - pressed)
-                    return self.stored(m, state, prompt, s, g)
+                    return self.stored(m, state, prompt, s, g, history())
                 except FAILED as e:
                     g = e
             return MethodOutput(m, error=str(g))

@@ -162,11 +162,12 @@ class Histories(Service):
         except StoreError:  # not stored (yet), or not a valid name
             return []
 
-    def repeat_line(self, name: str | None, text: str) -> str | None:
+    def repeat_line(self, name: str | None, text: str, items=None) -> str | None:
         """"repeats your text 12" (word for word, or "nearly": within ROUGE-L 0.8) when `text` is one of the
-        person's stored texts handed back, else None: the page marks it on every method's output (issue 57)."""
+        person's stored texts handed back, else None: the page marks it on every method's output (issue 57).
+        `items`: the person's stored items, where the caller has read them already."""
         try:
-            items = self.store.items(name) if name else []
+            items = items if items is not None else self.store.items(name) if name else []
         except StoreError:
             return None
         r = repeated_text(text, [s.y for s in items])

@@ -47,6 +47,7 @@ def test_a_past_text_handed_back_scores_nothing_unless_it_is_the_answer():
     assert repeated_text("fix typo in readme.", past) == Repeat(0, True)  # case and punctuation aside
     assert repeated_text("Bump version to 1.18.3", past) == Repeat(1, False)  # within ROUGE-L 0.8
     assert repeated_text("Add retries to the proxy pool", past) is None and repeated_text("", past) is None
+    assert repeated_text("Add support for HTTP/3\nand a second line", past) == Repeat(2, True)  # a line handed back
     golds = ["Fix typo in the docs", "Bump version to 1.18.2", "Add support for HTTP/3 proxies"]
     outs = ["Fix typo in README", "bump version to 1.18.2", "Add HTTP/3 proxies"]
     res = copy_aware(outs, golds, [past] * 3)

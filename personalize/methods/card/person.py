@@ -8,6 +8,7 @@ interrupted or failed fit leaves the previous vector in place.
 from __future__ import annotations
 
 import time
+from typing import Sequence
 
 import numpy as np
 
@@ -21,12 +22,12 @@ from personalize.methods.card.onboard import UserFit
 from personalize.store import Store, StoredItem
 
 
-def stored_with_rewrites(engine: Engine, store: Store, name: str,
-                         progress=None) -> tuple[list[StoredItem], dict[int, str]]:
-    """The user's stored items, read once, and their neutral rewrites (§1.8) by index: the missing ones are
-    generated once and stored, so every item without a prompt has one; one stored before rewrites had to keep
-    their content (keeps_content) is made again."""
-    stored = store.items(name)
+def stored_with_rewrites(engine: Engine, store: Store, name: str, progress=None,
+                         stored: Sequence[StoredItem] | None = None) -> tuple[list[StoredItem], dict[int, str]]:
+    """The user's stored items, read once (`stored`: read by the caller already), and their neutral rewrites (§1.8)
+    by index: the missing ones are generated once and stored, so every item without a prompt has one; one stored
+    before rewrites had to keep their content (keeps_content) is made again."""
+    stored = list(store.items(name) if stored is None else stored)
     if not stored:
         raise ValueError(f"user {name!r} has no history items")
     todo = [i for i, s in enumerate(stored) if not s.x and not (s.neutral and keeps_content(s.y, s.neutral))]
