@@ -67,7 +67,8 @@ def repeated_text(output: str, past: Sequence[str], near: float = NEAR) -> Repea
     for part in parts:
         if plain_words(part) in texts:
             return Repeat(texts.index(plain_words(part)), True)
-    scored = [(_scorer().score(t, part)["rougeL"].fmeasure, i) for part in parts for i, t in enumerate(past) if texts[i]]
+    scored = [(_scorer().score(t, part)["rougeL"].fmeasure, i)
+              for part in parts for i, t in enumerate(past) if texts[i]]
     best = max(scored, default=(0.0, -1))
     return Repeat(best[1], False) if best[0] >= near else None
 
@@ -93,7 +94,8 @@ def repeat_shares(texts: Sequence[str], pasts: Sequence[Sequence[str]], near: fl
 
 def _shares(found: Sequence[Repeat | None]) -> dict:
     n = max(len(found), 1)
-    return {"repeats": sum(bool(r and r.exact) for r in found) / n, "repeats_near": sum(r is not None for r in found) / n}
+    return {"repeats": sum(bool(r and r.exact) for r in found) / n,
+            "repeats_near": sum(r is not None for r in found) / n}
 
 
 _UNIT = re.compile(r"\w+|[^\w\s]+")  # a word, or a run of punctuation ("...", "****" are one unit each)

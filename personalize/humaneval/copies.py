@@ -9,6 +9,7 @@ from functools import lru_cache
 from typing import Callable, Sequence
 
 from personalize.metrics import repeated_text
+from personalize.store import StoreError
 
 
 def mark_copies(rows: Sequence[dict], past_of: Callable[[dict], Sequence[str]]) -> list[dict]:
@@ -38,8 +39,6 @@ def without_copies(rows: Sequence[dict]) -> list[dict]:
 def stored_texts(store) -> Callable[[dict], list[str]]:
     """past_of for mark_copies over the blind votes: the texts of the row's `user` in a Store, [] for a person
     forgotten or not this login's (read once a person)."""
-    from personalize.store import StoreError
-
     @lru_cache(maxsize=None)
     def texts(user: str | None) -> tuple[str, ...]:
         try:

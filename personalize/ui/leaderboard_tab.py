@@ -20,7 +20,8 @@ def standings(studio, leave_out_copies: bool = False):
               f"{cp['won_by_a_copy']} vote{'' if cp['won_by_a_copy'] == 1 else 's'} went to the copy"
               + (" (those pairs left out here)." if leave_out_copies else "."))
     if not lb["methods"]:
-        return ("No votes yet: cast some in *Quick pair*." if not cp["pairs"] else "No votes left." + copies, [], None, None)
+        empty = "No votes yet: cast some in *Quick pair*." if not cp["pairs"] else "No votes left." + copies
+        return empty, [], None, None
     bt, heat = leaderboard_figures(lb)
     rows = [[r[c] for c in COLUMNS] for r in lb["methods"]]
     n = lb["n_votes"]

@@ -77,7 +77,8 @@ class PastTextGuard(LogitsProcessor):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if self.prompt_length is None:
             self.prompt_length = input_ids.shape[1]
-            for r, row in enumerate(input_ids.tolist() if self.prompt_exempt else []):  # the prompt's own runs stay writable (not across padding)
+            # the prompt's own runs stay writable (not across padding)
+            for r, row in enumerate(input_ids.tolist() if self.prompt_exempt else []):
                 for prefix, nxt in _grams([row], self.limits[r]).items():
                     if prefix in self.grams[r] and self.eos not in prefix:
                         self.grams[r][prefix] -= nxt - {self.eos}

@@ -216,10 +216,12 @@ def guard_verdict(card: Sequence[float], cluster: Sequence[float], alpha: float,
         f" near the clusters ({apart} beyond them judged apart, on their own adapters)" if apart else
         f" (fewer than the {MIN_PEOPLE} wanted: the data has no more)" if len(card) < MIN_PEOPLE else "")
     if kept:
-        why = f"card kept (α = {alpha}): card − cluster copy-aware ROUGE-L {gain['mean']:+.4f} {gain['ci95']} {where}"
+        why = (f"card kept (α = {alpha}): card − cluster copy-aware ROUGE-L {gain['mean']:+.4f} {gain['ci95']} "
+               f"{where}")
     else:
         why = (f"card decodes as the cluster model (α = 0): the chosen setting (α = {alpha}) did not beat it, "
-               f"card − cluster copy-aware ROUGE-L {gain['mean']:+.4f} {gain['ci95']} {where}, an interval not above 0")
+               f"card − cluster copy-aware ROUGE-L {gain['mean']:+.4f} {gain['ci95']} {where}, an interval not "
+               "above 0")
     return {"kept": kept, "alpha_chosen": alpha, "alpha": alpha if kept else 0.0, "people": len(card),
             "card_minus_cluster": gain, "why": why}
 
