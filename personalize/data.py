@@ -317,7 +317,8 @@ def _clean(items: Sequence[Item], max_items: int, source: str) -> History:
 
 
 def parse_history(text: str, max_items: int = 500, max_chars: int = 2_000_000) -> list[Item]:
-    """A pasted history: blank-line separated blocks if there are blank lines, else one item per line."""
+    """A pasted history: blank-line separated blocks if there are blank lines, else one item per line; newest
+    first (LaMP's order), a paste read as written, its last line the newest (as_written)."""
     if len(text) > max_chars:
         raise HistoryError(f"history is {len(text):,} characters ({_size(len(text))}); the limit is {max_chars:,}")
     _check_text(text, "history")
@@ -325,8 +326,8 @@ def parse_history(text: str, max_items: int = 500, max_chars: int = 2_000_000) -
 
 
 def history_text(texts: Sequence[str]) -> str:
-    """Texts as a paste that parse_history reads back: one a line, or blocks separated by a blank line when a text
-    has several lines."""
+    """Texts (in the order written, oldest first) as a paste that parse_history reads back: one a line, or blocks
+    separated by a blank line when a text has several lines."""
     return ("\n\n" if any("\n" in t for t in texts) else "\n").join(texts)
 
 
@@ -335,7 +336,15 @@ def _blocks(text: str, max_items: int, source: str) -> list[Item]:
     text = text.replace("\r\n", "\n").replace("\r", "\n").strip()
     blank = re.compile(r"\n[ \t]*\n")
     parts = blank.split(text) if blank.search(text) else text.split("\n")
-    return _clean([Item(y=p) for p in parts], max_items, source)
+    return as_written(_clean([Item(y=p) for p in parts], max_items, source))
+
+
+def as_written(items: History) -> History:
+    """Items in the order written (oldest first, as a paste or a diary runs) turned newest first, LaMP's order that
+    the store keeps: a fit holds out the first items, so a paste's are its last lines (issue 59)."""
+    out = History(reversed(items))
+    out.duplicates = items.duplicates
+    return out
 
 
 def _from_jsonl(text: str, name: str) -> list[Item]:
@@ -374,12 +383,13 @@ def _when(value) -> float | None:
     return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
 
 
-def newest_first(items: Sequence[Item], dates: Sequence[Any]) -> list[Item]:
-    """The items newest first (LaMP's order) when every one has a date, else in the order given: a fit holds out
-    the first items, so a dated history's are its newest whichever way its file is sorted (issue 59)."""
+def newest_first(items: Sequence[Item], dates: Sequence[Any], written: bool = True) -> list[Item]:
+    """The items newest first (LaMP's order) by their dates when every one has one, so a dated history holds out
+    its newest whichever way its file is sorted (issue 59); else in the order written, the last the newest, as
+    a paste (`written` False: in LaMP's order already, a LaMP profile)."""
     when = [_when(d) if d is not None else None for d in dates]
     if not items or any(w is None for w in when):
-        return list(items)
+        return list(reversed(items)) if written else list(items)
     return [it for _, it in sorted(zip(when, items), key=lambda p: -p[0])]
 
 
@@ -423,7 +433,8 @@ def _from_json(text: str, name: str) -> list[Item]:
         if item is None:
             raise HistoryError(f"{name}: item {j} has no \"text\", \"output\" or \"title\" field")
         items.append(item)
-    return newest_first(items, [_date_of(p) for p in profile])
+    # a LaMP profile is newest first; a plain list of texts is read as written, as a paste
+    return newest_first(items, [_date_of(p) for p in profile], written=not isinstance(obj, dict))
 
 
 def read_history_file(path: str | Path, task: Task | None = None, max_bytes: int = 5_000_000,
@@ -450,7 +461,7 @@ def read_history_file(path: str | Path, task: Task | None = None, max_bytes: int
     _check_text(text, name)
     suffix = path.suffix.lower()
     if suffix not in (".jsonl", ".csv", ".json"):
-        return _blocks(text, max_items, name)
+        return _blocks(text, max_items, name)  # read as a paste
     items = {".jsonl": _from_jsonl, ".csv": _from_csv, ".json": _from_json}[suffix](text, name)
     if task is not None:  # an input that is not yet a prompt gets the task's template
         items = [replace(it, x=it.x if not it.x or (task.prefix and it.x.startswith(task.prefix)) else task.prompt(it.x))

@@ -115,3 +115,15 @@ def ray_local():
     ray = connect(RayConfig(num_cpus=2))
     yield ray
     ray.shutdown()
+
+
+def rephrasing(monkeypatch) -> None:
+    """Neutral rewrites that say the text's words in another order, through the real check (neutral.neutral):
+    what a model that rewrites gives and the tiny random one cannot (its rewrites are refused and the text, tidied,
+    is the prompt, which gives a held-out item's answer away: person.held_out_order). For the tests of the page
+    around held-out items (Explore, Fit's check) on pasted histories."""
+    from personalize.methods.engine import neutral
+
+    monkeypatch.setattr("personalize.methods.engine.raw_rewrites",
+                        lambda engine, texts: [" ".join(reversed(t.split())) for t in texts])
+    assert neutral("the bus was late", "late was bus the") == "late was bus the"

@@ -110,10 +110,11 @@ def test_read_real_dev_files(name: str, task: str, n: int) -> None:
 
 
 def test_parse_history_lines_and_blocks() -> None:
-    assert parse_history("  first  \n\nsecond\n") == [Item("first"), Item("second")]  # blank line: blocks
-    assert parse_history("one\ntwo\n one\nthree\r\n") == [Item("one"), Item("two"), Item("three")]
+    # read as written (the last the newest), stored newest first
+    assert parse_history("  first  \n\nsecond\n") == [Item("second"), Item("first")]  # blank line: blocks
+    assert parse_history("one\ntwo\n one\nthree\r\n") == [Item("three"), Item("two"), Item("one")]
     blocks = parse_history("a long post\nover two lines\n\n \nanother\n\n\na long post\nover two lines")
-    assert blocks == [Item("a long post\nover two lines"), Item("another")]
+    assert blocks == [Item("another"), Item("a long post\nover two lines")] and blocks.duplicates == 1
 
 
 @pytest.mark.parametrize(
@@ -134,26 +135,26 @@ def test_parse_history_errors(text: str, kwargs: dict, msg: str) -> None:
 
 def test_read_history_file_formats(tmp_path: Path) -> None:
     (tmp_path / "h.txt").write_text("one\ntwo\n")
-    assert read_history_file(tmp_path / "h.txt") == [Item("one"), Item("two")]
+    assert read_history_file(tmp_path / "h.txt") == [Item("two"), Item("one")]  # undated: as written
 
     rows = ['"just a string"', '{"text": "a text"}', "", '{"output": "an out", "input": "raw in"}', '{"y": "why", "x": "ex"}']
     (tmp_path / "h.jsonl").write_text("\n".join(rows))
-    assert read_history_file(tmp_path / "h.jsonl") == [Item("just a string"), Item("a text"), Item("an out", "raw in"),
-                                                        Item("why", "ex")]
+    assert read_history_file(tmp_path / "h.jsonl") == [Item("why", "ex"), Item("an out", "raw in"), Item("a text"),
+                                                        Item("just a string")]
     t = TASKS["tweets"]
-    assert read_history_file(tmp_path / "h.jsonl", task=t)[2] == Item("an out", t.prompt("raw in"))
+    assert read_history_file(tmp_path / "h.jsonl", task=t)[1] == Item("an out", t.prompt("raw in"))
 
     (tmp_path / "h.csv").write_text('id,Text,input\n1,"hello, world",\n2,bye,in\n')
-    assert read_history_file(tmp_path / "h.csv") == [Item("hello, world"), Item("bye", "in")]
+    assert read_history_file(tmp_path / "h.csv") == [Item("bye", "in"), Item("hello, world")]
     (tmp_path / "first.csv").write_text("id,post\n1,hi there\n2,again\n")
-    assert read_history_file(tmp_path / "first.csv") == [Item("hi there"), Item("again")]  # first column with text
+    assert read_history_file(tmp_path / "first.csv") == [Item("again"), Item("hi there")]  # first column with text
 
     s = TASKS["scholarly_titles"]
     lamp = [{"id": "q", "input": "i", "profile": [{"id": "p", "title": "T", "abstract": "Abs."}]}]
     (tmp_path / "q.json").write_text(json.dumps(lamp))
     assert read_history_file(tmp_path / "q.json") == [Item("T", s.prompt("Abs."), "p")]
     (tmp_path / "p.json").write_text(json.dumps([{"text": "t1"}, "t2"]))
-    assert read_history_file(tmp_path / "p.json") == [Item("t1"), Item("t2")]
+    assert read_history_file(tmp_path / "p.json") == [Item("t2"), Item("t1")]  # a plain list: as written
 
 
 @pytest.mark.parametrize(

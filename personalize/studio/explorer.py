@@ -12,7 +12,7 @@ import math
 import re
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -20,7 +20,7 @@ import numpy as np
 from personalize.methods.card import onboard
 from personalize.serving.settings import DecodingSettings
 from personalize.data import Item
-from personalize.methods.card.person import prepared_items
+from personalize.methods.card.person import held_out_numbers, prepared_items
 from personalize.metrics import copy_aware, paired_interval, rouge_scores
 from personalize.schema import as_starter
 from personalize.studio.fits import decoded_verdict
@@ -39,12 +39,20 @@ def _same(text: str) -> str:
 
 def split_held_out(items: Sequence[Item], n_holdout: int) -> tuple[list[Item], list[Item], int]:
     """(held out, the rest to fit on, how many repeats of a held-out item were set aside): the first `n_holdout`
-    items (the newest) are held out, and any other item whose text or prompt equals one of theirs is left out of
-    the rest too, so no copy of a held-out answer reaches the fit, the memory or the retrieved items."""
+    items (the newest that may be: onboard.HoldOrder; Explorer.explore checks how many may) are held out, and any
+    other item whose text or prompt equals one of theirs is left out of the rest too, so no copy of a held-out
+    answer reaches the fit, the memory or the retrieved items."""
     held = list(items[:n_holdout])
     texts, prompts = {_same(it.y) for it in held}, {_same(it.x) for it in held if it.x}
     rest = [it for it in items[n_holdout:] if _same(it.y) not in texts and not (it.x and _same(it.x) in prompts)]
     return held, rest, len(items) - n_holdout - len(rest)
+
+
+def no_prompt_without_answer(n_holdable: int, n_items: int, n_holdout: int) -> str:
+    """Why fewer items than asked can be held out: the others' neutral rewrites nearly repeat them."""
+    return (f"only {n_holdable} of your {n_items} items can be held out, not {n_holdout}: the neutral rewrite of "
+            f"the other {n_items - n_holdable} nearly repeats the text itself (short texts, such as commit "
+            "subjects, often do), so a held-out prompt would give its answer away")
 
 
 def check_alphas(alphas: Sequence[float]) -> list[float]:
@@ -85,6 +93,7 @@ class Sweep:
     n_set_aside: int  # repeats of a held-out item left out of the fit
     default_alpha: float
     own: bool = False  # decoded over an own adapter trained without the held-out items (a cluster of one)
+    numbers: list[int] = field(default_factory=list)  # the held-out items' numbers in My writing
 
     def best_alpha(self) -> SweepPoint:
         """Ranked by the copy-aware score: an α that wins by handing back old texts loses."""
@@ -102,6 +111,7 @@ class HeldOutCheck:
     own: bool  # the base is the person's own adapter (else their cluster's model)
     card_repeats: int = 0  # held-out items whose card output repeats one of the person's other texts
     base_repeats: int = 0
+    numbers: tuple[int, ...] = ()  # the held-out items' numbers in My writing
 
 
 class Explorer(Service):
@@ -123,6 +133,8 @@ class Explorer(Service):
                              f"history items ({n_holdout} held out, the rest to fit λ); {name!r} has "
                              f"{len(items)}" + (f", {set_aside} of them repeating a held-out one"
                                                 if set_aside else ""))
+        if n_holdout > onboard.holdable(items):
+            raise ValueError(no_prompt_without_answer(onboard.holdable(items), len(items), n_holdout))
         if progress:
             progress(0.0, "holding out your newest items")  # the model was ours once: a waiting page says running
         prompts, golds = [it.x for it in held], [it.y for it in held]
@@ -170,7 +182,8 @@ class Explorer(Service):
                 for m in ("cluster", "card"):
                     k_rows.append(point(m, k, c, s.alpha))
                     tick(f"K = {k} ({m})")
-            return Sweep(alpha_rows, k_rows, golds, prompts, len(rest), set_aside, s.alpha, own is not None)
+            return Sweep(alpha_rows, k_rows, golds, prompts, len(rest), set_aside, s.alpha, own is not None,
+                         held_out_numbers(held, len(held)))
         finally:
             if own:
                 self.engine.own.forget(own)  # the sweep's adapter: never the person's
@@ -186,8 +199,8 @@ class Explorer(Service):
         the same held-out items (a third of the history, 2 to 8), each item's ROUGE-L paired. None where the build
         decodes card at α = 0 or the history is too short to hold any out. Scored copy-aware: an output that
         repeats one of the person's other texts and is not the held-out answer counts as a miss."""
-        a, n_items = self.engine.cfg.decoding.alpha, len(self.store.items(name))
-        n_holdout = min(8, n_items // 3)
+        a, (n_items, n_holdable) = self.engine.cfg.decoding.alpha, self.held_out_room(name)
+        n_holdout = min(8, n_items // 3, n_holdable)
         if a <= 0 or n_holdout < 2:
             return None
         sweep = self.explore(name, [0.0, a], n_holdout, progress=progress, with_k=False,
@@ -195,7 +208,8 @@ class Explorer(Service):
         base, card = sweep.alpha
         return HeldOutCheck(a, card.copy_aware, base.copy_aware,
                             paired_interval(np.subtract(card.per_item, base.per_item), n_boot=2000), sweep.own,
-                            round(card.repeats * len(sweep.golds)), round(base.repeats * len(sweep.golds)))
+                            round(card.repeats * len(sweep.golds)), round(base.repeats * len(sweep.golds)),
+                            tuple(sweep.numbers))
 
     def verdict(self, name: str, progress: Callable[[float, str], None] | None = None) -> str:
         """Fit's verdict by decoding (check), in words, and the decision it makes: card decodes with the style
@@ -213,7 +227,18 @@ class Explorer(Service):
             return decoded_verdict(check, self.engine.cfg.style.fallback)
         if self.engine.cfg.decoding.alpha <= 0:
             return "This build decodes card at α = 0, so your base is what it writes; Explore sweeps α for you."
+        n_items, n_holdable = self.held_out_room(name)
+        if n_items // 3 >= 2 > n_holdable:
+            return (f"No check by decoding: {no_prompt_without_answer(n_holdable, n_items, 2)}. Compare's outputs "
+                    f"and your votes are the check here; card decodes your style at this build's α = "
+                    f"{self.engine.cfg.decoding.alpha:g}.")
         return "Too few items to hold some out and decode them (6 or more); Explore says what it needs."
+
+    def held_out_room(self, name: str) -> tuple[int, int]:
+        """(the person's items, how many may be held out: person.held_out_order), rewrites made where missing."""
+        with self.model_lock.background:
+            items = prepared_items(self.engine, self.store, name)
+        return len(items), onboard.holdable(items)
 
     def check_line(self, since: float, running: tuple[float, float, str] | None, now: float | None = None) -> str:
         """Fit's decoded check while it waits, in words: what it waits for (the model, which work nobody waits on

@@ -18,7 +18,7 @@ from personalize.methods.card.votes import Refinement, Vote, VoteFeatures, refin
 from personalize.methods.base import fingerprint
 from personalize.methods.card.onboard import UserFit
 from personalize.methods.card.style import UserStyle
-from personalize.studio.histories import Histories
+from personalize.studio.histories import Histories, number_ranges
 from personalize.studio.service import Service
 
 
@@ -78,7 +78,8 @@ def decoded_verdict(check, fallback: bool) -> str:
     Explore's rows at α = 0 and the build's α show for the same held-out items, and what Compare then decodes."""
     d, n, base = check.difference, check.difference["n"], "your own adapter" if check.own else "your cluster's model"
     lo, hi = d["ci95"]
-    return (f"Decoded on your first {n} items as saved, held out (Explore with {n} held out shows these two rows): "
+    which = f" ({number_ranges(check.numbers)} in My writing)" if check.numbers else ""
+    return (f"Decoded on your newest {n} items{which}, held out (Explore with {n} held out shows these two rows): "
             f"card at α = {check.alpha:g} scores {check.card:.3f} against {check.base:.3f} for your base at α = 0 "
             f"({base}), in ROUGE-L against each held-out text where an output that repeats one of your other "
             f"texts scores 0 (card repeated one in {check.card_repeats} of {n}, your base in {check.base_repeats}); "
@@ -244,7 +245,7 @@ class Fits(Service):
         if key not in self._history:
             self.engine.use_adapter(adapter)
             data = onboard.features(self.engine, items) if objective == "tokens" else onboard.user_data(self.engine, items, objective)
-            self._history[key] = (data, onboard.n_held_out(self.engine, len(items)))
+            self._history[key] = (data, onboard.n_held_out(self.engine, items))
         data, n_hold = self._history[key]
         return data, len(items), n_hold
 

@@ -13,7 +13,7 @@ from personalize.methods.card.cluster import closeness, is_member
 from personalize.methods.card.neutral import keeps_content
 from personalize.methods.card.style import UserStyle
 from personalize.data import TASKS, HistoryError, Item, history_text, parse_history, read_history_file
-from personalize.methods.card.person import prepared_items, store_assignments
+from personalize.methods.card.person import held_out_order, prepared_items, store_assignments
 from personalize.metrics import repeated_text
 from personalize.store import StoreError
 from personalize.studio.service import Service
@@ -176,13 +176,26 @@ class Histories(Service):
         return f"repeats your text {items[r.index].position + 1}" + ("" if r.exact else " nearly")
 
     def held_out_line(self, name: str, n_hold: int) -> str:
-        """Which items a fit held out to judge itself, by their numbers in My writing: the first ones saved
-        (person.prepared_items): a paste's first lines, a dated file's newest (saved first) (issue 59)."""
+        """Which items a fit held out to judge itself, by their numbers in My writing, in person.held_out_order's
+        rule (issue 59): the newest (a paste's last lines, a dated file's by its dates), not an item whose rewrite
+        gives its answer away."""
+        stored = self.store.items(name)
+        order, n_holdable = held_out_order(stored, {i: s.neutral for i, s in enumerate(stored) if s.neutral})
         if n_hold <= 0:
-            return ""
-        numbers = sorted(s.position + 1 for s in self.store.items(name)[:n_hold])
-        return (f"Held out to judge it: your first {len(numbers)} items as saved (a paste's first lines; a file "
-                f"with dates is saved newest first): {number_ranges(numbers)} in My writing.")
+            return ("Nothing held out to judge it: the neutral rewrites of your texts nearly repeat them (short texts, "
+                    "such as commit subjects, often do), so a held-out prompt would give its answer away; "
+                    f"{n_holdable} of your {len(stored)} could be held out." if len(stored) >= 5 and
+                    n_holdable < round(self.engine.cfg.holdout * len(stored)) else "")
+        numbers = [stored[i].position + 1 for i in order[:n_hold]]
+        skipped = [stored[i].position + 1 for i in order[n_hold:] if stored[i].position + 1 < max(numbers)]
+        return (f"Held out to judge it: your newest {len(numbers)} items (a paste's last lines; a file with dates, by "
+                f"its dates): {number_ranges(numbers)} in My writing, which lists the newest first"
+                + (f"; not {number_ranges(skipped)}, whose neutral rewrite nearly repeats the text (it would give "
+                   "the answer away)" if skipped else "") + ".")
+
+    def as_paste(self, name: str | None) -> str:
+        """The person's stored history as text to paste back (oldest first, as written: data.as_written)."""
+        return history_text([row[1] for row in reversed(self.item_rows(name))])
 
     def own_item(self, name: str | None, number: float | None):
         """The person's item with this number (item_rows), or None: another person's items are never reached."""
@@ -222,7 +235,7 @@ class Histories(Service):
 
     def demo_history(self, user: str) -> str:
         """The demo person's texts as a paste that parse_history reads back (data.history_text)."""
-        return history_text([it.y for it in self.demo_items(user)])
+        return history_text([it.y for it in reversed(self.demo_items(user))])  # as written: the newest last
 
     def demo_choices(self) -> list[tuple[str, str]]:
         """The demo picker: people the build never saw first, marked "new" (they are how a newcomer is placed),

@@ -7,6 +7,7 @@ import gradio as gr
 from personalize.ui.common import EXPECTED, Markdown, _err, bind
 from personalize.ui.controls import Shared
 from personalize.studio.explorer import Sweep
+from personalize.studio.histories import number_ranges
 from personalize.ui.figures import explore_figures
 
 
@@ -40,7 +41,8 @@ def explore_message(res: Sweep) -> str:
     best, n_aside = res.best_alpha(), res.n_set_aside
     aside = (f" ({n_aside} item{'s' * (n_aside != 1)} repeating a held-out one left out of the fit too)"
              if n_aside else "")
-    return (f"Held out {len(res.golds)} items, λ fitted on {res.n_fit}{aside}; nothing of the held-out items "
+    which = f" ({number_ranges(res.numbers)} in My writing)" if res.numbers else ""
+    return (f"Held out your newest {len(res.golds)} items{which}, λ fitted on {res.n_fit}{aside}; nothing of them "
             f"is in the style, its memory or what it retrieves. Best α here: **{best.alpha}** "
             f"(ROUGE-L {best.copy_aware:.3f}, where an output that repeats one of your other texts scores 0; its "
             f"outputs repeat one in {repeats_cell(best, res)}); few items, so read it as a hint.")

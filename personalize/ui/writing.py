@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from personalize.data import TASKS, history_text
+from personalize.data import TASKS
 from personalize.display import md, md_quoting
 from personalize.studio.histories import ReplaceAsk
 from personalize.ui.common import Markdown, bind, guarded
@@ -76,7 +76,7 @@ def restore_history(studio, name, replaced_id):
     msg = studio.histories.restore_history(name, replaced_id)
     typed = name.strip()
     return (md_quoting(msg, typed), studio.histories.item_rows(typed), replaced_choices(studio, typed),
-            history_text([row[1] for row in studio.histories.item_rows(typed)]), typed)
+            studio.histories.as_paste(typed), typed)
 
 
 @guarded(3)
@@ -133,7 +133,8 @@ def build(studio, shared: Shared) -> None:
                          file_types=[".txt", ".jsonl", ".csv", ".json"], elem_id="upload")
         save_btn = gr.Button("Save history", variant="primary", elem_id="save-history")
         status = Markdown(elem_id="writing-status")
-        items = gr.Dataframe(headers=["#", "text", "neutral rewrite"], interactive=False, label="Stored items",
+        items = gr.Dataframe(headers=["#", "text", "neutral rewrite"], interactive=False,
+                             label="Stored items, newest first (a paste's last line is 1)",
                              elem_id="items")
         with gr.Row():
             item_id = gr.Textbox(label="Item number", placeholder="the # of an item above", max_lines=1,

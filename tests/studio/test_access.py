@@ -62,7 +62,7 @@ def test_a_login_reaches_only_the_people_it_made(studio):
             studio.save_from("ana-notes", "\n".join(BEN), None, task, replace=True)
         assert not any("ana" in json.dumps(r) for r in studio.runtime.store.generations())
     with acting_as("ana"):
-        assert [s.y for s in studio.runtime.store.items("ana-notes")] == ANA  # untouched
+        assert [s.y for s in studio.runtime.store.items("ana-notes")] == ANA[::-1]  # untouched
         assert studio.histories.user_names() == ["ana-notes"]
     with acting_as("root"):  # an admin sees everyone
         assert studio.histories.user_names() == ["ana-notes", "ben-log"]
@@ -139,13 +139,13 @@ def test_save_asks_before_replacing_and_the_replaced_history_comes_back(tiny_art
         s.save_from("kim", "\n".join(ANA), None, task, replace=False)  # a new name: saved at once
         with pytest.raises(ReplaceAsk, match="already has 6 stored items"):
             s.save_from("kim", "\n".join(BEN[:4]), None, task, replace=False)
-        assert [x.y for x in s.runtime.store.items("kim")] == ANA  # asked, nothing replaced
+        assert [x.y for x in s.runtime.store.items("kim")] == ANA[::-1]  # asked, nothing replaced
         s.save_from("kim", "\n".join(BEN[:4]), None, task, replace=True)
-        assert [x.y for x in s.runtime.store.items("kim")] == BEN[:4]
+        assert [x.y for x in s.runtime.store.items("kim")] == BEN[:4][::-1]
         (label, rid), = s.histories.replaced_choices("kim")
         assert "6 items" in label
         assert "Restored 6 items" in s.histories.restore_history("kim", rid)
-        assert [x.y for x in s.runtime.store.items("kim")] == ANA
+        assert [x.y for x in s.runtime.store.items("kim")] == ANA[::-1]
         (label, _), = s.histories.replaced_choices("kim")  # the history it replaced is kept in turn
         assert "4 items" in label
         s.own_data.forget("kim", True)
@@ -200,7 +200,7 @@ def test_two_logins_over_http(two_logins):
     msg = ben.predict("harbour", "\n".join(BEN), None, task, None, api_name="/save_history")[0]
     msg2 = ben.predict("harbour", "\n".join(BEN), None, task, None, api_name="/save_history")[0]  # "confirmed"
     assert "taken" in msg and "taken" in msg2, (msg, msg2)
-    assert [s.y for s in studio.runtime.store.items("harbour")] == ANA
+    assert [s.y for s in studio.runtime.store.items("harbour")] == ANA[::-1]
     assert "taken" in ben.predict("harbour", True, api_name="/forget")[0]
     ben_cookies = httpx.post(f"{url}login", data={"username": "ben", "password": "pb"}).cookies
     assert "harbour" not in httpx.get(f"{url}config", cookies=ben_cookies).text  # the page itself names no one
@@ -225,7 +225,7 @@ def test_two_logins_over_http(two_logins):
     gone = httpx.get(link, cookies=cookies)  # the link she was given serves nothing: Gradio answers a file that is
     assert gone.status_code in (403, 404) and b"harbour" not in gone.content  # not there 403, as one not allowed
     with acting_as("ben"):
-        assert [s.y for s in studio.runtime.store.items("ben-log")] == BEN
+        assert [s.y for s in studio.runtime.store.items("ben-log")] == BEN[::-1]
         assert any("meter prompt of ben" in g["prompt"] for g in studio.runtime.store.generations())
 
 
@@ -281,7 +281,7 @@ def test_a_name_another_login_holds_is_taken_on_every_tab(two_logins):
     for tab, line in said.items():
         assert "is taken" in line and "unknown" not in line, (tab, line)
     with acting_as("ana"):
-        assert [s.y for s in studio.runtime.store.items("ana-sketches")] == ANA
+        assert [s.y for s in studio.runtime.store.items("ana-sketches")] == ANA[::-1]
 
 
 # ---------------------------------------------------------------- every route, as the other login

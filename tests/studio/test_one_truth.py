@@ -83,7 +83,6 @@ def dated(tmp_path, name: str, newest_first: bool):
 
 def test_a_dated_history_is_held_out_by_its_dates_whichever_way_it_is_sorted(studio, tmp_path):
     from personalize.data import read_history_file
-    from personalize.methods.card.onboard import n_held_out
     from personalize.methods.card.person import held_out_numbers, prepared_items
 
     engine, held = studio.runtime.engine, {}
@@ -92,20 +91,52 @@ def test_a_dated_history_is_held_out_by_its_dates_whichever_way_it_is_sorted(stu
         assert [it.y for it in items] == (LINES + ["last one, newest"])[::-1]  # newest first, as LaMP lists them
         studio.histories.save_history(f"dated-{order}", items, "tweets")
         got = prepared_items(engine, studio.runtime.store, f"dated-{order}")
-        n = n_held_out(engine, len(got))
-        held[order] = [it.y for it in got[:n]]
-        assert n >= 2 and held_out_numbers(got, n) == list(range(1, n + 1))
+        held[order] = [it.y for it in got[:3]]
+        assert held_out_numbers(got, 3) == [1, 2, 3]
     assert held["oldest"] == held["newest"] and held["oldest"][0] == "last one, newest"
 
 
-def test_a_paste_holds_out_its_first_lines_and_fit_names_them(studio):
+def test_a_paste_holds_out_its_last_lines_and_fit_names_them(studio):
     from personalize.ui import fit
 
-    studio.save_from("paster", "\n".join(LINES), None, "tweets")
+    studio.save_from("paster", "\n".join(LINES), None, "tweets")  # written oldest first: the last line is the newest
+    rows = studio.histories.item_rows("paster")
+    assert [r[1] for r in rows] == LINES[::-1] and studio.histories.as_paste("paster") == "\n".join(LINES)
     line = studio.histories.held_out_line("paster", 3)
-    assert line.startswith("Held out to judge it: your first 3 items") and line.endswith(": 1-3 in My writing.")
+    assert line.startswith("Held out to judge it: your newest 3 items (a paste's last lines") and ": 1-3 in My" in line
     msg = fit.fit(studio, "paster", None, progress=lambda *a, **k: None)[0]
-    assert "Held out to judge it: your first" in msg
+    assert "Held out to judge it: your newest" in msg
+
+
+def test_a_rewrite_that_gives_the_answer_away_is_not_held_out(studio):
+    """"changelog" → "Changelog.": a fit judged on it would be judged on an answer its prompt holds (issue 59)."""
+    from personalize.methods.card.person import held_out_order, prepared_items
+
+    store = studio.runtime.store
+    studio.save_from("giver", "\n".join(LINES), None, "tweets")
+    prepared_items(studio.runtime.engine, store, "giver")  # the rewrites made and stored
+    stored = store.items("giver")
+    store.set_neutral([(stored[1].id, stored[1].y.upper() + ".")])  # item 2's rewrite: its own text
+    stored = store.items("giver")
+    for s in stored:  # every other rewrite a sentence of its own (the tiny model's fall back to the text)
+        if s.position != 1:
+            store.set_neutral([(s.id, f"It was fine, I guess, the {s.y.split()[3]}.")])  # keeps its content
+    stored = store.items("giver")
+    order, holdable = held_out_order(stored, {i: s.neutral for i, s in enumerate(stored) if s.neutral})
+    assert order[:3] == [0, 2, 3] and order[-1] == 1 and holdable == len(LINES) - 1
+    got = prepared_items(studio.runtime.engine, store, "giver")
+    assert [it.id for it in got[:3]] == ["1", "3", "4"] and got[-1].id == "2"
+    line = studio.histories.held_out_line("giver", 3)
+    assert ": 1, 3-4 in My writing" in line and "not 2, whose neutral rewrite nearly repeats the text" in line
+
+
+def test_an_opened_history_pastes_back_as_it_was_written(studio):
+    """Restore's text box and the demo text read back by Save keep the order: a round trip never reverses it."""
+    from personalize.data import parse_history
+
+    studio.save_from("roundtrip", "\n".join(LINES), None, "tweets")
+    again = parse_history(studio.histories.as_paste("roundtrip"))
+    assert [it.y for it in again] == [r[1] for r in studio.histories.item_rows("roundtrip")]
 
 
 def test_number_ranges():
@@ -114,10 +145,10 @@ def test_number_ranges():
     assert number_ranges([20, 3, 18, 19]) == "3, 18-20" and number_ranges([7]) == "7"
 
 
-def test_a_csv_is_ordered_by_its_dates_and_an_undated_file_as_given(tmp_path):
+def test_a_csv_is_ordered_by_its_dates_and_an_undated_file_as_written(tmp_path):
     from personalize.data import read_history_file
 
     (tmp_path / "d.csv").write_text("text,date\nthird,2026-03-01T10:00:00Z\nfirst,2026-01-01\nsecond,1770000000\n")
     assert [it.y for it in read_history_file(tmp_path / "d.csv")] == ["third", "second", "first"]
     (tmp_path / "u.csv").write_text("text,date\nthird,2026-03-01\nfirst,\nsecond,2026-02-01\n")  # one undated
-    assert [it.y for it in read_history_file(tmp_path / "u.csv")] == ["third", "first", "second"]
+    assert [it.y for it in read_history_file(tmp_path / "u.csv")] == ["second", "first", "third"]  # as written

@@ -455,7 +455,7 @@ def test_the_decoded_verdicts_fallback_is_the_persons_base():
 
     for own, base in ((True, "your own adapter"), (False, "your cluster's model")):
         check = SimpleNamespace(difference={"n": 8, "mean": -0.2, "ci95": [-0.3, -0.1]}, own=own, alpha=1.0,
-                                card=0.3, base=0.5, card_repeats=1, base_repeats=0)
+                                card=0.3, base=0.5, card_repeats=1, base_repeats=0, numbers=(1, 2, 3))
         said = decoded_verdict(check, fallback=True)
         assert f"({base})" in said and f"So Compare shows {base}'s output for card (the fallback)" in said
         assert own is False or "cluster's model" not in said

@@ -601,8 +601,9 @@ def test_a_cluster_of_one_trains_in_the_background_refits_the_style_over_it_and_
     monkeypatch.setattr(onboard, "is_far", lambda engine, k, d: True)  # everyone is far: the switch Save reads
     monkeypatch.setattr(studio.runtime, "cfg", dataclasses.replace(studio.runtime.cfg, own_adapters=True))
     monkeypatch.setattr(eng, "cfg", dataclasses.replace(eng.cfg, own=dataclasses.replace(eng.cfg.own, far=True)))
-    text = "\n".join(it.y for it in studio.histories.demo_items("formal_01"))
-    studio.save_from("solo", text, None, "tweets")
+    # the demo person's items come with their prompts: held out, none gives its answer away (a paste's rewrites by
+    # the tiny model, its texts tidied, would: person.held_out_order)
+    studio.save_from("solo", studio.histories.demo_history("formal_01"), None, "tweets", demo="formal_01")
     studio.histories.rewrites.result()
     studio.fits.fit("solo")  # fitted before the adapter is ready: over the cluster's
     job = jobs.own_job("solo")

@@ -24,6 +24,7 @@ from personalize.ui import my_cluster as cluster, common, compare, figures, quic
 from personalize.studio.facade import Studio, StudioConfig  # noqa: E402
 
 from tools.browser import Page, chromium, served  # noqa: E402
+from conftest import rephrasing  # noqa: E402
 
 HISTORY = "\n".join(f"omg the {w} was SO good today!!! 🔥🔥" for w in
                     ["coffee", "train", "concert", "pizza", "run", "book", "match", "movie", "beach", "show"])
@@ -341,7 +342,8 @@ def test_browser_with_auth_the_rater_id_is_the_logged_in_user(auth_server, tmp_p
 
 # ---------------------------------------------------------------- in a browser
 
-def test_browser_path_paste_cluster_fit_compare_vote_leaderboard_export(server, tmp_path):
+def test_browser_path_paste_cluster_fit_compare_vote_leaderboard_export(server, tmp_path, monkeypatch):
+    rephrasing(monkeypatch)  # Explore holds items out: their prompts must not be the texts themselves
     shots = Path(os.environ.get("SCREENSHOTS") or tmp_path / "shots")
     driver = chromium(tmp_path)
     try:
@@ -654,6 +656,7 @@ def test_browser_text_from_people_and_models_is_shown_never_executed(server, tmp
     from selenium.webdriver.common.by import By
 
     studio = server["studio"]
+    rephrasing(monkeypatch)  # Explore holds items out: their prompts must not be the texts themselves
     # the population's texts (cluster examples), every method's output and note, and CARD's tokens in Why
     monkeypatch.setattr(studio.runtime, "population", {u: [XSS_IMG] for u in studio.runtime.engine.clusters.users})
     stored = studio.comparisons.stored  # every decoded output becomes a MethodOutput here (Compare, Quick pair)

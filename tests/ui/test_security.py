@@ -249,7 +249,7 @@ def test_a_history_file_with_a_dotted_name_is_read_as_the_uploaded_file(server, 
     file = {"path": path, "meta": {"_type": "gradio.FileData"}, "orig_name": "../../secret.txt"}
     kind, payload = call(url, "save_history", ["dotted", "", file, studio.runtime.task.name, None])
     assert kind == "complete" and "Saved" in payload and SECRET not in payload, payload
-    assert [it.y for it in studio.runtime.store.items("dotted")][0] == "line 0 of my own writing"
+    assert [it.y for it in studio.runtime.store.items("dotted")][0] == "line 9 of my own writing"  # the newest
 
 
 def test_names_that_become_paths_stay_in_their_folder(studio, tmp_path):

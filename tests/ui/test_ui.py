@@ -95,7 +95,7 @@ def test_history_choice_cluster_view_and_guards(studio):
     with pytest.raises(ValueError, match="pick a demo user"):
         studio.histories.demo_pick(None, "lee")
     assert studio.histories.history_from(text, None, demo) == studio.histories.demo_items(demo)  # the demo user's prompts come along
-    assert [it.y for it in studio.histories.history_from(text + "\nmore", None, demo)][-1] == "more"  # edited: a paste
+    assert [it.y for it in studio.histories.history_from(text + "\nmore", None, demo)][0] == "more"  # edited: a paste
     view = studio.clusters.cluster_view("", 3, previous=2)
     assert view.state is None and view.k == 4 and view.map.user is None
     studio.histories.save_history("mo", [Item(t) for t in LINES], "tweets")

@@ -21,6 +21,23 @@ from personalize.methods.card.style import UserStyle, fit_form, fit_lambda_bias,
 from personalize.methods.engine import Engine
 
 
+class HoldOrder(list):
+    """A person's items in the order a fit reads them, of which only the first `holdable` may be held out to judge
+    it (person.held_out_order: the others' prompts give their answers away); a plain list holds all out."""
+
+    holdable: int = 0
+
+    @classmethod
+    def of(cls, items: Sequence[Item], holdable: int) -> "HoldOrder":
+        out = cls(items)
+        out.holdable = holdable
+        return out
+
+
+def holdable(items: Sequence[Item]) -> int:
+    return items.holdable if isinstance(items, HoldOrder) else len(items)
+
+
 @dataclass
 class UserFit:
     """What a fit produced for one user, and what it cost."""
@@ -114,7 +131,7 @@ def fit(engine: Engine, items: Sequence[Item], k: int | None = None, objective: 
         return UserFit(cluster, distances, k, ones, objective, len(items), stages, cold_start=True)
     base = engine.own.activate(own) if own else None
     engine.use_adapter(base or adapter_name(k, cluster))
-    n_hold = n_held_out(engine, len(items))
+    n_hold = n_held_out(engine, items)
     if objective == "tokens":  # one pass (or the one kept), then λ + bias + memory, judged under the decoding rule
         feats = kept_pass(k, cluster, items) if kept_pass is not None and base is None else None
         if feats is None:
@@ -135,9 +152,10 @@ def fit(engine: Engine, items: Sequence[Item], k: int | None = None, objective: 
     return UserFit(cluster, distances, k, lam, objective, len(items), stages, diag, curve, style=UserStyle.of(lam))
 
 
-def n_held_out(engine: Engine, n_items: int) -> int:
-    """Items held out of a fit to judge it (the first ones: the newest, in LaMP order)."""
-    return int(round(engine.cfg.holdout * n_items)) if n_items >= 5 else 0
+def n_held_out(engine: Engine, items: Sequence[Item]) -> int:
+    """Items held out of a fit to judge it (the first ones: the newest, in LaMP order), of those that may be (a
+    HoldOrder's)."""
+    return min(int(round(engine.cfg.holdout * len(items))) if len(items) >= 5 else 0, holdable(items))
 
 
 def features(engine: Engine, items: Sequence[Item]):

@@ -14,6 +14,7 @@ import numpy as np
 
 from personalize.methods.card import onboard
 from personalize.data import Item
+from personalize.metrics import repeated_text
 from personalize.methods.card.adapters import cluster_adapter
 from personalize.methods.card.neutral import keeps_content
 from personalize.methods.card.own import owner_key
@@ -39,15 +40,29 @@ def stored_with_rewrites(engine: Engine, store: Store, name: str, progress=None,
 
 
 def prepared_items(engine: Engine, store: Store, name: str, progress=None) -> list[Item]:
-    """The user's items with every prompt filled (stored_with_rewrites), in the order saved: a fit and Explore hold
-    out the first ones (onboard.split_held_out), a paste's first lines, or a dated file's newest, which it saves
-    first (data.newest_first)."""
+    """The user's items with every prompt filled (stored_with_rewrites), in the order a fit and Explore read them
+    (held_out_order): they hold out the first ones, the newest that can be held out."""
     stored, neutral = stored_with_rewrites(engine, store, name, progress)
     # the item's number in the person's own history (as My writing and UserContext.of_stored number it)
-    return engine.prepare_items([Item(y=s.y, x=s.x, id=str(s.position + 1)) for s in stored], neutral=neutral)
+    items = engine.prepare_items([Item(y=s.y, x=s.x, id=str(s.position + 1)) for s in stored], neutral=neutral)
+    order, holdable = held_out_order(stored, neutral)
+    return onboard.HoldOrder.of([items[i] for i in order], holdable)
 
 
-def held_out_numbers(items: list[Item], n_hold: int) -> list[int]:
+def held_out_order(stored: Sequence[StoredItem], neutral: dict[int, str]) -> tuple[list[int], int]:
+    """(the stored items' indices in the order a fit reads them, how many of the first may be held out): newest first
+    (the store's order, data.newest_first: a paste's last lines, a dated file's newest), then the items whose
+    neutral rewrite nearly repeats the text itself ("changelog" → "Changelog."): held out, they would judge a fit
+    by an answer its prompt gives away (issue 59). Short texts (commit subjects) mostly are such items."""
+    def gives_answer(i: int) -> bool:
+        rewrite = neutral.get(i) if not stored[i].x else None
+        return bool(rewrite) and repeated_text(rewrite, [stored[i].y]) is not None
+    given = [gives_answer(i) for i in range(len(stored))]
+    order = [i for i in range(len(stored)) if not given[i]] + [i for i in range(len(stored)) if given[i]]
+    return order, given.count(False)
+
+
+def held_out_numbers(items: Sequence[Item], n_hold: int) -> list[int]:
     """The numbers (in the person's own history, as My writing shows them) of the items a fit holds out."""
     return sorted(int(it.id) for it in items[:n_hold] if it.id.isdigit())
 
