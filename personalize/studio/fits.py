@@ -46,11 +46,11 @@ def fit_verdict(diagnostics: dict | None, cold_start: bool = False, fallback: bo
                 f"{n_votes} vote{'s' * (n_votes != 1)} ask for it, so CARD decodes with your style.")
     if fallback:
         return (f"Your vector does not beat {base_name} on your held-out items ({a} vs {b}{sure}). What CARD "
-                "decodes for you follows the decoded check where it ran; without one, CARD will show the cluster "
-                "model's output for you; a 👍 on a CARD output asks for your style instead.")
+                f"decodes for you follows the decoded check where it ran; without one, CARD will show {base_name}'s "
+                "output for you; a 👍 on a CARD output asks for your style instead.")
     return (f"Your vector does not beat {base_name} on your held-out items ({a} vs {b}{sure}); this build "
-            f"still decodes CARD with it: {why_kept or 'it was built to keep every style'}. For your cluster "
-            "model's output, set α = 0 in Compare.")
+            f"still decodes CARD with it: {why_kept or 'it was built to keep every style'}. For {base_name}'s "
+            "output, set α = 0 in Compare.")
 
 
 def interval_word(lo: float, hi: float) -> str:

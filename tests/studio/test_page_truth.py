@@ -263,7 +263,7 @@ def test_a_losing_style_is_said_beside_what_card_decodes(studio, fitted, monkeyp
     (row,) = studio.comparisons.rows("card", studio.histories.user_state("vera"), studio.runtime.task.prompt("the bus"), s)
     status = next(compare.compare(studio, "vera", "the bus", True, None, ["card"], 1.0, 50, 3, None))[0]
     if fallback:
-        assert "show the cluster model's output for you" in verdict and "still decodes" not in verdict
+        assert "show your cluster's model's output for you" in verdict and "still decodes" not in verdict
         assert row.steer is None and row.note == FALLBACK_NOTE and LOSING_STYLE_NOTE not in status
     else:
         assert "still decodes CARD with it: on its validation people" in verdict and "α = 0" in verdict
