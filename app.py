@@ -4,7 +4,7 @@
                   [--auth u1:p1,u2:p2 | --auth @raters.txt] [--admin u1]
 
 Tabs: My writing, My cluster, Fit my style, Compare, Why, Rate, Quick pair, Leaderboard, Campaigns, Export,
-Explore, Populations; each is a module of personalize/ui with build(studio, shared), listed in page order in TABS. Every
+Explore, Populations; each is a module of personalize/ui with build(studio, shared), listed in page order by tabs(). Every
 handler calls one Studio method; what it shows and collects is in the SQLite store.
 Expected problems (bad input, unknown user, a stale vote) are answered in the tab's
 status line and change nothing else; model work runs in Gradio's queue with a progress bar.
@@ -26,31 +26,36 @@ from pathlib import Path
 
 import gradio as gr
 
-from personalize.distributed.serve import ServeConfig
-from personalize.studio.scheduling import DecodeTarget
-from personalize.studio.facade import Studio, StudioConfig
-from personalize.ui import campaigns, compare, explore, export_tab, fit, leaderboard_tab, my_cluster, populations, quick_pair, rate, \
-    waiting, why, writing
+# Only what the page before the studio needs is imported here (gradio, the login, the waiting page: seconds); the
+# model stack (torch, transformers, peft, the studio) comes behind that page, in main (issue 58: a later start
+# shows the page within 5 s of `make run`).
+from personalize.ui import waiting
 from personalize.ui.common import CSS, EXPECTED, run_as_login
-from personalize.ui.controls import forget_previous_person, page_top
 from personalize.ui.downloads import OwnDownloads, empty
 from personalize.ui.login import AUTH_HELP, Login, LoginNotice, parse_admins, parse_auth
 
-# The tabs in page order: each lays itself out and wires its events, reading the shared components.
-TABS = (
-    writing.build,  # My writing
-    my_cluster.build,  # My cluster
-    fit.build,  # Fit my style
-    compare.build,  # Compare
-    why.build,  # Why
-    rate.build,  # Rate: a campaign's rater view (blinded units from the stored pool)
-    quick_pair.build,  # Quick pair: a typed prompt, two blinded outputs generated on the spot
-    leaderboard_tab.build,  # Leaderboard
-    campaigns.build,  # Campaigns: create, generate, results, export / import, close
-    export_tab.build,  # Export
-    explore.build,  # Explore
-    populations.build,  # Populations: make a population (git, Debian changelogs, a table), build it, serve it
-)
+from personalize.fitting.plan import DEFAULT_DB, DEMO_ARTIFACTS, DEMO_DATA  # noqa: E402  (StudioConfig's defaults)
+
+
+def tabs():
+    """The tabs in page order: each lays itself out and wires its events, reading the shared components."""
+    from personalize.ui import campaigns, compare, explore, export_tab, fit, leaderboard_tab, my_cluster, populations, \
+        quick_pair, rate, why, writing
+
+    return (
+        writing.build,  # My writing
+        my_cluster.build,  # My cluster
+        fit.build,  # Fit my style
+        compare.build,  # Compare
+        why.build,  # Why
+        rate.build,  # Rate: a campaign's rater view (blinded units from the stored pool)
+        quick_pair.build,  # Quick pair: a typed prompt, two blinded outputs generated on the spot
+        leaderboard_tab.build,  # Leaderboard
+        campaigns.build,  # Campaigns: create, generate, results, export / import, close
+        export_tab.build,  # Export
+        explore.build,  # Explore
+        populations.build,  # Populations: make a population (git, Debian changelogs, a table), build it, serve it
+    )
 
 
 # Gradio's cache (uploads, downloads): every `delete_cache[0]` seconds, files older than `delete_cache[1]` go (all of
@@ -58,7 +63,7 @@ TABS = (
 DELETE_CACHE = (3600, 86400)
 
 
-def page_files(studio: Studio) -> Path:
+def page_files(studio) -> Path:
     """Points Gradio's file cache at the studio's page folder (StudioConfig.page_files), so that the files the page
     takes and hands out live where Forget me looks and nowhere in /tmp. Gradio reads GRADIO_TEMP_DIR when a
     component is made and when the server starts (components' GRADIO_CACHE, the upload route's folder), so this
@@ -69,7 +74,7 @@ def page_files(studio: Studio) -> Path:
     return folder
 
 
-def launch_options(studio: Studio) -> dict:
+def launch_options(studio) -> dict:
     """launch()'s limits for this studio: an upload larger than a history may be (at 4 bytes a character, UTF-8's
     widest) is refused by the upload route itself (HTTP 413) before it is written; the database files are never
     served, whatever the cache folder is set to; a download is served to the login it was handed to only
@@ -83,12 +88,14 @@ def launch_options(studio: Studio) -> dict:
                                           Middleware(LoginNotice)]}}
 
 
-def build_app(studio: Studio) -> gr.Blocks:
+def build_app(studio) -> gr.Blocks:
+    from personalize.ui.controls import forget_previous_person, page_top
+
     page_files(studio)
-    with gr.Blocks(title="Personalization studio", analytics_enabled=False, delete_cache=DELETE_CACHE) as app:
+    with gr.Blocks(title=waiting.STUDIO_TITLE, analytics_enabled=False, delete_cache=DELETE_CACHE) as app:
         shared = page_top(studio, app)
         with gr.Tabs():  # one row of tabs (each tab's build keeps its components inside its own tab)
-            for build in TABS:
+            for build in tabs():
                 build(studio, shared)
         forget_previous_person(studio, shared)  # no tab keeps the previous person's results after a switch
         run_as_login(app)  # every event runs as its login: the store lets it reach only that login's people
@@ -107,41 +114,61 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def first_start(a, auth) -> None:
-    """The demo built once: meanwhile the address serves the first start's page (ui/waiting.py: the build's progress,
-    what each tab waits for), which reloads into the studio when it answers there."""
+def early_page(a, auth) -> tuple[gr.Blocks, "waiting.FirstStart | None"]:
+    """The page before the studio, on the studio's address with its login: the first start's (the demo built once,
+    with its progress, ui/waiting.py) where the demo is missing, else the model loading's. Either reloads into the
+    studio when it answers there."""
     from personalize.fitting.plan import demo_ready
 
     demo, art = Path(a.demo_data), Path(a.artifacts)
-    if demo_ready(demo, art):
-        return
-    job = waiting.FirstStart(demo, art).start()
-    page = waiting.waiting_page(job)
+    job = None
+    if art.resolve() == Path(DEMO_ARTIFACTS).resolve() and not demo_ready(demo, art):
+        job = waiting.FirstStart(demo, art).start()
+        page = waiting.waiting_page(job)
+    else:
+        page = waiting.loading_page(waiting.ModelLoad())
     page.launch(server_name=a.host, server_port=a.port, auth=Login.of(auth), share=False, show_error=False,
                 prevent_thread_lock=True, quiet=True, js=waiting.RELOAD_JS)
-    print(f"first start: the page answers at http://{a.host}:{a.port} while the demo builds", flush=True)
-    try:
+    print(f"first start: the page answers at http://{a.host}:{a.port} while the demo builds" if job else
+          f"the page answers at http://{a.host}:{a.port}; loading the model", flush=True)
+    return page, job
+
+
+def load_studio(a, auth, admins, job):
+    """The studio (the model stack imported here), once the first start's build, if any, is done."""
+    from personalize.distributed.serve import ServeConfig
+    from personalize.studio.facade import Studio, StudioConfig
+    from personalize.studio.scheduling import DecodeTarget
+
+    target = DecodeTarget(a.decode, ServeConfig(**{k: v for k, v in (("replicas", a.decode_replicas),
+                                                                     ("num_gpus", a.decode_gpus)) if v is not None}))
+    if target.address not in (None, "auto"):
+        from personalize.distributed.pool import check_reachable
+
+        check_reachable(target.address)  # before a first start's build ends and the model loads, not after
+    if job is not None:
         job.done.wait()
-    finally:
-        page.close()
-    if job.error:
-        raise ValueError(f"the demo build failed: {job.error}")
+        if job.error:
+            raise ValueError(f"the demo build failed: {job.error}")
+    return Studio.load(StudioConfig(artifacts=a.artifacts, db=a.db, demo_data=a.demo_data, decode=target,
+                                    logins=auth is not None, admins=admins), adapters_later=True)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="The personalization studio (Gradio).")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
     p.add_argument("--port", type=int, default=7860)
-    p.add_argument("--db", default=StudioConfig.db, help="the database; its folder holds every file the studio writes")
-    p.add_argument("--artifacts", default=StudioConfig.artifacts, help="CARD artifacts (the demo is built if missing)")
-    p.add_argument("--demo-data", default=StudioConfig.demo_data)
+    p.add_argument("--db", default=DEFAULT_DB, help="the database; its folder holds every file the studio writes")
+    p.add_argument("--artifacts", default=DEMO_ARTIFACTS, help="CARD artifacts (the demo is built if missing)")
+    p.add_argument("--demo-data", default=DEMO_DATA)
     p.add_argument("--auth", default=os.environ.get("STUDIO_AUTH"), metavar="USER:PASSWORD[,...] | @FILE",
                    help=AUTH_HELP)
     p.add_argument("--decode", default=None, metavar="auto | ray://HOST:10001",
                    help="decode on a Ray Serve deployment ('auto': a local Ray; docs/SCALING.md); default: in-process")
-    p.add_argument("--decode-replicas", type=int, default=ServeConfig.replicas,
-                   help="replicas of the decoding deployment")
-    p.add_argument("--decode-gpus", type=float, default=ServeConfig.num_gpus, help="GPUs per replica (1 where each has its own)")
+    p.add_argument("--decode-replicas", type=int, default=None,
+                   help="replicas of the decoding deployment (default: ServeConfig's, 1)")
+    p.add_argument("--decode-gpus", type=float, default=None,
+                   help="GPUs per replica (1 where each has its own; default: ServeConfig's)")
     p.add_argument("--admin", action="append", metavar="USER[,USER...]",
                    help="an --auth login that may see, open and export every person (not only those it created); "
                         "may be given several times")
@@ -152,28 +179,22 @@ def main(argv=None) -> int:
         print(f"error: --host {a.host} shares the studio beyond this machine; give --auth USER:PASSWORD",
               file=sys.stderr)
         return 2
-    from personalize.fitting.plan import DEMO_ARTIFACTS
-
     t0 = time.perf_counter()
+    page, job = early_page(a, auth)
     try:
-        target = DecodeTarget(a.decode, ServeConfig(replicas=a.decode_replicas, num_gpus=a.decode_gpus))
-        if target.address not in (None, "auto"):
-            from personalize.distributed.pool import check_reachable
-
-            check_reachable(target.address)  # before a first start's build and the model's load, not after
-        if Path(a.artifacts).resolve() == Path(DEMO_ARTIFACTS).resolve():
-            first_start(a, auth)
-        studio = Studio.load(StudioConfig(artifacts=a.artifacts, db=a.db, demo_data=a.demo_data, decode=target,
-                                          logins=auth is not None, admins=admins), adapters_later=True)
+        studio = load_studio(a, auth, admins, job)
+        app = build_app(studio)
     except (*EXPECTED, ConnectionError) as e:  # ConnectionError: --decode names a Ray that cannot be reached
         print(f"error: {e}", file=sys.stderr)
         return 2
-    app = build_app(studio)
+    finally:
+        page.close()
     print(f"ready in {time.perf_counter() - t0:.1f} s: http://{a.host}:{a.port}", flush=True)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a stop closes the server as Ctrl-C does
     try:
         app.launch(server_name=a.host, server_port=a.port, auth=Login.of(auth), share=False, css=CSS,
                    show_error=False, prevent_thread_lock=True, **launch_options(studio))
+        print("studio serves: all", flush=True)  # every method (issue 58's progressive serving is not built)
         studio.load_pending()  # the page answers already; the other cluster adapters load now (~1 s)
         app.block_thread()
     finally:

@@ -1,7 +1,8 @@
-"""The page while the first start's demo build runs (issue 49): it answers seconds after `make run` instead of after
-the whole build, with the build's stage, a progress bar, the time left, and what each tab waits for. When the build
-ends, app.py stops it and starts the studio on the same address; the page reloads itself once the studio answers
-(its title is the studio's again)."""
+"""The page before the studio serves: while the first start's demo build runs (issue 49), with the build's stage, a
+progress bar, the time left and what each tab waits for; and on every start while the model stack is imported and the
+build loaded (issue 58: the page and its login within seconds of `make run`, "loading the model" behind them). Then
+app.py stops it and starts the studio on the same address; the page reloads itself once the studio answers (its
+title is the studio's)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import gradio as gr
 
 from personalize.display import md
 
-TITLE = "Personalization studio · building the demo"
+STUDIO_TITLE = "Personalization studio"  # the studio's own page (app.build_app)
+TITLE = f"{STUDIO_TITLE} · building the demo"
+LOADING_TITLE = f"{STUDIO_TITLE} · loading the model"
 # what each tab waits for: the build's parts, in the order the build makes them (methods/card/build.py's stages)
 WAITS = (
     ("My writing", "the clusters: Save places your history among the build's people"),
@@ -30,12 +33,12 @@ WAITS = (
     ("Explore", "the head and the decoding choice"),
     ("Populations", "the whole build (a second build waits for the first)"),
 )
-# reloads the page when the address answers with another title: the studio replaced this page
+# reloads the page when the address answers with the studio's title: the studio replaced this page
 RELOAD_JS = f"""() => {{
   setInterval(async () => {{
     try {{
       const c = await (await fetch('config', {{cache: 'no-store'}})).json();
-      if (c.title && c.title !== {TITLE!r}) location.reload();
+      if (c.title === {STUDIO_TITLE!r}) location.reload();
     }} catch (e) {{}}
   }}, 3000);
 }}"""
@@ -77,7 +80,8 @@ class FirstStart:
         if self.error:
             return f"The demo build failed after {spent:.0f} s: {md(self.error)}"
         if self.done.is_set():
-            return f"The demo build is done ({spent:.0f} s); the studio starts now and this page reloads by itself."
+            return (f"The demo build is done ({spent:.0f} s); loading the model, then this page turns into the studio "
+                    "by itself.")
         left = (f", about {spent * (1 - self.fraction) / self.fraction / 60:.0f} min left"
                 if self.fraction >= 0.05 else "")
         return (f"Building the demo once (later starts take seconds): **{self.stage}**, {self.fraction:.0%} "
@@ -97,4 +101,26 @@ def waiting_page(job: FirstStart) -> gr.Blocks:
                     gr.Markdown(f"**{tab}** waits for {what}.")
         gr.Timer(2.0).tick(lambda: (round(100 * job.fraction, 1), job.line()), outputs=[bar, status],
                            show_progress="hidden")
+    return page
+
+
+@dataclass
+class ModelLoad:
+    """A start whose build exists: the model stack imported and the build loaded behind the page."""
+
+    started: float = field(default_factory=time.time)
+    fraction: float = 0.0
+
+    def line(self, now: float | None = None) -> str:
+        spent = (now or time.time()) - self.started
+        return (f"Loading the model: {spent:.0f} s so far (about 10 s on 2 cores); this page turns into the studio by "
+                "itself.")
+
+
+def loading_page(load: ModelLoad) -> gr.Blocks:
+    """The page while the model loads: the studio's title line, and what it waits for."""
+    with gr.Blocks(title=LOADING_TITLE, analytics_enabled=False) as page:
+        gr.Markdown("# Personalization studio")
+        status = gr.Markdown(load.line(), elem_id="loading-status")
+        gr.Timer(1.0).tick(load.line, outputs=[status], show_progress="hidden")
     return page

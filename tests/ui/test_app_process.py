@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from personalize.ui.waiting import LOADING_TITLE, STUDIO_TITLE
 from tools.browser import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,11 +30,11 @@ def instance(tiny_artifacts, tmp_path):
     proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), *args], cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
+    while time.monotonic() < deadline and proc.poll() is None:  # the model loading's page first, then the studio
         try:
-            if httpx.get(url, timeout=5).status_code == 200:
+            if httpx.get(f"{url}config", timeout=5).json().get("title") == STUDIO_TITLE:
                 break
-        except httpx.HTTPError:
+        except (httpx.HTTPError, ValueError):
             pass
         time.sleep(0.5)
     assert proc.poll() is None, (tmp_path / "app.log").read_text()
@@ -61,3 +62,39 @@ def test_every_file_of_an_instance_lives_under_its_db_folder_and_its_page_files_
     assert proc.wait(60) is not None
     assert not list((root / "cache").iterdir())  # the page's files went with the server
     assert list((root / "exports").rglob("*.jsonl"))  # the exports stay (until deleted, or Forget me)
+
+
+def test_the_page_answers_before_the_model_stack_is_imported_then_becomes_the_studio(tiny_artifacts, tmp_path):
+    """Issue 58, item 3: app.py imports gradio and the page's few modules only, serves the model loading's page
+    (with the login, where there is one), and the studio replaces it on the same address once loaded; `make run`'s
+    output says when the studio serves."""
+    out = subprocess.run([sys.executable, "-c", "import sys, app; print(sorted(m for m in ('torch', 'transformers', "
+                          "'peft', 'personalize.studio.facade') if m in sys.modules))"], cwd=ROOT, capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout  # the model stack is not imported with the page
+    port, log_path = free_port(), tmp_path / "app.log"
+    args = ["--db", str(tmp_path / "studio.db"), "--port", str(port), "--artifacts", str(tiny_artifacts["artifacts"]),
+            "--demo-data", str(tiny_artifacts["demo"])]
+    titles = []
+    with log_path.open("w") as log:
+        proc = subprocess.Popen([sys.executable, "-u", str(ROOT / "app.py"), *args], cwd=ROOT, stdout=log,
+                                stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None and STUDIO_TITLE not in titles:
+            try:
+                title = httpx.get(f"http://127.0.0.1:{port}/config", timeout=5).json().get("title")
+                if not titles or titles[-1] != title:
+                    titles.append(title)
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(0.1)
+        assert titles == [LOADING_TITLE, STUDIO_TITLE], (titles, log_path.read_text())
+        deadline = time.monotonic() + 30
+        while "studio serves: all" not in log_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        text = log_path.read_text()
+        assert text.index("loading the model") < text.index("ready in") < text.index("studio serves: all"), text
+    finally:
+        proc.kill()
+        proc.wait(30)

@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 import app as studio_app  # noqa: E402
 from personalize.ui.login import Login, TooManyAttempts, parse_admins  # noqa: E402
 
-from tools.browser import served  # noqa: E402
+from tools.browser import free_port, served  # noqa: E402
 from conftest import tiny_studio  # noqa: E402
 
 SECRET = "zebra-okapi-secret-phrase"  # in files outside the page's folder: no answer may ever hold it
@@ -102,8 +102,10 @@ def test_admin_must_be_a_login(monkeypatch, tmp_path):
         seen.append(cfg)
         raise ValueError("stop here")  # an expected error: main answers 2 without a model
 
-    monkeypatch.setattr(studio_app.Studio, "load", staticmethod(load))
-    args = ["--artifacts", str(tmp_path / "none"), "--db", str(tmp_path / "s.db")]
+    from personalize.studio.facade import Studio
+
+    monkeypatch.setattr(Studio, "load", staticmethod(load))
+    args = ["--artifacts", str(tmp_path / "none"), "--db", str(tmp_path / "s.db"), "--port", str(free_port())]
     assert studio_app.main([*args, "--auth", "ana:1,ben:2", "--admin", "ben"]) == 2
     assert seen[-1].logins is True and seen[-1].admins == ("ben",)
     assert studio_app.main(args) == 2
