@@ -45,12 +45,12 @@ def main() -> None:
         p = Page(d, out)
         d.get(url)
         p.type("user-name", name)
-        p.type("history", "\n".join(pasted))
+        p.type("history", "\n".join(reversed(pasted)))  # as written, oldest first: the last line is the newest
         p.click("save-history")
         said["saved"] = p.until_text("writing-status", "Saved", "⚠️")
         said["fit"] = p.fit(name)
-        said["fit_check"] = p.wait.until(lambda dr: (t := p.settled("fit-check")) and ("Decoded on your" in t or "⚠️"
-                                                                                      in t or "Too few" in t) and t)
+        said["fit_check"] = p.wait.until(lambda dr: (t := p.settled("fit-check")) and any(
+            w in t for w in ("Decoded on your", "⚠️", "Too few", "No check by decoding")) and t)
         p.shot("1-fit")
         p.wait = WebDriverWait(d, 1200, poll_frequency=1)  # RAG's first Compare waits for Save's rewrites
         p.tab("Compare")

@@ -230,9 +230,20 @@ class Explorer(Service):
         n_items, n_holdable = self.held_out_room(name)
         if n_items // 3 >= 2 > n_holdable:
             return (f"No check by decoding: {no_prompt_without_answer(n_holdable, n_items, 2)}. Compare's outputs "
-                    f"and your votes are the check here; card decodes your style at this build's α = "
-                    f"{self.engine.cfg.decoding.alpha:g}.")
-        return "Too few items to hold some out and decode them (6 or more); Explore says what it needs."
+                    f"and your votes are the check here. {self.undecoded_decision(name)}")
+        return ("Too few items to hold some out and decode them (6 or more); Explore says what it needs. "
+                + self.undecoded_decision(name))
+
+    def undecoded_decision(self, name: str) -> str:
+        """What Compare's card decodes for a person without a decoded check, by the one rule (store.decodes_own:
+        the teacher-forced figure then), in the words of the decoded verdict."""
+        stored = self.store.style(name, self.engine.artifacts_id)
+        style = UserStyle.from_stored(stored)
+        base = "your own adapter" if style is not None and style.own else "your cluster's model"
+        if stored is not None and stored.helps is False and self.engine.cfg.style.fallback:
+            return (f"So Compare shows {base}'s output for card (the fallback): the teacher-forced figure on your "
+                    "held-out words says your style loses. A 👍 on a card output asks for your style.")
+        return f"So Compare decodes card with your style at this build's α = {self.engine.cfg.decoding.alpha:g}."
 
     def held_out_room(self, name: str) -> tuple[int, int]:
         """(the person's items, how many may be held out: person.held_out_order), rewrites made where missing."""

@@ -56,6 +56,32 @@ def test_the_guard_masks_the_token_that_would_make_a_run_longer_than_the_limit_u
     assert not past_text_guard(remembered, StyleSettings(retrieval=True), eos).prompt_exempt
 
 
+def test_a_line_may_not_end_while_it_nearly_is_a_past_text():
+    """The near-copy end (issue 57's walk: "clarify block scope docs" for "clarify block outer scope docs"): the line
+    ends (end-of-sequence, a newline token) are masked while the line is within ROUGE-L 0.8 of a past text in its
+    tokens; a line that is not, and a row where ending is not among the likeliest tokens, keep them."""
+    from personalize.methods.card.no_copy import lcs_f
+
+    eos, newline = 2, 3
+    texts = past_texts([5, 6, 7, 8, 9, eos, 20, 21, 22, 23, 24, 25, eos], eos)
+    assert lcs_f([5, 6, 8, 9], [5, 6, 7, 8, 9]) == 8 / 9 and lcs_f([5, 30, 31], [5, 6, 7, 8, 9]) == 0.25
+    guard = PastTextGuard([texts], [4], eos, breaks=frozenset({eos, newline}))
+    ending = torch.zeros(1, 40)
+    ending[0, [eos, newline]] = 5.0  # ending the line is the likeliest
+    guard(torch.tensor([[1, 1]]), ending)
+    near = guard(torch.tensor([[1, 1, 5, 6, 8, 9]]), ending)  # "7" left out: a near copy
+    assert near[0, eos] == -np.inf and near[0, newline] == -np.inf and torch.isfinite(near[0, 10])
+    after = guard(torch.tensor([[1, 1, 40, 41, newline, 5, 6, 8, 9]]), ending)  # its own line, after another
+    assert after[0, eos] == -np.inf
+    assert guard(torch.tensor([[1, 1, 5, 30, 31]]), ending) is ending  # new text ends as it likes
+    unlikely = torch.zeros(1, 40)
+    unlikely[0, 10:30] = 5.0
+    assert guard(torch.tensor([[1, 1, 5, 6, 8, 9]]), unlikely) is unlikely  # not about to end: no LCS work
+    plain = PastTextGuard([texts], [4], eos)  # no breaks given: the runs alone
+    plain(torch.tensor([[1, 1]]), ending)
+    assert plain(torch.tensor([[1, 1, 5, 6, 8, 9]]), ending) is ending
+
+
 def _copying_person(model, tok):
     """A person with one past text whose memory, at weight 0.9 and one neighbour, walks card through it word for word
     (the states of the same prompt and prefix are the memory's own keys)."""

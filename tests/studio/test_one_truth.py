@@ -114,7 +114,7 @@ def test_a_rewrite_that_gives_the_answer_away_is_not_held_out(studio):
 
     store = studio.runtime.store
     studio.save_from("giver", "\n".join(LINES), None, "tweets")
-    prepared_items(studio.runtime.engine, store, "giver")  # the rewrites made and stored
+    studio.histories.rewrites.result()  # Save's rewrites in the background: done before they are replaced below
     stored = store.items("giver")
     store.set_neutral([(stored[1].id, stored[1].y.upper() + ".")])  # item 2's rewrite: its own text
     stored = store.items("giver")
@@ -152,3 +152,30 @@ def test_a_csv_is_ordered_by_its_dates_and_an_undated_file_as_written(tmp_path):
     assert [it.y for it in read_history_file(tmp_path / "d.csv")] == ["third", "second", "first"]
     (tmp_path / "u.csv").write_text("text,date\nthird,2026-03-01\nfirst,\nsecond,2026-02-01\n")  # one undated
     assert [it.y for it in read_history_file(tmp_path / "u.csv")] == ["second", "first", "third"]  # as written
+
+
+def test_without_a_decoded_check_the_verdict_says_what_compare_decodes(studio, monkeypatch):
+    """Issue 57's walk: "No check by decoding ... card decodes your style" beside a Compare that showed the
+    cluster model (the teacher-forced figure lost). Without a check the verdict says what the one rule decides."""
+    import dataclasses
+
+    from personalize.methods.card.card_decode import FALLBACK_NOTE
+
+    eng = studio.runtime.engine
+    monkeypatch.setattr(eng, "cfg", dataclasses.replace(eng.cfg, style=dataclasses.replace(eng.cfg.style, fallback=True),
+                                                        decoding=dataclasses.replace(eng.cfg.decoding, alpha=1.0)))
+    studio.save_from("subjects", "\n".join(LINES + [f"and the {w} too" for w in ("bus", "tea", "rain")]), None,
+                     "tweets")  # the tiny model's rewrites are the texts tidied: nothing can be held out
+    studio.fits.fit("subjects")
+    store, art = studio.runtime.store, eng.artifacts_id
+    for helps in (False, True):
+        vec, meta = store.vector("subjects", art)
+        stats = meta["stats"] | {"diagnostics": meta["stats"].get("diagnostics", {}) | {"helps": helps}}
+        store.save_vector("subjects", art, vec, meta["model_id"], stats, store.style("subjects", art).extras)
+        words = studio.explorer.verdict("subjects")
+        (row,) = studio.comparisons.rows("card", studio.histories.user_state("subjects"),
+                                         studio.runtime.task.prompt("the bus"), studio.runtime.settings(alpha=1.0))
+        assert words.startswith("No check by decoding: only 0 of your 11 items can be held out"), words
+        assert (row.note == FALLBACK_NOTE) != helps
+        assert ("So Compare shows your cluster's model's output for card" in words) != helps, words
+        assert ("So Compare decodes card with your style at this build's α = 1" in words) == helps, words

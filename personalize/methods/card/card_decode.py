@@ -17,6 +17,7 @@ from personalize.serving.settings import DecodingSettings
 from personalize.catalog import CARD_ROWS, CardRows
 from personalize.data import Item
 from personalize.methods.card.steer import CardSteer, card_parts
+from personalize.methods.card.no_copy import line_breaks
 from personalize.methods.scaffold import scaffold_lines
 from personalize.serving.rows import DecodeRow
 
@@ -114,7 +115,7 @@ def rows(engine, prompts: Sequence[str], method: str, cluster: int | None = None
         if style.retrieval and items and s.alpha > 0:
             (card_prompt,), card_budget, (chosen,) = retrieval_prompts(engine, items, [p], budget)
             scaffold = scaffold_lines(engine.task)  # the items' header: never the answer
-        steer = CardSteer(head, st, style, engine.cfg.head.n_layers, engine.tok.eos_token_id)
+        steer = CardSteer(head, st, style, engine.cfg.head.n_layers, engine.tok.eos_token_id, line_breaks(engine.tok))
         out.append(DecodeRow(card_prompt, card_budget, s, ada, steer, trace=chosen, want_trace=trace,
                              scaffold=scaffold, note=OWN_NOTE if own else None))
     return out

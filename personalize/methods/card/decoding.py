@@ -23,7 +23,7 @@ from personalize.lm.features import HiddenCapture
 from personalize.methods.card.head import PersonalizationHead, next_opening, opening_key
 from personalize.methods.card.style import StyleTensors, UserStyle, style_scores
 from personalize.methods.card.config import StyleSettings
-from personalize.methods.card.no_copy import past_text_guard
+from personalize.methods.card.no_copy import line_breaks, past_text_guard
 from personalize.lm.tokens import TokenBudget
 from personalize.serving import generation
 from personalize.serving.generation import Generation
@@ -90,7 +90,8 @@ def card_generate(model, tok, prompts: list[str], budget: TokenBudget, s: Decodi
         card = CardLogitsProcessor(head, StyleTensors.of(styles, style), style, cap, s.alpha, s.top_k,
                                    s.standardize, s.do_sample)
         card.trace = [] if trace else None
-        guard = past_text_guard(styles, style, tok.eos_token_id) if s.alpha > 0 else None  # at 0: the cluster's
+        # at α = 0: the cluster's model, unguarded
+        guard = past_text_guard(styles, style, tok.eos_token_id, line_breaks(tok)) if s.alpha > 0 else None
 
         def chosen(out: torch.Tensor, start: int) -> None:
             for t, step in enumerate(card.trace or []):

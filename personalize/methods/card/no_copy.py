@@ -6,7 +6,9 @@ where people repeat themselves in 1-6 %. PastTextGuard is a transformers LogitsP
 the token which would make the output hold a run of more than `limit` tokens of one past text, unless the prompt
 holds that run too (a file name, an issue number the change names). `limit` is the person's own reuse: how long a
 run their texts typically share with another of their texts (own_reuse), never below StyleSettings.copy_run_floor.
-Their words and form stay; a past text as a whole does not.
+Their words and form stay; a past text as a whole does not. Nor does one nearly: a line (or the whole output) may not
+end while it is within NEAR of a past text in its tokens (the LCS's F, as ROUGE-L reads words): "clarify block scope
+docs" for the person's "clarify block outer scope docs" went through the run limit, the near-copy end does not.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from transformers import LogitsProcessor
 
 from personalize.methods.card.config import StyleSettings
+from personalize.metrics import NEAR
 
 
 def past_texts(values: Sequence[int], eos: int | None) -> tuple[tuple[int, ...], ...]:
@@ -51,6 +54,27 @@ def own_reuse(texts: tuple[tuple[int, ...], ...], floor: int) -> int:
     return max(floor, int(median(runs)) if runs else 0)
 
 
+@lru_cache(maxsize=8)
+def line_breaks(tok) -> frozenset[int]:
+    """The tokens that end a line or the text: end-of-sequence and every token whose text holds a newline."""
+    ids = {i for i in range(len(tok)) if "\n" in tok.decode([i])}
+    return frozenset(ids | ({tok.eos_token_id} if tok.eos_token_id is not None else set()))
+
+
+def lcs_f(a: Sequence[int], b: Sequence[int]) -> float:
+    """The F-measure of the longest common subsequence of two token lists (ROUGE-L's, on tokens)."""
+    if not a or not b:
+        return 0.0
+    prev = [0] * (len(b) + 1)
+    for x in a:
+        cur = [0]
+        for j, y in enumerate(b):
+            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
+        prev = cur
+    n = prev[-1]
+    return 0.0 if n == 0 else 2 * n / (len(a) + len(b))
+
+
 def _grams(texts: Sequence[Sequence[int]], n: int) -> dict[tuple[int, ...], set[int]]:
     """Every run of n + 1 tokens of the texts, as its first n tokens -> the tokens that may not follow them."""
     out: dict[tuple[int, ...], set[int]] = {}
@@ -68,10 +92,14 @@ class PastTextGuard(LogitsProcessor):
     nothing."""
 
     def __init__(self, pasts: Sequence[Sequence[Sequence[int]]], limits: Sequence[int], eos: int | None,
-                 prompt_exempt: bool = True):
+                 prompt_exempt: bool = True, breaks: frozenset[int] = frozenset(), near: float = NEAR):
         self.limits, self.eos, self.prompt_exempt = list(limits), eos, prompt_exempt
         self.grams = [_grams(texts, n) for texts, n in zip(pasts, limits)]
         self.prompt_length: int | None = None
+        # the near-copy end: a line may not end while it nearly is one of the row's past texts (breaks: the
+        # tokens that end a line or the text; none given, only the runs are limited)
+        self.breaks, self.near = sorted(breaks | ({eos} if eos is not None and breaks else set())), near
+        self.texts = [[[t for t in text if t not in breaks] for text in texts] for texts in pasts]
 
     @torch.no_grad()
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
@@ -93,17 +121,40 @@ class PastTextGuard(LogitsProcessor):
             out[r, list(banned)] = -math.inf
             if not torch.isfinite(out[r]).any() and self.eos is not None:
                 out[r, self.eos] = 0.0
+        if self.breaks:
+            out = self._no_near_copy_end(input_ids[:, self.prompt_length:].tolist(), scores if out is None else out)
         return scores if out is None else out
 
+    def _no_near_copy_end(self, rows: list[list[int]], scores: torch.FloatTensor) -> torch.FloatTensor:
+        """Masks the line ends of a row whose current line nearly is one of its past texts, when a line end is among
+        its likeliest tokens (the LCS is work: done only where the row could end the line now)."""
+        likely = scores.topk(min(10, scores.shape[1]), dim=1).indices.tolist()
+        breaks, out = set(self.breaks), scores
+        for r, row in enumerate(rows):
+            if not self.texts[r] or not breaks & set(likely[r]):
+                continue
+            cut = max((i for i, t in enumerate(row) if t in breaks), default=-1)
+            line = row[cut + 1:]
+            if len(line) < 2 or max(lcs_f(line, t) for t in self.texts[r]) < self.near:
+                continue
+            out = scores.clone() if out is scores else out
+            kept = out[r].clone()
+            out[r, self.breaks] = -math.inf
+            if not torch.isfinite(out[r]).any():  # nothing else to write: it ends as it is
+                out[r] = kept
+        return out
 
-def past_text_guard(styles: Sequence, settings: StyleSettings, eos: int | None) -> PastTextGuard | None:
+
+def past_text_guard(styles: Sequence, settings: StyleSettings, eos: int | None,
+                    breaks: frozenset[int] = frozenset()) -> PastTextGuard | None:
     """The guard for rows decoded with these UserStyles (one per row), or None where it has nothing to do: off in
     the settings, or no row's style holds past texts (no memory). A style that retrieves the person's items into
-    the prompt gets no exemption from the prompt (those items are the texts not to hand back)."""
+    the prompt gets no exemption from the prompt (those items are the texts not to hand back). `breaks`:
+    line_breaks(tok), for the near-copy end."""
     if not settings.no_copy:
         return None
     pasts = [past_texts(getattr(st, "values", ()), eos) for st in styles]
     if not any(pasts):
         return None
     return PastTextGuard(pasts, [own_reuse(p, settings.copy_run_floor) for p in pasts], eos,
-                         prompt_exempt=not settings.retrieval)
+                         prompt_exempt=not settings.retrieval, breaks=breaks)

@@ -26,6 +26,7 @@ class CardSteer(Steer):
     settings: StyleSettings
     n_layers: int
     eos_token_id: int | None = None  # where the person's past texts end (no_copy.PastTextGuard)
+    line_breaks: frozenset[int] = frozenset()  # the tokens that end a line (no_copy.line_breaks: the near-copy end)
     restricts_top_k = True  # CARD keeps the top-k candidates itself
 
     @property
@@ -41,7 +42,8 @@ class CardSteer(Steer):
                                    settings.alpha, settings.top_k, settings.standardize, settings.do_sample)
         if trace:
             proc.trace = []
-        guard = past_text_guard([self.style], self.settings, self.eos_token_id) if settings.alpha > 0 else None
+        guard = (past_text_guard([self.style], self.settings, self.eos_token_id, self.line_breaks)
+                 if settings.alpha > 0 else None)
         return [*first, proc, *([guard] if guard else []), *repeats], (proc if trace else None)
 
     def steps(self, tracer, new, k: int) -> list:
