@@ -401,7 +401,7 @@ def test_fit_verdict_says_in_plain_words_whether_the_vector_helps():
     assert yes == "Your vector helps: it predicts 41% of your held-out words vs 36% for your cluster's model."
     no = fit_verdict({"acc_own": 0.35, "acc_no_head": 0.36, "helps": False, "n": 40})
     assert no.startswith("Your vector does not beat your cluster's model on your held-out items (35% vs 36%)")
-    assert "cluster model's output" in no
+    assert "cluster's model's output" in no
     kept = fit_verdict({"acc_own": 0.35, "acc_no_head": 0.36, "helps": False, "n": 40}, fallback=False)
     assert "still decodes CARD" in kept and "output for you" not in kept
     # values that round alike get the decimals that tell them apart
