@@ -8,7 +8,7 @@ from typing import Sequence
 
 from personalize.serving.settings import DecodingSettings
 from personalize.methods.card.person import prepared_items
-from personalize.humaneval.arena import BlindPair, rater_id
+from personalize.humaneval.arena import BlindPair, StalePair, rater_id
 from personalize.humaneval.copies import copy_summary, mark_copies, stored_texts, without_copies
 from personalize.humaneval.bradley_terry import LeaderboardConfig, leaderboard
 from personalize.methods.base import UserContext
@@ -80,6 +80,9 @@ class Votes(Service):
         """Stores the vote under arena.rater_id (with --auth: the logged-in name, always): (pair, rating id, rater).
         A decided vote also refits the person's style and becomes an EXACT preference pair, in the background."""
         who = rater_id(rater, logged_in)
+        drawn = self.rt.arena.pending(pair_id) if pair_id else None
+        if drawn is not None and drawn.user and not self.store.may_reach(drawn.user):  # another login's person's pair
+            raise StalePair("this pair was already rated or is no longer open: draw a new pair")
         pair, rid = self.rt.arena.vote(pair_id, winner, who)
         if winner in ("a", "b") and pair.user and pair.outputs[0].strip() != pair.outputs[1].strip():
             win, lose = pair.outputs if winner == "a" else pair.outputs[::-1]

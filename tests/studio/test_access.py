@@ -377,3 +377,22 @@ def test_every_route_of_every_tab_refuses_another_logins_person(two_logins):
                    or answer.startswith(f"error: Value: {her} is not in the list of choices"))
         assert refused and not any(t in answer for t in ANA), (route, answer)
     assert footprint(studio, her) == before  # nothing of hers changed, nor started to (his own adapter press)
+
+
+def test_a_quick_pair_drawn_for_one_logins_person_takes_no_vote_from_another(studio):
+    """Issue 58, item 5's last gap: Quick pair's vote goes by the pair's id. Another login holding that id is
+    answered as for a pair that is not open; nothing is stored, and the pair stays open for its own login."""
+    from personalize.humaneval.arena import StalePair
+
+    task, s = studio.runtime.task.name, studio.runtime.settings(max_new_tokens=3)
+    with acting_as("ana"):
+        studio.save_from("ana-pairs", "\n".join(ANA), None, task)
+        drawn = studio.votes.new_pair("ana-pairs", "the harbour at noon", ["base", "cluster"], s)
+    n = len(studio.runtime.store.ratings())
+    with acting_as("ben"):
+        with pytest.raises(StalePair, match="no longer open"):
+            studio.votes.vote(drawn.pair.id, "a", rater="ben")
+    assert len(studio.runtime.store.ratings()) == n and studio.runtime.arena.pending(drawn.pair.id) is not None
+    with acting_as("ana"):
+        pair, _, who = studio.votes.vote(drawn.pair.id, "tie", rater="ana")
+    assert pair.id == drawn.pair.id and who == "ana" and len(studio.runtime.store.ratings()) == n + 1
