@@ -47,6 +47,8 @@ def test_own_adapter_trains_its_upper_blocks_saves_them_and_loads_back(tiny_mode
     got = eng.own.train("shouty", items, "k1c0")
     assert got.source == "k1c0" and got.steps == 12 and got.tokens > 0 and got.bytes < 1_000_000
     assert eng.own.is_current("shouty", items) and not eng.own.is_current("shouty", items[:-1])
+    # one history in any order: the store's (newest first) and a fit's (held_out_order) name the same adapter
+    assert eng.own.is_current("shouty", items[::-1])
     ada = eng.own.activate(owner_key("shouty"))
     eng.use_adapter(ada)
     after = sft_loss(eng.model, tokenizer, examples("shouty"), BUDGET)

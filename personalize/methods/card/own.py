@@ -47,8 +47,9 @@ def owner_key(name: str) -> str:
 
 
 def history_key(items: Sequence[Item]) -> str:
-    """What the adapter was trained on: the texts only (the prompts are the build's rewrites of them)."""
-    return fingerprint([it.y for it in items])
+    """What the adapter was trained on: the texts only (the prompts are the build's rewrites of them), in any order
+    (training draws them shuffled; the store's order and a fit's held-out order must name one history)."""
+    return fingerprint(sorted(it.y for it in items))
 
 
 def layer_of(param_name: str) -> int | None:
