@@ -135,7 +135,9 @@ class PastTextGuard(LogitsProcessor):
                 continue
             cut = max((i for i, t in enumerate(row) if t in breaks), default=-1)
             line = row[cut + 1:]
-            if len(line) < 2 or max(lcs_f(line, t) for t in self.texts[r]) < self.near:
+            # F = 2·LCS / (|a| + |b|) <= 2·min / (|a| + |b|): a text much longer or shorter than the line cannot reach it
+            near = (t for t in self.texts[r] if 2 * min(len(t), len(line)) >= self.near * (len(t) + len(line)))
+            if len(line) < 2 or max((lcs_f(line, t) for t in near), default=0.0) < self.near:
                 continue
             out = scores.clone() if out is scores else out
             kept = out[r].clone()
