@@ -142,10 +142,6 @@ def load_studio(a, auth, admins, job):
 
     target = DecodeTarget(a.decode, ServeConfig(**{k: v for k, v in (("replicas", a.decode_replicas),
                                                                      ("num_gpus", a.decode_gpus)) if v is not None}))
-    if target.address not in (None, "auto"):
-        from personalize.distributed.pool import check_reachable
-
-        check_reachable(target.address)  # before a first start's build ends and the model loads, not after
     if job is not None:
         job.done.wait()
         if job.error:
@@ -180,6 +176,14 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     t0 = time.perf_counter()
+    if a.decode is not None and a.decode.strip() not in ("", "auto"):
+        from personalize.distributed.pool import check_reachable
+
+        try:
+            check_reachable(a.decode)  # before a first start's build starts and the model loads, not after
+        except ConnectionError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     page, job = early_page(a, auth)
     try:
         studio = load_studio(a, auth, admins, job)
