@@ -21,6 +21,7 @@ import ipaddress
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -89,7 +90,7 @@ def launch_options(studio) -> dict:
 
 
 def build_app(studio) -> gr.Blocks:
-    from personalize.ui.controls import forget_previous_person, page_top
+    from personalize.ui.controls import follow_build, forget_previous_person, page_top
 
     page_files(studio)
     with gr.Blocks(title=waiting.STUDIO_TITLE, analytics_enabled=False, delete_cache=DELETE_CACHE) as app:
@@ -98,6 +99,7 @@ def build_app(studio) -> gr.Blocks:
             for build in tabs():
                 build(studio, shared)
         forget_previous_person(studio, shared)  # no tab keeps the previous person's results after a switch
+        follow_build(studio, shared)  # the first start's last parts (card's check, P2P) arrive while it serves
         run_as_login(app)  # every event runs as its login: the store lets it reach only that login's people
     app.queue(default_concurrency_limit=1)
     return app
@@ -135,7 +137,8 @@ def early_page(a, auth) -> tuple[gr.Blocks, "waiting.FirstStart | None"]:
 
 
 def load_studio(a, auth, admins, job):
-    """The studio (the model stack imported here), once the first start's build, if any, is done."""
+    """The studio (the model stack imported here), once the first start's build, if any, has written its card part
+    (the build then goes on behind the studio: serve_parts)."""
     from personalize.distributed.serve import ServeConfig
     from personalize.studio.facade import Studio, StudioConfig
     from personalize.studio.scheduling import DecodeTarget
@@ -143,11 +146,41 @@ def load_studio(a, auth, admins, job):
     target = DecodeTarget(a.decode, ServeConfig(**{k: v for k, v in (("replicas", a.decode_replicas),
                                                                      ("num_gpus", a.decode_gpus)) if v is not None}))
     if job is not None:
-        job.done.wait()
+        job.card.wait()
         if job.error:
             raise ValueError(f"the demo build failed: {job.error}")
-    return Studio.load(StudioConfig(artifacts=a.artifacts, db=a.db, demo_data=a.demo_data, decode=target,
-                                    logins=auth is not None, admins=admins), adapters_later=True)
+    studio = Studio.load(StudioConfig(artifacts=a.artifacts, db=a.db, demo_data=a.demo_data, decode=target,
+                                      logins=auth is not None, admins=admins), adapters_later=True)
+    if job is not None:
+        studio.follow_build(job.coming())
+    return studio
+
+
+def serve_parts(studio, job) -> None:
+    """Says when each part of the studio serves, one line each (`studio serves: card`, then `studio serves: all`
+    once the first start's build has decided card's check and trained P2P); the last parts are taken by a thread
+    of their own while the studio serves."""
+    if job is None or (job.done.is_set() and not job.error):
+        if job is not None:
+            studio.take_finished_build()  # finished between the load and now
+        print("studio serves: all", flush=True)
+        return
+    print("studio serves: card", flush=True)
+
+    def finish():
+        job.done.wait()
+        if job.error:  # card keeps the planned settings; the next start builds the demo again (its part is marked)
+            from personalize.studio.coming import Coming
+
+            studio.follow_build(Coming())
+            print(f"error: the demo build's last parts failed ({job.error}): card serves with the planned settings "
+                  "and without its check, P2P is not served; the next start builds the demo again", file=sys.stderr,
+                  flush=True)
+            return
+        studio.take_finished_build()
+        print("studio serves: all", flush=True)
+
+    threading.Thread(target=finish, name="first-start-parts", daemon=True).start()
 
 
 def main(argv=None) -> int:
@@ -198,7 +231,7 @@ def main(argv=None) -> int:
     try:
         app.launch(server_name=a.host, server_port=a.port, auth=Login.of(auth), share=False, css=CSS,
                    show_error=False, prevent_thread_lock=True, **launch_options(studio))
-        print("studio serves: all", flush=True)  # every method (issue 58's progressive serving is not built)
+        serve_parts(studio, job)
         studio.load_pending()  # the page answers already; the other cluster adapters load now (~1 s)
         app.block_thread()
     finally:

@@ -16,8 +16,10 @@ studio's), the build's stages as its log reports them ("<stage> done in X s"), t
 same clone, then `make extra` (the optional weight `make run` leaves out), timed. --venv copies a built venv instead
 of pip's install (to time the rest on a busy day); it says so.
 --shots: headless Chromium on the first start: each tab's waiting state while the build runs, the studio once it
-serves, then a new person's history saved and the first Compare of the methods ticked by default, timed to its
-Done line (one text a line in --history).
+serves (card's part), then a new person's history saved and the first Compare of the methods ticked by default,
+timed to its Done line (one text a line in --history); then, once the build's last parts arrive (the title line's
+"still finishing" goes), the page again and the same Compare pressed again. Each `studio serves: <part>` line of
+`make run` is timed (serves_s).
 """
 
 from __future__ import annotations
@@ -75,15 +77,17 @@ def make_run(clone: Path, log: Path, timeout: float, stamp: Path | None = None, 
     called when the first start's page answers and when the studio does (its third, quit, by the caller)."""
     from personalize.ui.waiting import STUDIO_TITLE, TITLE as WAITING
 
-    port, t0, out = _port(), time.perf_counter(), {}
+    port, t0, out = _port(), time.perf_counter(), {"serves_s": {}}
     with log.open("w") as f:
         proc = subprocess.Popen(["make", "run", f"ARGS=--port {port}"], cwd=clone, stdout=f, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
     try:
-        while "studio_s" not in out:
+        while "studio_s" not in out or "all" not in out["serves_s"]:
             if proc.poll() is not None:
                 raise SystemExit(f"make run exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
             now = round(time.perf_counter() - t0, 1)
+            for part in re.findall(r"^studio serves: (\w+)$", log.read_text(), flags=re.M):  # one line a part
+                out["serves_s"].setdefault(part, now)
             if stamp is not None and "pip_s" not in out and stamp.exists():
                 out["pip_s"] = now
             title = _title(port)
@@ -135,7 +139,8 @@ def first_start(a) -> dict:
         subprocess.run(["make", "extra"], cwd=clone, check=True, stdout=subprocess.DEVNULL)
         res["extra_pip_s"] = round(time.perf_counter() - t, 1)
     print(json.dumps(res, indent=1))
-    print(f"make run on a fresh clone: page {res['page_s']} s, studio {res['studio_s']} s"
+    print(f"make run on a fresh clone: page {res['page_s']} s, studio {res['studio_s']} s, parts served "
+          f"{res['serves_s']}"
           + (f" (pip ended at {res['pip_s']} s; the page {res['page_after_pip_s']} s after)" if "pip_s" in res else
              " (venv copied)") + f"; later starts: the page {res['later_page_s']} s (median "
           f"{statistics.median(res['later_page_s'])}), the studio {res['later_s']} s (median "
@@ -152,6 +157,8 @@ def first_start(a) -> dict:
 def browser_walk(shots: Path, history: str, prompt: str):
     """The first start as a person sees it (make_run's `walk`): the waiting page's tabs, then the studio: a history
     saved under a new name and Compare pressed at once with the methods ticked by default."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
     from personalize.ui.waiting import TITLE as WAITING, WAITS
     from tools.browser import Page, chromium
 
@@ -183,6 +190,13 @@ def browser_walk(shots: Path, history: str, prompt: str):
         p.type("prompt", prompt)
         out["compare"], out["first_compare_s"] = pressed("compare-button", "compare-status", "Done:", "⚠️")
         p.shot("studio-2-first-compare")
+        t0 = time.perf_counter()  # the build's last parts (card's check, P2P) arrive while the page is open
+        WebDriverWait(d, 900, 2).until(lambda _: "still finishing" not in p.el("#header").text)
+        out["all_after_compare_s"] = round(time.perf_counter() - t0, 1)
+        out["compare_after_all"] = p.el("#compare-status").text  # the Compare made before still stands
+        p.shot("studio-3-all-served")
+        out["compare_again"], out["compare_again_s"] = pressed("compare-button", "compare-status", "Done:", "⚠️")
+        p.shot("studio-4-compare-after-all")
         return out
 
     return waiting, studio, d.quit

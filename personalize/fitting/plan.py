@@ -80,7 +80,7 @@ def load_engine(a):
 
 # build's flags made from the settings' fields (flags.add_flags): field → flag
 CARD_FLAGS = {"ks": "--ks", "objectives": "--objectives", "items_per_user": "--items-per-user", "n_val_users": "--val-users"}
-LORA_FLAGS = {"base_steps": "--base-steps", "cluster_steps": "--cluster-steps"}
+LORA_FLAGS = {"base_steps": "--base-steps", "cluster_steps": "--cluster-steps", "cluster_layers": "--cluster-layers"}
 HEAD_FLAGS = {"epochs": "--head-epochs", "weight_decay": "--head-weight-decay", "patience": "--head-patience", "d": "--d",
               "n_layers": "--layers"}
 BUDGET_FLAGS = {"max_prompt_tokens": "--max-prompt-tokens", "max_target_tokens": "--max-target-tokens"}
@@ -162,9 +162,11 @@ def run_build(a, **more) -> None:
 
 # Sized for a first start of minutes on a 2-core CPU (docs/RESULTS.md, "Real people out of the box"): K up to 4 for
 # 48 people (6 cluster adapters instead of 14 for K = 1, 2, 4, 8); P2P's hypernetwork gets a token budget of 2 steps.
-# 32 target tokens = the app's default.
+# 32 target tokens = the app's default. The cluster adapters train their upper 10 of SmolLM2's 30 blocks over the K = 1
+# adapter's lower states, computed once a text (benchmarks/demo_training.py: 0.63 of the time, held-out loss +0.7 %).
 DEMO_BUILD_ARGS = ["--ks", "1,2,4", "--default-k", "4", "--base-steps", "20", "--cluster-steps", "2", "--p2p-steps", "2",
-                   "--items-per-user", "12", "--max-prompt-tokens", "64", "--max-target-tokens", "32"]
+                   "--items-per-user", "12", "--max-prompt-tokens", "64", "--max-target-tokens", "32",
+                   "--cluster-layers", "10"]
 
 
 # The first start's decoding starts from the best its own choice measured on the Debian demo (docs/RESULTS.md, the
@@ -221,12 +223,16 @@ def demo_people_args(demo: Path) -> list[str]:
 
 
 def _outdated(art: Path) -> bool:
-    """Whether the artifacts in `art` were built by an older version of this code (or cannot be read)."""
+    """Whether the artifacts in `art` were built by an older version of this code, cannot be read, or are the card
+    part of a build that never finished (a first start stopped during its guard: build's on_part)."""
     from personalize.methods.artifacts import ArtifactsError, artifacts_meta
     from personalize.methods.card.config import FORMAT_VERSION
 
     try:
-        return (art / "config.json").exists() and artifacts_meta(art).get("format_version", 0) < FORMAT_VERSION
+        if not (art / "config.json").exists():
+            return False
+        meta = artifacts_meta(art)
+        return meta.get("format_version", 0) < FORMAT_VERSION or bool(meta.get("part"))
     except ArtifactsError:
         return True  # unreadable: build anew
 
@@ -236,14 +242,16 @@ def demo_ready(demo: Path, art: Path) -> bool:
     return (demo / "dev_questions.json").exists() and (art / "config.json").exists() and not _outdated(art)
 
 
-def ensure_demo(demo: Path, art: Path, progress=None) -> None:
+def ensure_demo(demo: Path, art: Path, progress=None, on_part=None) -> None:
     """The first-run path of `demo` and the app: write the demo population and build it, once. `progress`: build's
-    hook, (stage, fraction of the build) (the app's first-start page shows it)."""
+    hook, (stage, fraction of the build) (the app's first-start page shows it); `on_part`: build's, (part, folder)
+    when a part of the build can serve (the app serves card before the guard has decided and P2P is in)."""
     if not (demo / "dev_questions.json").exists():
         print(f"first start: the demo's people are {write_demo_people(demo)}", flush=True)
     old = _outdated(art)
     if old:
-        print(f"the demo artifacts in {art} were built by an older version: rebuilding them", flush=True)
+        print(f"the demo artifacts in {art} were built by an older version or not finished: rebuilding them",
+              flush=True)
     if old or not (art / "config.json").exists():
         print(f"first start: building the demo artifacts in {art} (a few minutes, once) ...", flush=True)
         from personalize.methods.card.build import build
@@ -251,4 +259,4 @@ def ensure_demo(demo: Path, art: Path, progress=None) -> None:
         data, out, cfg, kwargs = build_plan(build_args(["--data", str(demo), "--out", str(art), *DEMO_BUILD_ARGS,
                                                         "--tune-steps", "none", *demo_people_args(demo)]))
         cfg = replace(cfg, decoding=replace(cfg.decoding, **DEMO_DECODING), style=replace(cfg.style, **DEMO_STYLE))
-        build(data, "dev", out, cfg, **kwargs, progress=progress)
+        build(data, "dev", out, cfg, **kwargs, progress=progress, on_part=on_part)

@@ -100,6 +100,16 @@ class Engine:
     def artifacts_id(self) -> str:
         return self.meta.get("id", "unbuilt")
 
+    def take_finished_build(self) -> None:
+        """The build this engine serves the card part of (build's on_part) finished in its folder: its settings
+        (the guard's decision) and report read again. The weights held stay: the finished build has the same
+        adapters, clusters and head, under the same id."""
+        meta = artifacts_meta(self.folder)
+        if meta.get("id") != self.artifacts_id:
+            raise ArtifactsError(f"{self.folder} now holds build {meta.get('id')}, not {self.artifacts_id}: load it anew")
+        self.cfg = replace(CardConfig.from_dict(meta["settings"]), model=self.cfg.model)
+        self.meta = meta
+
     # ------------------------------------------------------------ adapters
     @hands_back_team
     def load_pending_adapters(self) -> None:

@@ -104,6 +104,8 @@ class Comparisons(Service):
              trace: bool = False, person: Callable[[], UserContext] | None = None) -> list:
         """The method's rows for one prompt (serving.rows.DecodeRow); built in the scheduler's worker. `person`:
         the request's, so a request of several methods reads the person once."""
+        if line := self.rt.coming.column(method):  # its part of the build is not served yet
+            raise ValueError(line)
         person = person or (lambda: self.person(state))
         self.engine.loaded_adapters()  # a row may read any cluster's LoRA: those a start left for later load now
         if method in CORE_METHODS:  # their person needs no stored rewrites (card's own items when it retrieves them)
@@ -215,10 +217,15 @@ class Comparisons(Service):
                     g = e
             return MethodOutput(m, error=str(g))
 
-        waiting = {m: self.first_use_jobs.start_first_use(state.name, m) for m in plan.order if plan.first_use[m]}
-        if len(waiting) < len(plan.order):
-            start([m for m in plan.order if m not in waiting])
         left = set(plan.order)
+        for m in plan.order:  # a method whose part of the build is not served yet: its column says when it comes
+            if line := self.rt.coming.column(m):
+                left.discard(m)
+                yield "done", m, MethodOutput(m, error=line)
+        waiting = {m: self.first_use_jobs.start_first_use(state.name, m) for m in plan.order
+                   if plan.first_use[m] and m in left}
+        if len(waiting) < len(left):
+            start([m for m in plan.order if m not in waiting and m in left])
         while left:
             try:
                 kind, m, value = events.get(timeout=poll_s)

@@ -21,6 +21,7 @@ from personalize.store import Store
 from personalize.studio.builds import Builds, lamp_users, population_texts
 from personalize.studio.campaign_desk import CampaignDesk
 from personalize.studio.clusters import ClusterViews
+from personalize.studio.coming import Coming
 from personalize.studio.comparisons import Comparisons
 from personalize.studio.explorer import Explorer
 from personalize.studio.fits import Fits
@@ -82,6 +83,23 @@ class Studio:
     @property
     def store(self) -> Store:
         return self.runtime.store
+
+    @property
+    def coming(self) -> Coming:
+        """The served build's parts still being built (the first start serves card before its guard and P2P)."""
+        return self.runtime.coming
+
+    def follow_build(self, coming: Coming) -> None:
+        """Serves the build's card part while its build goes on: what `coming` names waits, and says when it comes."""
+        self.runtime.coming = coming
+
+    def take_finished_build(self) -> None:
+        """The served build finished in its folder (build's on_part "all"): the guard's decision and P2P taken,
+        under the model lock. The weights, the people's fits and their first-use work stay: the same build id."""
+        with self.runtime.model_lock:
+            self.runtime.engine.take_finished_build()
+            self.runtime.methods.pop("p2p", None)  # made again: its hypernetwork is in the folder now
+        self.runtime.coming = Coming()
 
     def load_pending(self) -> None:
         """What the start left for after the page answers: the other cluster adapters (~1 s). A request

@@ -27,6 +27,7 @@ from personalize.methods.registry import get_method, local_config
 from personalize.serving.model_lock import ModelLock
 from personalize.serving.scheduler import SchedulerConfig
 from personalize.store import Store
+from personalize.studio.coming import Coming
 from personalize.studio.scheduling import DecodeTarget, make_scheduler
 
 
@@ -90,6 +91,7 @@ class Runtime:
         self.model_lock = ModelLock()  # a person's request first: work nobody waits on takes .background
         self.scheduler = make_scheduler(engine, self.model_lock, cfg.scheduler, cfg.decode)
         self.methods: dict[str, object] = {}
+        self.coming = Coming()  # the served build's parts still being built (the first start's: studio.coming)
         self.keep_own_adapters(engine)
         # first-use work (EXACT's attribute search, OPPU's training): one at a time, beside the decodes
         self.first_use = StarterExecutor(max_workers=1, thread_name_prefix="studio-first-use")

@@ -91,6 +91,8 @@ def compare(studio, name, text, templated, item, chosen, alpha, top_k, max_token
     name, state, full = plan.name, plan.state, plan.prompt
     note = "" if state.fitted else " (not fitted yet: CARD uses λ = 1, your cluster's shared head)"
     steered = any(m in STEERED for m in chosen)
+    if steered and (check := studio.coming.check_line()):
+        note += f" ({check})"
     if steered and decodes_losing_style(studio.served, state.lam, s.alpha):
         note += f" ({LOSING_STYLE_NOTE})"  # the Fit verdict's "does not beat", said beside the output too
     # each column's current Markdown; every yield sends fresh updates of all of them, since Gradio drops the value

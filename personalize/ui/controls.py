@@ -126,6 +126,22 @@ def page_top(studio, app: gr.Blocks) -> Shared:
     return Shared(app, header, user, stored, gr.State(None), decoding, prompt, versions)
 
 
+def follow_build(studio, shared: Shared, every_s: float = 5.0) -> None:
+    """While the first start's build finishes (studio.coming), the title line says what is still coming and when;
+    once it is done, the page takes the build's settings (the α its check chose) without a reload. Ticks touch no
+    person's data and skip the queue (a Compare in progress does not hold them)."""
+    pending = gr.State(lambda: bool(studio.coming.methods or studio.coming.checking))
+
+    def tick(was_pending):
+        now = bool(studio.coming.methods or studio.coming.checking)
+        if was_pending and not now:  # it just finished: the title without the line, the α card's check chose
+            return now, page_text.header(studio), studio.settings().alpha
+        return now, page_text.header(studio) if now else gr.skip(), gr.skip()
+
+    gr.Timer(every_s).tick(tick, [pending], [pending, shared.header, shared.decoding.alpha], queue=False,
+                           show_progress="hidden")
+
+
 def forget_previous_person(studio, shared: Shared) -> None:
     """When the user name changes (typed, a stored user opened, a demo user loaded, forgotten), every tab's
     results of the previous person are emptied and the versions table shows the new person's."""

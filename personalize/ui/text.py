@@ -15,7 +15,19 @@ def header(studio) -> str:
     """What the app's title line says about the build being served."""
     return (f"# Personalization studio\nCARD (cluster LoRA + user vector) next to the base model, EXACT, RAG, PAG, "
             f"COPE, OPPU and Profile-to-PEFT. Artifacts `{studio.served.artifacts_id}` (task {studio.served.task.name}, "
-            f"model {studio.served.lm.model_id}, K ∈ {studio.served_builds.ks}); choose another task in *My writing* to switch.")
+            f"model {studio.served.lm.model_id}, K ∈ {studio.served_builds.ks}); choose another task in *My writing* to switch."
+            + coming_line(studio))
+
+
+def coming_line(studio) -> str:
+    """The header's line while the first start's build finishes what the studio does not serve yet."""
+    c = studio.coming
+    if not c.methods and not c.checking:
+        return ""
+    waits = [w for w in ("card's check on its validation people" if c.checking else "",
+                         f"{', '.join(sorted(c.methods))}" if c.methods else "") if w]
+    return (f"\n\n**The demo build is still finishing** ({' and '.join(waits)}, {c.eta_line()}); every tab serves "
+            "meanwhile, card with the planned settings. This line goes when it is done.")
 
 
 def save_message(studio, res: Saved, shown_name: str | None = None) -> str:
@@ -147,6 +159,8 @@ def guard_note(studio) -> str | None:
     """In plain words, when the build's harm guard (tune.harm_guard) kept `card` at the cluster model: on this
     build's task no setting of the style moved the text above noise for its validation people (people who
     differ in topic more than in form), so Compare's default α is 0 and nothing only looks personal."""
+    if line := studio.coming.check_line():  # the first start serves card before its check has decided
+        return f"**{md(line[0].upper() + line[1:])}.**"
     guard = studio.served.meta.get("report", {}).get("tune", {}).get("guard")
     if not guard or guard.get("kept", True) or studio.served.cfg.decoding.alpha > 0:
         return None

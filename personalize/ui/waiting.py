@@ -23,14 +23,14 @@ WAITS = (
     ("My writing", "the clusters: Save places your history among the build's people"),
     ("My cluster", "the clusters and their people"),
     ("Fit my style", "the cluster adapters and the head: your style is fitted over your cluster's model"),
-    ("Compare", "the cluster adapters, the head and the decoding choice (card's strength, chosen on 30 people)"),
-    ("Why", "the head and the decoding choice"),
-    ("Rate", "the whole build (campaigns rate its outputs)"),
+    ("Compare", "the cluster adapters and the head (card's check on 30 validation people and P2P follow)"),
+    ("Why", "the head"),
+    ("Rate", "the head (a campaign's P2P outputs wait for P2P's hypernetwork, which follows)"),
     ("Quick pair", "the cluster adapters and the head"),
-    ("Leaderboard", "the whole build"),
-    ("Campaigns", "the whole build"),
-    ("Export", "the whole build"),
-    ("Explore", "the head and the decoding choice"),
+    ("Leaderboard", "the head"),
+    ("Campaigns", "the head"),
+    ("Export", "the head"),
+    ("Explore", "the head"),
     ("Populations", "the whole build (a second build waits for the first)"),
 )
 # reloads the page when the address answers with the studio's title: the studio replaced this page
@@ -56,6 +56,8 @@ class FirstStart:
     started: float = field(default_factory=time.time)
     done: threading.Event = field(default_factory=threading.Event)
 
+    card: threading.Event = field(default_factory=threading.Event)  # the build's card part is written: it serves
+
     def start(self) -> "FirstStart":
         threading.Thread(target=self._run, name="first-start-build", daemon=True).start()
         return self
@@ -64,14 +66,29 @@ class FirstStart:
         from personalize.fitting.plan import ensure_demo
 
         try:
-            ensure_demo(self.demo, self.artifacts, progress=self._progress)
+            ensure_demo(self.demo, self.artifacts, progress=self._progress, on_part=self._part)
         except Exception as e:  # the page and the terminal say why; app.py exits with it
             self.error = f"{type(e).__name__}: {e}"
         finally:
             self.done.set()
+            self.card.set()  # whoever waits for the card part stops waiting (done, or failed: job.error says)
 
     def _progress(self, stage: str, fraction: float) -> None:
         self.stage, self.fraction = stage, fraction
+
+    def _part(self, part: str, _folder) -> None:
+        if part == "card":
+            self.card.set()
+
+    def coming(self):
+        """What the studio does not serve yet while this build finishes (studio.coming.Coming): P2P, and card's
+        check, with this build's progress; nothing once it is done."""
+        from personalize.studio.coming import Coming
+
+        if self.done.is_set():
+            return Coming()
+        return Coming(frozenset({"p2p"}), lambda: (self.stage, self.fraction, time.time() - self.started),
+                      checking=True)
 
     def line(self, now: float | None = None) -> str:
         """Where the build stands, in words: its stage, its share, the time so far and an estimate of the time left
@@ -79,9 +96,9 @@ class FirstStart:
         spent = (now or time.time()) - self.started
         if self.error:
             return f"The demo build failed after {spent:.0f} s: {md(self.error)}"
-        if self.done.is_set():
-            return (f"The demo build is done ({spent:.0f} s); loading the model, then this page turns into the studio "
-                    "by itself.")
+        if self.done.is_set() or self.card.is_set():
+            return (f"Card can decode ({spent:.0f} s); loading the model, then this page turns into the studio "
+                    "by itself (card's check and P2P follow while you use it).")
         left = (f", about {spent * (1 - self.fraction) / self.fraction / 60:.0f} min left"
                 if self.fraction >= 0.05 else "")
         return (f"Building the demo once (later starts take seconds): **{self.stage}**, {self.fraction:.0%} "
@@ -92,7 +109,8 @@ def waiting_page(job: FirstStart) -> gr.Blocks:
     """The page the first start serves while `job` builds: the progress, then each tab with what it waits for."""
     with gr.Blocks(title=TITLE, analytics_enabled=False) as page:
         gr.Markdown("# Personalization studio\nThe first start builds the demo the studio serves. Every tab opens "
-                    "when the build is done; this page follows it and reloads itself then.")
+                    "once card can decode (its check on the validation people and P2P's hypernetwork follow while "
+                    "you use the studio); this page follows the build and reloads itself then.")
         bar = gr.Slider(0, 100, value=0, label="demo build (%)", interactive=False, elem_id="first-start-bar")
         status = gr.Markdown(job.line(), elem_id="first-start-status")
         with gr.Tabs():

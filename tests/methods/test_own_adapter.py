@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from personalize.methods.card import card_decode
-from personalize.methods.card.adapters import add_warm_adapter, answer_loss, sft_batch, sft_loss
+from personalize.methods.card.adapters import add_warm_adapter, answer_loss, lower_states, pad_states, sft_batch, \
+    sft_loss, upper_only
 from personalize.methods.card.config import OwnSettings
-from personalize.methods.card.own import OwnAdapters, layer_of, lower_states, owner_key, pad_states
+from personalize.methods.card.own import OwnAdapters, layer_of, owner_key
 from personalize.methods.card.style import UserStyle
 from tests.methods.test_methods_training import BUDGET, examples, history, make_engine
 
@@ -33,7 +34,7 @@ def test_upper_blocks_on_lower_states_give_the_whole_models_loss(tiny_model, tok
         whole = answer_loss(eng.model, ids, mask, labels).item()
         states = lower_states(eng.model, tokenizer, ex, BUDGET, first=2)
         h, m, lab = pad_states(states, "cpu")
-        with eng.own._upper_only(2):
+        with upper_only(eng.model, 2):
             upper = answer_loss(eng.model, None, m, lab, inputs_embeds=h).item()
     assert upper == pytest.approx(whole, rel=1e-4)
 

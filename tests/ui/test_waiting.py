@@ -25,10 +25,11 @@ def test_the_line_says_the_stage_the_share_and_the_time_left():
 def test_the_page_answers_during_the_build_and_follows_it(monkeypatch, tmp_path):
     release, seen = threading.Event(), []
 
-    def slow_build(demo, art, progress=None):  # the real build's hook, called as build calls it
+    def slow_build(demo, art, progress=None, on_part=None):  # the real build's hooks, called as build calls them
         progress("clusters", 0.15)
         seen.append("started")
         release.wait(30)
+        on_part("card", art)  # the studio may serve card's part from here (app.load_studio waits for it)
         progress("decoding choice", 0.9)
 
     monkeypatch.setattr(plan, "ensure_demo", slow_build)
@@ -42,8 +43,10 @@ def test_the_page_answers_during_the_build_and_follows_it(monkeypatch, tmp_path)
         text = json.dumps(config)
         assert all(tab in text for tab, _ in waiting.WAITS) and "waits for the clusters" in text
         assert seen == ["started"] and job.stage == "clusters" and not job.done.is_set()
+        assert not job.card.is_set() and job.coming().checking  # before its card part: nothing serves
         release.set()
-        assert job.done.wait(10) and job.error is None and "done" in job.line()
+        assert job.card.wait(10) and "Card can decode" in job.line()
+        assert job.done.wait(10) and job.error is None and job.coming().methods == frozenset()
     finally:
         release.set()
         page.close()

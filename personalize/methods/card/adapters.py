@@ -14,7 +14,7 @@ import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Callable, ContextManager, Sequence
 
 import torch
@@ -154,6 +154,107 @@ def train_adapter(
             "seconds": round(time.perf_counter() - t0, 2), "held_out_loss": curve, "loss": losses}
 
 
+# ---------------------------------------------------------------- upper blocks over lower states
+
+class _Reached(Exception):
+    """Raised by lower_states' hook once the states entering its block are in hand: the blocks above never run."""
+
+
+def blocks(model) -> torch.nn.ModuleList:
+    """The decoder blocks of a peft-wrapped causal LM (Llama-like: `.model.layers`)."""
+    return model.get_base_model().model.layers
+
+
+def lower_states(model, tok, examples: Sequence[tuple[str, str]], budget: TokenBudget, first: int,
+                 batch_size: int = 16) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each (prompt, text)'s states entering block `first` under the active adapter, unpadded, with its labels
+    (the answer's tokens; -100 on the prompt): the frozen lower blocks' work, done once for every step. Only the
+    blocks below `first` run (a hook stops the pass there)."""
+    got: list[torch.Tensor] = []
+
+    def reach(_module, args, kwargs):
+        got.append(args[0] if args else kwargs["hidden_states"])
+        raise _Reached
+
+    out = []
+    handle = blocks(model)[first].register_forward_pre_hook(reach, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            for j in range(0, len(examples), batch_size):
+                ids, mask, labels = sft_batch(tok, examples[j: j + batch_size], budget, model.device)
+                got.clear()
+                try:
+                    model(input_ids=ids, attention_mask=mask, use_cache=False)
+                except _Reached:
+                    pass
+                hidden = got[0]
+                for i, n in enumerate(mask.sum(1).tolist()):  # a row's own n tokens: its last n columns
+                    out.append((hidden[i, ids.shape[1] - n:].clone(), labels[i, ids.shape[1] - n:].cpu().clone()))
+    finally:
+        handle.remove()
+    return out
+
+
+def pad_states(rows, device):
+    """Left-padded states, mask and labels of some `lower_states` rows (as sft_batch pads ids)."""
+    n = max(len(l) for _, l in rows)
+    width = rows[0][0].shape[-1]
+    h = torch.zeros(len(rows), n, width, dtype=rows[0][0].dtype, device=device)
+    mask = torch.zeros(len(rows), n, dtype=torch.long, device=device)
+    labels = torch.full((len(rows), n), -100, dtype=torch.long, device=device)
+    for i, (s, l) in enumerate(rows):
+        h[i, n - len(l):], mask[i, n - len(l):], labels[i, n - len(l):] = s, 1, l
+    return h, mask, labels
+
+
+@contextmanager
+def upper_only(model, first: int):
+    """The model runs only its blocks from `first` on (inputs_embeds are the states entering block `first`)."""
+    inner = model.get_base_model().model
+    full = inner.layers
+    inner.layers = torch.nn.ModuleList(list(full)[first:])
+    try:
+        yield
+    finally:
+        inner.layers = full
+
+
+class LowerStates:
+    """The lower blocks' states of (prompt, text) pairs, each computed once, alone (no padding: the same values
+    whichever batch asks first, here or on a Ray worker) and kept. A cluster adapter starts as a copy of the K = 1
+    adapter and, with `LoraSettings.cluster_layers`, trains only its upper blocks: its lower blocks stay the K = 1
+    adapter's, so every cluster adapter reads the same lower states and the build computes each text's once."""
+
+    def __init__(self, model, tok, budget: TokenBudget, first: int):
+        self.model, self.tok, self.budget, self.first = model, tok, budget, first
+        self._rows: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @classmethod
+    def for_settings(cls, model, tok, settings: LoraSettings, budget: TokenBudget) -> "LowerStates | None":
+        """The cache where `settings.cluster_layers` leaves lower blocks frozen, else None (every block trains)."""
+        first = len(blocks(model)) - settings.cluster_layers
+        return cls(model, tok, budget, first) if settings.cluster_layers and first > 0 else None
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def batch_loss(self, batch: Sequence[tuple[str, str]]) -> tuple[Callable[[], torch.Tensor], int]:
+        """train_adapter's `batch_loss`: the batch's answer loss over the upper blocks, and its tokens."""
+        for ex in batch:
+            if ex not in self._rows:
+                self._rows[ex] = lower_states(self.model, self.tok, [ex], self.budget, self.first, batch_size=1)[0]
+        h, mask, labels = pad_states([self._rows[ex] for ex in batch], self.model.device)
+        return (lambda: answer_loss(self.model, None, mask, labels, inputs_embeds=h)), int(mask.sum())
+
+    def train(self, name: str, examples: Sequence[tuple[str, str]], steps: int, settings: LoraSettings,
+              held_out: Sequence[tuple[str, str]] = (), progress=None) -> dict:
+        """train_adapter on adapter `name`'s upper blocks over these states (the held-out curve on the whole model)."""
+        report = train_adapter(self.model, self.tok, name, list(examples), steps, settings, self.budget, held_out,
+                               progress=progress, step_context=lambda: upper_only(self.model, self.first),
+                               layers_from=self.first, batch_loss=self.batch_loss)
+        return report | {"layers_from": self.first}
+
+
 def new_peft_model(base_model, settings: LoraSettings) -> PeftModel:
     model = get_peft_model(base_model, peft_config(settings), adapter_name=BASE_ADAPTER)
     model.eval()
@@ -190,13 +291,19 @@ class ClusterJob:
 
 
 def train_cluster_adapter(model: PeftModel, tok, job: ClusterJob, settings: LoraSettings, budget: TokenBudget,
-                          progress: Callable[[int, int, float], None] | None = None) -> dict:
+                          progress: Callable[[int, int, float], None] | None = None,
+                          states: LowerStates | None = None) -> dict:
     """job.name, warm-started from the K = 1 adapter and trained for settings.cluster_steps, under a random stream
     of its own (dropout; seeded by settings.seed and the name, the caller's stream left as it was): the adapter comes
-    out the same after others, alone, or in another process (build on Ray)."""
+    out the same after others, alone, or in another process (build on Ray). With `settings.cluster_layers`, its upper
+    blocks over `states` (the build's, shared by every cluster adapter; a new cache where none is given)."""
     add_warm_adapter(model, job.name, settings)
+    if states is None:  # (an empty cache is falsy: `or` would drop the build's)
+        states = LowerStates.for_settings(model, tok, settings, budget)
     with torch.random.fork_rng():
         torch.manual_seed(settings.seed * 1_000_003 + zlib.crc32(job.name.encode()))
+        if states is not None:
+            return states.train(job.name, job.examples, settings.cluster_steps, settings, job.held_out, progress)
         return train_adapter(model, tok, job.name, job.examples, settings.cluster_steps, settings, budget,
                              job.held_out, progress=progress)
 

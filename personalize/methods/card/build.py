@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import shutil
 import threading
@@ -28,8 +29,8 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from personalize.methods.card import onboard
-from personalize.methods.card.adapters import BASE_ADAPTER, ClusterJob, adapter_name, adapter_state, add_warm_adapter, \
-    cluster_adapter, new_peft_model, put_adapter, train_adapter, train_cluster_adapter
+from personalize.methods.card.adapters import BASE_ADAPTER, ClusterJob, LowerStates, adapter_name, adapter_state, \
+    add_warm_adapter, cluster_adapter, new_peft_model, put_adapter, train_adapter, train_cluster_adapter
 from personalize.methods.card.cluster import Clusters, fit_clusters, user_embeddings
 from personalize.methods.card.config import FORMAT_VERSION, CardConfig
 from personalize.data import Item, Query, read_lamp, select_sources
@@ -59,10 +60,10 @@ class _Steps:
     def __init__(self, progress: Callable[[str, float], None] | None, cancel: threading.Event | None):
         self.progress, self.cancel, self.shown = progress, cancel, 0.0
 
-    def __call__(self, stage: str, within: float = 0.0) -> None:
+    def __call__(self, stage: str, within: float = 0.0, report: bool = True) -> None:
         if self.cancel is not None and self.cancel.is_set():
             raise BuildCancelled(f"build cancelled at {stage}")
-        if self.progress is not None:  # never backwards (a second head objective shares the head's part)
+        if report and self.progress is not None:  # never backwards (a second head objective shares the head's part)
             names, name = list(STAGE_SHARES), stage.split(" (")[0]
             before = sum(STAGE_SHARES[n] for n in names[: names.index(name)]) if name in names else self.shown
             self.shown = max(self.shown, min(1.0, before + STAGE_SHARES.get(name, 0.0) * min(1.0, within)))
@@ -90,7 +91,7 @@ def build(data_dir: str | Path, split: str, out: str | Path, cfg: CardConfig = C
           p2p: P2PConfig | None = P2PConfig(steps=P2P_STEPS), sources: Sequence[str] = (),
           exclude_sources: Sequence[str] = (), progress: Callable[[str, float], None] | None = None,
           cancel: threading.Event | None = None, cluster_trainer: ClusterTrainer | None = None,
-          tune_steps: Sequence[str] | None = None) -> Path:
+          tune_steps: Sequence[str] | None = None, on_part: Callable[[str, Path], None] | None = None) -> Path:
     """Run the whole offline stage and write the artifacts folder (replaced only on success).
     p2p: the hypernetwork's training settings (budget and base adapter: the build's); None skips it.
     sources / exclude_sources: keep only (or leave out) users whose query comes from these sources
@@ -101,6 +102,11 @@ def build(data_dir: str | Path, split: str, out: str | Path, cfg: CardConfig = C
     cluster_trainer: trains the cluster adapters elsewhere (`build --ray`), with the same weights; None: here.
     tune_steps: the decoding choice's steps to run (tune.STEPS; None: all); the others keep `cfg`'s settings, and the
     harm guards run whatever they are (the first start's demo starts from the measured best: fitting/plan.py).
+    on_part(part, out): the build serves as it is built (the app's first start, issue 58). Once card can decode,
+    `out` is written with the head and the planned decoding, its guard still to run and no P2P (config.json's `part`
+    is "card"; a later start does not take it for a whole build) and on_part("card", out) is called; the guard's
+    decision and P2P's hypernetwork are then added to that folder in place, under the same id (what people saved
+    over it stays theirs), and on_part("all", out) is called.
 
     Two processes building the same `out` at once (two first starts) take turns under a lock on
     `<out>.lock`; one that waited and finds `out` freshly written by the other returns it as it is."""
@@ -116,7 +122,7 @@ def build(data_dir: str | Path, split: str, out: str | Path, cfg: CardConfig = C
         with torch.random.fork_rng():  # the same build from the same seed (LoRA init, dropout), caller's stream kept
             torch.manual_seed(seed)
             return _build(data_dir, split, out, cfg, limit_users, seed, p2p, sources, exclude_sources,
-                          _Steps(progress, cancel), cluster_trainer, tune_steps)
+                          _Steps(progress, cancel), cluster_trainer, tune_steps, on_part)
 
 
 def _signature(path: Path) -> tuple[int, int] | None:
@@ -129,7 +135,8 @@ def _signature(path: Path) -> tuple[int, int] | None:
 
 
 def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, sources, exclude_sources,
-           step: _Steps, cluster_trainer: ClusterTrainer | None, tune_steps: Sequence[str] | None) -> Path:
+           step: _Steps, cluster_trainer: ClusterTrainer | None, tune_steps: Sequence[str] | None,
+           on_part: Callable[[str, Path], None] | None = None) -> Path:
     t_all = time.perf_counter()
     report: dict = {"stages_s": {}}
 
@@ -198,7 +205,9 @@ def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, 
                         for it in users[n][:2]]
                 jobs.append(ClusterJob(adapter_name(k, c), tuple((it.x, it.y) for n in members for it in users[n]),
                                        tuple(held)))
-        report["adapters"] += _cluster_adapters(model, lm.tokenizer, jobs, cfg, step, cluster_trainer)
+        # with --cluster-layers: their upper blocks only, over the K = 1 adapter's lower states, computed once a text
+        states = LowerStates.for_settings(model, lm.tokenizer, cfg.lora, cfg.budget)
+        report["adapters"] += _cluster_adapters(model, lm.tokenizer, jobs, cfg, step, cluster_trainer, states)
 
     heads, head_users, lambdas = {}, {}, {}
     report["head"] = {}
@@ -226,18 +235,27 @@ def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, 
     # who chose the settings, by name: the studio offers people the build never saw at all as its newcomers
     report["validation_people"] = ([n for n in sorted(val_users) if len(users[n]) >= 3]
                                    + [q.user or q.id for q in chosen_on[: len(outside)]])
+    served = None  # config.json of the card part, where one was served
+    if on_part is not None:
+        report["tune"] = {"guard": {"running": True, "kept": True, "people": len(val),
+                                    "why": "card's check on this build's validation people: running"}}
+        served = _save(out, cfg, task.name, names, head_users, engine.clusters, model, heads, lambdas, report,
+                       str(data_dir), split, None, step, part="card")
+        on_part("card", out)
     if val and any(a > 0 for a in cfg.alphas):
         with timed("decoding choice"):  # tune.py's whole choice, then its harm guard (never on eval's queries, §1.9.2)
             from personalize.methods.card.tune import STEPS, choose_decoding
 
             prompts, golds, items, fits = [], [], [], []
             for i, (prompt, gold, profile) in enumerate(tqdm(val, desc="validation people", mininterval=2.0)):
-                step("decoding choice", 0.5 * i / len(val))
+                step(f"decoding choice ({i} of {len(val)} validation people fitted)", 0.5 * i / len(val))
                 prompts.append(prompt), golds.append(gold), items.append(engine.prepare_items(profile))
                 fits.append(onboard.fit(engine, items[-1]))
             engine.cfg = cfg
+            decoding = f"decoding choice (card and the cluster model decoding for {len(val)} validation people)"
+            step(decoding, 0.5)
             engine, report["tune"] = choose_decoding(
-                engine, prompts, golds, fits, items, progress=lambda m: (step("decoding choice", 0.5), _log(f"  {m}")),
+                engine, prompts, golds, fits, items, progress=lambda m: (step(decoding, 0.5), _log(f"  {m}")),
                 alphas=[a for a in cfg.alphas if a > 0], steps=STEPS if tune_steps is None else tune_steps)
             cfg = engine.cfg
             report["alpha_sweep"] = report["tune"].get("alpha", {}).get("sweep")
@@ -273,12 +291,17 @@ def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, 
                          "built": sorted({q.source for q in queries if q.source})}
     report["total_s"] = round(time.perf_counter() - t_all, 1)
     step("save")
-    return _save(Path(out), cfg, task.name, names, head_users, engine.clusters, model, heads, lambdas, report,
-                 str(data_dir), split, hyper, step)
+    if served is not None:
+        _finish(out, served, cfg, report, hyper)
+        on_part("all", out)
+        return out
+    _save(Path(out), cfg, task.name, names, head_users, engine.clusters, model, heads, lambdas, report,
+          str(data_dir), split, hyper, step)
+    return out
 
 
 def _cluster_adapters(model, tok, jobs: list[ClusterJob], cfg: CardConfig, step: _Steps,
-                      trainer: ClusterTrainer | None) -> list[dict]:
+                      trainer: ClusterTrainer | None, states: LowerStates | None = None) -> list[dict]:
     """Every cluster adapter, warm-started from the K = 1 adapter: trained here one after another, or by `trainer`
     (each job apart) and put into the model in the same order; each under its own random stream
     (adapters.train_cluster_adapter), so both ways give the same weights. A cluster without training users (or
@@ -299,7 +322,8 @@ def _cluster_adapters(model, tok, jobs: list[ClusterJob], cfg: CardConfig, step:
             put_adapter(model, job.name, cfg.lora, state)
         else:
             r = train_cluster_adapter(model, tok, job, cfg.lora, cfg.budget,
-                                      progress=lambda s, n, loss: step("cluster adapters", (i + s / n) / len(jobs)))
+                                      progress=lambda s, n, loss: step("cluster adapters", (i + s / n) / len(jobs)),
+                                      states=states)
         reports.append(r)
         _log(f"{job.name}: {len(job.examples)} examples, {r['tokens']} tokens, {r['seconds']} s, "
              f"held-out loss {r['held_out_loss'][:1] + r['held_out_loss'][-1:]}")
@@ -375,7 +399,9 @@ def _population_diagnostics(head, held: dict, lams: dict, cfg: CardConfig) -> di
 
 
 def _save(out: Path, cfg, task, names, head_users, clusters, model, heads, lambdas, report, data_dir, split,
-          hyper, step: _Steps) -> Path:
+          hyper, step: _Steps, part: str | None = None) -> dict:
+    """The whole folder, written beside `out` and renamed over it; its config.json's content is returned. `part`:
+    a servable part of a build still running (on_part), marked in config.json."""
     tmp = out.with_name(out.name + ".partial")
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -393,22 +419,43 @@ def _save(out: Path, cfg, task, names, head_users, clusters, model, heads, lambd
     meta = {"format_version": FORMAT_VERSION, "name": out.name, "id": f"{out.name}-{digest}", "created": created,
             "task": task, "model_id": cfg.model.model_id, "encoder_id": cfg.encoder.model_id,
             "data": data_dir, "split": split, "users": names, "head_users": head_users,
-            "settings": cfg.to_dict(), "report": report}
+            "settings": cfg.to_dict(), "report": report} | ({"part": part} if part else {})
     if hyper is not None:
         p2p_mod.save(hyper, tmp / p2p_mod.ARTIFACTS_DIR, {"artifacts_id": meta["id"], "report": report["p2p"]})
     # the paths inside the checkout it was built in (the working folder) relative to `out`: it moves with it
-    meta = portable(json.loads(json.dumps(meta, default=_json_default)), out, checkout=Path.cwd())
-    (tmp / "config.json").write_text(json.dumps(meta, indent=2))
-    try:
-        step("save")  # the last moment a cancel stops the build: the finished folder goes, `out` stays as it was
+    written = portable(json.loads(json.dumps(meta, default=_json_default)), out, checkout=Path.cwd())
+    (tmp / "config.json").write_text(json.dumps(written, indent=2))
+    try:  # the last moment a cancel stops the build: the finished folder goes, `out` stays as it was
+        step("save", report=not part)  # (a part's save is not the build's end: its progress goes on)
     except BuildCancelled:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)
-    _log(f"artifacts written to {out} (id {meta['id']}) in {report['total_s']} s")
-    return out
+    if part:
+        _log(f"{out} serves its {part} part (id {meta['id']}); the build goes on")
+    else:
+        _log(f"artifacts written to {out} (id {meta['id']}) in {report['total_s']} s")
+    return meta
+
+
+def _finish(out: Path, served: dict, cfg, report: dict, hyper) -> None:
+    """The build's last parts added in place to the folder its card part serves from (the adapters, clusters and
+    head there are this build's already): P2P's hypernetwork, its folder renamed in whole, then config.json,
+    replaced at once, with the guard's decision in its settings, the whole report and no `part`."""
+    if hyper is not None:
+        tmp = out / f".{p2p_mod.ARTIFACTS_DIR}.partial"
+        shutil.rmtree(tmp, ignore_errors=True)
+        p2p_mod.save(hyper, tmp, {"artifacts_id": served["id"], "report": report["p2p"]})
+        shutil.rmtree(out / p2p_mod.ARTIFACTS_DIR, ignore_errors=True)
+        tmp.rename(out / p2p_mod.ARTIFACTS_DIR)
+    meta = {k: v for k, v in served.items() if k != "part"} | {"settings": cfg.to_dict(), "report": report}
+    meta = portable(json.loads(json.dumps(meta, default=_json_default)), out, checkout=Path.cwd())
+    tmp = out / ".config.json.partial"
+    tmp.write_text(json.dumps(meta, indent=2))
+    os.replace(tmp, out / "config.json")
+    _log(f"artifacts written to {out} (id {meta['id']}) in {report['total_s']} s: the guard decided, P2P is in")
 
 
 def _json_default(o):

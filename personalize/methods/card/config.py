@@ -42,12 +42,15 @@ class LoraSettings:
     cluster_steps: int = setting(8, "steps per cluster adapter, from the K = 1 weights")
     eval_every: int = 10  # held-out loss curve (METHOD §1.9.4: train until it flattens)
     seed: int = 0
+    cluster_layers: int = setting(0, "upper blocks a cluster adapter trains (0: all); its lower blocks stay the K = 1 "
+                                     "adapter's, so their states are computed once per text and shared by every "
+                                     "cluster")
 
     def __post_init__(self):
         if self.r < 1 or self.alpha <= 0 or not 0 <= self.dropout < 1:
             raise ValueError("LoRA needs r >= 1, alpha > 0 and 0 <= dropout < 1")
-        if self.base_steps < 0 or self.cluster_steps < 0 or self.batch_size < 1:
-            raise ValueError("steps must be >= 0 and batch_size >= 1")
+        if self.base_steps < 0 or self.cluster_steps < 0 or self.batch_size < 1 or self.cluster_layers < 0:
+            raise ValueError("steps and cluster_layers must be >= 0 and batch_size >= 1")
 
 
 @dataclass(frozen=True)

@@ -25,15 +25,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-import torch
 from peft import get_peft_model_state_dict
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from personalize.data import Item
 from personalize.methods.base import fingerprint
-from personalize.methods.card.adapters import BASE_ADAPTER, add_warm_adapter, answer_loss, put_adapter, sft_batch, \
-    train_adapter
+from personalize.methods.card.adapters import BASE_ADAPTER, add_warm_adapter, answer_loss, blocks, lower_states, \
+    pad_states, put_adapter, train_adapter, upper_only
 from personalize.methods.oppu import adapter_id
 
 SUFFIX = ".own.safetensors"
@@ -130,7 +129,7 @@ class OwnAdapters:
         key = owner_key(name)
         ada = self.peft_name(key)
         lora = replace(eng.cfg.lora, lr=st.lr, batch_size=st.batch_size)
-        n_layers = len(self._blocks())
+        n_layers = len(blocks(eng.model))
         first = max(0, n_layers - st.layers)
         examples = [(it.x, it.y) for it in items]
         with self.lock:
@@ -146,7 +145,7 @@ class OwnAdapters:
         def step():
             with self.lock:
                 eng.use_adapter(ada)
-                with self._upper_only(first):
+                with upper_only(eng.model, first):
                     yield
 
         def batch_loss(batch):
@@ -177,20 +176,6 @@ class OwnAdapters:
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, self.path(key))
-
-    def _blocks(self):
-        return self.engine.model.get_base_model().model.layers
-
-    @contextmanager
-    def _upper_only(self, first: int):
-        """The model runs only its blocks from `first` on (inputs_embeds are the states entering block `first`)."""
-        inner = self.engine.model.get_base_model().model
-        full = inner.layers
-        inner.layers = torch.nn.ModuleList(list(full)[first:])
-        try:
-            yield
-        finally:
-            inner.layers = full
 
     # ------------------------------------------------------------ in memory
     @staticmethod
@@ -234,29 +219,3 @@ class OwnAdapters:
         with self.lock:
             self._unload(self.peft_name(key))
         self.path(key).unlink(missing_ok=True)
-
-
-def lower_states(model, tok, examples: Sequence[tuple[str, str]], budget, first: int, batch_size: int = 16):
-    """Each (prompt, text)'s states entering block `first` under the active adapter, unpadded, with its labels
-    (the answer's tokens; -100 on the prompt): the frozen lower blocks' work, done once for every step."""
-    out = []
-    with torch.no_grad():
-        for j in range(0, len(examples), batch_size):
-            ids, mask, labels = sft_batch(tok, examples[j: j + batch_size], budget, model.device)
-            hidden = model(input_ids=ids, attention_mask=mask, output_hidden_states=True, logits_to_keep=1,
-                           use_cache=False).hidden_states[first]  # no vocabulary's logits: only the states
-            for i, n in enumerate(mask.sum(1).tolist()):  # a row's own n tokens: its last n columns
-                out.append((hidden[i, ids.shape[1] - n:].clone(), labels[i, ids.shape[1] - n:].cpu().clone()))
-    return out
-
-
-def pad_states(rows, device):
-    """Left-padded states, mask and labels of some `lower_states` rows (as sft_batch pads ids)."""
-    n = max(len(l) for _, l in rows)
-    width = rows[0][0].shape[-1]
-    h = torch.zeros(len(rows), n, width, dtype=rows[0][0].dtype, device=device)
-    mask = torch.zeros(len(rows), n, dtype=torch.long, device=device)
-    labels = torch.full((len(rows), n), -100, dtype=torch.long, device=device)
-    for i, (s, l) in enumerate(rows):
-        h[i, n - len(l):], mask[i, n - len(l):], labels[i, n - len(l):] = s, 1, l
-    return h, mask, labels
