@@ -137,8 +137,8 @@ def early_page(a, auth) -> tuple[gr.Blocks, "waiting.FirstStart | None"]:
 
 
 def load_studio(a, auth, admins, job):
-    """The studio (the model stack imported here), once the first start's build, if any, has written its card part
-    (the build then goes on behind the studio: serve_parts)."""
+    """The studio (the model stack imported here), once the first start's build, if any, has written its cluster
+    part (the build then goes on behind the studio: serve_parts)."""
     from personalize.distributed.serve import ServeConfig
     from personalize.studio.facade import Studio, StudioConfig
     from personalize.studio.scheduling import DecodeTarget
@@ -146,7 +146,7 @@ def load_studio(a, auth, admins, job):
     target = DecodeTarget(a.decode, ServeConfig(**{k: v for k, v in (("replicas", a.decode_replicas),
                                                                      ("num_gpus", a.decode_gpus)) if v is not None}))
     if job is not None:
-        job.card.wait()
+        job.cluster.wait()
         if job.error:
             raise ValueError(f"the demo build failed: {job.error}")
     studio = Studio.load(StudioConfig(artifacts=a.artifacts, db=a.db, demo_data=a.demo_data, decode=target,
@@ -157,30 +157,29 @@ def load_studio(a, auth, admins, job):
 
 
 def serve_parts(studio, job) -> None:
-    """Says when each part of the studio serves, one line each (`studio serves: card`, then `studio serves: all`
-    once the first start's build has decided card's check and trained P2P); the last parts are taken by a thread
-    of their own while the studio serves."""
-    if job is None or (job.done.is_set() and not job.error):
-        if job is not None:
-            studio.take_finished_build()  # finished between the load and now
+    """Says when each part of the studio serves, one line each: `studio serves: cluster` (base and cluster), `studio
+    serves: card` (the head trained: card with the planned settings), `studio serves: all` (card's check decided,
+    P2P in); a later start says the last at once. The parts after the first are taken by a thread of their own while
+    the studio serves."""
+    if job is None:
         print("studio serves: all", flush=True)
         return
-    print("studio serves: card", flush=True)
 
-    def finish():
-        job.done.wait()
-        if job.error:  # card keeps the planned settings; the next start builds the demo again (its part is marked)
-            from personalize.studio.coming import Coming
+    def follow():
+        from personalize.studio.coming import Coming
 
-            studio.follow_build(Coming())
-            print(f"error: the demo build's last parts failed ({job.error}): card serves with the planned settings "
-                  "and without its check, P2P is not served; the next start builds the demo again", file=sys.stderr,
-                  flush=True)
-            return
-        studio.take_finished_build()
-        print("studio serves: all", flush=True)
+        for part, reached in (("cluster", job.cluster), ("card", job.card), ("all", job.done)):
+            reached.wait()
+            if job.error:  # what serves keeps serving; the next start builds the demo again (its part is marked)
+                studio.follow_build(Coming())
+                print(f"error: the demo build's last parts failed ({job.error}): the studio serves what it had; the "
+                      "next start builds the demo again", file=sys.stderr, flush=True)
+                return
+            if part != "cluster":
+                studio.take_built_parts(job.coming())
+            print(f"studio serves: {part}", flush=True)
 
-    threading.Thread(target=finish, name="first-start-parts", daemon=True).start()
+    threading.Thread(target=follow, name="first-start-parts", daemon=True).start()
 
 
 def main(argv=None) -> int:

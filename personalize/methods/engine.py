@@ -67,14 +67,7 @@ class Engine:
         clusters = Clusters(users=meta["users"], embeddings=z["embeddings"],
                             centroids={k: z[f"centroids_k{k}"] for k in cfg.ks},
                             labels={k: z[f"labels_k{k}"] for k in cfg.ks})
-        heads, lams = {}, {}
-        for obj in cfg.objectives:
-            t = load_file(str(folder / f"head_{obj}.safetensors"))
-            head = PersonalizationHead(t["P"].shape[1], t["U"].shape[0], t["U"].shape[1])
-            head.load_state_dict({"P.weight": t["P"], "U": t["U"], "h_mean": t["h_mean"], "h_std": t["h_std"],
-                                  "gamma": t.get("gamma", torch.zeros(()))})  # no gamma: built before hard_pairs
-            heads[obj] = head.eval().requires_grad_(False)
-            lams[obj] = dict(zip(meta["head_users"][obj], t["lambdas"].numpy()))
+        heads, lams = _load_heads(folder, cfg, meta)
         task = TASKS[meta["task"]]
         engine = cls(cfg, replace(lm, model=peft_model), peft_model, cfg.encoder, clusters,
                      heads, task, meta, lams)
@@ -100,15 +93,22 @@ class Engine:
     def artifacts_id(self) -> str:
         return self.meta.get("id", "unbuilt")
 
-    def take_finished_build(self) -> None:
-        """The build this engine serves the card part of (build's on_part) finished in its folder: its settings
-        (the guard's decision) and report read again. The weights held stay: the finished build has the same
-        adapters, clusters and head, under the same id."""
+    @property
+    def part(self) -> str | None:
+        """The part of a build still running that this engine serves (build's on_part: "cluster", "card"), else None."""
+        return self.meta.get("part")
+
+    def take_built_parts(self) -> None:
+        """The build this engine serves a part of (build's on_part) went on in its folder: its settings (the guard's
+        decision), report and the head, once there, read. The adapters and clusters held stay: the build's later
+        parts add to them under the same id."""
         meta = artifacts_meta(self.folder)
         if meta.get("id") != self.artifacts_id:
             raise ArtifactsError(f"{self.folder} now holds build {meta.get('id')}, not {self.artifacts_id}: load it anew")
-        self.cfg = replace(CardConfig.from_dict(meta["settings"]), model=self.cfg.model)
-        self.meta = meta
+        cfg = replace(CardConfig.from_dict(meta["settings"]), model=self.cfg.model)
+        if not self.heads:
+            self.heads, self.population_lams = _load_heads(self.folder, cfg, meta)
+        self.cfg, self.meta = cfg, meta
 
     # ------------------------------------------------------------ adapters
     @hands_back_team
@@ -171,3 +171,17 @@ class Engine:
             self.load_pending_adapters()
         return decode_rows(self.model, self.tok, rows, on_step)
 
+
+def _load_heads(folder: Path, cfg: CardConfig, meta: dict) -> tuple[dict, dict]:
+    """Each objective's head and its population's λ; none where the build serves only its cluster part so far."""
+    heads, lams = {}, {}
+    for obj in cfg.objectives:
+        if obj not in meta.get("head_users", {}):
+            continue  # the build's cluster part: the head is still training (build's on_part)
+        t = load_file(str(folder / f"head_{obj}.safetensors"))
+        head = PersonalizationHead(t["P"].shape[1], t["U"].shape[0], t["U"].shape[1])
+        head.load_state_dict({"P.weight": t["P"], "U": t["U"], "h_mean": t["h_mean"], "h_std": t["h_std"],
+                              "gamma": t.get("gamma", torch.zeros(()))})  # no gamma: built before hard_pairs
+        heads[obj] = head.eval().requires_grad_(False)
+        lams[obj] = dict(zip(meta["head_users"][obj], t["lambdas"].numpy()))
+    return heads, lams

@@ -1,7 +1,9 @@
-"""The parts of the served build still being built (issue 58): the first start serves the demo once card can decode,
-while its build runs card's check on the validation people (the harm guard) and trains P2P's hypernetwork. Until
-then a column of a method not served yet says when it comes, and Fit and Compare say that card's check is running;
-card decodes with the planned settings. The build's own progress hook is the only source of the figures."""
+"""The parts of the served build still being built (issue 58): the first start serves the demo as soon as the
+cluster model can decode, while its build trains the head (card's part), then runs card's check on the validation
+people (the harm guard) and trains P2P's hypernetwork. Until each arrives, a column of a method not served yet says
+when it comes, what needs the head (Fit, Why, Explore, a vote's refit) says it waits for it, and Fit and Compare say
+that card's check is running while card decodes with the planned settings. The build's own progress hook is the only
+source of the figures."""
 
 from __future__ import annotations
 
@@ -19,36 +21,55 @@ class Coming:
     methods: frozenset[str] = frozenset()
     progress: Progress | None = None
     checking: bool = False  # card's check (the guard) has not decided
+    head: bool = False  # the head is still training: card and whatever fits a style wait for it
+    head_share: float = 1.0  # the build's share done when the head is (build.STAGE_SHARES)
 
-    def eta_s(self) -> float | None:
-        """The build's time left, from its share done so far (None until there is enough of it to say)."""
+    @property
+    def pending(self) -> bool:
+        return bool(self.methods or self.checking or self.head)
+
+    def eta_s(self, share: float = 1.0) -> float | None:
+        """Seconds until the build's share reaches `share`, from its pace so far (None until there is enough of it
+        to say)."""
         if self.progress is None:
             return None
-        _, share, spent = self.progress()
-        return spent * (1 - share) / share if share >= 0.05 else None
+        _, done, spent = self.progress()
+        return max(0.0, spent * (share - done) / done) if done >= 0.05 else None
 
-    def _in_about(self) -> str:
-        eta = self.eta_s()
-        return f"in about {max(5, round(eta / 5) * 5):.0f} s" if eta is not None else "when the build is done"
+    @staticmethod
+    def _about(eta: float | None) -> str:
+        return f"in about {max(5, round(eta / 5) * 5):.0f} s" if eta is not None else "when the build gets there"
 
-    def eta_line(self) -> str:
-        """"done in about N s" (or "done when the build is")."""
-        eta = self.eta_s()
-        return f"done in about {max(5, round(eta / 5) * 5):.0f} s" if eta is not None else "done when the build is"
+    def head_in(self) -> str:
+        return self._about(self.eta_s(self.head_share))
 
     def column(self, method: str) -> str | None:
         """A column's line for a method not served yet, else None."""
         if method not in self.methods:
             return None
-        return (f"{method} is coming {self._in_about()}: the first start's build trains it after card's check on "
-                "its validation people. The other columns do not wait; Compare again then.")
+        if self.head and method != "p2p":
+            return (f"{method} is coming {self.head_in()}: the first start's build trains the head that scores your "
+                    "style now. The other columns do not wait; Compare again then.")
+        return (f"{method} is coming {self._about(self.eta_s())}: the first start's build trains it after card's "
+                "check on its validation people. The other columns do not wait; Compare again then.")
+
+    def head_line(self, what: str) -> str | None:
+        """Why `what` (Fit, Why, Explore, a vote's refit) cannot run yet, else None."""
+        if not self.head:
+            return None
+        return (f"{what} waits for the head, the scorer of your style that the first start's build trains now: ready "
+                f"{self.head_in()}. Save, My cluster and Compare's base and cluster columns serve meanwhile.")
 
     def check_line(self) -> str | None:
         """Fit's and Compare's line while card's check runs, with where it stands, else None."""
-        if not self.checking:
+        if not self.checking or self.head:
             return None
         stage = self.progress()[0] if self.progress else ""
         where = stage[stage.find("(") + 1: stage.rfind(")")] if "(" in stage and stage.startswith("decoding") else \
             "starting"
         return (f"card's check on this build's validation people: running ({where}); until it decides, card decodes "
-                f"with the planned settings, and {self._in_about()} the studio takes its verdict")
+                f"with the planned settings, and {self._about(self.eta_s())} the studio takes its verdict")
+
+    def eta_line(self) -> str:
+        """"done in about N s" (or "done when the build gets there")."""
+        return f"done {self._about(self.eta_s())}"

@@ -265,6 +265,7 @@ class Comparisons(Service):
         template when `templated`, or a picked history item's): the token chosen, the cluster model's choice, and
         for the chosen token and its top rivals the log-probability among the step's candidates before (the
         cluster model), the correction and after (CARD), on one scale."""
+        self.rt.need_head("Why")
         name = self.rt.need_user(name)
         prompt = self.histories.resolve_prompt(text, templated, item_id, name)[0]
         state = self.histories.user_state(name, k)

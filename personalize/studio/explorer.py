@@ -123,6 +123,7 @@ class Explorer(Service):
         rest's texts, and output length. `with_k` False: the α points alone. The model lock
         (`lock`: the runtime's, or its `.background` for work nobody waits on) is taken step by step, so a
         person's Compare gets in between."""
+        self.rt.need_head("Explore")
         s, lock = s or self.engine.cfg.decoding, lock or self.model_lock
         alphas = check_alphas(alphas)
         with lock:
@@ -199,6 +200,7 @@ class Explorer(Service):
         the same held-out items (a third of the history, 2 to 8), each item's ROUGE-L paired. None where the build
         decodes card at α = 0 or the history is too short to hold any out. Scored copy-aware: an output that
         repeats one of the person's other texts and is not the held-out answer counts as a miss."""
+        self.rt.need_head("Fit's check")
         a, (n_items, n_holdable) = self.engine.cfg.decoding.alpha, self.held_out_room(name)
         n_holdout = min(8, n_items // 3, n_holdable)
         if a <= 0 or n_holdout < 2:

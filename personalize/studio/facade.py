@@ -14,6 +14,7 @@ import dataclasses
 from pathlib import Path
 from typing import Callable
 
+from personalize.catalog import STEERED
 from personalize.data import Item
 from personalize.humaneval import campaign_pool
 from personalize.methods.engine import Engine
@@ -93,13 +94,15 @@ class Studio:
         """Serves the build's card part while its build goes on: what `coming` names waits, and says when it comes."""
         self.runtime.coming = coming
 
-    def take_finished_build(self) -> None:
-        """The served build finished in its folder (build's on_part "all"): the guard's decision and P2P taken,
-        under the model lock. The weights, the people's fits and their first-use work stay: the same build id."""
+    def take_built_parts(self, coming: Coming = Coming()) -> None:
+        """The served build went on in its folder (build's on_part): the head, the guard's decision and P2P, as far
+        as they are there, taken under the model lock; `coming`: what is still to come. The weights held, the
+        people's histories, fits and first-use work stay: the same build id."""
         with self.runtime.model_lock:
-            self.runtime.engine.take_finished_build()
-            self.runtime.methods.pop("p2p", None)  # made again: its hypernetwork is in the folder now
-        self.runtime.coming = Coming()
+            self.runtime.engine.take_built_parts()
+            for m in [m for m in self.runtime.methods if m in STEERED or m == "p2p"]:
+                del self.runtime.methods[m]  # made again: the head and the hypernetwork are in the folder now
+        self.runtime.coming = coming
 
     def load_pending(self) -> None:
         """What the start left for after the page answers: the other cluster adapters (~1 s). A request

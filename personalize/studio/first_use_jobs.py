@@ -214,6 +214,7 @@ class FirstUseJobs(Service):
         An error leaves card over the cluster's adapter, and the page says why. Another login's person is taken,
         before anything is queued (issue 58: the job ran as no one and trained over them)."""
         name = self.rt.need_person(name)
+        self.rt.need_head("Your own adapter (its style is fitted over it)")
 
         def run(job, progress) -> None:
             with self.model_lock.background:

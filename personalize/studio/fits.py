@@ -192,6 +192,7 @@ class Fits(Service):
     def fit(self, name: str, k: int | None = None, progress: Callable[[str], None] | None = None) -> UserFit:
         """Fits the user's style (§1.6); the stored vector is replaced only if the whole fit succeeds. The person is
         read once: the fit's items serve the memory of its features and the refit on the votes already cast."""
+        self.rt.need_head("Fit")
         if self.histories.rewrites is not None and not self.histories.rewrites.done() and progress:
             progress("neutral rewrites and the first pass (started when the history was saved)")
         try:

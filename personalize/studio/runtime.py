@@ -161,6 +161,11 @@ class Runtime:
         if not self.store.access.sees_everyone():
             raise ValueError(f"{what} changes the studio for everyone: only an admin login may (app.py --admin NAME)")
 
+    def need_head(self, what: str) -> None:
+        """Refuses `what` while the first start's build still trains the head (studio.coming), saying when it comes."""
+        if line := self.coming.head_line(what):
+            raise ValueError(line)
+
     def need_user(self, name: str | None) -> str:
         """The user name typed at the top of the page, stripped; every tab that acts for a person needs one. A name
         another login holds is refused here, as taken: the same words on every button, before anything starts."""

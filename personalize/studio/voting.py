@@ -134,6 +134,7 @@ class Votes(Service):
         same prompt before and after. On a Compare column (`method`): that method's newest output for the person
         (the one shown), "before" CARD's output for the same prompt when Compare showed one; else on `text` for
         `prompt`, `before` CARD's output already shown."""
+        self.rt.need_head("A 👍 / 👎 (it refits your style)")
         if method is not None:
             prompt, text, before = self._shown(name, method, s)
             name = self.store.user(name)["name"]

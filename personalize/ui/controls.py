@@ -130,10 +130,10 @@ def follow_build(studio, shared: Shared, every_s: float = 5.0) -> None:
     """While the first start's build finishes (studio.coming), the title line says what is still coming and when;
     once it is done, the page takes the build's settings (the α its check chose) without a reload. Ticks touch no
     person's data and skip the queue (a Compare in progress does not hold them)."""
-    pending = gr.State(lambda: bool(studio.coming.methods or studio.coming.checking))
+    pending = gr.State(lambda: studio.coming.pending)
 
     def tick(was_pending):
-        now = bool(studio.coming.methods or studio.coming.checking)
+        now = studio.coming.pending
         if was_pending and not now:  # it just finished: the title without the line, the α card's check chose
             return now, page_text.header(studio), studio.settings().alpha
         return now, page_text.header(studio) if now else gr.skip(), gr.skip()

@@ -22,12 +22,15 @@ def header(studio) -> str:
 def coming_line(studio) -> str:
     """The header's line while the first start's build finishes what the studio does not serve yet."""
     c = studio.coming
-    if not c.methods and not c.checking:
+    if not c.pending:
         return ""
-    waits = [w for w in ("card's check on its validation people" if c.checking else "",
-                         f"{', '.join(sorted(c.methods))}" if c.methods else "") if w]
-    return (f"\n\n**The demo build is still finishing** ({' and '.join(waits)}, {c.eta_line()}); every tab serves "
-            "meanwhile, card with the planned settings. This line goes when it is done.")
+    if c.head:
+        return (f"\n\n**The demo build is still finishing:** card comes with its head ({c.head_in()}), then card's "
+                "check and P2P. Save, My cluster and Compare's base and cluster columns serve meanwhile. This line goes "
+                "when it is all done.")
+    return (f"\n\n**The demo build is still finishing** (card's check on its validation people and "
+            f"{', '.join(sorted(c.methods)) or 'nothing else'}, {c.eta_line()}); every tab serves meanwhile, card with "
+            "the planned settings. This line goes when it is done.")
 
 
 def save_message(studio, res: Saved, shown_name: str | None = None) -> str:

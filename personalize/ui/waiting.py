@@ -18,18 +18,21 @@ from personalize.display import md
 STUDIO_TITLE = "Personalization studio"  # the studio's own page (app.build_app)
 TITLE = f"{STUDIO_TITLE} · building the demo"
 LOADING_TITLE = f"{STUDIO_TITLE} · loading the model"
+# the build's share done once its head is trained (methods/card/build.py's STAGE_SHARES up to the head's end; the
+# neutral rewrites' share is skipped by a build whose people have prompts): when card's part arrives
+HEAD_SHARE = 0.85
 # what each tab waits for: the build's parts, in the order the build makes them (methods/card/build.py's stages)
 WAITS = (
     ("My writing", "the clusters: Save places your history among the build's people"),
     ("My cluster", "the clusters and their people"),
-    ("Fit my style", "the cluster adapters and the head: your style is fitted over your cluster's model"),
-    ("Compare", "the cluster adapters and the head (card's check on 30 validation people and P2P follow)"),
+    ("Fit my style", "the head (it follows the cluster model): your style is fitted over your cluster's model"),
+    ("Compare", "the cluster adapters (base and cluster serve first; card follows with the head, P2P last)"),
     ("Why", "the head"),
-    ("Rate", "the head (a campaign's P2P outputs wait for P2P's hypernetwork, which follows)"),
-    ("Quick pair", "the cluster adapters and the head"),
-    ("Leaderboard", "the head"),
-    ("Campaigns", "the head"),
-    ("Export", "the head"),
+    ("Rate", "the cluster model (a campaign's card and P2P outputs follow their parts)"),
+    ("Quick pair", "the cluster adapters (card's side follows with the head)"),
+    ("Leaderboard", "the cluster model"),
+    ("Campaigns", "the cluster model"),
+    ("Export", "the cluster model"),
     ("Explore", "the head"),
     ("Populations", "the whole build (a second build waits for the first)"),
 )
@@ -56,7 +59,9 @@ class FirstStart:
     started: float = field(default_factory=time.time)
     done: threading.Event = field(default_factory=threading.Event)
 
-    card: threading.Event = field(default_factory=threading.Event)  # the build's card part is written: it serves
+    # the build's parts as they are written (build's on_part): the studio serves from the cluster part on
+    cluster: threading.Event = field(default_factory=threading.Event)
+    card: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> "FirstStart":
         threading.Thread(target=self._run, name="first-start-build", daemon=True).start()
@@ -71,24 +76,27 @@ class FirstStart:
             self.error = f"{type(e).__name__}: {e}"
         finally:
             self.done.set()
-            self.card.set()  # whoever waits for the card part stops waiting (done, or failed: job.error says)
+            self.cluster.set(), self.card.set()  # whoever waits for a part stops waiting (done, or job.error says)
 
     def _progress(self, stage: str, fraction: float) -> None:
         self.stage, self.fraction = stage, fraction
 
     def _part(self, part: str, _folder) -> None:
-        if part == "card":
-            self.card.set()
+        {"cluster": self.cluster, "card": self.card}.get(part, threading.Event()).set()
 
     def coming(self):
-        """What the studio does not serve yet while this build finishes (studio.coming.Coming): P2P, and card's
-        check, with this build's progress; nothing once it is done."""
+        """What the studio does not serve yet while this build finishes (studio.coming.Coming), with this build's
+        progress: card and its variants until the head is trained, card's check and P2P until the end; nothing
+        once it is done."""
+        from personalize.catalog import STEERED
         from personalize.studio.coming import Coming
 
         if self.done.is_set():
             return Coming()
-        return Coming(frozenset({"p2p"}), lambda: (self.stage, self.fraction, time.time() - self.started),
-                      checking=True)
+        progress = lambda: (self.stage, self.fraction, time.time() - self.started)  # noqa: E731
+        if not self.card.is_set():
+            return Coming(frozenset(STEERED) | {"p2p"}, progress, checking=True, head=True, head_share=HEAD_SHARE)
+        return Coming(frozenset({"p2p"}), progress, checking=True)
 
     def line(self, now: float | None = None) -> str:
         """Where the build stands, in words: its stage, its share, the time so far and an estimate of the time left
@@ -96,9 +104,9 @@ class FirstStart:
         spent = (now or time.time()) - self.started
         if self.error:
             return f"The demo build failed after {spent:.0f} s: {md(self.error)}"
-        if self.done.is_set() or self.card.is_set():
-            return (f"Card can decode ({spent:.0f} s); loading the model, then this page turns into the studio "
-                    "by itself (card's check and P2P follow while you use it).")
+        if self.done.is_set() or self.cluster.is_set():
+            return (f"The cluster model can decode ({spent:.0f} s); loading it, then this page turns into the studio "
+                    "by itself (the head, card's check and P2P follow while you use it).")
         left = (f", about {spent * (1 - self.fraction) / self.fraction / 60:.0f} min left"
                 if self.fraction >= 0.05 else "")
         return (f"Building the demo once (later starts take seconds): **{self.stage}**, {self.fraction:.0%} "
@@ -108,9 +116,10 @@ class FirstStart:
 def waiting_page(job: FirstStart) -> gr.Blocks:
     """The page the first start serves while `job` builds: the progress, then each tab with what it waits for."""
     with gr.Blocks(title=TITLE, analytics_enabled=False) as page:
-        gr.Markdown("# Personalization studio\nThe first start builds the demo the studio serves. Every tab opens "
-                    "once card can decode (its check on the validation people and P2P's hypernetwork follow while "
-                    "you use the studio); this page follows the build and reloads itself then.")
+        gr.Markdown("# Personalization studio\nThe first start builds the demo the studio serves. The studio opens "
+                    "once the cluster model can decode; card follows when its head is trained, then its check on the "
+                    "validation people and P2P's hypernetwork, while you use the studio. This page follows the build "
+                    "and reloads itself into the studio.")
         bar = gr.Slider(0, 100, value=0, label="demo build (%)", interactive=False, elem_id="first-start-bar")
         status = gr.Markdown(job.line(), elem_id="first-start-status")
         with gr.Tabs():

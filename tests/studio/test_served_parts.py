@@ -1,7 +1,8 @@
-"""The studio serves a build as it is built (issue 58): the build writes its card part once card can decode and goes
-on with card's check (the harm guard) and P2P; the studio serves the part meanwhile (P2P's column says when it
-comes, Fit and Compare say that card's check runs), then takes the last parts in place. What a person saved and
-fitted before stands after; app.py says `studio serves: card`, then `studio serves: all`."""
+"""The studio serves a build as it is built (issue 58): the build writes its cluster part once the cluster model can
+decode, adds the head (card's part), then card's check (the harm guard) and P2P, in place; the studio serves each
+part meanwhile (a column not served yet says when it comes, what needs the head says it waits for it, Fit and Compare
+say that card's check runs), and takes the next in place. What a person saved and fitted before stands after; app.py
+says `studio serves: cluster`, `card`, `all`."""
 
 from __future__ import annotations
 
@@ -25,19 +26,21 @@ import app as studio_app  # noqa: E402
 
 @pytest.fixture()
 def building(tiny_artifacts, tmp_path):
-    """The tiny build run in a thread with on_part; it stops after its card part until `go` is set."""
+    """The tiny build run in a thread with on_part; it stops after each part until the test lets it go on."""
     from conftest import tiny_build_config
     from personalize.methods.card.build import build
 
-    parts, card, go, done = [], threading.Event(), threading.Event(), threading.Event()
+    parts, reached, done = [], threading.Semaphore(0), threading.Event()
+    go = {"cluster": threading.Event(), "card": threading.Event()}
     out = tmp_path / "demo"
     progress = {"stage": "", "share": 0.0}
 
     def on_part(part, folder):
-        parts.append((part, json.loads((folder / "config.json").read_text()), (folder / "p2p").exists()))
-        if part == "card":
-            card.set()
-            assert go.wait(300)
+        parts.append((part, json.loads((folder / "config.json").read_text()),
+                      sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))))
+        reached.release()
+        if part in go:
+            assert go[part].wait(300)
 
     def run():
         try:
@@ -46,35 +49,58 @@ def building(tiny_artifacts, tmp_path):
                   on_part=on_part, progress=lambda s, f: progress.update(stage=s, share=f))
         finally:
             done.set()
-            card.set()
+            reached.release()
 
     threading.Thread(target=run, daemon=True).start()
-    assert card.wait(300)
-    yield SimpleNamespace(out=out, parts=parts, go=go, done=done, progress=progress)
-    go.set()
+    yield SimpleNamespace(out=out, parts=parts, reached=reached, go=go, done=done, progress=progress)
+    for e in go.values():
+        e.set()
     done.wait(300)
 
 
-def test_the_card_part_serves_before_the_build_ends_and_nothing_saved_is_lost_when_the_rest_arrives(
-        building, tiny_artifacts, tmp_path):
+def test_each_part_serves_as_it_is_built_and_nothing_saved_is_lost_when_the_next_arrives(building, tiny_artifacts,
+                                                                                           tmp_path):
+    from personalize.catalog import STEERED
     from personalize.fitting.plan import demo_ready
     from personalize.studio.facade import Studio, StudioConfig
     from personalize.ui import text as page_text
 
-    (part, meta, has_p2p), = building.parts
-    assert part == "card" and meta["part"] == "card" and not has_p2p
-    assert meta["report"]["tune"]["guard"]["running"]
-    assert not demo_ready(tiny_artifacts["demo"], building.out)  # a start that finds only the part builds again
+    assert building.reached.acquire(timeout=300)
+    (part, meta, files), = building.parts
+    assert part == "cluster" and meta["part"] == "cluster" and meta["head_users"] == {}
+    assert "adapters" in files and "clusters.npz" in files and not [f for f in files if f.startswith("head_")]
+    assert not demo_ready(tiny_artifacts["demo"], building.out)  # a start that finds only a part builds again
     studio = Studio.load(StudioConfig(artifacts=str(building.out), db=str(tmp_path / "studio.db"), own_adapters=False,
                                       demo_data=str(tiny_artifacts["demo"]), export_dir=str(tmp_path / "exports")))
     progress = building.progress
-    studio.follow_build(Coming(frozenset({"p2p"}), lambda: (progress["stage"], max(progress["share"], 0.5), 60.0),
-                               checking=True))
+    pace = lambda: (progress["stage"], max(progress["share"], 0.5), 60.0)  # noqa: E731
+    studio.follow_build(Coming(frozenset(STEERED) | {"p2p"}, pace, checking=True, head=True, head_share=0.85))
     first = studio.served.artifacts_id
+    assert studio.served.part == "cluster" and studio.served.heads == {}
+    studio_app.build_app(studio)  # every tab lays itself out over a build without its head
+
+    # the cluster part: Save and Compare's base and cluster columns serve; card says when it comes; Fit waits
     texts = "\n".join(f"my note number {i} on the river walk, short and plain" for i in range(8))
     studio.save_from("ana", texts, None, studio.served.task.name)
-    fit = studio.fits.fit("ana")
     s = studio.settings(max_new_tokens=4)
+    out = {o.method: o for o in studio.comparisons.compare("ana", "Write about the river", ["base", "cluster", "card"],
+                                                          s)}
+    assert out["base"].error is None and out["cluster"].error is None
+    assert "card is coming in about" in out["card"].error and "head" in out["card"].error
+    for refused in (lambda: studio.fits.fit("ana"), lambda: studio.explorer.explore("ana", [0.0, 1.0]),
+                    lambda: studio.comparisons.why("ana", "Write about the river", s)):
+        with pytest.raises(ValueError, match="waits for the head"):
+            refused()
+    assert "card comes with its head" in page_text.header(studio)
+
+    building.go["cluster"].set()  # the head trains; the card part is written in place
+    assert building.reached.acquire(timeout=300)
+    (part, meta, files) = building.parts[-1]
+    assert part == "card" and meta["part"] == "card" and meta["id"] == first and "head_tokens.safetensors" in files
+    assert meta["report"]["tune"]["guard"]["running"] and "p2p" not in files
+    studio.take_built_parts(Coming(frozenset({"p2p"}), pace, checking=True))
+    assert studio.served.part == "card" and set(studio.served.heads) == {"tokens"}
+    fit = studio.fits.fit("ana")
     out = {o.method: o for o in studio.comparisons.compare("ana", "Write about the river", ["card", "p2p"], s)}
     assert out["card"].error is None and out["card"].text is not None
     assert "p2p is coming in about" in out["p2p"].error, out["p2p"].error
@@ -82,13 +108,13 @@ def test_the_card_part_serves_before_the_build_ends_and_nothing_saved_is_lost_wh
     assert "validation people\\: running" in note and "planned settings" in note, note
     assert "still finishing" in page_text.header(studio)
 
-    building.go.set()  # the build decides card's check, trains P2P, finishes in place
-    assert building.done.wait(300)
-    (last, final, has_p2p) = building.parts[-1]
-    assert last == "all" and "part" not in final and has_p2p and final["id"] == first
+    building.go["card"].set()  # the build decides card's check, trains P2P, finishes in place
+    assert building.done.wait(300) and building.reached.acquire(timeout=30)
+    (last, final, files) = building.parts[-1]
+    assert last == "all" and "part" not in final and "p2p" in files and final["id"] == first
     assert "running" not in final["report"]["tune"]["guard"]
-    studio.take_finished_build()
-    assert studio.coming == Coming() and studio.served.artifacts_id == first
+    studio.take_built_parts()
+    assert studio.coming == Coming() and studio.served.artifacts_id == first and studio.served.part is None
     assert studio.served.meta["report"]["tune"]["guard"] == final["report"]["tune"]["guard"]
     assert studio.served.cfg.decoding.alpha == final["settings"]["decoding"]["alpha"]
     assert page_text.guard_note(studio) is None or "running" not in page_text.guard_note(studio)
@@ -104,31 +130,42 @@ def test_the_card_part_serves_before_the_build_ends_and_nothing_saved_is_lost_wh
 
 
 def test_app_says_when_each_part_serves(tiny_artifacts, tmp_path, capsys):
-    """serve_parts: `studio serves: card` while the build runs, `studio serves: all` when it is done (the last
-    parts taken); a later start (no build) says `all` at once."""
+    """serve_parts: `studio serves: cluster`, `card`, `all`, one line each as the first start's build reaches each
+    part (the later ones taken in place); a later start (no build) says `all` at once; a build that fails says so."""
     from conftest import tiny_studio
 
     studio = tiny_studio(tiny_artifacts, tmp_path)
-    job = SimpleNamespace(done=threading.Event(), error=None)
-    studio.follow_build(Coming(frozenset({"p2p"}), checking=True))
-    studio_app.serve_parts(studio, job)
-    assert capsys.readouterr().out.splitlines() == ["studio serves: card"]
-    job.done.set()
-    deadline = time.monotonic() + 30
-    while studio.coming != Coming() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    time.sleep(0.2)
-    assert studio.coming == Coming() and capsys.readouterr().out.splitlines() == ["studio serves: all"]
+
+    def job(error=None):
+        return SimpleNamespace(cluster=threading.Event(), card=threading.Event(), done=threading.Event(), error=error,
+                               coming=lambda: Coming())
+
+    def lines_until(n, timeout=30):
+        got, deadline = [], time.monotonic() + timeout
+        while len(got) < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+            got += capsys.readouterr().out.splitlines()
+        return got
+
+    j = job()
+    studio.follow_build(Coming(frozenset({"card", "p2p"}), head=True, checking=True))
+    studio_app.serve_parts(studio, j)
+    j.cluster.set()
+    assert lines_until(1) == ["studio serves: cluster"]
+    j.card.set()
+    assert lines_until(1) == ["studio serves: card"]
+    j.done.set()
+    assert lines_until(1) == ["studio serves: all"] and studio.coming == Coming()
     studio_app.serve_parts(studio, None)
     assert capsys.readouterr().out.splitlines() == ["studio serves: all"]
-    failed = SimpleNamespace(done=threading.Event(), error="RuntimeError: out of disk")
+    failed = job("RuntimeError: out of disk")
     studio.follow_build(Coming(frozenset({"p2p"}), checking=True))
     studio_app.serve_parts(studio, failed)
-    failed.done.set()
+    failed.cluster.set(), failed.card.set(), failed.done.set()
     deadline = time.monotonic() + 30
     while studio.coming != Coming() and time.monotonic() < deadline:
         time.sleep(0.1)
     time.sleep(0.2)
     got = capsys.readouterr()
-    assert got.out.splitlines() == ["studio serves: card"] and "last parts failed (RuntimeError: out of disk)" in got.err
+    assert got.out.splitlines() == [] and "last parts failed (RuntimeError: out of disk)" in got.err
     studio.store.close()

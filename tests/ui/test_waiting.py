@@ -29,7 +29,9 @@ def test_the_page_answers_during_the_build_and_follows_it(monkeypatch, tmp_path)
         progress("clusters", 0.15)
         seen.append("started")
         release.wait(30)
-        on_part("card", art)  # the studio may serve card's part from here (app.load_studio waits for it)
+        on_part("cluster", art)  # the studio may serve from here (app.load_studio waits for it)
+        progress("head (tokens)", 0.7)
+        on_part("card", art)
         progress("decoding choice", 0.9)
 
     monkeypatch.setattr(plan, "ensure_demo", slow_build)
@@ -43,10 +45,10 @@ def test_the_page_answers_during_the_build_and_follows_it(monkeypatch, tmp_path)
         text = json.dumps(config)
         assert all(tab in text for tab, _ in waiting.WAITS) and "waits for the clusters" in text
         assert seen == ["started"] and job.stage == "clusters" and not job.done.is_set()
-        assert not job.card.is_set() and job.coming().checking  # before its card part: nothing serves
+        assert not job.cluster.is_set() and job.coming().head  # before its cluster part: nothing serves
         release.set()
-        assert job.card.wait(10) and "Card can decode" in job.line()
-        assert job.done.wait(10) and job.error is None and job.coming().methods == frozenset()
+        assert job.cluster.wait(10) and "The cluster model can decode" in job.line()
+        assert job.done.wait(10) and job.error is None and not job.coming().pending
     finally:
         release.set()
         page.close()

@@ -102,11 +102,11 @@ def build(data_dir: str | Path, split: str, out: str | Path, cfg: CardConfig = C
     cluster_trainer: trains the cluster adapters elsewhere (`build --ray`), with the same weights; None: here.
     tune_steps: the decoding choice's steps to run (tune.STEPS; None: all); the others keep `cfg`'s settings, and the
     harm guards run whatever they are (the first start's demo starts from the measured best: fitting/plan.py).
-    on_part(part, out): the build serves as it is built (the app's first start, issue 58). Once card can decode,
-    `out` is written with the head and the planned decoding, its guard still to run and no P2P (config.json's `part`
-    is "card"; a later start does not take it for a whole build) and on_part("card", out) is called; the guard's
-    decision and P2P's hypernetwork are then added to that folder in place, under the same id (what people saved
-    over it stays theirs), and on_part("all", out) is called.
+    on_part(part, out): the build serves as it is built (the app's first start, issue 58). Once the cluster model can
+    decode, `out` is written with the clusters and adapters (config.json's `part` "cluster": a later start does not
+    take it for a whole build) and on_part("cluster", out) is called; the head is then added in place ("card": card
+    decodes with the planned settings, its guard still to run), then the guard's decision and P2P's hypernetwork
+    ("all"): each in place, under the same id (what people saved over it stays theirs), each told to on_part.
 
     Two processes building the same `out` at once (two first starts) take turns under a lock on
     `<out>.lock`; one that waited and finds `out` freshly written by the other returns it as it is."""
@@ -209,6 +209,14 @@ def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, 
         states = LowerStates.for_settings(model, lm.tokenizer, cfg.lora, cfg.budget)
         report["adapters"] += _cluster_adapters(model, lm.tokenizer, jobs, cfg, step, cluster_trainer, states)
 
+    served = None  # config.json of the parts served so far (on_part), written in place from here on
+    if on_part is not None:
+        report["tune"] = {"guard": {"running": True, "kept": True,
+                                    "why": "card's check on this build's validation people: not run yet"}}
+        served = _save(out, cfg, task.name, names, {}, engine.clusters, model, {}, {}, report, str(data_dir), split,
+                       None, step, part="cluster")
+        on_part("cluster", out)
+
     heads, head_users, lambdas = {}, {}, {}
     report["head"] = {}
     kd = cfg.default_k
@@ -235,12 +243,10 @@ def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, 
     # who chose the settings, by name: the studio offers people the build never saw at all as its newcomers
     report["validation_people"] = ([n for n in sorted(val_users) if len(users[n]) >= 3]
                                    + [q.user or q.id for q in chosen_on[: len(outside)]])
-    served = None  # config.json of the card part, where one was served
-    if on_part is not None:
-        report["tune"] = {"guard": {"running": True, "kept": True, "people": len(val),
-                                    "why": "card's check on this build's validation people: running"}}
-        served = _save(out, cfg, task.name, names, head_users, engine.clusters, model, heads, lambdas, report,
-                       str(data_dir), split, None, step, part="card")
+    if served is not None:
+        report["tune"]["guard"] |= {"people": len(val), "why": "card's check on this build's validation people: running"}
+        _write_heads(out, heads, lambdas)
+        served = _update(out, served, {"head_users": head_users, "report": report}, part="card")
         on_part("card", out)
     if val and any(a > 0 for a in cfg.alphas):
         with timed("decoding choice"):  # tune.py's whole choice, then its harm guard (never on eval's queries, §1.9.2)
@@ -292,7 +298,10 @@ def _build(data_dir, split, out: Path, cfg: CardConfig, limit_users, seed, p2p, 
     report["total_s"] = round(time.perf_counter() - t_all, 1)
     step("save")
     if served is not None:
-        _finish(out, served, cfg, report, hyper)
+        if hyper is not None:
+            _write_p2p(out, hyper, served["id"], report["p2p"])
+        _update(out, served, {"settings": cfg.to_dict(), "report": report})
+        _log(f"artifacts written to {out} (id {served['id']}) in {report['total_s']} s: the guard decided, P2P is in")
         on_part("all", out)
         return out
     _save(Path(out), cfg, task.name, names, head_users, engine.clusters, model, heads, lambdas, report,
@@ -410,10 +419,7 @@ def _save(out: Path, cfg, task, names, head_users, clusters, model, heads, lambd
     np.savez(tmp / "clusters.npz", embeddings=clusters.embeddings,
              **{f"centroids_k{k}": c for k, c in clusters.centroids.items()},
              **{f"labels_k{k}": l for k, l in clusters.labels.items()})
-    for obj, head in heads.items():
-        save_file({"P": head.P.weight.detach().contiguous(), "U": head.U.detach().contiguous(),
-                   "h_mean": head.h_mean, "h_std": head.h_std, "gamma": head.gamma,
-                   "lambdas": lambdas[obj].contiguous()}, str(tmp / f"head_{obj}.safetensors"))
+    _write_heads(tmp, heads, lambdas)
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
     digest = hashlib.sha1(f"{out.name}{created}{cfg.to_dict()}".encode()).hexdigest()[:8]
     meta = {"format_version": FORMAT_VERSION, "name": out.name, "id": f"{out.name}-{digest}", "created": created,
@@ -440,22 +446,36 @@ def _save(out: Path, cfg, task, names, head_users, clusters, model, heads, lambd
     return meta
 
 
-def _finish(out: Path, served: dict, cfg, report: dict, hyper) -> None:
-    """The build's last parts added in place to the folder its card part serves from (the adapters, clusters and
-    head there are this build's already): P2P's hypernetwork, its folder renamed in whole, then config.json,
-    replaced at once, with the guard's decision in its settings, the whole report and no `part`."""
-    if hyper is not None:
-        tmp = out / f".{p2p_mod.ARTIFACTS_DIR}.partial"
-        shutil.rmtree(tmp, ignore_errors=True)
-        p2p_mod.save(hyper, tmp, {"artifacts_id": served["id"], "report": report["p2p"]})
-        shutil.rmtree(out / p2p_mod.ARTIFACTS_DIR, ignore_errors=True)
-        tmp.rename(out / p2p_mod.ARTIFACTS_DIR)
-    meta = {k: v for k, v in served.items() if k != "part"} | {"settings": cfg.to_dict(), "report": report}
-    meta = portable(json.loads(json.dumps(meta, default=_json_default)), out, checkout=Path.cwd())
+def _write_heads(folder: Path, heads: dict, lambdas: dict) -> None:
+    """head_<objective>.safetensors, each written beside and renamed into place (a part served reads it whole)."""
+    for obj, head in heads.items():
+        tmp = folder / f".head_{obj}.partial"
+        save_file({"P": head.P.weight.detach().contiguous(), "U": head.U.detach().contiguous(),
+                   "h_mean": head.h_mean, "h_std": head.h_std, "gamma": head.gamma,
+                   "lambdas": lambdas[obj].contiguous()}, str(tmp))
+        os.replace(tmp, folder / f"head_{obj}.safetensors")
+
+
+def _write_p2p(out: Path, hyper, artifacts_id: str, report: dict) -> None:
+    """P2P's hypernetwork added to a served folder: written beside, its folder renamed in whole."""
+    tmp = out / f".{p2p_mod.ARTIFACTS_DIR}.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    p2p_mod.save(hyper, tmp, {"artifacts_id": artifacts_id, "report": report})
+    shutil.rmtree(out / p2p_mod.ARTIFACTS_DIR, ignore_errors=True)
+    tmp.rename(out / p2p_mod.ARTIFACTS_DIR)
+
+
+def _update(out: Path, served: dict, changes: dict, part: str | None = None) -> dict:
+    """config.json of a served folder with `changes`, replaced at once (after the files it names are in place), the
+    part it now is marked (None: the whole build); the id stays. Returns the new content (as _save does)."""
+    meta = {k: v for k, v in served.items() if k != "part"} | changes | ({"part": part} if part else {})
+    written = portable(json.loads(json.dumps(meta, default=_json_default)), out, checkout=Path.cwd())
     tmp = out / ".config.json.partial"
-    tmp.write_text(json.dumps(meta, indent=2))
+    tmp.write_text(json.dumps(written, indent=2))
     os.replace(tmp, out / "config.json")
-    _log(f"artifacts written to {out} (id {meta['id']}) in {report['total_s']} s: the guard decided, P2P is in")
+    if part:
+        _log(f"{out} serves its {part} part (id {meta['id']}); the build goes on")
+    return json.loads(json.dumps(meta, default=_json_default))
 
 
 def _json_default(o):
