@@ -17,8 +17,8 @@ same clone, then `make extra` (the optional weight `make run` leaves out), timed
 of pip's install (to time the rest on a busy day); it says so.
 --shots: headless Chromium on the first start: each tab's waiting state while the build runs, the studio once it
 serves (card's part), then a new person's history saved and the first Compare of the methods ticked by default,
-timed to its Done line (one text a line in --history); then, once the build's last parts arrive (the title line's
-"still finishing" goes), the page again and the same Compare pressed again. Each `studio serves: <part>` line of
+timed to its Done line (one text a line in --history); then the page when card's part arrives (the title line says
+so) and the same Compare pressed again, and the page when the build is all done ("still finishing" goes). Each `studio serves: <part>` line of
 `make run` is timed (serves_s).
 """
 
@@ -190,13 +190,19 @@ def browser_walk(shots: Path, history: str, prompt: str):
         p.type("prompt", prompt)
         out["compare"], out["first_compare_s"] = pressed("compare-button", "compare-status", "Done:", "⚠️")
         p.shot("studio-2-first-compare")
-        t0 = time.perf_counter()  # the build's last parts (card's check, P2P) arrive while the page is open
+        out["first_compare_card"] = p.el("#compare-status").text
+        t0 = time.perf_counter()  # the build's later parts arrive while the page is open (its title line says so)
+        WebDriverWait(d, 900, 2).until(lambda _: "card comes with its head" not in p.el("#header").text)
+        out["card_after_compare_s"] = round(time.perf_counter() - t0, 1)
+        out["compare_when_card_came"] = p.el("#compare-status").text  # the Compare made before still stands
+        p.shot("studio-3-card-arrived")
+        out["compare_with_card"], out["compare_with_card_s"] = pressed("compare-button", "compare-status", "Done:",
+                                                                       "⚠️")
+        p.shot("studio-4-compare-with-card")
         WebDriverWait(d, 900, 2).until(lambda _: "still finishing" not in p.el("#header").text)
         out["all_after_compare_s"] = round(time.perf_counter() - t0, 1)
-        out["compare_after_all"] = p.el("#compare-status").text  # the Compare made before still stands
-        p.shot("studio-3-all-served")
-        out["compare_again"], out["compare_again_s"] = pressed("compare-button", "compare-status", "Done:", "⚠️")
-        p.shot("studio-4-compare-after-all")
+        out["compare_when_all_came"] = p.el("#compare-status").text
+        p.shot("studio-5-all-served")
         return out
 
     return waiting, studio, d.quit
