@@ -95,7 +95,7 @@ def make_run(clone: Path, log: Path, timeout: float, stamp: Path | None = None, 
                 if "page_s" not in out and walk is not None and title == WAITING:
                     walk[0](f"http://127.0.0.1:{port}/")
                 out.setdefault("page_s", now)
-                if title == STUDIO_TITLE:
+                if title == STUDIO_TITLE and "studio_s" not in out:  # (the loop goes on until `all` serves)
                     out["studio_s"] = now
                     if walk is not None:
                         out["browser"] = walk[1](f"http://127.0.0.1:{port}/")
@@ -174,8 +174,13 @@ def browser_walk(shots: Path, history: str, prompt: str):
             p.shot(f"waiting-{i:02d}-{tab.lower().replace(' ', '-')}")
 
     def pressed(button: str, status: str, *needles: str) -> tuple[str, float]:
+        """The button pressed, then its status line until it holds a needle; a line that holds one already (the
+        same Compare pressed again) is first waited out, so the answer is the new one."""
         t0 = time.perf_counter()
+        shown = any(n in p.el(f"#{status}").text for n in needles)
         p.click(button)
+        if shown:
+            WebDriverWait(d, 120, 0.2).until(lambda _: not any(n in p.el(f"#{status}").text for n in needles))
         return p.until_text(status, *needles), round(time.perf_counter() - t0, 1)
 
     def studio(url: str) -> dict:

@@ -89,7 +89,7 @@ def compare(studio, name, text, templated, item, chosen, alpha, top_k, max_token
         yield (_err(e), *hidden.values())
         return
     name, state, full = plan.name, plan.state, plan.prompt
-    note = "" if state.fitted else " (not fitted yet: CARD uses λ = 1, your cluster's shared head)"
+    note = "" if state.fitted or studio.coming.head else " (not fitted yet: CARD uses λ = 1, your cluster's shared head)"
     steered = any(m in STEERED for m in chosen)
     if steered and (check := studio.coming.check_line()):
         note += f" ({check})"

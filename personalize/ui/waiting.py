@@ -18,9 +18,9 @@ from personalize.display import md
 STUDIO_TITLE = "Personalization studio"  # the studio's own page (app.build_app)
 TITLE = f"{STUDIO_TITLE} · building the demo"
 LOADING_TITLE = f"{STUDIO_TITLE} · loading the model"
-# the build's share done once its head is trained (methods/card/build.py's STAGE_SHARES up to the head's end; the
-# neutral rewrites' share is skipped by a build whose people have prompts): when card's part arrives
-HEAD_SHARE = 0.85
+# the build's share done once its head is trained (methods/card/build.py's STAGE_SHARES up to the head's end, a test
+# keeps them equal; this module imports no model code): when card's part arrives
+HEAD_SHARE = 0.72
 # what each tab waits for: the build's parts, in the order the build makes them (methods/card/build.py's stages)
 WAITS = (
     ("My writing", "the clusters: Save places your history among the build's people"),

@@ -8,6 +8,8 @@ import threading
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 import personalize.fitting.plan as plan
 from personalize.ui import waiting
 from tools.browser import free_port
@@ -52,3 +54,10 @@ def test_the_page_answers_during_the_build_and_follows_it(monkeypatch, tmp_path)
     finally:
         release.set()
         page.close()
+
+
+def test_the_page_estimates_cards_part_from_the_builds_own_shares():
+    from personalize.methods.card.build import STAGE_SHARES
+
+    names = list(STAGE_SHARES)
+    assert waiting.HEAD_SHARE == pytest.approx(sum(STAGE_SHARES[n] for n in names[: names.index("head") + 1]))
