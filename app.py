@@ -166,6 +166,8 @@ def serve_parts(studio, job) -> None:
         return
 
     def follow():
+        from tqdm import tqdm
+
         from personalize.studio.coming import Coming
 
         for part, reached in (("cluster", job.cluster), ("card", job.card), ("all", job.done)):
@@ -177,7 +179,8 @@ def serve_parts(studio, job) -> None:
                 return
             if part != "cluster":
                 studio.take_built_parts(job.coming())
-            print(f"studio serves: {part}", flush=True)
+            tqdm.write(f"studio serves: {part}", file=sys.stdout)  # its own line, above the build's progress bars
+            sys.stdout.flush()
 
     threading.Thread(target=follow, name="first-start-parts", daemon=True).start()
 

@@ -35,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -81,13 +82,20 @@ def make_run(clone: Path, log: Path, timeout: float, stamp: Path | None = None, 
     with log.open("w") as f:
         proc = subprocess.Popen(["make", "run", f"ARGS=--port {port}"], cwd=clone, stdout=f, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+    stop = threading.Event()
+
+    def parts():  # each `studio serves: <part>` line timed as it is printed, while the walk holds the loop below
+        while not stop.is_set():
+            for part in re.findall(r"studio serves: (cluster|card|all)\b", log.read_text(errors="replace")):
+                out["serves_s"].setdefault(part, round(time.perf_counter() - t0, 1))
+            time.sleep(0.2)
+
+    threading.Thread(target=parts, daemon=True).start()
     try:
         while "studio_s" not in out or "all" not in out["serves_s"]:
             if proc.poll() is not None:
                 raise SystemExit(f"make run exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
             now = round(time.perf_counter() - t0, 1)
-            for part in re.findall(r"^studio serves: (\w+)$", log.read_text(), flags=re.M):  # one line a part
-                out["serves_s"].setdefault(part, now)
             if stamp is not None and "pip_s" not in out and stamp.exists():
                 out["pip_s"] = now
             title = _title(port)
@@ -104,6 +112,7 @@ def make_run(clone: Path, log: Path, timeout: float, stamp: Path | None = None, 
             time.sleep(0.5)
         return out
     finally:
+        stop.set()
         os.killpg(proc.pid, signal.SIGINT)
         try:
             proc.wait(60)
