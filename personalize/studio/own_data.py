@@ -250,11 +250,13 @@ class OwnData(Service):
 
     def style_key(self, name: str, all_versions: bool = False) -> str:
         """The user's current style (or every version, one key per line) as text they can take elsewhere."""
+        self.rt.need_head("A style key")
         return export_keys(self.store, BuildInfo.of_engine(self.engine), name, all_versions)
 
     def import_style_key(self, text: str, name: str | None = None) -> ImportedKeys:
         """The key's style for `name` (else the key's person); a name another login holds is refused first."""
         name = self.rt.need_user(name) if name and name.strip() else None
+        self.rt.need_head("A style key")
         return import_keys(self.store, BuildInfo.of_engine(self.engine), text, name)
 
     def forget(self, name: str | None, confirmed: bool) -> Forgotten:

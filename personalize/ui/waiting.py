@@ -82,7 +82,8 @@ class FirstStart:
         self.stage, self.fraction = stage, fraction
 
     def _part(self, part: str, _folder) -> None:
-        {"cluster": self.cluster, "card": self.card}.get(part, threading.Event()).set()
+        if part in ("cluster", "card"):  # (the last, "all", is `done`)
+            getattr(self, part).set()
 
     def coming(self):
         """What the studio does not serve yet while this build finishes (studio.coming.Coming), with this build's

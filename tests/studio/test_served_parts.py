@@ -88,7 +88,8 @@ def test_each_part_serves_as_it_is_built_and_nothing_saved_is_lost_when_the_next
     assert out["base"].error is None and out["cluster"].error is None
     assert "card is coming in about" in out["card"].error and "head" in out["card"].error
     for refused in (lambda: studio.fits.fit("ana"), lambda: studio.explorer.explore("ana", [0.0, 1.0]),
-                    lambda: studio.comparisons.why("ana", "Write about the river", s)):
+                    lambda: studio.comparisons.why("ana", "Write about the river", s),
+                    lambda: studio.own_data.style_key("ana")):
         with pytest.raises(ValueError, match="waits for the head"):
             refused()
     assert "card comes with its head" in page_text.header(studio)
