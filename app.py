@@ -173,7 +173,7 @@ def serve_parts(studio, job) -> None:
         for part, reached in (("cluster", job.cluster), ("card", job.card), ("all", job.done)):
             reached.wait()
             if job.error:  # what serves keeps serving; the next start builds the demo again (its part is marked)
-                studio.follow_build(Coming())
+                studio.follow_build(Coming.after_failure(job.error, bool(studio.served.heads)))
                 print(f"error: the demo build's last parts failed ({job.error}): the studio serves what it had; the "
                       "next start builds the demo again", file=sys.stderr, flush=True)
                 return

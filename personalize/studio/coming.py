@@ -23,10 +23,18 @@ class Coming:
     checking: bool = False  # card's check (the guard) has not decided
     head: bool = False  # the head is still training: card and whatever fits a style wait for it
     head_share: float = 1.0  # the build's share done when the head is (build.STAGE_SHARES)
+    failed: str = ""  # the build stopped with this error: what it had not made yet will not come
+
+    @classmethod
+    def after_failure(cls, error: str, has_head: bool) -> "Coming":
+        """What a build that failed leaves out: card's part where the head never came, P2P and the check always."""
+        from personalize.catalog import STEERED
+
+        return cls(frozenset({"p2p"} if has_head else set(STEERED) | {"p2p"}), head=not has_head, failed=error)
 
     @property
     def pending(self) -> bool:
-        return bool(self.methods or self.checking or self.head)
+        return bool(self.methods or self.checking or self.head) and not self.failed
 
     def eta_s(self, share: float = 1.0) -> float | None:
         """Seconds until the build's share reaches `share`, from its pace so far (None until there is enough of it
@@ -47,6 +55,8 @@ class Coming:
         """A column's line for a method not served yet, else None."""
         if method not in self.methods:
             return None
+        if self.failed:
+            return f"{method} is not served: the first start's build failed ({self.failed}); the next start builds it again."
         if self.head and method != "p2p":
             return (f"{method} is coming {self.head_in()}: the first start's build trains the head that scores your "
                     "style now. The other columns do not wait; Compare again then.")
@@ -57,6 +67,9 @@ class Coming:
         """Why `what` (Fit, Why, Explore, a vote's refit) cannot run yet, else None."""
         if not self.head:
             return None
+        if self.failed:
+            return (f"{what} needs the head, which the first start's build did not make ({self.failed}); the next start "
+                    "builds it again.")
         return (f"{what} waits for the head, the scorer of your style that the first start's build trains now: ready "
                 f"{self.head_in()}. Save, My cluster and Compare's base and cluster columns serve meanwhile.")
 

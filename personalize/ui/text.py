@@ -22,6 +22,9 @@ def header(studio) -> str:
 def coming_line(studio) -> str:
     """The header's line while the first start's build finishes what the studio does not serve yet."""
     c = studio.coming
+    if c.failed:
+        return (f"\n\n**The demo build failed** ({md(c.failed)}): the studio serves what it had made; start it again to "
+                "build the rest.")
     if not c.pending:
         return ""
     if c.head:

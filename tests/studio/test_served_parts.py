@@ -164,9 +164,12 @@ def test_app_says_when_each_part_serves(tiny_artifacts, tmp_path, capsys):
     studio_app.serve_parts(studio, failed)
     failed.cluster.set(), failed.card.set(), failed.done.set()
     deadline = time.monotonic() + 30
-    while studio.coming != Coming() and time.monotonic() < deadline:
+    while not studio.coming.failed and time.monotonic() < deadline:
         time.sleep(0.1)
     time.sleep(0.2)
     got = capsys.readouterr()
     assert got.out.splitlines() == [] and "last parts failed (RuntimeError: out of disk)" in got.err
+    # the page says what will not come, and the head is there: card and Fit serve, P2P says the build failed
+    assert not studio.coming.pending and studio.coming.head_line("Fit") is None
+    assert "the first start's build failed (RuntimeError: out of disk)" in studio.coming.column("p2p")
     studio.store.close()
