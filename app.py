@@ -157,7 +157,7 @@ def load_studio(a, auth, admins, job):
 
 
 def serve_parts(studio, job) -> None:
-    """Says when each part of the studio serves, one line each: `studio serves: cluster` (base and cluster), `studio
+    """Says when each part of the studio serves, one line each: `studio serves: cluster` (all but card and P2P), `studio
     serves: card` (the head trained: card with the planned settings), `studio serves: all` (card's check decided,
     P2P in); a later start says the last at once. The parts after the first are taken by a thread of their own while
     the studio serves."""
@@ -172,13 +172,13 @@ def serve_parts(studio, job) -> None:
 
         for part, reached in (("cluster", job.cluster), ("card", job.card), ("all", job.done)):
             reached.wait()
+            if part != "cluster" or job.error:
+                studio.take_built_parts(job.coming())  # what the folder holds now (a failed build's head too)
             if job.error:  # what serves keeps serving; the next start builds the demo again (its part is marked)
-                studio.follow_build(Coming.after_failure(job.error, bool(studio.served.heads)))
+                studio.follow_build(Coming.waiting(not studio.served.heads, failed=job.error))
                 print(f"error: the demo build's last parts failed ({job.error}): the studio serves what it had; the "
                       "next start builds the demo again", file=sys.stderr, flush=True)
                 return
-            if part != "cluster":
-                studio.take_built_parts(job.coming())
             tqdm.write(f"studio serves: {part}", file=sys.stdout)  # its own line, above the build's progress bars
             sys.stdout.flush()
 

@@ -6,6 +6,7 @@ ensure_demo), and what the CLI's and eval's commands share (the engine they load
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -75,6 +76,9 @@ def load_engine(a):
     path = Path(a.artifacts)
     if not (path / "config.json").exists():
         raise UsageError(f"no artifacts at {path}: build them with `python -m personalize build --data DIR --out {path}`")
+    if part := json.loads((path / "config.json").read_text()).get("part"):
+        raise UsageError(f"the build at {path} is unfinished (only its {part} part was written: a first start still "
+                         "building it, or stopped): start the app to build it again, or `python -m personalize build`")
     return Engine.load(path, model_config(a) if hasattr(a, "model") else None)
 
 

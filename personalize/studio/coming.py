@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from personalize.catalog import STEERED
+
 # (the build's stage in its own words, its share done in 0..1, seconds it has run)
 Progress = Callable[[], tuple[str, float, float]]
 
@@ -26,11 +28,13 @@ class Coming:
     failed: str = ""  # the build stopped with this error: what it had not made yet will not come
 
     @classmethod
-    def after_failure(cls, error: str, has_head: bool) -> "Coming":
-        """What a build that failed leaves out: card's part where the head never came, P2P and the check always."""
-        from personalize.catalog import STEERED
-
-        return cls(frozenset({"p2p"} if has_head else set(STEERED) | {"p2p"}), head=not has_head, failed=error)
+    def waiting(cls, head: bool, progress: Progress | None = None, head_share: float = 1.0,
+                failed: str = "") -> "Coming":
+        """What a build still running has not made: card and its variants while its `head` is still to come, card's
+        check and P2P until its end. `failed`: the build stopped with this error, so none of it will come."""
+        methods = set(STEERED) | {"p2p"} if head else {"p2p"}
+        return cls(frozenset(methods), progress, checking=not failed, head=head, head_share=head_share,
+                   failed=failed)
 
     @property
     def pending(self) -> bool:
@@ -57,11 +61,11 @@ class Coming:
             return None
         if self.failed:
             return f"{method} is not served: the first start's build failed ({self.failed}); the next start builds it again."
-        if self.head and method != "p2p":
+        if self.head and method in STEERED:
             return (f"{method} is coming {self.head_in()}: the first start's build trains the head that scores your "
-                    "style now. The other columns do not wait; Compare again then.")
+                    "style now. The other columns do not wait; try again then.")
         return (f"{method} is coming {self._about(self.eta_s())}: the first start's build trains it after card's "
-                "check on its validation people. The other columns do not wait; Compare again then.")
+                "check on its validation people. The other columns do not wait; try again then.")
 
     def head_line(self, what: str) -> str | None:
         """Why `what` (Fit, Why, Explore, a vote's refit) cannot run yet, else None."""
@@ -71,7 +75,7 @@ class Coming:
             return (f"{what} needs the head, which the first start's build did not make ({self.failed}); the next start "
                     "builds it again.")
         return (f"{what} waits for the head, the scorer of your style that the first start's build trains now: ready "
-                f"{self.head_in()}. Save, My cluster and Compare's base and cluster columns serve meanwhile.")
+                f"{self.head_in()}. Save, My cluster and every Compare column but card's and P2P's serve meanwhile.")
 
     def check_line(self) -> str | None:
         """Fit's and Compare's line while card's check runs, with where it stands, else None."""

@@ -14,7 +14,7 @@ import dataclasses
 from pathlib import Path
 from typing import Callable
 
-from personalize.catalog import STEERED
+from personalize.catalog import BY_NAME, STEERED
 from personalize.data import Item
 from personalize.humaneval import campaign_pool
 from personalize.methods.engine import Engine
@@ -100,7 +100,7 @@ class Studio:
         people's histories, fits and first-use work stay: the same build id."""
         with self.runtime.model_lock:
             self.runtime.engine.take_built_parts()
-            for m in [m for m in self.runtime.methods if m in STEERED or m == "p2p"]:
+            for m in [m for m in self.runtime.methods if m in STEERED or BY_NAME[m].needs]:
                 del self.runtime.methods[m]  # made again: the head and the hypernetwork are in the folder now
         self.runtime.coming = coming
 

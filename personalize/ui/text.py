@@ -29,7 +29,7 @@ def coming_line(studio) -> str:
         return ""
     if c.head:
         return (f"\n\n**The demo build is still finishing:** card comes with its head ({c.head_in()}), then card's "
-                "check and P2P. Save, My cluster and Compare's base and cluster columns serve meanwhile. This line goes "
+                "check and P2P. Save, My cluster and every Compare column but card's and P2P's serve meanwhile. This line goes "
                 "when it is all done.")
     return (f"\n\n**The demo build is still finishing** (card's check on its validation people and "
             f"{', '.join(sorted(c.methods)) or 'nothing else'}, {c.eta_line()}); every tab serves meanwhile, card with "

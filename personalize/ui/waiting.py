@@ -26,7 +26,7 @@ WAITS = (
     ("My writing", "the clusters: Save places your history among the build's people"),
     ("My cluster", "the clusters and their people"),
     ("Fit my style", "the head (it follows the cluster model): your style is fitted over your cluster's model"),
-    ("Compare", "the cluster adapters (base and cluster serve first; card follows with the head, P2P last)"),
+    ("Compare", "the cluster adapters (every column but card's and P2P's first; card follows with the head, P2P last)"),
     ("Why", "the head"),
     ("Rate", "the cluster model (a campaign's card and P2P outputs follow their parts)"),
     ("Quick pair", "the cluster adapters (card's side follows with the head)"),
@@ -82,22 +82,19 @@ class FirstStart:
         self.stage, self.fraction = stage, fraction
 
     def _part(self, part: str, _folder) -> None:
-        if part in ("cluster", "card"):  # (the last, "all", is `done`)
-            getattr(self, part).set()
+        reached = getattr(self, part, None)  # the cluster and card parts' events (the last, "all", is `done`)
+        if isinstance(reached, threading.Event):
+            reached.set()
 
     def coming(self):
-        """What the studio does not serve yet while this build finishes (studio.coming.Coming), with this build's
-        progress: card and its variants until the head is trained, card's check and P2P until the end; nothing
-        once it is done."""
-        from personalize.catalog import STEERED
+        """What the studio does not serve yet while this build finishes (studio.coming.Coming.waiting, before or after
+        its card part), with this build's progress; nothing once it is done."""
         from personalize.studio.coming import Coming
 
-        if self.done.is_set():
+        if self.done.is_set() and not self.error:
             return Coming()
-        progress = lambda: (self.stage, self.fraction, time.time() - self.started)  # noqa: E731
-        if not self.card.is_set():
-            return Coming(frozenset(STEERED) | {"p2p"}, progress, checking=True, head=True, head_share=HEAD_SHARE)
-        return Coming(frozenset({"p2p"}), progress, checking=True)
+        return Coming.waiting(not self.card.is_set(), lambda: (self.stage, self.fraction, time.time() - self.started),
+                              HEAD_SHARE, failed=self.error or "")
 
     def line(self, now: float | None = None) -> str:
         """Where the build stands, in words: its stage, its share, the time so far and an estimate of the time left

@@ -61,7 +61,7 @@ def building(tiny_artifacts, tmp_path):
 def test_each_part_serves_as_it_is_built_and_nothing_saved_is_lost_when_the_next_arrives(building, tiny_artifacts,
                                                                                            tmp_path):
     from personalize.catalog import STEERED
-    from personalize.fitting.plan import demo_ready
+    from personalize.fitting.plan import UsageError, demo_ready, load_engine
     from personalize.studio.facade import Studio, StudioConfig
     from personalize.ui import text as page_text
 
@@ -70,22 +70,25 @@ def test_each_part_serves_as_it_is_built_and_nothing_saved_is_lost_when_the_next
     assert part == "cluster" and meta["part"] == "cluster" and meta["head_users"] == {}
     assert "adapters" in files and "clusters.npz" in files and not [f for f in files if f.startswith("head_")]
     assert not demo_ready(tiny_artifacts["demo"], building.out)  # a start that finds only a part builds again
+    with pytest.raises(UsageError, match="unfinished"):  # and a command (eval, tune) is told, not handed half a build
+        load_engine(SimpleNamespace(artifacts=str(building.out)))
     studio = Studio.load(StudioConfig(artifacts=str(building.out), db=str(tmp_path / "studio.db"), own_adapters=False,
                                       demo_data=str(tiny_artifacts["demo"]), export_dir=str(tmp_path / "exports")))
     progress = building.progress
     pace = lambda: (progress["stage"], max(progress["share"], 0.5), 60.0)  # noqa: E731
-    studio.follow_build(Coming(frozenset(STEERED) | {"p2p"}, pace, checking=True, head=True, head_share=0.85))
+    studio.follow_build(Coming.waiting(True, pace, head_share=0.85))
+    assert studio.coming.methods == frozenset(STEERED) | {"p2p"} and studio.coming.head
     first = studio.served.artifacts_id
     assert studio.served.part == "cluster" and studio.served.heads == {}
     studio_app.build_app(studio)  # every tab lays itself out over a build without its head
 
-    # the cluster part: Save and Compare's base and cluster columns serve; card says when it comes; Fit waits
+    # the cluster part: Save and every Compare column but card's and P2P's serve; card says when it comes; Fit waits
     texts = "\n".join(f"my note number {i} on the river walk, short and plain" for i in range(8))
     studio.save_from("ana", texts, None, studio.served.task.name)
     s = studio.settings(max_new_tokens=4)
-    out = {o.method: o for o in studio.comparisons.compare("ana", "Write about the river", ["base", "cluster", "card"],
-                                                          s)}
-    assert out["base"].error is None and out["cluster"].error is None
+    out = {o.method: o for o in studio.comparisons.compare("ana", "Write about the river",
+                                                          ["base", "cluster", "rag", "cope", "card"], s)}
+    assert all(out[m].error is None for m in ("base", "cluster", "rag", "cope")), out
     assert "card is coming in about" in out["card"].error and "head" in out["card"].error
     for refused in (lambda: studio.fits.fit("ana"), lambda: studio.explorer.explore("ana", [0.0, 1.0]),
                     lambda: studio.comparisons.why("ana", "Write about the river", s),
@@ -99,7 +102,7 @@ def test_each_part_serves_as_it_is_built_and_nothing_saved_is_lost_when_the_next
     (part, meta, files) = building.parts[-1]
     assert part == "card" and meta["part"] == "card" and meta["id"] == first and "head_tokens.safetensors" in files
     assert meta["report"]["tune"]["guard"]["running"] and "p2p" not in files
-    studio.take_built_parts(Coming(frozenset({"p2p"}), pace, checking=True))
+    studio.take_built_parts(Coming.waiting(False, pace))
     assert studio.served.part == "card" and set(studio.served.heads) == {"tokens"}
     fit = studio.fits.fit("ana")
     out = {o.method: o for o in studio.comparisons.compare("ana", "Write about the river", ["card", "p2p"], s)}

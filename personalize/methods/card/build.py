@@ -430,9 +430,7 @@ def _save(out: Path, cfg, task, names, head_users, clusters, model, heads, lambd
             "settings": cfg.to_dict(), "report": report} | ({"part": part} if part else {})
     if hyper is not None:
         p2p_mod.save(hyper, tmp / p2p_mod.ARTIFACTS_DIR, {"artifacts_id": meta["id"], "report": report["p2p"]})
-    # the paths inside the checkout it was built in (the working folder) relative to `out`: it moves with it
-    written = portable(json.loads(json.dumps(meta, default=_json_default)), out, checkout=Path.cwd())
-    (tmp / "config.json").write_text(json.dumps(written, indent=2))
+    _write_config(tmp, meta, out)
     try:  # the last moment a cancel stops the build: the finished folder goes, `out` stays as it was
         step("save", report=not part)  # (a part's save is not the build's end: its progress goes on)
     except BuildCancelled:
@@ -446,6 +444,15 @@ def _save(out: Path, cfg, task, names, head_users, clusters, model, heads, lambd
     else:
         _log(f"artifacts written to {out} (id {meta['id']}) in {report['total_s']} s")
     return meta
+
+
+def _write_config(folder: Path, meta: dict, out: Path) -> None:
+    """config.json in `folder` (the build's `out`, or the folder renamed into it), replaced at once; the paths inside
+    the checkout it was built in (the working folder) relative to `out`, so that it moves with it."""
+    written = portable(json.loads(json.dumps(meta, default=_json_default)), out, checkout=Path.cwd())
+    tmp = folder / ".config.json.partial"
+    tmp.write_text(json.dumps(written, indent=2))
+    os.replace(tmp, folder / "config.json")
 
 
 def _write_heads(folder: Path, heads: dict, lambdas: dict) -> None:
@@ -471,10 +478,7 @@ def _update(out: Path, served: dict, changes: dict, part: str | None = None) -> 
     """config.json of a served folder with `changes`, replaced at once (after the files it names are in place), the
     part it now is marked (None: the whole build); the id stays. Returns the new content (as _save does)."""
     meta = {k: v for k, v in served.items() if k != "part"} | changes | ({"part": part} if part else {})
-    written = portable(json.loads(json.dumps(meta, default=_json_default)), out, checkout=Path.cwd())
-    tmp = out / ".config.json.partial"
-    tmp.write_text(json.dumps(written, indent=2))
-    os.replace(tmp, out / "config.json")
+    _write_config(out, meta, out)
     if part:
         _log(f"{out} serves its {part} part (id {meta['id']}); the build goes on")
     return json.loads(json.dumps(meta, default=_json_default))
