@@ -165,10 +165,11 @@ def run_build(a, **more) -> None:
 
 
 # Sized for a first start of minutes on a 2-core CPU (docs/RESULTS.md, "Real people out of the box"): K up to 4 for
-# 48 people (6 cluster adapters instead of 14 for K = 1, 2, 4, 8); P2P's hypernetwork gets a token budget of 2 steps.
+# 48 people (6 cluster adapters instead of 14 for K = 1, 2, 4, 8); one cluster step and one P2P step, each at the full
+# learning rate (until 2026-11-29 each ran 2 steps, the first a warm-up step at lr 0 that trained nothing).
 # 32 target tokens = the app's default. The cluster adapters train their upper 10 of SmolLM2's 30 blocks over the K = 1
 # adapter's lower states, computed once a text (benchmarks/demo_training.py: 0.63 of the time, held-out loss +0.7 %).
-DEMO_BUILD_ARGS = ["--ks", "1,2,4", "--default-k", "4", "--base-steps", "20", "--cluster-steps", "2", "--p2p-steps", "2",
+DEMO_BUILD_ARGS = ["--ks", "1,2,4", "--default-k", "4", "--base-steps", "20", "--cluster-steps", "1", "--p2p-steps", "1",
                    "--items-per-user", "12", "--max-prompt-tokens", "64", "--max-target-tokens", "32",
                    "--cluster-layers", "10"]
 

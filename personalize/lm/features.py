@@ -15,6 +15,7 @@ import torch
 
 from personalize.lm.models import compile_switch
 from personalize.lm.onednn import onednn_linears
+from personalize.lm.prefix import forward_rows, position_ids  # noqa: F401 (position_ids: the decoders' import)
 from personalize.lm.tokens import TokenBudget, decode, left_pad, prompt_ids, target_ids
 
 
@@ -83,10 +84,6 @@ class SequenceFeatures:
         return float(self.logprob.mean()) if len(self.logprob) else 0.0
 
 
-def position_ids(mask: torch.Tensor) -> torch.Tensor:
-    return (mask.cumsum(-1) - 1).clamp(min=0)
-
-
 @torch.no_grad()
 def teacher_forced(
     model, tok, examples: Sequence[tuple[str, str]], n_layers: int, budget: TokenBudget,
@@ -103,12 +100,13 @@ def teacher_forced(
         chunk = [examples[r] for r in rows]
         prompts = [encoded[r][0] for r in rows]
         targets = [encoded[r][1] for r in rows]
-        ids, mask = left_pad([p + t for p, t in zip(prompts, targets)], tok.pad_token_id, model.device)
         keep = max(len(t) for t in targets) + 1  # left padding: every answer sits in the last columns
         with HiddenCapture(model, n_layers) as cap, onednn_linears(model):
-            logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
-                           logits_to_keep=keep).logits  # the LM head only where answers are predicted
-            h = cap.all()
+            # the prompts' shared opening read once (lm/prefix.py: the hooks keep the rows' pass, the newest); the
+            # LM head only where answers are predicted
+            res, ids, _ = forward_rows(model, [p + t for p, t in zip(prompts, targets)], tok.pad_token_id,
+                                       limit=min(len(p) for p in prompts) - 1, logits_to_keep=keep)
+            logits, h = res.logits, cap.all()
         logp = torch.log_softmax(logits.float(), -1)
         width = ids.shape[1]
         for j, ((_, y), t) in enumerate(zip(chunk, targets)):

@@ -20,7 +20,7 @@ TITLE = f"{STUDIO_TITLE} · building the demo"
 LOADING_TITLE = f"{STUDIO_TITLE} · loading the model"
 # the build's share done once its head is trained (methods/card/build.py's STAGE_SHARES up to the head's end, a test
 # keeps them equal; this module imports no model code): when card's part arrives
-HEAD_SHARE = 0.72
+HEAD_SHARE = 0.68
 # what each tab waits for: the build's parts, in the order the build makes them (methods/card/build.py's stages)
 WAITS = (
     ("My writing", "the clusters: Save places your history among the build's people"),

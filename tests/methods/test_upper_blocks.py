@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from peft import set_peft_model_state_dict
 
 from personalize.methods.card.adapters import ClusterJob, LowerStates, adapter_state, answer_loss, new_peft_model, \
-    sft_batch, train_adapter, train_cluster_adapter, upper_only
+    blocks, sft_batch, sft_loss, train_adapter, train_cluster_adapter
 from personalize.methods.card.config import LoraSettings
 from tests.methods.test_methods_training import BUDGET, examples
 
@@ -38,8 +38,8 @@ def test_upper_blocks_over_the_shared_states_give_the_whole_models_loss(tiny_mod
     with torch.no_grad():
         whole = answer_loss(model, *sft_batch(tokenizer, batch, BUDGET, "cpu")).item()
         run, n_tokens = states.batch_loss(batch)
-        with upper_only(model, 2):
-            upper = run().item()
+        upper = run().item()  # the upper blocks alone, for the step only
+    assert len(blocks(model)) == 4  # the whole model again after it
     assert upper == pytest.approx(whole, rel=1e-4) and n_tokens > 0 and len(states) == 3
     states.batch_loss(batch[:2] + examples("shouty")[3:4])
     assert len(states) == 4  # each text once
@@ -67,6 +67,17 @@ def test_a_cluster_adapter_is_the_same_from_shared_states_or_its_own(tiny_model,
         torch.testing.assert_close(ours[k], theirs[k], rtol=1e-5, atol=1e-6)
     moved = [k for k in ours if not torch.equal(ours[k], base[k])]
     assert moved and all(".layers.2." in k or ".layers.3." in k for k in moved)  # the lower blocks are K = 1's
+
+
+def test_an_upper_blocks_adapters_held_out_curve_reads_the_whole_model(tiny_model, tokenizer):
+    """The step runs the upper blocks alone; the held-out loss after it is the whole model's (it once read the upper
+    blocks over the token embeddings)."""
+    model = _model(tiny_model)
+    held = examples("calm")[:3]
+    report = train_cluster_adapter(model, tokenizer, ClusterJob("k2c0", tuple(examples("shouty")), tuple(held)), LORA,
+                                   BUDGET)
+    model.set_adapter("k2c0")
+    assert report["held_out_loss"][-1] == (LORA.cluster_steps, pytest.approx(sft_loss(model, tokenizer, held, BUDGET)))
 
 
 def test_a_build_on_upper_blocks_keeps_the_k1_adapters_lower_blocks_in_every_cluster(tiny_artifacts, tmp_path):

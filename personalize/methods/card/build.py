@@ -44,11 +44,12 @@ from personalize.lm.models import file_lock, load_encoder, load_lm
 
 P2P_STEPS = 20  # build's default hypernetwork steps: a CPU budget (the paper trains 20k steps on a GPU)
 # each stage's share of the fraction build's `progress` hook reports, in order (roughly the demo build's times on a
-# 2-core CPU, 2026-11-28: 21, -, 8, 100, 38, 141, 129, 40 s); once a stage starts, every stage before it counts as
-# done, skipped ones too (a demo of changelogs has its prompts: no rewrites). The first start's page estimates when
-# each part comes from them (ui/waiting.py's HEAD_SHARE: the share once the head is trained).
-STAGE_SHARES = {"load models": 0.04, "neutral rewrites": 0.1, "clusters": 0.02, "K=1 adapter": 0.2,
-                "cluster adapters": 0.08, "head": 0.28, "decoding choice": 0.26, "p2p hypernetwork": 0.08, "save": 0.0}
+# 2-core CPU, 2026-11-29: 20 (a fresh clone's, with the GGUF's conversion), -, 7, 65, 18, 80, 81, 25 s); once a stage
+# starts, every stage before it counts as done, skipped ones too (a demo of changelogs has its prompts: no rewrites).
+# The first start's page estimates when each part comes from them (ui/waiting.py's HEAD_SHARE: the share once the
+# head is trained).
+STAGE_SHARES = {"load models": 0.06, "neutral rewrites": 0.1, "clusters": 0.02, "K=1 adapter": 0.2,
+                "cluster adapters": 0.06, "head": 0.24, "decoding choice": 0.25, "p2p hypernetwork": 0.08, "save": 0.0}
 
 
 class BuildCancelled(Exception):

@@ -130,7 +130,7 @@ def train_p2p(target, encoder, users: Mapping[str, Sequence], cfg: P2PConfig = P
     for p in model.parameters():
         p.requires_grad_(False)
     opt = torch.optim.AdamW(hyper.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = get_cosine_schedule_with_warmup(opt, max(1, cfg.steps // 10), max(cfg.steps, 1))
+    sched = get_cosine_schedule_with_warmup(opt, cfg.steps // 10, max(cfg.steps, 1))  # as adapters.train_adapter's
     rng = random.Random(cfg.seed)
     order: list[str] = []
     curve, held_curve, tokens = [], [], 0
