@@ -10,6 +10,7 @@ products, float rounding aside, for about the shared share less of the work.
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import torch
@@ -18,12 +19,21 @@ from transformers import DynamicCache
 from personalize.lm.tokens import left_pad
 
 MIN_SHARED = 8  # fewer shared tokens are not worth a second forward call
+SWITCH = "PERSONALIZE_SHARED_PREFIX"  # 0: every row reads its whole prompt (benchmarks/shared_prefix.py times both)
+
+
+def enabled() -> bool:
+    """The environment's switch, read at each use so a benchmark can alternate both ways in one process."""
+    value = os.environ.get(SWITCH, "1").strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"{SWITCH} must be 0 (no shared prefix) or 1 (the default), not {value!r}")
+    return value == "1"
 
 
 def shared_length(seqs: Sequence[Sequence[int]], limit: int | None = None, least: int = MIN_SHARED) -> int:
     """How many tokens every sequence opens with alike, at most `limit` (default: each keeps one token of its own);
-    0 when fewer than `least` (or a single row: nothing to share)."""
-    if len(seqs) < 2:
+    0 when fewer than `least` (or a single row: nothing to share; or the switch off)."""
+    if len(seqs) < 2 or not enabled():
         return 0
     limit = min(len(s) for s in seqs) - 1 if limit is None else limit
     n = 0

@@ -3,6 +3,7 @@ an answer loss and its gradient on a LoRA, on a tiny random Llama with the real 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from personalize.lm.features import HiddenCapture, teacher_forced
@@ -25,6 +26,14 @@ def test_shared_length_leaves_each_row_a_token_of_its_own():
     assert shared_length([[1, 2, 3, 4], [1, 2, 3, 5]]) == 0  # below MIN_SHARED: not worth a second call
     assert shared_length([[1] * 20]) == 0  # a single row shares with nobody
     assert shared_length([[9] + [1] * 20, [1] * 21], least=1) == 0
+
+
+def test_the_switch_reads_every_prompt_whole(monkeypatch):
+    monkeypatch.setenv("PERSONALIZE_SHARED_PREFIX", "0")
+    assert shared_length([[1, 2, 3, 4], [1, 2, 3, 5]], least=1) == 0
+    monkeypatch.setenv("PERSONALIZE_SHARED_PREFIX", "yes")
+    with pytest.raises(ValueError, match="PERSONALIZE_SHARED_PREFIX must be 0"):
+        shared_length([[1, 2, 3, 4], [1, 2, 3, 5]], least=1)
 
 
 def test_rows_read_over_their_shared_prefix_as_read_whole(tiny_model, tokenizer):

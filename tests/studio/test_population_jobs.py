@@ -118,7 +118,8 @@ def test_the_app_builds_with_the_first_starts_settings_sized_to_the_population(t
     rep = from_table(write_table(tmp_path / "people.csv", people=8), tmp_path / "lamp")
     cfg, kwargs = app_build(tmp_path / "lamp", tmp_path / "out", rep.people)
     assert cfg.ks == (1, 2) and cfg.default_k == 2 and kwargs["limit_users"] == 8  # K <= a third of the people
-    assert kwargs["p2p"].steps == 2 and cfg.lora.base_steps == 20 and cfg.budget.max_target_tokens == 32
+    assert kwargs["p2p"].steps == 1 and cfg.lora.cluster_steps == 1 and cfg.lora.base_steps == 20
+    assert cfg.budget.max_target_tokens == 32
     cfg, _ = app_build(tmp_path / "lamp", tmp_path / "out", 148)  # the machine's Debian maintainers
     assert cfg.ks == (1, 2, 4) and cfg.default_k == 4  # the first start's cap
 
