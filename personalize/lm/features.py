@@ -15,7 +15,7 @@ import torch
 
 from personalize.lm.models import compile_switch
 from personalize.lm.onednn import onednn_linears
-from personalize.lm.prefix import forward_rows, position_ids  # noqa: F401 (position_ids: the decoders' import)
+from personalize.lm.prefix import forward_rows
 from personalize.lm.tokens import TokenBudget, decode, left_pad, prompt_ids, target_ids
 
 

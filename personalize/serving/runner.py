@@ -31,7 +31,8 @@ from personalize.serving.generation import EchoStop, Generation, MinNewTokens, r
     trim_echo
 from personalize.serving.settings import DecodingSettings
 from personalize.lm.utf8 import utf8_guard
-from personalize.lm.features import HiddenCapture, position_ids
+from personalize.lm.features import HiddenCapture
+from personalize.lm.prefix import position_ids
 from personalize.lm.models import compile_switch, uses_static_cache
 from personalize.lm.onednn import onednn_linears
 from personalize.lm.tokens import decode, left_pad, prompt_ids

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from personalize.methods.p2p import P2PConfig, applied, applied_rows, train_p2p
-from personalize.lm.features import position_ids
+from personalize.lm.prefix import position_ids
 from personalize.lm.tokens import TokenBudget, left_pad, prompt_ids
 
 from test_methods_training import STYLES, HashEncoder, history

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from peft import LoraConfig, get_peft_model
 
 from personalize.serving.generation import MinNewTokens
-from personalize.lm.features import position_ids
+from personalize.lm.prefix import position_ids
 from personalize.methods.p2p import applied
 from personalize.serving.row_lora import row_loras, supported
 from personalize.lm.onednn import linears, onednn_linears

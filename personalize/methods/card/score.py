@@ -12,7 +12,8 @@ import torch
 
 from personalize.methods.card.head import opening_keys
 from personalize.methods.card.style import StyleTensors, style_scores
-from personalize.lm.features import HiddenCapture, position_ids
+from personalize.lm.features import HiddenCapture
+from personalize.lm.prefix import position_ids
 from personalize.lm.onednn import onednn_linears
 from personalize.lm.tokens import left_pad, prompt_ids, target_ids
 from personalize.methods.card.steer import CardSteer
