@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from personalize.methods.card.adapters import answer_loss, sft_batch
+from personalize.methods.card.adapters import sft_loss
 from personalize.methods.card.cluster import user_embeddings
 from personalize.serving.rows import DecodeRow
 from personalize.serving.generation import Generation, generate
@@ -137,11 +137,5 @@ class P2PMethod:
         """Answer-token cross-entropy of examples under this user's generated LoRA (for eval and tests)."""
         lora, _ = self.lora(user)
         self.engine.use_adapter(self.hyper.cfg.base_adapter)
-        model, tok, budget = self.engine.model, self.engine.tok, self.engine.cfg.budget
-        total, n = 0.0, 0
-        with torch.no_grad(), applied(model, lora, self.hyper.cfg.scale):
-            for i in range(0, len(examples), 16):
-                ids, mask, labels = sft_batch(tok, examples[i: i + 16], budget, model.device)
-                total += answer_loss(model, ids, mask, labels, reduction="sum").item()
-                n += int((labels != -100).sum())
-        return total / max(n, 1)
+        with applied(self.engine.model, lora, self.hyper.cfg.scale):
+            return sft_loss(self.engine.model, self.engine.tok, examples, self.engine.cfg.budget)
