@@ -160,11 +160,14 @@ class Explorer(Service):
             with lock:
                 fit = onboard.fit(self.engine, rest, own=owner_key(own) if own else None)
                 emb = self.engine.embed(rest)
+            # the style itself at every α: this sweep is what decides the fallback (Fit's check), so the fallback
+            # may not stand in for it (a refit whose teacher-forced figure lost would sweep the base against itself)
+            style = replace(fit.style, helps=None)
             tick("fit the style on the other items")
 
             def point(method, k, cluster, alpha) -> SweepPoint:
                 with lock:
-                    outs = card_decode.generate(self.engine, prompts, method, cluster, fit.style, k=k,
+                    outs = card_decode.generate(self.engine, prompts, method, cluster, style, k=k,
                                                 settings=replace(s, alpha=alpha), items=rest)
                 texts = [g.text for g in outs]
                 copies = copy_aware(texts, golds, [pasts] * len(texts))

@@ -402,6 +402,38 @@ def test_fit_verdict_by_decoding_is_explores_rows(studio, monkeypatch):
     assert studio.explorer.check("judged") is None and "α = 0" in studio.explorer.verdict("judged")
 
 
+def test_fit_check_decodes_the_style_where_its_refit_lost_teacher_forced(studio, monkeypatch):
+    """Fit's check is what decides the fallback, so its sweep decodes the style itself: a style refitted on the
+    other items whose teacher-forced figure lost (helps False), under a build with the fallback on, is still decoded
+    at every α, never replaced by the cluster model's output (which swept the base against itself: "card 0.397
+    against 0.397" for a person whose card Compare then decoded with the style)."""
+    from personalize.methods.card import card_decode
+
+    engine = studio.runtime.engine
+    cfg = engine.cfg
+    monkeypatch.setattr(engine, "cfg", dataclasses.replace(
+        cfg, style=dataclasses.replace(cfg.style, fallback=True),
+        decoding=dataclasses.replace(cfg.decoding, alpha=1.0, max_new_tokens=4)))
+    studio.histories.save_history("lost", studio.histories.demo_items("formal_01"), "tweets")
+    fit, generate, notes = onboard.fit, card_decode.generate, []
+
+    def lost(*a, **k):
+        f = fit(*a, **k)
+        f.style.helps = False
+        return f
+
+    def noted(*a, **k):
+        outs = generate(*a, **k)
+        notes.extend(g.note for g in outs)
+        return outs
+
+    monkeypatch.setattr(onboard, "fit", lost)
+    monkeypatch.setattr(card_decode, "generate", noted)
+    check = studio.explorer.check("lost")
+    assert check is not None and notes
+    assert card_decode.FALLBACK_NOTE not in notes and card_decode.OWN_FALLBACK_NOTE not in notes
+
+
 def test_fit_verdict_by_decoding_lets_a_person_in_between_its_steps(studio, monkeypatch):
     """The decoded check follows every Fit and nobody waits on it: it takes the model lock as background work, one
     step at a time, so a person's Compare (a foreground holder) goes in after at most one of its decodes."""
